@@ -1,0 +1,251 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Protocol is the xDS transport variant that every proxy of a scope must speak.
+// +kubebuilder:validation:Enum=SotW;Delta
+type Protocol string
+
+const (
+	// ProtocolSotW is State-of-the-World xDS (StreamAggregatedResources):
+	// every response for a wildcard type carries the complete set. Proxies
+	// select it with `api_type: GRPC` in their ADS config.
+	ProtocolSotW Protocol = "SotW"
+	// ProtocolDelta is incremental xDS (DeltaAggregatedResources): responses
+	// carry only what changed plus the names removed. Proxies select it with
+	// `api_type: DELTA_GRPC` in their ADS config.
+	ProtocolDelta Protocol = "Delta"
+)
+
+// ListenerMode says how the proxies of a scope consume the configuration.
+// +kubebuilder:validation:Enum=Envoy;ProxylessGRPC
+type ListenerMode string
+
+const (
+	// ListenerModeEnvoy serves one HTTP listener on listener.port that routes
+	// by Host/:authority to every selected service.
+	ListenerModeEnvoy ListenerMode = "Envoy"
+	// ListenerModeProxylessGRPC serves gRPC API listeners named
+	// `<svc>.<ns>.svc.cluster.local:<port>` and `<svc>.<ns>:<port>`, as gRPC's
+	// xds:/// resolver asks for them.
+	ListenerModeProxylessGRPC ListenerMode = "ProxylessGRPC"
+)
+
+// ScopeMetadataKey is the xDS node metadata key by which a proxy names the
+// scope it belongs to; the value is `<namespace>/<name>` of a ProxyScope.
+const ScopeMetadataKey = "scopeplane.dev/scope"
+
+// DNSLabel is a DNS-1123 label, the form of Kubernetes namespace and Service names.
+// +kubebuilder:validation:MaxLength=63
+// +kubebuilder:validation:XValidation:rule="self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')",message="must be a DNS-1123 label: lowercase letters, digits and '-', starting and ending with a letter or digit"
+type DNSLabel string
+
+// ProxyScopeSpec says which Services the scope's proxies receive, in which
+// xDS protocol and through which kind of listener.
+type ProxyScopeSpec struct {
+	// protocol is the xDS variant every proxy of this scope must speak: SotW
+	// (State of the World, `api_type: GRPC`) or Delta (incremental,
+	// `api_type: DELTA_GRPC`). A proxy that opens the other kind of stream is
+	// refused with FailedPrecondition, and the refusal is reported on the
+	// status. Changing it closes the streams of the old kind; the scope's
+	// bootstrap ConfigMap is rewritten to match.
+	// +kubebuilder:default=SotW
+	// +optional
+	Protocol Protocol `json:"protocol,omitempty"`
+
+	// services selects the Services (and their EndpointSlices) that reach
+	// this scope's proxies; nothing else does. A Service matched by several
+	// selections is sent once.
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=256
+	// +listType=atomic
+	// +required
+	Services []ServiceSelection `json:"services"`
+
+	// listener says how the scope's proxies consume the configuration: an
+	// Envoy HTTP listener on a port, or gRPC API listeners for proxyless gRPC
+	// clients.
+	// +required
+	Listener ListenerSpec `json:"listener"`
+}
+
+// ServiceSelection selects Services either in one namespace (by names and/or
+// a label selector) or in every namespace whose labels match namespaceSelector.
+// +kubebuilder:validation:XValidation:rule="has(self.names) || has(self.selector) || has(self.namespaceSelector)",message="a selection must name something: set names, selector or namespaceSelector (selector: {} selects every Service of the namespace)"
+// +kubebuilder:validation:XValidation:rule="!(has(self.names) && has(self.namespaceSelector))",message="names and namespaceSelector do not mix: names pick Services of one namespace; to narrow a namespaceSelector use selector"
+// +kubebuilder:validation:XValidation:rule="!(has(self.namespace) && has(self.namespaceSelector))",message="namespace and namespaceSelector do not mix: set one namespace, or select namespaces by label"
+type ServiceSelection struct {
+	// namespace holds the selected Services. Defaults to the ProxyScope's own
+	// namespace. Cannot be combined with namespaceSelector.
+	// +optional
+	Namespace DNSLabel `json:"namespace,omitempty"`
+
+	// names lists Services of the namespace by name. Combined with selector,
+	// a Service must be named and match the selector.
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=64
+	// +listType=set
+	// +optional
+	Names []DNSLabel `json:"names,omitempty"`
+
+	// selector selects Services by their labels. An empty selector ({})
+	// selects every Service of the namespace(s).
+	// +optional
+	Selector *metav1.LabelSelector `json:"selector,omitempty"`
+
+	// namespaceSelector selects every namespace whose labels match; the
+	// selection then covers the Services of all of them (narrowed by selector
+	// when set). Cannot be combined with namespace or names.
+	// +optional
+	NamespaceSelector *metav1.LabelSelector `json:"namespaceSelector,omitempty"`
+}
+
+// ListenerSpec says how the scope's proxies consume the configuration.
+// +kubebuilder:validation:XValidation:rule="self.mode != 'Envoy' || has(self.port)",message="an Envoy listener needs a port (1-65535) to listen on"
+// +kubebuilder:validation:XValidation:rule="self.mode != 'ProxylessGRPC' || !has(self.port)",message="a ProxylessGRPC listener has no port: gRPC clients dial each Service's own port; remove listener.port"
+type ListenerSpec struct {
+	// mode is Envoy (one HTTP listener on port, routing by Host/:authority to
+	// the selected Services) or ProxylessGRPC (one gRPC API listener per
+	// Service port, named `<svc>.<ns>.svc.cluster.local:<port>` and
+	// `<svc>.<ns>:<port>`, for gRPC clients dialing xds:///<that name>).
+	// +required
+	Mode ListenerMode `json:"mode"`
+
+	// port is the port of the Envoy HTTP listener. Required for mode Envoy;
+	// must be unset for mode ProxylessGRPC.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=65535
+	// +optional
+	Port *int32 `json:"port,omitempty"`
+}
+
+// ProxyNACK is one configuration a proxy rejected.
+type ProxyNACK struct {
+	// node is the xDS node id of the proxy that rejected the configuration.
+	// +kubebuilder:validation:MaxLength=253
+	Node string `json:"node"`
+
+	// typeURL is the xDS resource type that was rejected.
+	// +kubebuilder:validation:MaxLength=253
+	TypeURL string `json:"typeURL"`
+
+	// version is the rejected version.
+	// +kubebuilder:validation:MaxLength=128
+	Version string `json:"version"`
+
+	// detail is the proxy's error_detail message, cut to 1024 characters.
+	// +kubebuilder:validation:MaxLength=1024
+	Detail string `json:"detail"`
+
+	// time is when the control plane received the rejection.
+	Time metav1.Time `json:"time"`
+}
+
+// ProxyScopeStatus is what the control plane built for the scope and what its
+// proxies reported back.
+type ProxyScopeStatus struct {
+	// observedGeneration is the metadata.generation this status was computed for.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// conditions are Accepted (the spec is valid and its selections resolved),
+	// Ready (a snapshot is built and every connected proxy ACKed its current
+	// version) and Degraded (a proxy NACKed, or proxies connect with the wrong
+	// protocol). Reasons are the Reason* constants of this API.
+	// +listType=map
+	// +listMapKey=type
+	// +patchStrategy=merge
+	// +patchMergeKey=type
+	// +kubebuilder:validation:MaxItems=8
+	// +optional
+	Conditions []metav1.Condition `json:"conditions,omitempty" patchStrategy:"merge" patchMergeKey:"type"`
+
+	// selectedServices counts the Services the selections matched.
+	// +optional
+	SelectedServices int32 `json:"selectedServices,omitempty"`
+
+	// clusters counts the Envoy clusters in the scope's snapshot.
+	// +optional
+	Clusters int32 `json:"clusters,omitempty"`
+
+	// endpoints counts the endpoints (address and port) in the scope's snapshot.
+	// +optional
+	Endpoints int32 `json:"endpoints,omitempty"`
+
+	// connectedProxies counts the proxies with an open stream of the scope's protocol.
+	// +optional
+	ConnectedProxies int32 `json:"connectedProxies,omitempty"`
+
+	// syncedProxies counts the connected proxies that ACKed the current version of every type.
+	// +optional
+	SyncedProxies int32 `json:"syncedProxies,omitempty"`
+
+	// refusedStreams counts the streams refused for this scope since the
+	// control plane started (wrong protocol).
+	// +optional
+	RefusedStreams int64 `json:"refusedStreams,omitempty"`
+
+	// version is the content-hash version of the scope's current snapshot.
+	// +kubebuilder:validation:MaxLength=128
+	// +optional
+	Version string `json:"version,omitempty"`
+
+	// lastPushTime is when the current version was first pushed to a proxy.
+	// +optional
+	LastPushTime *metav1.Time `json:"lastPushTime,omitempty"`
+
+	// bootstrapConfigMap names the ConfigMap, in the scope's namespace, that
+	// holds a ready Envoy bootstrap and a gRPC xDS bootstrap for this scope.
+	// +kubebuilder:validation:MaxLength=253
+	// +optional
+	BootstrapConfigMap string `json:"bootstrapConfigMap,omitempty"`
+
+	// recentNACKs lists the newest rejections, newest first.
+	// +kubebuilder:validation:MaxItems=10
+	// +listType=atomic
+	// +optional
+	RecentNACKs []ProxyNACK `json:"recentNACKs,omitempty"`
+}
+
+// ProxyScope is a group of xDS proxies that share one scoped snapshot: the
+// Services its selections match, served in its protocol. A proxy joins it by
+// the node metadata key `scopeplane.dev/scope: <namespace>/<name>`.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=ps,categories=scopeplane
+// +kubebuilder:printcolumn:name="Protocol",type=string,JSONPath=`.spec.protocol`
+// +kubebuilder:printcolumn:name="Mode",type=string,JSONPath=`.spec.listener.mode`
+// +kubebuilder:printcolumn:name="Services",type=integer,JSONPath=`.status.selectedServices`
+// +kubebuilder:printcolumn:name="Proxies",type=integer,JSONPath=`.status.connectedProxies`
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Degraded",type=string,priority=1,JSONPath=`.status.conditions[?(@.type=="Degraded")].status`
+// +kubebuilder:printcolumn:name="Version",type=string,priority=1,JSONPath=`.status.version`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type ProxyScope struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// spec says what the scope's proxies receive and how.
+	// +required
+	Spec ProxyScopeSpec `json:"spec"`
+
+	// status is what the control plane built and observed for the scope.
+	// +optional
+	Status ProxyScopeStatus `json:"status,omitempty"`
+}
+
+// ProxyScopeList is a list of ProxyScopes.
+//
+// +kubebuilder:object:root=true
+type ProxyScopeList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []ProxyScope `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&ProxyScope{}, &ProxyScopeList{})
+}

@@ -1,0 +1,201 @@
+// Package model is the Kubernetes-free intermediate representation between
+// the reconcilers and the xDS translator: Services with their ports and the
+// endpoints merged from all of their EndpointSlices, namespaces with their
+// labels, and scopes with their protocol, listener and selections.
+//
+// Kubernetes objects are converted into it in one place (package
+// controllers/convert); the translator reads only these types, so it can be
+// tested, fuzzed and benchmarked without an API server.
+package model
+
+import (
+	"fmt"
+
+	"k8s.io/apimachinery/pkg/labels"
+)
+
+// Key names a namespaced object (a Service or a scope).
+type Key struct {
+	Namespace string
+	Name      string
+}
+
+// String returns "namespace/name", the form scopes are named by in node metadata.
+func (k Key) String() string { return k.Namespace + "/" + k.Name }
+
+// Compare orders keys by namespace, then name.
+func (k Key) Compare(o Key) int {
+	switch {
+	case k.Namespace < o.Namespace:
+		return -1
+	case k.Namespace > o.Namespace:
+		return 1
+	case k.Name < o.Name:
+		return -1
+	case k.Name > o.Name:
+		return 1
+	}
+	return 0
+}
+
+// Service is one Kubernetes Service with the endpoints of all its EndpointSlices.
+type Service struct {
+	Key    Key
+	Labels map[string]string
+	// ExternalName is the DNS name of an ExternalName Service; such a Service
+	// has no endpoints and is resolved by the proxy.
+	ExternalName string
+	Ports        []ServicePort
+	// Endpoints are merged across every EndpointSlice of the Service, in a
+	// deterministic order (address, then the slice's ports).
+	Endpoints []Endpoint
+}
+
+// PortProtocol is the L4 protocol of a port.
+type PortProtocol string
+
+// L4 protocols a Service port may declare.
+const (
+	ProtocolTCP  PortProtocol = "TCP"
+	ProtocolUDP  PortProtocol = "UDP"
+	ProtocolSCTP PortProtocol = "SCTP"
+)
+
+// ServicePort is one port of a Service.
+type ServicePort struct {
+	// Name is the port's name; EndpointSlice ports carry the same name, which
+	// is how an endpoint's port is found for this Service port.
+	Name        string
+	Port        int32
+	Protocol    PortProtocol
+	AppProtocol string
+	// TargetPort is the numeric target port, or 0 when TargetPortName is set.
+	TargetPort int32
+	// TargetPortName is a named container port; each EndpointSlice resolves
+	// it to a number of its own.
+	TargetPortName string
+}
+
+// AddressFamily is the IP family of an endpoint address.
+type AddressFamily uint8
+
+// Address families an EndpointSlice may carry (FQDN slices are not modelled).
+const (
+	IPv4 AddressFamily = 4
+	IPv6 AddressFamily = 6
+)
+
+// EndpointPort is a port of an EndpointSlice, which applies to every endpoint
+// of that slice.
+type EndpointPort struct {
+	// Name matches the ServicePort.Name it serves.
+	Name     string
+	Port     int32
+	Protocol PortProtocol
+}
+
+// Endpoint is one address of an EndpointSlice with the slice's ports and the
+// endpoint's conditions, already defaulted as the EndpointSlice API defines
+// them (nil ready means ready; nil serving means the value of ready).
+type Endpoint struct {
+	Address     string
+	Family      AddressFamily
+	Ports       []EndpointPort
+	Ready       bool
+	Serving     bool
+	Terminating bool
+	Zone        string
+	Node        string
+}
+
+// PortFor returns the endpoint's port number that serves the Service port
+// named name, and whether the endpoint serves that port at all.
+func (e *Endpoint) PortFor(name string, protocol PortProtocol) (int32, bool) {
+	for _, p := range e.Ports {
+		if p.Name == name && p.Protocol == protocol {
+			return p.Port, true
+		}
+	}
+	return 0, false
+}
+
+// Protocol is the xDS protocol of a scope.
+type Protocol string
+
+// The xDS protocols a scope can require.
+const (
+	SotW  Protocol = "SotW"
+	Delta Protocol = "Delta"
+)
+
+// ListenerMode says how a scope's proxies consume configuration.
+type ListenerMode string
+
+// Listener modes, as in the ProxyScope API.
+const (
+	ListenerEnvoy         ListenerMode = "Envoy"
+	ListenerProxylessGRPC ListenerMode = "ProxylessGRPC"
+)
+
+// Listener is a scope's listener settings.
+type Listener struct {
+	Mode ListenerMode
+	// Port is the Envoy HTTP listener's port; 0 in ProxylessGRPC mode.
+	Port int32
+}
+
+// Scope is a ProxyScope as the translator and the xDS server see it.
+type Scope struct {
+	Key        Key
+	Generation int64
+	Protocol   Protocol
+	Listener   Listener
+	Selections []Selection
+}
+
+// Selection selects Services in one namespace or in the namespaces that
+// match NamespaceSelector. A nil Names or Selector does not restrict.
+type Selection struct {
+	// Namespace is the namespace searched when NamespaceSelector is nil.
+	Namespace string
+	// Names, when non-nil, is the set of Service names selected.
+	Names map[string]struct{}
+	// Selector, when non-nil, must match the Service's labels.
+	Selector labels.Selector
+	// NamespaceSelector, when non-nil, selects namespaces by their labels.
+	NamespaceSelector labels.Selector
+}
+
+// Matches reports whether the Service is selected, given the labels of its
+// namespace (nil when the namespace is unknown).
+func (s *Selection) Matches(svc *Service, nsLabels map[string]string, nsKnown bool) bool {
+	if s.NamespaceSelector != nil {
+		if !nsKnown || !s.NamespaceSelector.Matches(labels.Set(nsLabels)) {
+			return false
+		}
+	} else if svc.Key.Namespace != s.Namespace {
+		return false
+	}
+	if s.Names != nil {
+		if _, ok := s.Names[svc.Key.Name]; !ok {
+			return false
+		}
+	}
+	return s.Selector == nil || s.Selector.Matches(labels.Set(svc.Labels))
+}
+
+// Selects reports whether any selection of the scope matches the Service.
+func (sc *Scope) Selects(svc *Service, nsLabels map[string]string, nsKnown bool) bool {
+	for i := range sc.Selections {
+		if sc.Selections[i].Matches(svc, nsLabels, nsKnown) {
+			return true
+		}
+	}
+	return false
+}
+
+// ClusterName is the Envoy cluster name of a Service port. It is stable and
+// unique per Service port, and readable in Envoy's admin output.
+func ClusterName(svc Key, port int32) string {
+	return fmt.Sprintf("%s/%s:%d", svc.Namespace, svc.Name, port)
+}
