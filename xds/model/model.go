@@ -108,17 +108,6 @@ type Endpoint struct {
 	Node        string
 }
 
-// PortFor returns the endpoint's port number that serves the Service port
-// named name, and whether the endpoint serves that port at all.
-func (e *Endpoint) PortFor(name string, protocol PortProtocol) (int32, bool) {
-	for _, p := range e.Ports {
-		if p.Name == name && p.Protocol == protocol {
-			return p.Port, true
-		}
-	}
-	return 0, false
-}
-
 // Protocol is the xDS protocol of a scope.
 type Protocol string
 

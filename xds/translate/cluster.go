@@ -1,0 +1,102 @@
+package translate
+
+import (
+	"time"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	upstreamhttpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/scopeplane/scopeplane/xds/model"
+)
+
+// ConnectTimeout is every cluster's connect timeout: long enough for a pod
+// on a busy node, short enough that a dead endpoint is skipped quickly.
+const ConnectTimeout = 5 * time.Second
+
+// httpProtocolOptionsKey is the typed_extension_protocol_options key under
+// which Envoy looks for upstream HTTP protocol options; the key must be the
+// options message's full name.
+const httpProtocolOptionsKey = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+
+// isHTTP2 reports whether a Service appProtocol means the backend speaks
+// HTTP/2 cleartext (gRPC is HTTP/2), so the proxy must not talk HTTP/1.1 to
+// it.
+func isHTTP2(appProtocol string) bool {
+	switch appProtocol {
+	case "grpc", "h2c", "http2", "kubernetes.io/h2c":
+		return true
+	}
+	return false
+}
+
+// cluster builds the Cluster of one Service port: an EDS cluster fed over
+// ADS, or for an ExternalName Service a DNS cluster, since such a Service has
+// no endpoints to send.
+func cluster(svc *model.Service, port *model.ServicePort, mode model.ListenerMode) *clusterv3.Cluster {
+	name := model.ClusterName(svc.Key, port.Port)
+	c := &clusterv3.Cluster{
+		Name:           name,
+		ConnectTimeout: durationpb.New(ConnectTimeout),
+		LbPolicy:       clusterv3.Cluster_ROUND_ROBIN,
+	}
+	if svc.ExternalName != "" {
+		externalName(c, svc.ExternalName, port.Port, mode)
+	} else {
+		c.ClusterDiscoveryType = &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS}
+		c.EdsClusterConfig = &clusterv3.Cluster_EdsClusterConfig{
+			EdsConfig:   adsConfigSource(),
+			ServiceName: name,
+		}
+	}
+	if isHTTP2(port.AppProtocol) {
+		c.TypedExtensionProtocolOptions = map[string]*anypb.Any{
+			httpProtocolOptionsKey: mustAny(&upstreamhttpv3.HttpProtocolOptions{
+				UpstreamProtocolOptions: &upstreamhttpv3.HttpProtocolOptions_ExplicitHttpConfig_{
+					ExplicitHttpConfig: &upstreamhttpv3.HttpProtocolOptions_ExplicitHttpConfig{
+						ProtocolConfig: &upstreamhttpv3.HttpProtocolOptions_ExplicitHttpConfig_Http2ProtocolOptions{
+							Http2ProtocolOptions: &corev3.Http2ProtocolOptions{},
+						},
+					},
+				},
+			}),
+		}
+	}
+	return c
+}
+
+// externalName makes c resolve an ExternalName Service's DNS name itself,
+// with an inline load assignment of (host, port) and no EDS.
+//
+// Envoy gets STRICT_DNS, which balances over every address the name resolves
+// to. gRPC gets LOGICAL_DNS, the only DNS cluster type grpc-go accepts (it
+// rejects STRICT_DNS as an unsupported cluster type, which would NACK the
+// whole CDS response); grpc-go then requires exactly one locality holding
+// exactly one endpoint, which is what is built here for both.
+func externalName(c *clusterv3.Cluster, host string, port int32, mode model.ListenerMode) {
+	typ := clusterv3.Cluster_STRICT_DNS
+	if mode == model.ListenerProxylessGRPC {
+		typ = clusterv3.Cluster_LOGICAL_DNS
+	}
+	c.ClusterDiscoveryType = &clusterv3.Cluster_Type{Type: typ}
+	c.DnsLookupFamily = clusterv3.Cluster_V4_PREFERRED
+	c.LoadAssignment = &endpointv3.ClusterLoadAssignment{
+		ClusterName: c.GetName(),
+		Endpoints: []*endpointv3.LocalityLbEndpoints{{
+			Locality:    &corev3.Locality{},
+			LbEndpoints: []*endpointv3.LbEndpoint{lbEndpoint(host, uint32(port), corev3.HealthStatus_UNKNOWN)},
+		}},
+	}
+}
+
+// adsConfigSource tells the client to fetch a resource on the same ADS
+// stream, which is the only source grpc-go accepts besides self.
+func adsConfigSource() *corev3.ConfigSource {
+	return &corev3.ConfigSource{
+		ConfigSourceSpecifier: &corev3.ConfigSource_Ads{Ads: &corev3.AggregatedConfigSource{}},
+		ResourceApiVersion:    corev3.ApiVersion_V3,
+	}
+}

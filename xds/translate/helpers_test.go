@@ -1,0 +1,489 @@
+package translate
+
+import (
+	"bytes"
+	"cmp"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"slices"
+	"strings"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	upstreamhttpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/wellknown"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"sigs.k8s.io/yaml"
+
+	"github.com/scopeplane/scopeplane/xds/model"
+)
+
+// testInput is the test-only YAML form of one scope and its selected
+// Services; selections and labels are left out because the translator never
+// sees them.
+type testInput struct {
+	Scope    testScope     `json:"scope"`
+	Services []testService `json:"services"`
+}
+
+type testScope struct {
+	Namespace string             `json:"namespace"`
+	Name      string             `json:"name"`
+	Mode      model.ListenerMode `json:"mode"`
+	Port      int32              `json:"port,omitempty"`
+}
+
+type testService struct {
+	Namespace    string         `json:"namespace"`
+	Name         string         `json:"name"`
+	ExternalName string         `json:"externalName,omitempty"`
+	Ports        []testPort     `json:"ports,omitempty"`
+	Endpoints    []testEndpoint `json:"endpoints,omitempty"`
+}
+
+type testPort struct {
+	Name           string             `json:"name,omitempty"`
+	Port           int32              `json:"port"`
+	Protocol       model.PortProtocol `json:"protocol,omitempty"`
+	AppProtocol    string             `json:"appProtocol,omitempty"`
+	TargetPort     int32              `json:"targetPort,omitempty"`
+	TargetPortName string             `json:"targetPortName,omitempty"`
+}
+
+// testEndpoint defaults its conditions as the EndpointSlice API does: an
+// unset ready means ready, an unset serving means the value of ready.
+type testEndpoint struct {
+	Address     string             `json:"address"`
+	Ports       []testEndpointPort `json:"ports,omitempty"`
+	Ready       *bool              `json:"ready,omitempty"`
+	Serving     *bool              `json:"serving,omitempty"`
+	Terminating bool               `json:"terminating,omitempty"`
+	Zone        string             `json:"zone,omitempty"`
+	Node        string             `json:"node,omitempty"`
+}
+
+type testEndpointPort struct {
+	Name     string             `json:"name,omitempty"`
+	Port     int32              `json:"port"`
+	Protocol model.PortProtocol `json:"protocol,omitempty"`
+}
+
+// parseInput decodes a testInput strictly, so a misspelt field fails the
+// test instead of silently meaning nothing.
+func parseInput(data []byte) (*model.Scope, []*model.Service, error) {
+	var in testInput
+	if err := yaml.UnmarshalStrict(data, &in); err != nil {
+		return nil, nil, err
+	}
+	scope := &model.Scope{
+		Key:      model.Key{Namespace: in.Scope.Namespace, Name: in.Scope.Name},
+		Protocol: model.SotW,
+		Listener: model.Listener{Mode: in.Scope.Mode, Port: in.Scope.Port},
+	}
+	services := make([]*model.Service, 0, len(in.Services))
+	for _, s := range in.Services {
+		svc := &model.Service{
+			Key:          model.Key{Namespace: s.Namespace, Name: s.Name},
+			ExternalName: s.ExternalName,
+		}
+		for _, p := range s.Ports {
+			svc.Ports = append(svc.Ports, model.ServicePort(p))
+		}
+		for _, e := range s.Endpoints {
+			ep := model.Endpoint{
+				Address:     e.Address,
+				Family:      model.IPv4,
+				Ready:       e.Ready == nil || *e.Ready,
+				Terminating: e.Terminating,
+				Zone:        e.Zone,
+				Node:        e.Node,
+			}
+			ep.Serving = ep.Ready
+			if e.Serving != nil {
+				ep.Serving = *e.Serving
+			}
+			if strings.Contains(e.Address, ":") {
+				ep.Family = model.IPv6
+			}
+			for _, p := range e.Ports {
+				ep.Ports = append(ep.Ports, model.EndpointPort{Name: p.Name, Port: p.Port, Protocol: cmp.Or(p.Protocol, model.ProtocolTCP)})
+			}
+			svc.Endpoints = append(svc.Endpoints, ep)
+		}
+		services = append(services, svc)
+	}
+	return scope, services, nil
+}
+
+// render writes resources as YAML: protojson (Any payloads resolved from the
+// global registry) converted by sigs.k8s.io/yaml, which sorts keys, so the
+// output is stable and readable in review.
+func render(res Resources) ([]byte, error) {
+	var buf bytes.Buffer
+	buf.WriteString("{")
+	sections := []struct {
+		key  string
+		msgs []proto.Message
+	}{
+		{"clusters", asMessages(res.Clusters)},
+		{"endpoints", asMessages(res.Endpoints)},
+		{"listeners", asMessages(res.Listeners)},
+		{"routes", asMessages(res.Routes)},
+	}
+	opts := protojson.MarshalOptions{Multiline: true}
+	for i, s := range sections {
+		if i > 0 {
+			buf.WriteString(",")
+		}
+		fmt.Fprintf(&buf, "%q:[", s.key)
+		for j, m := range s.msgs {
+			if j > 0 {
+				buf.WriteString(",")
+			}
+			b, err := opts.Marshal(m)
+			if err != nil {
+				return nil, err
+			}
+			buf.Write(b)
+		}
+		buf.WriteString("]")
+	}
+	buf.WriteString("}")
+	return yaml.JSONToYAML(buf.Bytes())
+}
+
+func asMessages[T proto.Message](s []T) []proto.Message {
+	out := make([]proto.Message, len(s))
+	for i, m := range s {
+		out[i] = m
+	}
+	return out
+}
+
+// wire marshals every resource deterministically, in order, so two results
+// can be compared byte for byte.
+func wire(res Resources) ([]byte, error) {
+	var buf bytes.Buffer
+	opts := proto.MarshalOptions{Deterministic: true}
+	for _, msgs := range [][]proto.Message{asMessages(res.Clusters), asMessages(res.Endpoints), asMessages(res.Listeners), asMessages(res.Routes)} {
+		buf.WriteString("--\n")
+		for _, m := range msgs {
+			b, err := opts.Marshal(m)
+			if err != nil {
+				return nil, err
+			}
+			fmt.Fprintf(&buf, "%d:", len(b))
+			buf.Write(b)
+		}
+	}
+	return buf.Bytes(), nil
+}
+
+// validator is what protoc-gen-validate generates on every Envoy message.
+type validator interface{ ValidateAll() error }
+
+// validateAll runs Envoy's generated validation on every resource and on the
+// messages packed in their Any fields, which ValidateAll does not enter.
+func validateAll(res Resources) error {
+	var errs []error
+	check := func(name string, m validator) {
+		if err := m.ValidateAll(); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", name, err))
+		}
+	}
+	for _, c := range res.Clusters {
+		check("cluster "+c.GetName(), c)
+		for k, a := range c.GetTypedExtensionProtocolOptions() {
+			o := &upstreamhttpv3.HttpProtocolOptions{}
+			if err := a.UnmarshalTo(o); err != nil {
+				errs = append(errs, fmt.Errorf("cluster %s: options %s: %w", c.GetName(), k, err))
+				continue
+			}
+			check("cluster "+c.GetName()+" options", o)
+		}
+	}
+	for _, e := range res.Endpoints {
+		check("endpoints "+e.GetClusterName(), e)
+	}
+	for _, l := range res.Listeners {
+		check("listener "+l.GetName(), l)
+		hcm, err := connectionManagerOf(l)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("listener %s: %w", l.GetName(), err))
+			continue
+		}
+		check("listener "+l.GetName()+" connection manager", hcm)
+		for _, f := range hcm.GetHttpFilters() {
+			r := &routerv3.Router{}
+			if err := f.GetTypedConfig().UnmarshalTo(r); err == nil {
+				check("listener "+l.GetName()+" router", r)
+			}
+		}
+	}
+	for _, r := range res.Routes {
+		check("route "+r.GetName(), r)
+	}
+	return errors.Join(errs...)
+}
+
+// connectionManagerOf unpacks a listener's HttpConnectionManager, from its
+// api_listener or from its single filter chain's single filter.
+func connectionManagerOf(l *listenerv3.Listener) (*hcmv3.HttpConnectionManager, error) {
+	hcm := &hcmv3.HttpConnectionManager{}
+	if api := l.GetApiListener(); api != nil {
+		return hcm, api.GetApiListener().UnmarshalTo(hcm)
+	}
+	if len(l.GetFilterChains()) != 1 || len(l.GetFilterChains()[0].GetFilters()) != 1 {
+		return nil, errors.New("want exactly one filter chain with one filter")
+	}
+	f := l.GetFilterChains()[0].GetFilters()[0]
+	if f.GetName() != wellknown.HTTPConnectionManager {
+		return nil, fmt.Errorf("filter %q, want %q", f.GetName(), wellknown.HTTPConnectionManager)
+	}
+	return hcm, f.GetTypedConfig().UnmarshalTo(hcm)
+}
+
+// checkInvariants checks what Envoy and grpc-go require beyond
+// ValidateAll, and the translator's own promises: sorted unique names, every
+// reference resolvable, a locality and a positive weight everywhere, no
+// duplicate endpoint, unique domains per route configuration, the router
+// last.
+func checkInvariants(scope *model.Scope, res Resources) error {
+	var errs []error
+	fail := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	sortedUnique := func(kind string, names []string) {
+		for i, n := range names {
+			if n == "" {
+				fail("%s: empty name", kind)
+			}
+			if i > 0 && names[i-1] >= n {
+				fail("%s: %q then %q: not sorted and unique", kind, names[i-1], n)
+			}
+		}
+	}
+	names := func(n int, at func(int) string) []string {
+		out := make([]string, n)
+		for i := range out {
+			out[i] = at(i)
+		}
+		return out
+	}
+	sortedUnique("clusters", names(len(res.Clusters), func(i int) string { return res.Clusters[i].GetName() }))
+	sortedUnique("endpoints", names(len(res.Endpoints), func(i int) string { return res.Endpoints[i].GetClusterName() }))
+	sortedUnique("listeners", names(len(res.Listeners), func(i int) string { return res.Listeners[i].GetName() }))
+	sortedUnique("routes", names(len(res.Routes), func(i int) string { return res.Routes[i].GetName() }))
+
+	clusters := map[string]*clusterv3.Cluster{}
+	for _, c := range res.Clusters {
+		clusters[c.GetName()] = c
+	}
+	clas := map[string]bool{}
+	for _, e := range res.Endpoints {
+		clas[e.GetClusterName()] = true
+		if c := clusters[e.GetClusterName()]; c == nil || c.GetType() != clusterv3.Cluster_EDS {
+			fail("endpoints %s: no EDS cluster of that name", e.GetClusterName())
+		}
+		if err := checkAssignment(e); err != nil {
+			fail("endpoints %s: %v", e.GetClusterName(), err)
+		}
+	}
+	for _, c := range res.Clusters {
+		if c.GetConnectTimeout().AsDuration() != ConnectTimeout || c.GetLbPolicy() != clusterv3.Cluster_ROUND_ROBIN {
+			fail("cluster %s: connect timeout %v, lb policy %v", c.GetName(), c.GetConnectTimeout().AsDuration(), c.GetLbPolicy())
+		}
+		switch c.GetType() {
+		case clusterv3.Cluster_EDS:
+			eds := c.GetEdsClusterConfig()
+			if eds.GetServiceName() != c.GetName() || eds.GetEdsConfig().GetAds() == nil || eds.GetEdsConfig().GetResourceApiVersion() != corev3.ApiVersion_V3 {
+				fail("cluster %s: EDS config %v", c.GetName(), eds)
+			}
+			if !clas[c.GetName()] {
+				fail("cluster %s: no ClusterLoadAssignment", c.GetName())
+			}
+		case clusterv3.Cluster_STRICT_DNS, clusterv3.Cluster_LOGICAL_DNS:
+			if (c.GetType() == clusterv3.Cluster_LOGICAL_DNS) != (scope.Listener.Mode == model.ListenerProxylessGRPC) {
+				fail("cluster %s: DNS type %v in mode %s", c.GetName(), c.GetType(), scope.Listener.Mode)
+			}
+			la := c.GetLoadAssignment()
+			if la.GetClusterName() != c.GetName() || len(la.GetEndpoints()) != 1 || len(la.GetEndpoints()[0].GetLbEndpoints()) != 1 || la.GetEndpoints()[0].GetLocality() == nil {
+				fail("cluster %s: DNS load assignment must be one locality with one endpoint: %v", c.GetName(), la)
+			}
+			if clas[c.GetName()] {
+				fail("cluster %s: DNS cluster has a ClusterLoadAssignment", c.GetName())
+			}
+		default:
+			fail("cluster %s: type %v", c.GetName(), c.GetType())
+		}
+	}
+
+	routes := map[string]*routev3.RouteConfiguration{}
+	for _, r := range res.Routes {
+		routes[r.GetName()] = r
+		domains := map[string]string{}
+		var vhNames []string
+		for _, vh := range r.GetVirtualHosts() {
+			vhNames = append(vhNames, vh.GetName())
+			if len(vh.GetDomains()) == 0 {
+				fail("route %s: virtual host %s has no domain", r.GetName(), vh.GetName())
+			}
+			for _, d := range vh.GetDomains() {
+				if other, dup := domains[d]; dup {
+					fail("route %s: domain %q in virtual hosts %s and %s", r.GetName(), d, other, vh.GetName())
+				}
+				domains[d] = vh.GetName()
+			}
+			if len(vh.GetRoutes()) != 1 || vh.GetRoutes()[0].GetMatch().GetPrefix() != "/" {
+				fail("route %s: virtual host %s: want one route on prefix /", r.GetName(), vh.GetName())
+			}
+			for _, rt := range vh.GetRoutes() {
+				if clusters[rt.GetRoute().GetCluster()] == nil {
+					fail("route %s: virtual host %s routes to unknown cluster %q", r.GetName(), vh.GetName(), rt.GetRoute().GetCluster())
+				}
+			}
+		}
+		sortedUnique("route "+r.GetName()+" virtual hosts", vhNames)
+	}
+	for _, l := range res.Listeners {
+		hcm, err := connectionManagerOf(l)
+		if err != nil {
+			fail("listener %s: %v", l.GetName(), err)
+			continue
+		}
+		if cs := hcm.GetRds().GetConfigSource(); cs.GetAds() == nil || cs.GetResourceApiVersion() != corev3.ApiVersion_V3 {
+			fail("listener %s: RDS config source %v", l.GetName(), cs)
+		}
+		if routes[hcm.GetRds().GetRouteConfigName()] == nil {
+			fail("listener %s: route configuration %q missing", l.GetName(), hcm.GetRds().GetRouteConfigName())
+		}
+		fs := hcm.GetHttpFilters()
+		if len(fs) == 0 || fs[len(fs)-1].GetName() != wellknown.Router || !fs[len(fs)-1].GetTypedConfig().MessageIs(&routerv3.Router{}) {
+			fail("listener %s: router is not the last HTTP filter: %v", l.GetName(), fs)
+		}
+		switch scope.Listener.Mode {
+		case model.ListenerProxylessGRPC:
+			if l.GetApiListener() == nil || l.GetAddress() != nil || len(l.GetFilterChains()) != 0 {
+				fail("listener %s: want an API listener only", l.GetName())
+			}
+		default:
+			if l.GetName() != HTTPListenerName(scope.Listener.Port) || l.GetAddress().GetSocketAddress().GetPortValue() != uint32(scope.Listener.Port) {
+				fail("listener %s: want %s on port %d", l.GetName(), HTTPListenerName(scope.Listener.Port), scope.Listener.Port)
+			}
+		}
+	}
+	if scope.Listener.Mode != model.ListenerProxylessGRPC {
+		want := 0
+		if validPort(scope.Listener.Port) {
+			want = 1
+		}
+		if len(res.Listeners) != want || len(res.Routes) != want {
+			fail("envoy mode: %d listeners and %d route configurations, want %d", len(res.Listeners), len(res.Routes), want)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// checkAssignment checks one ClusterLoadAssignment against what grpc-go's
+// EDS parser and the translator promise.
+func checkAssignment(cla *endpointv3.ClusterLoadAssignment) error {
+	type hostPort struct {
+		addr netip.Addr
+		port uint32
+	}
+	seen := map[hostPort]bool{}
+	var lastZone *string
+	for _, loc := range cla.GetEndpoints() {
+		if loc.GetLocality() == nil {
+			return errors.New("locality without Locality")
+		}
+		zone := loc.GetLocality().GetZone()
+		if lastZone != nil && *lastZone >= zone {
+			return fmt.Errorf("zones not sorted and unique: %q then %q", *lastZone, zone)
+		}
+		lastZone = &zone
+		if loc.GetPriority() != 0 {
+			return errors.New("priority set")
+		}
+		if len(loc.GetLbEndpoints()) == 0 {
+			return fmt.Errorf("zone %q: empty locality", zone)
+		}
+		var healthy uint32
+		var prev *hostPort
+		for _, lb := range loc.GetLbEndpoints() {
+			if lb.GetLoadBalancingWeight().GetValue() != 1 {
+				return fmt.Errorf("endpoint weight %v", lb.GetLoadBalancingWeight())
+			}
+			switch lb.GetHealthStatus() {
+			case corev3.HealthStatus_HEALTHY:
+				healthy++
+			case corev3.HealthStatus_DRAINING:
+			default:
+				return fmt.Errorf("health %v", lb.GetHealthStatus())
+			}
+			sa := lb.GetEndpoint().GetAddress().GetSocketAddress()
+			addr, err := netip.ParseAddr(sa.GetAddress())
+			if err != nil {
+				return err
+			}
+			hp := hostPort{addr, sa.GetPortValue()}
+			if hp.port == 0 || hp.port > 65535 {
+				return fmt.Errorf("port %d", hp.port)
+			}
+			if seen[hp] {
+				return fmt.Errorf("duplicate endpoint %s", sa)
+			}
+			seen[hp] = true
+			if prev != nil && cmp.Or(prev.addr.Compare(hp.addr), cmp.Compare(prev.port, hp.port)) >= 0 {
+				return fmt.Errorf("endpoints not sorted: %v then %v", *prev, hp)
+			}
+			prev = &hp
+		}
+		if w := loc.GetLoadBalancingWeight().GetValue(); w != max(healthy, 1) {
+			return fmt.Errorf("zone %q: locality weight %d, want %d", zone, w, max(healthy, 1))
+		}
+	}
+	return nil
+}
+
+// shuffled returns a deep copy of the Services in a random order, with the
+// order of each Service's ports, endpoints and endpoint ports shuffled too —
+// every order the translator promises not to depend on.
+func shuffled(r *rand.Rand, services []*model.Service) []*model.Service {
+	out := cloneServices(services)
+	r.Shuffle(len(out), func(i, j int) { out[i], out[j] = out[j], out[i] })
+	for _, s := range out {
+		r.Shuffle(len(s.Ports), func(i, j int) { s.Ports[i], s.Ports[j] = s.Ports[j], s.Ports[i] })
+		r.Shuffle(len(s.Endpoints), func(i, j int) { s.Endpoints[i], s.Endpoints[j] = s.Endpoints[j], s.Endpoints[i] })
+		for k := range s.Endpoints {
+			ps := s.Endpoints[k].Ports
+			r.Shuffle(len(ps), func(i, j int) { ps[i], ps[j] = ps[j], ps[i] })
+		}
+	}
+	return out
+}
+
+// cloneServices deep-copies Services, so tests can prove the translator
+// leaves its input alone.
+func cloneServices(services []*model.Service) []*model.Service {
+	if services == nil {
+		return nil
+	}
+	out := make([]*model.Service, len(services))
+	for i, s := range services {
+		c := *s
+		c.Ports = slices.Clone(s.Ports)
+		c.Endpoints = slices.Clone(s.Endpoints)
+		for k := range c.Endpoints {
+			c.Endpoints[k].Ports = slices.Clone(c.Endpoints[k].Ports)
+		}
+		out[i] = &c
+	}
+	return out
+}

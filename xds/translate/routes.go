@@ -1,0 +1,245 @@
+package translate
+
+import (
+	"slices"
+	"strconv"
+	"strings"
+
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/wellknown"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/scopeplane/scopeplane/xds/model"
+)
+
+// ClusterDomain is the DNS suffix of in-cluster Service names, which both
+// listener modes use to name Services the way their clients do.
+const ClusterDomain = "cluster.local"
+
+// HTTPListenerName is the name of an Envoy-mode scope's HTTP listener and of
+// the route configuration it fetches, e.g. "http-8080": one per port, so a
+// port change is a clean replacement.
+func HTTPListenerName(port int32) string {
+	return "http-" + strconv.Itoa(int(port))
+}
+
+// GRPCListenerNames returns the two API listener names under which a gRPC
+// client finds a Service port — "<svc>.<ns>.svc.cluster.local:<port>" and
+// "<svc>.<ns>:<port>", the host:port of xds:/// targets — the first of which
+// is also the name of the port's route configuration.
+func GRPCListenerNames(svc model.Key, port int32) (fqdn, short string) {
+	p := ":" + strconv.Itoa(int(port))
+	return svc.Name + "." + svc.Namespace + ".svc." + ClusterDomain + p, svc.Name + "." + svc.Namespace + p
+}
+
+// envoyVirtualHosts builds the Envoy-mode virtual hosts of a Service, one
+// per port, matching every name a client in the cluster may put in Host:
+// svc, svc.ns, svc.ns.svc and svc.ns.svc.cluster.local, each with ":<port>".
+// A virtual host is named like its cluster, "<ns>/<svc>:<port>", which is
+// unique by construction and reads the same in Envoy's admin output.
+//
+// The names without a port go to one port only, because Envoy rejects a
+// route configuration in which two virtual hosts share a domain: to port 80
+// when the Service has it (a Host without a port means 80 in HTTP), else to
+// its lowest port.
+func envoyVirtualHosts(svc model.Key, ports []model.ServicePort) []*routev3.VirtualHost {
+	if len(ports) == 0 {
+		return nil
+	}
+	bare := ports[0].Port // ports are sorted, so this is the lowest
+	for i := range ports {
+		if ports[i].Port == 80 {
+			bare = 80
+		}
+	}
+	names := [...]string{
+		svc.Name,
+		svc.Name + "." + svc.Namespace,
+		svc.Name + "." + svc.Namespace + ".svc",
+		svc.Name + "." + svc.Namespace + ".svc." + ClusterDomain,
+	}
+	out := make([]*routev3.VirtualHost, 0, len(ports))
+	for i := range ports {
+		port := ports[i].Port
+		p := ":" + strconv.Itoa(int(port))
+		domains := make([]string, 0, 2*len(names))
+		for _, n := range names {
+			if port == bare {
+				domains = append(domains, n)
+			}
+			domains = append(domains, n+p)
+		}
+		cluster := model.ClusterName(svc, port)
+		out = append(out, &routev3.VirtualHost{
+			Name:    cluster,
+			Domains: domains,
+			Routes:  []*routev3.Route{routeTo(cluster)},
+		})
+	}
+	return out
+}
+
+// routeTo sends every request to one cluster.
+func routeTo(cluster string) *routev3.Route {
+	return &routev3.Route{
+		Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
+		Action: &routev3.Route_Route{Route: &routev3.RouteAction{
+			ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: cluster},
+		}},
+	}
+}
+
+// httpListener builds an Envoy-mode scope's listener: plain HTTP on all IPv4
+// addresses, routes fetched by RDS over ADS so that a Service change updates
+// only the route configuration, never the listener (which would drain its
+// connections).
+func httpListener(port int32) *listenerv3.Listener {
+	name := HTTPListenerName(port)
+	return &listenerv3.Listener{
+		Name:    name,
+		Address: socketAddress("0.0.0.0", uint32(port)),
+		FilterChains: []*listenerv3.FilterChain{{
+			Filters: []*listenerv3.Filter{{
+				Name:       wellknown.HTTPConnectionManager,
+				ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: mustAny(connectionManager(name, name))},
+			}},
+		}},
+	}
+}
+
+// httpRouteConfig builds an Envoy-mode scope's one route configuration from
+// the fragments' virtual hosts, sorted by name.
+//
+// A domain claimed by more than one virtual host — in practice the short name
+// "svc" (and "svc:port") of two same-named Services in different namespaces
+// — would make Envoy reject the whole configuration. It stays with the
+// Service in the scope's own namespace, as a short name resolves in a pod's
+// own namespace, when exactly one claimant is there; otherwise every claimant
+// loses it, since no choice would be right. A virtual host left with no
+// domain is dropped. Fragments are never modified: an affected virtual host
+// is copied.
+//
+// Kubernetes names have no dots, and then only dot-free domains (the short
+// forms) can be claimed twice, because the number of dots tells the other
+// forms apart; so only those are counted, which keeps this linear and cheap
+// at ten thousand Services. Should any key contain a dot, every domain is.
+func httpRouteConfig(scope *model.Scope, port int32, fragments []*ServiceResources) *routev3.RouteConfiguration {
+	all := false
+	for _, f := range fragments {
+		if strings.Contains(f.Service.Name, ".") || strings.Contains(f.Service.Namespace, ".") {
+			all = true
+			break
+		}
+	}
+	counted := func(d string) bool { return all || strings.IndexByte(d, '.') < 0 }
+
+	type claims struct{ all, local int32 }
+	byDomain := make(map[string]claims, 2*len(fragments))
+	for _, f := range fragments {
+		local := f.Service.Namespace == scope.Key.Namespace
+		for _, vh := range f.VirtualHosts {
+			for _, d := range vh.GetDomains() {
+				if !counted(d) {
+					continue
+				}
+				c := byDomain[d]
+				c.all++
+				if local {
+					c.local++
+				}
+				byDomain[d] = c
+			}
+		}
+	}
+
+	vhosts := make([]*routev3.VirtualHost, 0, len(fragments))
+	var kept []string
+	for _, f := range fragments {
+		local := f.Service.Namespace == scope.Key.Namespace
+		for _, vh := range f.VirtualHosts {
+			kept = kept[:0]
+			for _, d := range vh.GetDomains() {
+				if !counted(d) {
+					kept = append(kept, d)
+					continue
+				}
+				if c := byDomain[d]; c.all == 1 || (local && c.local == 1) {
+					kept = append(kept, d)
+				}
+			}
+			switch len(kept) {
+			case len(vh.GetDomains()):
+				vhosts = append(vhosts, vh)
+			case 0:
+			default:
+				vhosts = append(vhosts, &routev3.VirtualHost{Name: vh.GetName(), Routes: vh.GetRoutes(), Domains: slices.Clone(kept)})
+			}
+		}
+	}
+	sortByName(vhosts, (*routev3.VirtualHost).GetName)
+	return &routev3.RouteConfiguration{Name: HTTPListenerName(port), VirtualHosts: vhosts}
+}
+
+// apiListeners builds the two gRPC API listeners of a Service port; both
+// fetch the same route configuration.
+func apiListeners(svc model.Key, port int32) []*listenerv3.Listener {
+	fqdn, short := GRPCListenerNames(svc, port)
+	return []*listenerv3.Listener{apiListener(fqdn, fqdn), apiListener(short, fqdn)}
+}
+
+// apiListener builds a gRPC API listener exactly as grpc-go's xDS client
+// accepts it: an HttpConnectionManager in api_listener, RDS over ADS, and the
+// router as the last (here only) HTTP filter.
+func apiListener(name, routeConfig string) *listenerv3.Listener {
+	return &listenerv3.Listener{
+		Name:        name,
+		ApiListener: &listenerv3.ApiListener{ApiListener: mustAny(connectionManager(name, routeConfig))},
+	}
+}
+
+// grpcRouteConfig builds the route configuration of a Service port for gRPC
+// clients: one virtual host matching both listener names and, for clients
+// that override the authority, anything.
+func grpcRouteConfig(svc model.Key, port int32) *routev3.RouteConfiguration {
+	fqdn, short := GRPCListenerNames(svc, port)
+	cluster := model.ClusterName(svc, port)
+	return &routev3.RouteConfiguration{
+		Name: fqdn,
+		VirtualHosts: []*routev3.VirtualHost{{
+			Name:    cluster,
+			Domains: []string{fqdn, short, "*"},
+			Routes:  []*routev3.Route{routeTo(cluster)},
+		}},
+	}
+}
+
+// connectionManager builds the HttpConnectionManager both modes use: routes
+// by RDS over ADS and the router filter, which must be last.
+func connectionManager(statPrefix, routeConfig string) *hcmv3.HttpConnectionManager {
+	return &hcmv3.HttpConnectionManager{
+		StatPrefix: statPrefix,
+		RouteSpecifier: &hcmv3.HttpConnectionManager_Rds{Rds: &hcmv3.Rds{
+			ConfigSource:    adsConfigSource(),
+			RouteConfigName: routeConfig,
+		}},
+		HttpFilters: []*hcmv3.HttpFilter{{
+			Name:       wellknown.Router,
+			ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(&routerv3.Router{})},
+		}},
+	}
+}
+
+// mustAny packs m deterministically, so equal input gives equal bytes. It
+// panics only if m cannot be marshalled, which for these messages means a
+// string that is not UTF-8 — impossible for names Kubernetes has validated.
+func mustAny(m proto.Message) *anypb.Any {
+	a := new(anypb.Any)
+	if err := anypb.MarshalFrom(a, m, proto.MarshalOptions{Deterministic: true}); err != nil {
+		panic("translate: cannot pack " + string(m.ProtoReflect().Descriptor().FullName()) + ": " + err.Error())
+	}
+	return a
+}
