@@ -75,6 +75,7 @@ envtest: ## Build (once, cached) kube-apiserver and etcd; print the KUBEBUILDER_
 test: ## Run every test against a real API server (builds the envtest binaries on first use).
 	assets=$$(hack/envtest.sh); \
 	KUBEBUILDER_ASSETS=$$assets go test -count=1 ./...
+	go test -run '^$$' -fuzz '^FuzzTranslate$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 200x ./xds/translate/
 
 ##@ Run
 

@@ -16,6 +16,8 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
+	"github.com/scopeplane/scopeplane/controllers"
+	"github.com/scopeplane/scopeplane/xds/catalog"
 )
 
 func main() {
@@ -55,12 +57,19 @@ func main() {
 		log.Error(err, "adding the health check")
 		os.Exit(1)
 	}
-	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
+	ctx := ctrl.SetupSignalHandler()
+	cat := catalog.New()
+	initialSync, err := controllers.Setup(ctx, mgr, cat)
+	if err != nil {
+		log.Error(err, "setting up the controllers")
+		os.Exit(1)
+	}
+	if err := mgr.AddReadyzCheck("initial-sync", initialSync.Check); err != nil {
 		log.Error(err, "adding the readiness check")
 		os.Exit(1)
 	}
 	log.Info("starting the manager")
-	if err := mgr.Start(ctrl.SetupSignalHandler()); err != nil {
+	if err := mgr.Start(ctx); err != nil {
 		log.Error(err, "running the manager")
 		os.Exit(1)
 	}

@@ -1,0 +1,203 @@
+// Package convert is the one place where Kubernetes objects become the
+// scopeplane model: Services with their EndpointSlices, Namespaces and
+// ProxyScopes. Everything downstream of it (catalog, translator, ADS server)
+// reads only model types.
+package convert
+
+import (
+	"cmp"
+	"fmt"
+	"net/netip"
+	"slices"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
+	"github.com/scopeplane/scopeplane/xds/model"
+)
+
+// Service converts a Service and the EndpointSlices that belong to it (label
+// kubernetes.io/service-name) into one model.Service. Endpoints of all slices
+// are merged; each keeps the ports of its own slice, which is how a named
+// target port resolves to different numbers in different slices. FQDN slices
+// and addresses that do not parse as the slice's family are left out.
+func Service(svc *corev1.Service, endpointSlices []*discoveryv1.EndpointSlice) *model.Service {
+	out := &model.Service{
+		Key:    model.Key{Namespace: svc.Namespace, Name: svc.Name},
+		Labels: svc.Labels,
+	}
+	if svc.Spec.Type == corev1.ServiceTypeExternalName {
+		out.ExternalName = svc.Spec.ExternalName
+	}
+	for _, p := range svc.Spec.Ports {
+		sp := model.ServicePort{
+			Name:     p.Name,
+			Port:     p.Port,
+			Protocol: protocol(p.Protocol),
+		}
+		if p.AppProtocol != nil {
+			sp.AppProtocol = *p.AppProtocol
+		}
+		switch {
+		case p.TargetPort.Type == intstr.String:
+			sp.TargetPortName = p.TargetPort.StrVal
+		case p.TargetPort.IntVal != 0:
+			sp.TargetPort = p.TargetPort.IntVal
+		default: // an unset targetPort defaults to the port itself
+			sp.TargetPort = p.Port
+		}
+		out.Ports = append(out.Ports, sp)
+	}
+	if out.ExternalName != "" {
+		return out
+	}
+	for _, slice := range endpointSlices {
+		family, ok := addressFamily(slice.AddressType)
+		if !ok {
+			continue
+		}
+		ports := make([]model.EndpointPort, 0, len(slice.Ports))
+		for _, p := range slice.Ports {
+			if p.Port == nil {
+				continue // a port with no number serves nothing
+			}
+			ep := model.EndpointPort{Port: *p.Port, Protocol: model.ProtocolTCP}
+			if p.Name != nil {
+				ep.Name = *p.Name
+			}
+			if p.Protocol != nil {
+				ep.Protocol = protocol(*p.Protocol)
+			}
+			ports = append(ports, ep)
+		}
+		for i := range slice.Endpoints {
+			e := &slice.Endpoints[i]
+			ready := e.Conditions.Ready == nil || *e.Conditions.Ready
+			serving := ready
+			if e.Conditions.Serving != nil {
+				serving = *e.Conditions.Serving
+			}
+			terminating := e.Conditions.Terminating != nil && *e.Conditions.Terminating
+			for _, addr := range e.Addresses {
+				ip, err := netip.ParseAddr(addr)
+				if err != nil || (family == model.IPv4) != ip.Is4() {
+					continue
+				}
+				ep := model.Endpoint{
+					Address:     ip.String(),
+					Family:      family,
+					Ports:       ports,
+					Ready:       ready,
+					Serving:     serving,
+					Terminating: terminating,
+				}
+				if e.Zone != nil {
+					ep.Zone = *e.Zone
+				}
+				if e.NodeName != nil {
+					ep.Node = *e.NodeName
+				}
+				out.Endpoints = append(out.Endpoints, ep)
+			}
+		}
+	}
+	out.Endpoints = dedupe(out.Endpoints)
+	return out
+}
+
+// dedupe sorts endpoints by address and merges the copies of one address with
+// the same ports. An address can sit in two slices for a moment while the
+// EndpointSlice controller rebalances them, and gRPC clients reject an EDS
+// response that lists one address twice. The merged copy keeps the most
+// usable conditions (ready over serving over neither).
+func dedupe(eps []model.Endpoint) []model.Endpoint {
+	slices.SortStableFunc(eps, func(a, b model.Endpoint) int {
+		return cmp.Compare(a.Address, b.Address)
+	})
+	out := eps[:0]
+	for _, e := range eps {
+		if n := len(out); n > 0 && out[n-1].Address == e.Address && slices.Equal(out[n-1].Ports, e.Ports) {
+			if rank(e) > rank(out[n-1]) {
+				out[n-1] = e
+			}
+			continue
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
+func rank(e model.Endpoint) int {
+	switch {
+	case e.Ready:
+		return 2
+	case e.Serving:
+		return 1
+	}
+	return 0
+}
+
+func protocol(p corev1.Protocol) model.PortProtocol {
+	if p == "" {
+		return model.ProtocolTCP
+	}
+	return model.PortProtocol(p)
+}
+
+func addressFamily(t discoveryv1.AddressType) (model.AddressFamily, bool) {
+	switch t {
+	case discoveryv1.AddressTypeIPv4:
+		return model.IPv4, true
+	case discoveryv1.AddressTypeIPv6:
+		return model.IPv6, true
+	default:
+		return 0, false
+	}
+}
+
+// Scope converts a ProxyScope into a model.Scope. It fails only when a label
+// selector cannot be parsed (the CRD schema cannot catch an unknown operator);
+// the error names the selection.
+func Scope(ps *xdsv1alpha1.ProxyScope) (*model.Scope, error) {
+	out := &model.Scope{
+		Key:        model.Key{Namespace: ps.Namespace, Name: ps.Name},
+		Generation: ps.Generation,
+		Protocol:   model.SotW,
+		Listener:   model.Listener{Mode: model.ListenerMode(ps.Spec.Listener.Mode)},
+	}
+	if ps.Spec.Protocol == xdsv1alpha1.ProtocolDelta {
+		out.Protocol = model.Delta
+	}
+	if ps.Spec.Listener.Port != nil {
+		out.Listener.Port = *ps.Spec.Listener.Port
+	}
+	for i, sel := range ps.Spec.Services {
+		s := model.Selection{Namespace: string(sel.Namespace)}
+		if s.Namespace == "" {
+			s.Namespace = ps.Namespace
+		}
+		if sel.Names != nil {
+			s.Names = make(map[string]struct{}, len(sel.Names))
+			for _, n := range sel.Names {
+				s.Names[string(n)] = struct{}{}
+			}
+		}
+		var err error
+		if sel.Selector != nil {
+			if s.Selector, err = metav1.LabelSelectorAsSelector(sel.Selector); err != nil {
+				return nil, fmt.Errorf("spec.services[%d].selector: %w", i, err)
+			}
+		}
+		if sel.NamespaceSelector != nil {
+			s.Namespace = ""
+			if s.NamespaceSelector, err = metav1.LabelSelectorAsSelector(sel.NamespaceSelector); err != nil {
+				return nil, fmt.Errorf("spec.services[%d].namespaceSelector: %w", i, err)
+			}
+		}
+		out.Selections = append(out.Selections, s)
+	}
+	return out, nil
+}

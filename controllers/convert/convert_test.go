@@ -1,0 +1,134 @@
+package convert
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+
+	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
+	"github.com/scopeplane/scopeplane/xds/model"
+)
+
+func TestServiceMergesSlicesWithTheirOwnPorts(t *testing.T) {
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "cart", Labels: map[string]string{"app": "cart"}},
+		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{
+			{Name: "http", Port: 80, TargetPort: intstr.FromString("web"), AppProtocol: ptr.To("http")},
+			{Name: "dns", Port: 53, Protocol: corev1.ProtocolUDP},
+		}},
+	}
+	slices := []*discoveryv1.EndpointSlice{
+		{
+			AddressType: discoveryv1.AddressTypeIPv4,
+			Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("http"), Port: ptr.To[int32](8080)}, {Name: ptr.To("none")}},
+			Endpoints: []discoveryv1.Endpoint{
+				{Addresses: []string{"10.0.0.2"}, Zone: ptr.To("z1"), NodeName: ptr.To("n1")}, // nil conditions: ready
+				{Addresses: []string{"10.0.0.1"}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(false), Terminating: ptr.To(true)}},
+				{Addresses: []string{"not-an-ip", "fd00::1"}}, // neither is IPv4
+			},
+		},
+		{
+			AddressType: discoveryv1.AddressTypeIPv6,
+			Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("http"), Port: ptr.To[int32](8081), Protocol: ptr.To(corev1.ProtocolTCP)}},
+			Endpoints: []discoveryv1.Endpoint{
+				{Addresses: []string{"fd00:0::1"}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(false), Serving: ptr.To(true), Terminating: ptr.To(true)}},
+			},
+		},
+		{AddressType: discoveryv1.AddressTypeFQDN, Endpoints: []discoveryv1.Endpoint{{Addresses: []string{"example.com"}}}},
+		{ // the same address again, in a second IPv4 slice with the same ports, not ready
+			AddressType: discoveryv1.AddressTypeIPv4,
+			Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("http"), Port: ptr.To[int32](8080)}},
+			Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{"10.0.0.2"}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(false)}}},
+		},
+	}
+	http8080 := []model.EndpointPort{{Name: "http", Port: 8080, Protocol: model.ProtocolTCP}}
+	want := &model.Service{
+		Key:    model.Key{Namespace: "shop", Name: "cart"},
+		Labels: map[string]string{"app": "cart"},
+		Ports: []model.ServicePort{
+			{Name: "http", Port: 80, Protocol: model.ProtocolTCP, AppProtocol: "http", TargetPortName: "web"},
+			{Name: "dns", Port: 53, Protocol: model.ProtocolUDP, TargetPort: 53},
+		},
+		Endpoints: []model.Endpoint{
+			{Address: "10.0.0.1", Family: model.IPv4, Ports: http8080, Terminating: true},
+			{Address: "10.0.0.2", Family: model.IPv4, Ports: http8080, Ready: true, Serving: true, Zone: "z1", Node: "n1"},
+			{Address: "fd00::1", Family: model.IPv6, Ports: []model.EndpointPort{{Name: "http", Port: 8081, Protocol: model.ProtocolTCP}}, Serving: true, Terminating: true},
+		},
+	}
+	if d := cmp.Diff(want, Service(svc, slices)); d != "" {
+		t.Errorf("Service() mismatch (-want +got):\n%s", d)
+	}
+}
+
+func TestExternalNameServiceHasNoEndpoints(t *testing.T) {
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "payments"},
+		Spec:       corev1.ServiceSpec{Type: corev1.ServiceTypeExternalName, ExternalName: "pay.example.com", Ports: []corev1.ServicePort{{Name: "https", Port: 443}}},
+	}
+	got := Service(svc, []*discoveryv1.EndpointSlice{{AddressType: discoveryv1.AddressTypeIPv4, Endpoints: []discoveryv1.Endpoint{{Addresses: []string{"10.0.0.1"}}}}})
+	if got.ExternalName != "pay.example.com" || len(got.Endpoints) != 0 || got.Ports[0].TargetPort != 443 {
+		t.Errorf("ExternalName Service converted to %+v", got)
+	}
+}
+
+func TestScope(t *testing.T) {
+	ps := &xdsv1alpha1.ProxyScope{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "gw", Generation: 3},
+		Spec: xdsv1alpha1.ProxyScopeSpec{
+			Protocol: xdsv1alpha1.ProtocolDelta,
+			Services: []xdsv1alpha1.ServiceSelection{
+				{Names: []xdsv1alpha1.DNSLabel{"cart"}},
+				{Namespace: "team-a", Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"tier": "web"}}},
+				{NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"shared": "true"}}},
+			},
+			Listener: xdsv1alpha1.ListenerSpec{Mode: xdsv1alpha1.ListenerModeEnvoy, Port: ptr.To[int32](10080)},
+		},
+	}
+	sc, err := Scope(ps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sc.Key != (model.Key{Namespace: "shop", Name: "gw"}) || sc.Generation != 3 || sc.Protocol != model.Delta ||
+		sc.Listener != (model.Listener{Mode: model.ListenerEnvoy, Port: 10080}) || len(sc.Selections) != 3 {
+		t.Fatalf("scope converted to %+v", sc)
+	}
+	cart := &model.Service{Key: model.Key{Namespace: "shop", Name: "cart"}}
+	web := &model.Service{Key: model.Key{Namespace: "team-a", Name: "web"}, Labels: map[string]string{"tier": "web"}}
+	other := &model.Service{Key: model.Key{Namespace: "team-b", Name: "x"}}
+	for _, tc := range []struct {
+		svc      *model.Service
+		nsLabels map[string]string
+		want     bool
+	}{
+		{cart, nil, true}, // names default to the scope's namespace
+		{&model.Service{Key: model.Key{Namespace: "shop", Name: "checkout"}}, nil, false},
+		{web, nil, true},
+		{&model.Service{Key: model.Key{Namespace: "team-a", Name: "db"}}, nil, false},
+		{other, map[string]string{"shared": "true"}, true},
+		{other, map[string]string{"shared": "false"}, false},
+	} {
+		if got := sc.Selects(tc.svc, tc.nsLabels, true); got != tc.want {
+			t.Errorf("Selects(%s, ns labels %v) = %v, want %v", tc.svc.Key, tc.nsLabels, got, tc.want)
+		}
+	}
+	if sc.Selects(other, nil, false) {
+		t.Error("a namespace selector matched a namespace that does not exist")
+	}
+}
+
+func TestScopeWithInvalidSelectorNamesIt(t *testing.T) {
+	ps := &xdsv1alpha1.ProxyScope{Spec: xdsv1alpha1.ProxyScopeSpec{Services: []xdsv1alpha1.ServiceSelection{
+		{Names: []xdsv1alpha1.DNSLabel{"a"}},
+		{Selector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "tier", Operator: "Near"}}}},
+	}}}
+	_, err := Scope(ps)
+	if err == nil || !strings.HasPrefix(err.Error(), "spec.services[1].selector: ") {
+		t.Errorf("want an error naming spec.services[1].selector, got %v", err)
+	}
+}

@@ -1,0 +1,86 @@
+// Package controllers holds the reconcilers that feed the catalog: they read
+// Services, EndpointSlices, Namespaces and ProxyScopes from the informer
+// cache, convert them to the model (package convert) and record the change.
+// They build no Envoy resources; the pipeline downstream of the catalog does.
+package controllers
+
+import (
+	"context"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/scopeplane/scopeplane/controllers/convert"
+	"github.com/scopeplane/scopeplane/xds/catalog"
+	"github.com/scopeplane/scopeplane/xds/model"
+)
+
+// sliceServiceIndex indexes EndpointSlices by the Service they belong to, so
+// that reconciling a Service lists its slices without scanning the namespace.
+const sliceServiceIndex = "scopeplane.dev/service-name"
+
+// ServiceReconciler records a Service together with all of its
+// EndpointSlices: endpoints are merged per Service, so a change to any slice
+// reconciles the Service it belongs to.
+type ServiceReconciler struct {
+	Reader  client.Reader
+	Catalog *catalog.Catalog
+	Sync    *InitialSync
+}
+
+// Reconcile records the Service's current state, or its deletion.
+func (r *ServiceReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	key := model.Key{Namespace: req.Namespace, Name: req.Name}
+	svc := &corev1.Service{}
+	if err := r.Reader.Get(ctx, req.NamespacedName, svc); err != nil {
+		if !apierrors.IsNotFound(err) {
+			return ctrl.Result{}, err
+		}
+		r.Catalog.DeleteService(key)
+		r.Sync.Done(kindService, req.NamespacedName)
+		return ctrl.Result{}, nil
+	}
+	list := &discoveryv1.EndpointSliceList{}
+	if err := r.Reader.List(ctx, list, client.InNamespace(req.Namespace), client.MatchingFields{sliceServiceIndex: req.Name}); err != nil {
+		return ctrl.Result{}, err
+	}
+	slices := make([]*discoveryv1.EndpointSlice, len(list.Items))
+	for i := range list.Items {
+		slices[i] = &list.Items[i]
+	}
+	r.Catalog.UpsertService(convert.Service(svc, slices))
+	r.Sync.Done(kindService, req.NamespacedName)
+	return ctrl.Result{}, nil
+}
+
+// SetupWithManager indexes EndpointSlices by Service and watches both kinds.
+func (r *ServiceReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) error {
+	if err := mgr.GetFieldIndexer().IndexField(ctx, &discoveryv1.EndpointSlice{}, sliceServiceIndex, func(o client.Object) []string {
+		if name := o.GetLabels()[discoveryv1.LabelServiceName]; name != "" {
+			return []string{name}
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("service").
+		For(&corev1.Service{}).
+		Watches(&discoveryv1.EndpointSlice{}, handler.EnqueueRequestsFromMapFunc(sliceToService)).
+		Complete(r)
+}
+
+// sliceToService maps an EndpointSlice to the Service it belongs to.
+func sliceToService(_ context.Context, o client.Object) []reconcile.Request {
+	name := o.GetLabels()[discoveryv1.LabelServiceName]
+	if name == "" {
+		return nil
+	}
+	return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: name}}}
+}

@@ -1,0 +1,138 @@
+package controllers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
+)
+
+type kind uint8
+
+const (
+	kindService kind = iota
+	kindNamespace
+	kindProxyScope
+)
+
+type objectRef struct {
+	kind kind
+	name types.NamespacedName
+}
+
+// InitialSync tells when the catalog holds the whole cluster: the caches
+// have synced and every object they listed then has been reconciled once.
+// Until then a replica would serve partial configuration (a restart once did
+// exactly that elsewhere), so /readyz fails. Tracking reconciles, rather
+// than loading the caches into the catalog separately, cannot race with the
+// reconcilers and overwrite a newer object with an older one.
+type InitialSync struct {
+	cache cache.Cache
+
+	mu       sync.Mutex
+	listed   bool
+	pending  map[objectRef]struct{}
+	done     map[objectRef]struct{} // reconciled before the listing was taken
+	complete chan struct{}
+}
+
+// NewInitialSync returns a tracker over the manager's cache; add it to the
+// manager as a Runnable.
+func NewInitialSync(c cache.Cache) *InitialSync {
+	return &InitialSync{cache: c, pending: map[objectRef]struct{}{}, done: map[objectRef]struct{}{}, complete: make(chan struct{})}
+}
+
+// Done records that an object was reconciled.
+func (s *InitialSync) Done(k kind, name types.NamespacedName) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ref := objectRef{k, name}
+	if !s.listed {
+		s.done[ref] = struct{}{}
+		return
+	}
+	delete(s.pending, ref)
+	s.checkLocked()
+}
+
+func (s *InitialSync) checkLocked() {
+	if s.listed && len(s.pending) == 0 {
+		select {
+		case <-s.complete:
+		default:
+			close(s.complete)
+		}
+	}
+}
+
+// Start waits for the caches to sync and lists what they hold.
+func (s *InitialSync) Start(ctx context.Context) error {
+	if !s.cache.WaitForCacheSync(ctx) {
+		return errors.New("the informer caches did not sync")
+	}
+	var refs []objectRef
+	add := func(k kind, objs []client.Object) {
+		for _, o := range objs {
+			refs = append(refs, objectRef{k, client.ObjectKeyFromObject(o)})
+		}
+	}
+	svcs, nss, pss := &corev1.ServiceList{}, &corev1.NamespaceList{}, &xdsv1alpha1.ProxyScopeList{}
+	for _, l := range []client.ObjectList{svcs, nss, pss} {
+		if err := s.cache.List(ctx, l); err != nil {
+			return fmt.Errorf("listing the cache: %w", err)
+		}
+	}
+	add(kindService, ptrs(svcs.Items))
+	add(kindNamespace, ptrs(nss.Items))
+	add(kindProxyScope, ptrs(pss.Items))
+
+	s.mu.Lock()
+	for _, r := range refs {
+		if _, ok := s.done[r]; !ok {
+			s.pending[r] = struct{}{}
+		}
+	}
+	s.done = nil
+	s.listed = true
+	s.checkLocked()
+	s.mu.Unlock()
+	<-ctx.Done()
+	return nil
+}
+
+// Synced is closed once every object listed at cache sync was reconciled.
+func (s *InitialSync) Synced() <-chan struct{} { return s.complete }
+
+// Check is a readiness check (healthz.Checker) that fails until Synced.
+func (s *InitialSync) Check(*http.Request) error {
+	select {
+	case <-s.complete:
+		return nil
+	default:
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.listed {
+		return errors.New("informer caches are syncing")
+	}
+	return fmt.Errorf("%d objects not yet reconciled", len(s.pending))
+}
+
+func ptrs[T any, P interface {
+	*T
+	client.Object
+}](items []T) []client.Object {
+	out := make([]client.Object, len(items))
+	for i := range items {
+		out[i] = P(&items[i])
+	}
+	return out
+}

@@ -1,0 +1,375 @@
+// Package catalog holds the world as the model sees it (Services,
+// namespaces, scopes) and, for every scope, the xDS resources its proxies
+// must receive. It is the incremental step of the pipeline: a change to one
+// Service re-translates only that Service, once per listener mode in use,
+// and touches only the scopes that select it (or selected it); a scope
+// change recomputes only that scope. What changed is recorded per scope and
+// resource name, and handed downstream by Take, so that the snapshot layer
+// re-versions only the resources that changed.
+package catalog
+
+import (
+	"reflect"
+	"slices"
+	"sync"
+
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/scopeplane/scopeplane/xds/model"
+	"github.com/scopeplane/scopeplane/xds/translate"
+)
+
+// Types are the resource type URLs a scope holds, in ADS order: clusters
+// before endpoints, listeners before routes.
+var Types = []string{resourcev3.ClusterType, resourcev3.EndpointType, resourcev3.ListenerType, resourcev3.RouteType}
+
+// Set is a scope's resources: type URL → resource name → resource. The
+// resources are shared and read-only.
+type Set map[string]map[string]proto.Message
+
+// Update is what changed in one scope since the previous Take.
+type Update struct {
+	Key model.Key
+	// Scope is the scope's current spec; nil when the scope was deleted.
+	Scope *model.Scope
+	// Reset says the scope is new (or was deleted and created again since
+	// the previous Take): Upserted is its complete set and anything held for
+	// an earlier scope of that name must be dropped.
+	Reset bool
+	// Upserted holds the resources that were added or changed, by type and name.
+	Upserted Set
+	// Removed holds the names that left the scope, by type.
+	Removed map[string][]string
+}
+
+// Catalog is safe for concurrent use: the reconcilers write to it, the
+// snapshot builder takes changes from it.
+type Catalog struct {
+	mu         sync.Mutex
+	services   map[model.Key]*serviceEntry
+	byNS       map[string]map[model.Key]*serviceEntry
+	namespaces map[string]map[string]string
+	scopes     map[model.Key]*scopeEntry
+	deleted    map[model.Key]struct{}
+	dirty      map[model.Key]struct{}
+	notify     chan struct{}
+}
+
+type serviceEntry struct {
+	svc *model.Service
+	// frags caches the Service's translation per listener mode in use.
+	frags map[model.ListenerMode]*translate.ServiceResources
+	// scopes are the scopes that select the Service.
+	scopes map[model.Key]struct{}
+}
+
+type scopeEntry struct {
+	scope    *model.Scope
+	services map[model.Key]*serviceEntry
+	res      Set
+	// changed holds, per type, the names upserted or removed since the last Take.
+	changed map[string]map[string]struct{}
+	// touched records that a resource changed since the last finish.
+	touched bool
+	// fresh records that the scope was created since the last Take.
+	fresh bool
+	// routesStale records, in Envoy mode, that the set of virtual hosts
+	// changed and the listener and route configuration must be re-assembled.
+	routesStale bool
+}
+
+// New returns an empty catalog.
+func New() *Catalog {
+	return &Catalog{
+		services:   map[model.Key]*serviceEntry{},
+		byNS:       map[string]map[model.Key]*serviceEntry{},
+		namespaces: map[string]map[string]string{},
+		scopes:     map[model.Key]*scopeEntry{},
+		deleted:    map[model.Key]struct{}{},
+		dirty:      map[model.Key]struct{}{},
+		notify:     make(chan struct{}, 1),
+	}
+}
+
+// Changed receives a value after changes were recorded and not yet taken.
+// Several changes may be signalled once, which is how they coalesce.
+func (c *Catalog) Changed() <-chan struct{} { return c.notify }
+
+func (c *Catalog) markDirty(k model.Key) {
+	c.dirty[k] = struct{}{}
+	select {
+	case c.notify <- struct{}{}:
+	default:
+	}
+}
+
+func (e *serviceEntry) fragment(mode model.ListenerMode) *translate.ServiceResources {
+	if f, ok := e.frags[mode]; ok {
+		return f
+	}
+	f := translate.TranslateService(e.svc, mode)
+	e.frags[mode] = &f
+	return &f
+}
+
+// UpsertService records the Service's current state (with its endpoints),
+// re-translates it and updates the scopes that select it now or did before.
+func (c *Catalog) UpsertService(svc *model.Service) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.services[svc.Key]
+	if !ok {
+		e = &serviceEntry{svc: svc, frags: map[model.ListenerMode]*translate.ServiceResources{}, scopes: map[model.Key]struct{}{}}
+		c.services[svc.Key] = e
+		if c.byNS[svc.Key.Namespace] == nil {
+			c.byNS[svc.Key.Namespace] = map[model.Key]*serviceEntry{}
+		}
+		c.byNS[svc.Key.Namespace][svc.Key] = e
+	}
+	if ok && reflect.DeepEqual(e.svc, svc) {
+		return // a resync or a change to a field the model does not carry
+	}
+	old := e.frags
+	e.svc = svc
+	e.frags = make(map[model.ListenerMode]*translate.ServiceResources, len(old))
+	nsLabels, nsKnown := c.namespaces[svc.Key.Namespace]
+	for key, sc := range c.scopes {
+		_, was := sc.services[svc.Key]
+		is := sc.scope.Selects(svc, nsLabels, nsKnown)
+		switch {
+		case was && is:
+			sc.replaceService(e, old[sc.scope.Listener.Mode])
+		case is:
+			sc.addService(e)
+		case was:
+			sc.removeService(e, old[sc.scope.Listener.Mode])
+		default:
+			continue
+		}
+		if sc.finish() {
+			c.markDirty(key)
+		}
+	}
+}
+
+// DeleteService removes the Service from every scope that selected it.
+func (c *Catalog) DeleteService(key model.Key) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.services[key]
+	if !ok {
+		return
+	}
+	delete(c.services, key)
+	delete(c.byNS[key.Namespace], key)
+	if len(c.byNS[key.Namespace]) == 0 {
+		delete(c.byNS, key.Namespace)
+	}
+	for sk := range e.scopes {
+		sc := c.scopes[sk]
+		sc.removeService(e, e.frags[sc.scope.Listener.Mode])
+		if sc.finish() {
+			c.markDirty(sk)
+		}
+	}
+}
+
+// UpsertNamespace records a namespace's labels and re-evaluates, for the
+// scopes that select by namespace labels, the Services of that namespace.
+func (c *Catalog) UpsertNamespace(name string, labels map[string]string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if old, ok := c.namespaces[name]; ok && mapsEqual(old, labels) {
+		return
+	}
+	c.namespaces[name] = labels
+	c.reselectNamespace(name)
+}
+
+// DeleteNamespace forgets a namespace; namespace selectors no longer match it.
+func (c *Catalog) DeleteNamespace(name string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.namespaces[name]; !ok {
+		return
+	}
+	delete(c.namespaces, name)
+	c.reselectNamespace(name)
+}
+
+func (c *Catalog) reselectNamespace(name string) {
+	nsLabels, nsKnown := c.namespaces[name]
+	for key, sc := range c.scopes {
+		if !selectsByNamespaceLabels(sc.scope) {
+			continue
+		}
+		for _, e := range c.byNS[name] {
+			_, was := sc.services[e.svc.Key]
+			is := sc.scope.Selects(e.svc, nsLabels, nsKnown)
+			switch {
+			case is && !was:
+				sc.addService(e)
+			case was && !is:
+				sc.removeService(e, e.frags[sc.scope.Listener.Mode])
+			}
+		}
+		if sc.finish() {
+			c.markDirty(key)
+		}
+	}
+}
+
+// UpsertScope records a scope's spec and recomputes that scope alone: which
+// Services it selects and its complete resource set.
+func (c *Catalog) UpsertScope(scope *model.Scope) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	sc, ok := c.scopes[scope.Key]
+	if ok && reflect.DeepEqual(sc.scope, scope) {
+		return
+	}
+	if !ok {
+		sc = &scopeEntry{res: Set{}, changed: map[string]map[string]struct{}{}, fresh: true}
+		c.scopes[scope.Key] = sc
+		delete(c.deleted, scope.Key)
+	}
+	for _, e := range sc.services {
+		delete(e.scopes, scope.Key)
+	}
+	sc.scope = scope
+	sc.services = map[model.Key]*serviceEntry{}
+	for _, e := range c.services {
+		nsLabels, nsKnown := c.namespaces[e.svc.Key.Namespace]
+		if scope.Selects(e.svc, nsLabels, nsKnown) {
+			sc.services[e.svc.Key] = e
+			e.scopes[scope.Key] = struct{}{}
+		}
+	}
+	sc.rebuild()
+	// A new scope is reported even when empty, so that downstream learns it exists.
+	if sc.finish() || !ok {
+		c.markDirty(scope.Key)
+	}
+}
+
+// DeleteScope forgets a scope; the next Take reports it deleted.
+func (c *Catalog) DeleteScope(key model.Key) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	sc, ok := c.scopes[key]
+	if !ok {
+		return
+	}
+	for _, e := range sc.services {
+		delete(e.scopes, key)
+	}
+	delete(c.scopes, key)
+	c.deleted[key] = struct{}{}
+	c.markDirty(key)
+}
+
+// Take returns what changed in every scope since the previous Take, and
+// forgets it: each change is handed downstream once.
+func (c *Catalog) Take() []Update {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]Update, 0, len(c.dirty))
+	for key := range c.dirty {
+		if _, gone := c.deleted[key]; gone {
+			out = append(out, Update{Key: key})
+			delete(c.deleted, key)
+			continue
+		}
+		sc := c.scopes[key]
+		u := Update{Key: key, Scope: sc.scope, Reset: sc.fresh, Upserted: Set{}, Removed: map[string][]string{}}
+		sc.fresh = false
+		for typ, names := range sc.changed {
+			for name := range names {
+				if r, ok := sc.res[typ][name]; ok {
+					if u.Upserted[typ] == nil {
+						u.Upserted[typ] = map[string]proto.Message{}
+					}
+					u.Upserted[typ][name] = r
+				} else {
+					u.Removed[typ] = append(u.Removed[typ], name)
+				}
+			}
+			slices.Sort(u.Removed[typ])
+		}
+		sc.changed = map[string]map[string]struct{}{}
+		out = append(out, u)
+	}
+	clear(c.dirty)
+	slices.SortFunc(out, func(a, b Update) int { return a.Key.Compare(b.Key) })
+	return out
+}
+
+// Resources returns a copy of a scope's complete resource set, and whether
+// the scope exists.
+func (c *Catalog) Resources(key model.Key) (Set, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	sc, ok := c.scopes[key]
+	if !ok {
+		return nil, false
+	}
+	out := make(Set, len(sc.res))
+	for typ, byName := range sc.res {
+		out[typ] = make(map[string]proto.Message, len(byName))
+		for n, r := range byName {
+			out[typ][n] = r
+		}
+	}
+	return out, true
+}
+
+// Stats is the size of a scope's configuration, for its status.
+type Stats struct {
+	SelectedServices int
+	Clusters         int
+	Endpoints        int
+	// MissingNamespaces lists namespaces that selections name and that do not exist.
+	MissingNamespaces []string
+}
+
+// Stats returns the size of a scope's configuration, and whether the scope exists.
+func (c *Catalog) Stats(key model.Key) (Stats, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	sc, ok := c.scopes[key]
+	if !ok {
+		return Stats{}, false
+	}
+	st := Stats{SelectedServices: len(sc.services), Clusters: len(sc.res[resourcev3.ClusterType])}
+	for _, e := range sc.services {
+		for _, cla := range e.fragment(sc.scope.Listener.Mode).Endpoints {
+			for _, l := range cla.GetEndpoints() {
+				st.Endpoints += len(l.GetLbEndpoints())
+			}
+		}
+	}
+	for i := range sc.scope.Selections {
+		s := &sc.scope.Selections[i]
+		if s.NamespaceSelector != nil {
+			continue
+		}
+		if _, ok := c.namespaces[s.Namespace]; !ok && !slices.Contains(st.MissingNamespaces, s.Namespace) {
+			st.MissingNamespaces = append(st.MissingNamespaces, s.Namespace)
+		}
+	}
+	slices.Sort(st.MissingNamespaces)
+	return st, true
+}
+
+func mapsEqual(a, b map[string]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if w, ok := b[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
+}

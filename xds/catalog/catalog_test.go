@@ -1,0 +1,410 @@
+package catalog
+
+import (
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sort"
+	"testing"
+
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/protobuf/proto"
+	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/scopeplane/scopeplane/xds/model"
+	"github.com/scopeplane/scopeplane/xds/translate"
+)
+
+var (
+	seedFlag  = flag.Uint64("seed", 1, "seed of the randomized catalog test")
+	stepsFlag = flag.Int("steps", 3000, "steps of the randomized catalog test")
+)
+
+func service(ns, name string, lbls map[string]string, addrs ...string) *model.Service {
+	svc := &model.Service{
+		Key:    model.Key{Namespace: ns, Name: name},
+		Labels: lbls,
+		Ports:  []model.ServicePort{{Name: "http", Port: 80, Protocol: model.ProtocolTCP, TargetPort: 8080}},
+	}
+	for _, a := range addrs {
+		svc.Endpoints = append(svc.Endpoints, model.Endpoint{
+			Address: a, Family: model.IPv4, Ready: true, Serving: true,
+			Ports: []model.EndpointPort{{Name: "http", Port: 8080, Protocol: model.ProtocolTCP}},
+		})
+	}
+	return svc
+}
+
+func scope(ns, name string, mode model.ListenerMode, sels ...model.Selection) *model.Scope {
+	sc := &model.Scope{Key: model.Key{Namespace: ns, Name: name}, Protocol: model.SotW, Listener: model.Listener{Mode: mode}, Selections: sels}
+	if mode == model.ListenerEnvoy {
+		sc.Listener.Port = 10080
+	}
+	return sc
+}
+
+func names(ns ...string) map[string]struct{} {
+	out := map[string]struct{}{}
+	for _, n := range ns {
+		out[n] = struct{}{}
+	}
+	return out
+}
+
+func selector(t testing.TB, s string) labels.Selector {
+	t.Helper()
+	sel, err := labels.Parse(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sel
+}
+
+// updates indexes a Take by scope and type: scope → type → sorted names
+// upserted ("+name") and removed ("-name").
+func updates(us []Update) map[string]map[string][]string {
+	out := map[string]map[string][]string{}
+	for _, u := range us {
+		m := map[string][]string{}
+		if u.Scope == nil {
+			m["deleted"] = nil
+		}
+		for typ, byName := range u.Upserted {
+			for n := range byName {
+				m[short(typ)] = append(m[short(typ)], "+"+n)
+			}
+		}
+		for typ, ns := range u.Removed {
+			for _, n := range ns {
+				m[short(typ)] = append(m[short(typ)], "-"+n)
+			}
+		}
+		for _, v := range m {
+			sort.Strings(v)
+		}
+		out[u.Key.String()] = m
+	}
+	return out
+}
+
+func short(typ string) string {
+	switch typ {
+	case resourcev3.ClusterType:
+		return "CDS"
+	case resourcev3.EndpointType:
+		return "EDS"
+	case resourcev3.ListenerType:
+		return "LDS"
+	case resourcev3.RouteType:
+		return "RDS"
+	}
+	return typ
+}
+
+func TestEndpointChangeTouchesOnlyThatLoadAssignmentInSelectingScopes(t *testing.T) {
+	c := New()
+	c.UpsertService(service("shop", "cart", nil, "10.0.0.1"))
+	c.UpsertService(service("shop", "checkout", nil, "10.0.0.2"))
+	c.UpsertScope(scope("shop", "gw", model.ListenerEnvoy, model.Selection{Namespace: "shop", Selector: labels.Everything()}))
+	c.UpsertScope(scope("shop", "grpc", model.ListenerProxylessGRPC, model.Selection{Namespace: "shop", Names: names("checkout")}))
+	c.Take()
+
+	c.UpsertService(service("shop", "cart", nil, "10.0.0.1", "10.0.0.3"))
+	got := updates(c.Take())
+	want := map[string]map[string][]string{"shop/gw": {"EDS": {"+shop/cart:80"}}}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("updates after an endpoint change:\n got %v\nwant %v", got, want)
+	}
+
+	c.UpsertService(service("shop", "cart", nil, "10.0.0.1", "10.0.0.3"))
+	if got := c.Take(); len(got) != 0 {
+		t.Errorf("an unchanged Service produced updates: %v", updates(got))
+	}
+}
+
+func TestServiceAddedAndRemoved(t *testing.T) {
+	c := New()
+	c.UpsertScope(scope("shop", "gw", model.ListenerEnvoy, model.Selection{Namespace: "shop", Selector: labels.Everything()}))
+	c.UpsertScope(scope("shop", "grpc", model.ListenerProxylessGRPC, model.Selection{Namespace: "shop", Selector: labels.Everything()}))
+	c.UpsertScope(scope("other", "grpc", model.ListenerProxylessGRPC, model.Selection{Namespace: "other", Selector: labels.Everything()}))
+	first := c.Take()
+	if len(first) != 3 {
+		t.Fatalf("new empty scopes must be reported once each, got %v", updates(first))
+	}
+	for _, u := range first {
+		if !u.Reset {
+			t.Errorf("the first update of new scope %s is not a reset", u.Key)
+		}
+	}
+
+	c.UpsertService(service("shop", "cart", nil, "10.0.0.1"))
+	got := updates(c.Take())
+	want := map[string]map[string][]string{
+		"shop/gw": {"CDS": {"+shop/cart:80"}, "EDS": {"+shop/cart:80"}, "RDS": {"+http-10080"}},
+		"shop/grpc": {"CDS": {"+shop/cart:80"}, "EDS": {"+shop/cart:80"},
+			"LDS": {"+cart.shop.svc.cluster.local:80", "+cart.shop:80"}, "RDS": {"+cart.shop.svc.cluster.local:80"}},
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("updates after adding a Service:\n got %v\nwant %v", got, want)
+	}
+
+	c.DeleteService(model.Key{Namespace: "shop", Name: "cart"})
+	got = updates(c.Take())
+	want = map[string]map[string][]string{
+		"shop/gw": {"CDS": {"-shop/cart:80"}, "EDS": {"-shop/cart:80"}, "RDS": {"+http-10080"}},
+		"shop/grpc": {"CDS": {"-shop/cart:80"}, "EDS": {"-shop/cart:80"},
+			"LDS": {"-cart.shop.svc.cluster.local:80", "-cart.shop:80"}, "RDS": {"-cart.shop.svc.cluster.local:80"}},
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("updates after deleting a Service:\n got %v\nwant %v", got, want)
+	}
+}
+
+func TestNamespaceRelabelMovesServicesInAndOutOfScope(t *testing.T) {
+	c := New()
+	c.UpsertNamespace("team-a", map[string]string{"shared": "true"})
+	c.UpsertNamespace("team-b", nil)
+	c.UpsertService(service("team-a", "api", map[string]string{"tier": "shared"}, "10.0.1.1"))
+	c.UpsertService(service("team-b", "api", map[string]string{"tier": "shared"}, "10.0.2.1"))
+	c.UpsertService(service("team-b", "db", nil, "10.0.2.2"))
+	c.UpsertScope(scope("mesh", "shared", model.ListenerProxylessGRPC,
+		model.Selection{NamespaceSelector: selector(t, "shared=true"), Selector: selector(t, "tier=shared")}))
+	c.UpsertScope(scope("team-b", "own", model.ListenerProxylessGRPC, model.Selection{Namespace: "team-b", Selector: labels.Everything()}))
+	c.Take()
+	assertClusters(t, c, "mesh/shared", "team-a/api:80")
+
+	c.UpsertNamespace("team-b", map[string]string{"shared": "true"})
+	got := updates(c.Take())
+	if _, ok := got["team-b/own"]; ok || len(got) != 1 {
+		t.Errorf("relabelling team-b must touch only the namespace-selecting scope, got %v", got)
+	}
+	assertClusters(t, c, "mesh/shared", "team-a/api:80", "team-b/api:80")
+
+	c.DeleteNamespace("team-a")
+	c.Take()
+	assertClusters(t, c, "mesh/shared", "team-b/api:80")
+	assertClusters(t, c, "team-b/own", "team-b/api:80", "team-b/db:80")
+}
+
+func TestScopeChangeRecomputesOnlyThatScope(t *testing.T) {
+	c := New()
+	c.UpsertService(service("shop", "cart", nil, "10.0.0.1"))
+	c.UpsertService(service("shop", "checkout", nil, "10.0.0.2"))
+	c.UpsertScope(scope("shop", "a", model.ListenerEnvoy, model.Selection{Namespace: "shop", Names: names("cart")}))
+	c.UpsertScope(scope("shop", "b", model.ListenerEnvoy, model.Selection{Namespace: "shop", Names: names("cart")}))
+	c.Take()
+
+	c.UpsertScope(scope("shop", "a", model.ListenerEnvoy, model.Selection{Namespace: "shop", Names: names("cart", "checkout")}))
+	got := updates(c.Take())
+	want := map[string]map[string][]string{
+		"shop/a": {"CDS": {"+shop/checkout:80"}, "EDS": {"+shop/checkout:80"}, "RDS": {"+http-10080"}},
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("updates after widening scope a:\n got %v\nwant %v", got, want)
+	}
+
+	c.DeleteScope(model.Key{Namespace: "shop", Name: "a"})
+	got = updates(c.Take())
+	if fmt.Sprint(got) != fmt.Sprint(map[string]map[string][]string{"shop/a": {"deleted": nil}}) {
+		t.Errorf("deleting scope a: got %v", got)
+	}
+	if _, ok := c.Resources(model.Key{Namespace: "shop", Name: "a"}); ok {
+		t.Error("a deleted scope still has resources")
+	}
+}
+
+func TestStatsCountSelectionAndMissingNamespaces(t *testing.T) {
+	c := New()
+	c.UpsertNamespace("shop", nil)
+	c.UpsertService(service("shop", "cart", nil, "10.0.0.1", "10.0.0.2"))
+	c.UpsertScope(scope("shop", "gw", model.ListenerEnvoy,
+		model.Selection{Namespace: "shop", Selector: labels.Everything()},
+		model.Selection{Namespace: "ghost", Names: names("x")}))
+	st, ok := c.Stats(model.Key{Namespace: "shop", Name: "gw"})
+	want := Stats{SelectedServices: 1, Clusters: 1, Endpoints: 2, MissingNamespaces: []string{"ghost"}}
+	if !ok || fmt.Sprint(st) != fmt.Sprint(want) {
+		t.Errorf("stats: got %+v, want %+v", st, want)
+	}
+}
+
+func assertClusters(t *testing.T, c *Catalog, scope string, want ...string) {
+	t.Helper()
+	ns, name, _ := cut(scope)
+	res, ok := c.Resources(model.Key{Namespace: ns, Name: name})
+	if !ok {
+		t.Fatalf("scope %s does not exist", scope)
+	}
+	var got []string
+	for n := range res[resourcev3.ClusterType] {
+		got = append(got, n)
+	}
+	sort.Strings(got)
+	if !slices.Equal(got, want) {
+		t.Errorf("clusters of %s: got %v, want %v", scope, got, want)
+	}
+}
+
+func cut(s string) (string, string, bool) {
+	for i := range s {
+		if s[i] == '/' {
+			return s[:i], s[i+1:], true
+		}
+	}
+	return "", s, false
+}
+
+// TestRandomChangesMatchTranslationFromScratch drives the catalog with random
+// Service, namespace and scope changes and checks, after each step, that
+// every scope holds exactly what translating its selection from scratch
+// gives, and that replaying the Takes downstream reproduces the same sets.
+func TestRandomChangesMatchTranslationFromScratch(t *testing.T) {
+	seed := *seedFlag
+	rng := rand.New(rand.NewPCG(seed, 42))
+	c := New()
+	world := map[model.Key]*model.Service{}
+	nsLabels := map[string]map[string]string{}
+	scopes := map[model.Key]*model.Scope{}
+	mirror := map[model.Key]Set{} // what a consumer of Take holds
+	nss := []string{"a", "b", "c"}
+	modes := []model.ListenerMode{model.ListenerEnvoy, model.ListenerProxylessGRPC}
+	randomSelection := func() model.Selection {
+		switch rng.IntN(3) {
+		case 0:
+			return model.Selection{Namespace: nss[rng.IntN(3)], Names: names(fmt.Sprint("s", rng.IntN(6)), fmt.Sprint("s", rng.IntN(6)))}
+		case 1:
+			return model.Selection{Namespace: nss[rng.IntN(3)], Selector: selector(t, fmt.Sprint("tier=t", rng.IntN(2)))}
+		default:
+			return model.Selection{NamespaceSelector: selector(t, fmt.Sprint("env=e", rng.IntN(2))), Selector: labels.Everything()}
+		}
+	}
+	steps := *stepsFlag
+	for step := range steps {
+		switch op := rng.IntN(10); {
+		case op < 5:
+			ns, name := nss[rng.IntN(3)], fmt.Sprint("s", rng.IntN(6))
+			var addrs []string
+			for i := range rng.IntN(3) {
+				addrs = append(addrs, fmt.Sprintf("10.%d.0.%d", rng.IntN(2), i+1))
+			}
+			svc := service(ns, name, map[string]string{"tier": fmt.Sprint("t", rng.IntN(2))}, addrs...)
+			if rng.IntN(3) == 0 {
+				svc.Ports = append(svc.Ports, model.ServicePort{Name: "grpc", Port: 9090, Protocol: model.ProtocolTCP, AppProtocol: "grpc", TargetPort: 9090})
+			}
+			world[svc.Key] = svc
+			c.UpsertService(svc)
+		case op < 6:
+			k := model.Key{Namespace: nss[rng.IntN(3)], Name: fmt.Sprint("s", rng.IntN(6))}
+			delete(world, k)
+			c.DeleteService(k)
+		case op < 8:
+			ns := nss[rng.IntN(3)]
+			if rng.IntN(4) == 0 {
+				delete(nsLabels, ns)
+				c.DeleteNamespace(ns)
+			} else {
+				l := map[string]string{"env": fmt.Sprint("e", rng.IntN(2))}
+				nsLabels[ns] = l
+				c.UpsertNamespace(ns, l)
+			}
+		case op < 9:
+			sc := scope("x", fmt.Sprint("p", rng.IntN(3)), modes[rng.IntN(2)], randomSelection(), randomSelection())
+			scopes[sc.Key] = sc
+			c.UpsertScope(sc)
+		default:
+			k := model.Key{Namespace: "x", Name: fmt.Sprint("p", rng.IntN(3))}
+			delete(scopes, k)
+			c.DeleteScope(k)
+		}
+		if rng.IntN(3) == 0 || step == steps-1 {
+			for _, u := range c.Take() {
+				if u.Scope == nil {
+					delete(mirror, u.Key)
+					continue
+				}
+				m := mirror[u.Key]
+				if m == nil || u.Reset {
+					m = Set{}
+					mirror[u.Key] = m
+				}
+				for typ, byName := range u.Upserted {
+					if m[typ] == nil {
+						m[typ] = map[string]proto.Message{}
+					}
+					for n, r := range byName {
+						m[typ][n] = r
+					}
+				}
+				for typ, ns := range u.Removed {
+					for _, n := range ns {
+						delete(m[typ], n)
+					}
+				}
+			}
+			for k, sc := range scopes {
+				want := fromScratch(sc, world, nsLabels)
+				got, _ := c.Resources(k)
+				if d := diff(got, want); d != "" {
+					t.Fatalf("seed %d step %d: scope %s differs from a translation from scratch: %s", seed, step, k, d)
+				}
+				if d := diff(mirror[k], want); d != "" {
+					t.Fatalf("seed %d step %d: replaying Take for scope %s differs from a translation from scratch: %s", seed, step, k, d)
+				}
+			}
+			if len(mirror) != len(scopes) {
+				t.Fatalf("seed %d step %d: Take reported %d scopes, %d exist", seed, step, len(mirror), len(scopes))
+			}
+		}
+	}
+}
+
+func fromScratch(sc *model.Scope, world map[model.Key]*model.Service, nsLabels map[string]map[string]string) Set {
+	var selected []*model.Service
+	for _, svc := range world {
+		l, ok := nsLabels[svc.Key.Namespace]
+		if sc.Selects(svc, l, ok) {
+			selected = append(selected, svc)
+		}
+	}
+	res := translate.Translate(sc, selected)
+	out := Set{}
+	add := func(typ, name string, r proto.Message) {
+		if out[typ] == nil {
+			out[typ] = map[string]proto.Message{}
+		}
+		out[typ][name] = r
+	}
+	for _, r := range res.Clusters {
+		add(resourcev3.ClusterType, r.GetName(), r)
+	}
+	for _, r := range res.Endpoints {
+		add(resourcev3.EndpointType, r.GetClusterName(), r)
+	}
+	for _, r := range res.Listeners {
+		add(resourcev3.ListenerType, r.GetName(), r)
+	}
+	for _, r := range res.Routes {
+		add(resourcev3.RouteType, r.GetName(), r)
+	}
+	return out
+}
+
+func diff(got, want Set) string {
+	for _, typ := range Types {
+		for n, w := range want[typ] {
+			g, ok := got[typ][n]
+			if !ok {
+				return fmt.Sprintf("%s %s missing", short(typ), n)
+			}
+			if !proto.Equal(g, w) {
+				return fmt.Sprintf("%s %s differs", short(typ), n)
+			}
+		}
+		for n := range got[typ] {
+			if _, ok := want[typ][n]; !ok {
+				return fmt.Sprintf("%s %s should not be there", short(typ), n)
+			}
+		}
+	}
+	return ""
+}
