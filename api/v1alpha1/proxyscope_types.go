@@ -245,7 +245,3 @@ type ProxyScopeList struct {
 	metav1.ListMeta `json:"metadata,omitempty"`
 	Items           []ProxyScope `json:"items"`
 }
-
-func init() {
-	SchemeBuilder.Register(&ProxyScope{}, &ProxyScopeList{})
-}
