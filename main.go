@@ -6,6 +6,7 @@ package main
 import (
 	"flag"
 	"os"
+	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
@@ -16,8 +17,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
-	"github.com/scopeplane/scopeplane/controllers"
-	"github.com/scopeplane/scopeplane/xds/catalog"
+	"github.com/scopeplane/scopeplane/internal/controlplane"
 )
 
 func main() {
@@ -26,11 +26,15 @@ func main() {
 		probeAddr   string
 		leaderElect bool
 		leaderNS    string
+		xdsAddr     string
+		window      time.Duration
 	)
 	flag.StringVar(&metricsAddr, "metrics-bind-address", ":8080", "Address the Prometheus metrics endpoint binds to; 0 disables it.")
 	flag.StringVar(&probeAddr, "health-probe-bind-address", ":8081", "Address /healthz and /readyz bind to.")
 	flag.BoolVar(&leaderElect, "leader-elect", false, "Elect a leader among replicas; only the leader writes ProxyScope status, every replica serves xDS.")
 	flag.StringVar(&leaderNS, "leader-election-namespace", "", "Namespace of the leader election Lease (default: the pod's namespace).")
+	flag.StringVar(&xdsAddr, "xds-bind-address", ":18000", "Address the ADS gRPC server (SotW and delta) binds to.")
+	flag.DurationVar(&window, "coalesce-window", 10*time.Millisecond, "How long to wait after a change for more changes before pushing them as one version.")
 	opts := zap.Options{}
 	opts.BindFlags(flag.CommandLine)
 	flag.Parse()
@@ -58,14 +62,8 @@ func main() {
 		os.Exit(1)
 	}
 	ctx := ctrl.SetupSignalHandler()
-	cat := catalog.New()
-	initialSync, err := controllers.Setup(ctx, mgr, cat)
-	if err != nil {
-		log.Error(err, "setting up the controllers")
-		os.Exit(1)
-	}
-	if err := mgr.AddReadyzCheck("initial-sync", initialSync.Check); err != nil {
-		log.Error(err, "adding the readiness check")
+	if _, err := controlplane.Setup(ctx, mgr, controlplane.Options{XDSAddress: xdsAddr, CoalesceWindow: window}); err != nil {
+		log.Error(err, "setting up the control plane")
 		os.Exit(1)
 	}
 	log.Info("starting the manager")

@@ -1,0 +1,101 @@
+// Package controlplane wires the pipeline into a controller-runtime manager:
+// reconcilers → catalog → snapshot builder → ADS server, with feedback from
+// the proxies. main, the demo and the end-to-end tests all run it this way.
+package controlplane
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"time"
+
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+
+	"github.com/scopeplane/scopeplane/controllers"
+	"github.com/scopeplane/scopeplane/xds/catalog"
+	"github.com/scopeplane/scopeplane/xds/feedback"
+	"github.com/scopeplane/scopeplane/xds/server"
+	"github.com/scopeplane/scopeplane/xds/snapshot"
+)
+
+// Options configure the control plane.
+type Options struct {
+	// XDSListener is where ADS is served; XDSAddress is used when it is nil.
+	XDSListener net.Listener
+	XDSAddress  string
+	// CoalesceWindow is how long the builder waits after a change for more
+	// changes before it versions them as one revision.
+	CoalesceWindow time.Duration
+	Server         server.Options
+}
+
+// ControlPlane is the running pipeline.
+type ControlPlane struct {
+	Catalog  *catalog.Catalog
+	Store    *snapshot.Store
+	Feedback *feedback.Tracker
+	Server   *server.Server
+	Sync     *controllers.InitialSync
+	Builder  *snapshot.Builder
+	opts     Options
+}
+
+// Setup adds the whole pipeline to mgr. Every part runs on every replica:
+// leader election decides only who writes status.
+func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) (*ControlPlane, error) {
+	cp := &ControlPlane{
+		Catalog:  catalog.New(),
+		Store:    snapshot.NewStore(),
+		Feedback: feedback.New(),
+		opts:     opts,
+	}
+	var err error
+	if cp.Sync, err = controllers.Setup(ctx, mgr, cp.Catalog); err != nil {
+		return nil, err
+	}
+	cp.Builder = snapshot.NewBuilder(cp.Catalog, cp.Store, opts.CoalesceWindow)
+	cp.Server = server.New(cp.Store, cp.Feedback, opts.Server)
+	for _, r := range []manager.Runnable{
+		everyReplica(func(ctx context.Context) error { return cp.Builder.Run(ctx, cp.Sync.Synced()) }),
+		everyReplica(cp.serve),
+	} {
+		if err := mgr.Add(r); err != nil {
+			return nil, err
+		}
+	}
+	if err := mgr.AddReadyzCheck("first-build", cp.Ready); err != nil {
+		return nil, err
+	}
+	return cp, nil
+}
+
+func (cp *ControlPlane) serve(ctx context.Context) error {
+	if cp.opts.XDSListener != nil {
+		return cp.Server.ServeListener(ctx, cp.opts.XDSListener)
+	}
+	return cp.Server.Serve(ctx, cp.opts.XDSAddress)
+}
+
+// Ready is the readiness check: it passes once every object listed at cache
+// sync was reconciled and the snapshots were built from them, so a replica
+// never takes traffic with a partial configuration.
+func (cp *ControlPlane) Ready(req *http.Request) error {
+	if err := cp.Sync.Check(req); err != nil {
+		return err
+	}
+	select {
+	case <-cp.Builder.Built():
+		return nil
+	default:
+		return errors.New("the first snapshot build has not finished")
+	}
+}
+
+// everyReplica is a Runnable that runs whether or not this replica leads.
+type everyReplica func(ctx context.Context) error
+
+func (f everyReplica) Start(ctx context.Context) error { return f(ctx) }
+
+func (everyReplica) NeedLeaderElection() bool { return false }

@@ -1,0 +1,89 @@
+// Package whoami is a one-method gRPC service that answers with the name of
+// the backend that served the call. The demo and the end-to-end tests run it
+// as real backends on 127.0.0.1, to see where xDS routes traffic.
+package whoami
+
+import (
+	"context"
+	"net"
+
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/emptypb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+)
+
+// Method is the full name of the service's only method.
+const Method = "/scopeplane.whoami.Whoami/Get"
+
+type server struct{ name string }
+
+func (s server) get(context.Context, *emptypb.Empty) (*wrapperspb.StringValue, error) {
+	return wrapperspb.String(s.name), nil
+}
+
+var serviceDesc = grpc.ServiceDesc{
+	ServiceName: "scopeplane.whoami.Whoami",
+	HandlerType: (*any)(nil),
+	Methods: []grpc.MethodDesc{{
+		MethodName: "Get",
+		Handler: func(srv any, ctx context.Context, dec func(any) error, _ grpc.UnaryServerInterceptor) (any, error) {
+			in := &emptypb.Empty{}
+			if err := dec(in); err != nil {
+				return nil, err
+			}
+			return srv.(server).get(ctx, in)
+		},
+	}},
+}
+
+// Backend is a running whoami server.
+type Backend struct {
+	Name string
+	Port int
+	srv  *grpc.Server
+}
+
+// Start serves whoami as name on 127.0.0.1 on a free port.
+func Start(name string) (*Backend, error) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	g := grpc.NewServer()
+	g.RegisterService(&serviceDesc, server{name: name})
+	go func() { _ = g.Serve(lis) }()
+	return &Backend{Name: name, Port: lis.Addr().(*net.TCPAddr).Port, srv: g}, nil
+}
+
+// Stop stops the backend.
+func (b *Backend) Stop() { b.srv.Stop() }
+
+// Call asks the server behind conn who it is.
+func Call(ctx context.Context, conn *grpc.ClientConn) (string, error) {
+	out := &wrapperspb.StringValue{}
+	if err := conn.Invoke(ctx, Method, &emptypb.Empty{}, out); err != nil {
+		return "", err
+	}
+	return out.GetValue(), nil
+}
+
+// SliceAddress is the address EndpointSlices list for local backends. The
+// API server refuses loopback addresses in EndpointSlices, so they carry
+// this TEST-NET-1 address (RFC 5737: never routed) instead, and clients dial
+// through Dialer, which delivers connections for it to 127.0.0.1 on the same
+// port. Nothing is ever sent to SliceAddress itself.
+const SliceAddress = "192.0.2.1"
+
+// Dialer is a gRPC context dialer that connects SliceAddress:port to
+// 127.0.0.1:port and every other address as it is.
+func Dialer(ctx context.Context, addr string) (net.Conn, error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, err
+	}
+	if host == SliceAddress {
+		addr = net.JoinHostPort("127.0.0.1", port)
+	}
+	var d net.Dialer
+	return d.DialContext(ctx, "tcp", addr)
+}

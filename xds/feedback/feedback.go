@@ -1,0 +1,220 @@
+// Package feedback records what proxies tell the control plane: which
+// streams are connected to which scope, what each proxy ACKed or NACKed, and
+// which streams were refused and why. The status writer and the metrics read
+// it; the ADS server writes it.
+package feedback
+
+import (
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/scopeplane/scopeplane/xds/model"
+)
+
+// Refusal reasons, as counted per scope.
+const (
+	RefusedNoScope      = "NoScope"
+	RefusedUnknownScope = "UnknownScope"
+	RefusedWrongProto   = "WrongProtocol"
+)
+
+// MaxNACKs bounds how many rejections are kept per scope, newest first.
+const MaxNACKs = 10
+
+// maxDetail bounds the error_detail text kept from a proxy.
+const maxDetail = 1024
+
+// NACK is one configuration a proxy rejected.
+type NACK struct {
+	Node    string
+	TypeURL string
+	Version string
+	Detail  string
+	Time    time.Time
+}
+
+// Proxy is one connected stream.
+type Proxy struct {
+	ID       uint64
+	Node     string
+	Protocol model.Protocol
+	// Acked is the last version the proxy ACKed, by type URL.
+	Acked map[string]string
+	// Nacked is set, by type URL, while the proxy's last answer for the type was a NACK.
+	Nacked map[string]bool
+	// AtVersion is the scope version the proxy has fully ACKed: everything
+	// the scope held at that version was sent to it and accepted.
+	AtVersion string
+}
+
+// Scope is what is known about the proxies of one scope.
+type Scope struct {
+	Proxies  map[uint64]*Proxy
+	Refused  map[string]int64
+	NACKs    []NACK
+	Sent     Counters
+	LastPush time.Time
+}
+
+// Counters accumulate what was sent to a scope's proxies.
+type Counters struct {
+	Responses int64
+	Resources int64
+	Bytes     int64
+}
+
+// Tracker is safe for concurrent use.
+type Tracker struct {
+	mu     sync.Mutex
+	nextID uint64
+	scopes map[model.Key]*Scope
+	notify chan struct{}
+	now    func() time.Time
+}
+
+// New returns an empty tracker.
+func New() *Tracker {
+	return &Tracker{scopes: map[model.Key]*Scope{}, notify: make(chan struct{}, 1), now: time.Now}
+}
+
+// Changed receives a value after something was recorded; several records
+// may be signalled once.
+func (t *Tracker) Changed() <-chan struct{} { return t.notify }
+
+func (t *Tracker) scopeLocked(key model.Key) *Scope {
+	s := t.scopes[key]
+	if s == nil {
+		s = &Scope{Proxies: map[uint64]*Proxy{}, Refused: map[string]int64{}}
+		t.scopes[key] = s
+	}
+	return s
+}
+
+func (t *Tracker) signal() {
+	select {
+	case t.notify <- struct{}{}:
+	default:
+	}
+}
+
+// Connect records a new stream and returns its id.
+func (t *Tracker) Connect(key model.Key, node string, p model.Protocol) uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.nextID++
+	t.scopeLocked(key).Proxies[t.nextID] = &Proxy{ID: t.nextID, Node: node, Protocol: p, Acked: map[string]string{}, Nacked: map[string]bool{}}
+	t.signal()
+	return t.nextID
+}
+
+// Disconnect forgets a stream: per-proxy state lives only as long as its
+// stream, so it cannot pile up.
+func (t *Tracker) Disconnect(key model.Key, id uint64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if s := t.scopes[key]; s != nil {
+		delete(s.Proxies, id)
+	}
+	t.signal()
+}
+
+// ACK records that a proxy accepted a version of a type.
+func (t *Tracker) ACK(key model.Key, id uint64, typeURL, version string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if p := t.scopeLocked(key).Proxies[id]; p != nil {
+		p.Acked[typeURL] = version
+		delete(p.Nacked, typeURL)
+	}
+	t.signal()
+}
+
+// AtVersion records that a proxy accepted everything of the scope at version.
+func (t *Tracker) AtVersion(key model.Key, id uint64, version string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if p := t.scopeLocked(key).Proxies[id]; p != nil && p.AtVersion != version {
+		p.AtVersion = version
+		t.signal()
+	}
+}
+
+// NACKed records that a proxy rejected a version of a type.
+func (t *Tracker) NACKed(key model.Key, id uint64, typeURL, version, detail string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	s := t.scopeLocked(key)
+	p := s.Proxies[id]
+	if p == nil {
+		return
+	}
+	p.Nacked[typeURL] = true
+	if len(detail) > maxDetail {
+		detail = detail[:maxDetail]
+	}
+	n := NACK{Node: p.Node, TypeURL: typeURL, Version: version, Detail: detail, Time: t.now()}
+	s.NACKs = append([]NACK{n}, s.NACKs...)
+	if len(s.NACKs) > MaxNACKs {
+		s.NACKs = s.NACKs[:MaxNACKs]
+	}
+	t.signal()
+}
+
+// Refuse counts a refused stream for a scope (the zero Key when the proxy
+// named none).
+func (t *Tracker) Refuse(key model.Key, reason string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.scopeLocked(key).Refused[reason]++
+	t.signal()
+}
+
+// Sent counts one response sent to a proxy of the scope.
+func (t *Tracker) Sent(key model.Key, resources, bytes int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	s := t.scopeLocked(key)
+	s.Sent.Responses++
+	s.Sent.Resources += int64(resources)
+	s.Sent.Bytes += int64(bytes)
+	s.LastPush = t.now()
+}
+
+// Get returns a copy of what is known about a scope.
+func (t *Tracker) Get(key model.Key) Scope {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	s := t.scopes[key]
+	if s == nil {
+		return Scope{Proxies: map[uint64]*Proxy{}, Refused: map[string]int64{}}
+	}
+	out := Scope{Proxies: make(map[uint64]*Proxy, len(s.Proxies)), Refused: make(map[string]int64, len(s.Refused)),
+		NACKs: append([]NACK(nil), s.NACKs...), Sent: s.Sent, LastPush: s.LastPush}
+	for id, p := range s.Proxies {
+		c := *p
+		c.Acked = make(map[string]string, len(p.Acked))
+		for k, v := range p.Acked {
+			c.Acked[k] = v
+		}
+		c.Nacked = make(map[string]bool, len(p.Nacked))
+		for k, v := range p.Nacked {
+			c.Nacked[k] = v
+		}
+		out.Proxies[id] = &c
+	}
+	for k, v := range s.Refused {
+		out.Refused[k] = v
+	}
+	return out
+}
+
+// Nodes returns the node ids of a scope's connected proxies, sorted.
+func (s *Scope) Nodes() []string {
+	out := make([]string, 0, len(s.Proxies))
+	for _, p := range s.Proxies {
+		out = append(out, p.Node)
+	}
+	sort.Strings(out)
+	return out
+}

@@ -1,0 +1,166 @@
+// Package server is scopeplane's ADS gRPC service. It serves both xDS
+// variants from the shared per-scope snapshots: State of the World
+// (StreamAggregatedResources) and delta (DeltaAggregatedResources). Each
+// stream is bound to the ProxyScope its node names in metadata, and refused
+// with a status that says what to fix when that scope is missing, unknown, or
+// requires the other protocol.
+//
+// The stream handlers are scopeplane's own rather than go-control-plane's
+// server over a cache: a scope's resources are marshalled once and shared by
+// all of its streams, each stream catches up by reading the scope's change
+// log instead of diffing snapshots, a NACKed version is never resent, and
+// ACKs and NACKs are reported per scope (package feedback).
+package server
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
+	"github.com/scopeplane/scopeplane/xds/feedback"
+	"github.com/scopeplane/scopeplane/xds/model"
+	"github.com/scopeplane/scopeplane/xds/snapshot"
+)
+
+// Options bound what one proxy can make the server do.
+type Options struct {
+	// MaxNamesPerRequest bounds the resource names (subscribed, unsubscribed
+	// or claimed in initial_resource_versions) one request may carry.
+	MaxNamesPerRequest int
+}
+
+// DefaultOptions are the limits used when an Options field is zero.
+var DefaultOptions = Options{MaxNamesPerRequest: 100_000}
+
+// Server implements the ADS service over a snapshot store.
+type Server struct {
+	store     *snapshot.Store
+	fb        *feedback.Tracker
+	opts      Options
+	drain     chan struct{}
+	drainOnce sync.Once
+}
+
+var _ discoveryv3.AggregatedDiscoveryServiceServer = (*Server)(nil)
+
+// New returns a server that serves store and reports to fb.
+func New(store *snapshot.Store, fb *feedback.Tracker, opts Options) *Server {
+	if opts.MaxNamesPerRequest <= 0 {
+		opts.MaxNamesPerRequest = DefaultOptions.MaxNamesPerRequest
+	}
+	return &Server{store: store, fb: fb, opts: opts, drain: make(chan struct{})}
+}
+
+// Register adds the ADS service to a gRPC server.
+func (s *Server) Register(g *grpc.Server) {
+	discoveryv3.RegisterAggregatedDiscoveryServiceServer(g, s)
+}
+
+// apiType is what a proxy's bootstrap says for each protocol.
+func apiType(p model.Protocol) string {
+	if p == model.Delta {
+		return "DELTA_GRPC"
+	}
+	return "GRPC"
+}
+
+// resolve binds a stream to the scope its node names, or refuses it.
+func (s *Server) resolve(node *corev3.Node, p model.Protocol) (model.Key, *snapshot.Scope, error) {
+	value := node.GetMetadata().GetFields()[xdsv1alpha1.ScopeMetadataKey].GetStringValue()
+	if value == "" {
+		s.fb.Refuse(model.Key{}, feedback.RefusedNoScope)
+		return model.Key{}, nil, status.Errorf(codes.InvalidArgument,
+			"node %q names no ProxyScope: set node.metadata[%q] to \"<namespace>/<name>\" of a ProxyScope in the proxy's bootstrap",
+			node.GetId(), xdsv1alpha1.ScopeMetadataKey)
+	}
+	key, err := parseScope(value)
+	if err != nil {
+		s.fb.Refuse(model.Key{}, feedback.RefusedNoScope)
+		return model.Key{}, nil, status.Errorf(codes.InvalidArgument,
+			"node %q: node.metadata[%q] = %q is not \"<namespace>/<name>\" of a ProxyScope: %v",
+			node.GetId(), xdsv1alpha1.ScopeMetadataKey, value, err)
+	}
+	sc := s.store.Get(key)
+	var spec *model.Scope
+	if sc != nil {
+		sc.Read(func(v snapshot.View) { spec = v.Spec() })
+	}
+	if spec == nil {
+		s.fb.Refuse(model.Key{}, feedback.RefusedUnknownScope)
+		return model.Key{}, nil, status.Errorf(codes.NotFound,
+			"node %q names ProxyScope %q, which does not exist (or is not built yet): create it, or fix node.metadata[%q]",
+			node.GetId(), value, xdsv1alpha1.ScopeMetadataKey)
+	}
+	if spec.Protocol != p {
+		s.fb.Refuse(key, feedback.RefusedWrongProto)
+		return model.Key{}, nil, wrongProtocol(key, spec.Protocol, p)
+	}
+	return key, sc, nil
+}
+
+// wrongProtocol is the refusal for a stream of the other xDS variant.
+func wrongProtocol(key model.Key, want, got model.Protocol) error {
+	return status.Errorf(codes.FailedPrecondition,
+		"ProxyScope %q requires the %s protocol (spec.protocol: %s) but this proxy opened a %s stream: set api_type: %s in the ADS config of its bootstrap, or change the scope's spec.protocol",
+		key.String(), want, want, got, apiType(want))
+}
+
+func parseScope(v string) (model.Key, error) {
+	ns, name, ok := strings.Cut(v, "/")
+	if !ok || strings.Contains(name, "/") {
+		return model.Key{}, fmt.Errorf("want exactly one '/'")
+	}
+	if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
+		return model.Key{}, fmt.Errorf("namespace %q: %s", ns, strings.Join(errs, "; "))
+	}
+	if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
+		return model.Key{}, fmt.Errorf("name %q: %s", name, strings.Join(errs, "; "))
+	}
+	return model.Key{Namespace: ns, Name: name}, nil
+}
+
+// scopeGone is the status a stream ends with when its scope is deleted; the
+// proxy keeps its last configuration and reconnects.
+func scopeGone(key model.Key) error {
+	return status.Errorf(codes.NotFound, "ProxyScope %q was deleted", key.String())
+}
+
+func unknownType(url string) error {
+	return status.Errorf(codes.InvalidArgument,
+		"type URL %q is not served by scopeplane: it serves %s, %s, %s and %s",
+		url, snapshot.Clusters.URL(), snapshot.Endpoints.URL(), snapshot.Listeners.URL(), snapshot.Routes.URL())
+}
+
+func tooManyNames(n, limit int) error {
+	return status.Errorf(codes.InvalidArgument, "a request carries %d resource names; the limit is %d per request", n, limit)
+}
+
+// recv reads requests into a channel so the stream loop can also wait for
+// scope changes; the error channel receives how the stream ended.
+func recv[T any](ctx context.Context, stream interface{ Recv() (T, error) }) (<-chan T, <-chan error) {
+	reqs, errc := make(chan T), make(chan error, 1)
+	go func() {
+		for {
+			r, err := stream.Recv()
+			if err != nil {
+				errc <- err
+				return
+			}
+			select {
+			case reqs <- r:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return reqs, errc
+}

@@ -1,0 +1,263 @@
+package snapshot
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/hex"
+	"hash/fnv"
+	"reflect"
+	"sync"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/scopeplane/scopeplane/xds/catalog"
+	"github.com/scopeplane/scopeplane/xds/model"
+)
+
+// Store holds the served state of every scope.
+type Store struct {
+	mu     sync.RWMutex
+	scopes map[model.Key]*Scope
+}
+
+// NewStore returns an empty store.
+func NewStore() *Store { return &Store{scopes: map[model.Key]*Scope{}} }
+
+// Get returns the scope, or nil when it does not exist (yet).
+func (st *Store) Get(key model.Key) *Scope {
+	st.mu.RLock()
+	defer st.mu.RUnlock()
+	return st.scopes[key]
+}
+
+// Keys returns the keys of every scope.
+func (st *Store) Keys() []model.Key {
+	st.mu.RLock()
+	defer st.mu.RUnlock()
+	out := make([]model.Key, 0, len(st.scopes))
+	for k := range st.scopes {
+		out = append(out, k)
+	}
+	return out
+}
+
+// Builder applies the catalog's changes to the store: it is the only writer
+// of every Scope.
+type Builder struct {
+	cat    *catalog.Catalog
+	store  *Store
+	window time.Duration
+	built  chan struct{}
+}
+
+// NewBuilder returns a builder from cat into store. Changes that arrive
+// within window of each other are applied as one revision per scope, so a
+// burst of endpoint updates reaches proxies as one push.
+func NewBuilder(cat *catalog.Catalog, store *Store, window time.Duration) *Builder {
+	return &Builder{cat: cat, store: store, window: window, built: make(chan struct{})}
+}
+
+// Built is closed after the first build that followed synced (see Run):
+// from then on the store serves the whole cluster, not a part of it.
+func (b *Builder) Built() <-chan struct{} { return b.built }
+
+// Run applies changes until ctx ends. synced is closed when the catalog
+// holds the whole cluster; the first build after it closes Built.
+func (b *Builder) Run(ctx context.Context, synced <-chan struct{}) error {
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-b.cat.Changed():
+		case <-synced:
+			synced = nil
+			b.Apply(b.cat.Take())
+			close(b.built)
+			continue
+		}
+		if b.window > 0 {
+			t := time.NewTimer(b.window)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return nil
+			case <-t.C:
+			}
+		}
+		b.Apply(b.cat.Take())
+	}
+}
+
+// Apply versions and stores one batch of catalog updates.
+func (b *Builder) Apply(updates []catalog.Update) {
+	for i := range updates {
+		b.apply(&updates[i])
+	}
+}
+
+type marshalled struct {
+	name string
+	body *anypb.Any
+	hash uint64
+}
+
+func (b *Builder) apply(u *catalog.Update) {
+	b.store.mu.Lock()
+	sc := b.store.scopes[u.Key]
+	if u.Scope == nil {
+		delete(b.store.scopes, u.Key)
+		b.store.mu.Unlock()
+		if sc != nil {
+			sc.mu.Lock()
+			sc.deleted = true
+			sc.wakeLocked()
+			sc.mu.Unlock()
+		}
+		return
+	}
+	if sc == nil {
+		sc = newScope(u.Key)
+		b.store.scopes[u.Key] = sc
+	}
+	b.store.mu.Unlock()
+
+	// Marshal outside the scope's lock: streams keep reading meanwhile.
+	var upserts [NumTypes][]marshalled
+	for t := range NumTypes {
+		for name, msg := range u.Upserted[t.URL()] {
+			value, err := proto.MarshalOptions{Deterministic: true}.Marshal(msg)
+			if err != nil {
+				// Translated resources are always marshallable; a failure
+				// here is a bug, and serving the old version is safest.
+				continue
+			}
+			upserts[t] = append(upserts[t], marshalled{name: name, body: &anypb.Any{TypeUrl: t.URL(), Value: value}, hash: hash64(value)})
+		}
+	}
+
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	specChanged := !reflect.DeepEqual(sc.spec, u.Scope)
+	sc.spec = u.Scope
+	next := sc.rev + 1
+	var changes []logEntry
+	touched := [NumTypes]map[string]struct{}{}
+	for t := range NumTypes {
+		touched[t] = map[string]struct{}{}
+	}
+	put := func(t Type, name string, body *anypb.Any, version string) {
+		ts := &sc.types[t]
+		old := ts.res[name]
+		if old != nil && old.Version == version {
+			return
+		}
+		if old != nil {
+			ts.digest ^= nameDigest(name, old.Version)
+		}
+		ts.res[name] = &Resource{Name: name, Version: version, Body: body}
+		ts.digest ^= nameDigest(name, version)
+		touched[t][name] = struct{}{}
+		changes = append(changes, logEntry{rev: next, typ: t, name: name})
+	}
+	remove := func(t Type, name string) {
+		ts := &sc.types[t]
+		old, ok := ts.res[name]
+		if !ok {
+			return
+		}
+		ts.digest ^= nameDigest(name, old.Version)
+		delete(ts.res, name)
+		changes = append(changes, logEntry{rev: next, typ: t, name: name})
+	}
+	if u.Reset {
+		for t := range NumTypes {
+			for name := range sc.types[t].res {
+				if _, ok := u.Upserted[t.URL()][name]; !ok {
+					remove(t, name)
+				}
+			}
+		}
+	}
+	for t := range NumTypes {
+		for _, name := range u.Removed[t.URL()] {
+			remove(t, name)
+		}
+	}
+	for _, m := range upserts[Clusters] {
+		put(Clusters, m.name, m.body, versionOf(m.hash))
+	}
+	for _, m := range upserts[Endpoints] {
+		put(Endpoints, m.name, m.body, endpointVersion(m.hash, sc.types[Clusters].res[m.name]))
+	}
+	// A changed cluster needs an EDS response to finish warming in Envoy, so
+	// the assignment's version follows its cluster's even when its content
+	// did not change.
+	for name := range touched[Clusters] {
+		if _, done := touched[Endpoints][name]; done {
+			continue
+		}
+		if cla := sc.types[Endpoints].res[name]; cla != nil {
+			put(Endpoints, name, cla.Body, endpointVersion(hash64(cla.Body.GetValue()), sc.types[Clusters].res[name]))
+		}
+	}
+	for t := Listeners; t < NumTypes; t++ {
+		for _, m := range upserts[t] {
+			put(t, m.name, m.body, versionOf(m.hash))
+		}
+	}
+	if len(changes) == 0 && !specChanged {
+		return
+	}
+	sc.rev = next
+	for t := range NumTypes {
+		sc.types[t].version = digestVersion(sc.types[t].digest)
+	}
+	sc.log = append(sc.log, changes...)
+	sc.trimLogLocked()
+	sc.wakeLocked()
+}
+
+// trimLogLocked keeps the change log at most about twice the size of the
+// scope: a stream further behind than that compares everything instead.
+func (s *Scope) trimLogLocked() {
+	limit := 1024
+	for t := range NumTypes {
+		limit += 2 * len(s.types[t].res)
+	}
+	if len(s.log) <= limit {
+		return
+	}
+	cut := len(s.log) - limit/2
+	// Never split one revision: a reader must see all of it or none.
+	for cut < len(s.log) && s.log[cut].rev == s.log[cut-1].rev {
+		cut++
+	}
+	s.logBase = s.log[cut-1].rev
+	s.log = append([]logEntry(nil), s.log[cut:]...)
+}
+
+func (s *Scope) wakeLocked() {
+	close(s.wake)
+	s.wake = make(chan struct{})
+}
+
+func hash64(b []byte) uint64 {
+	h := fnv.New64a()
+	_, _ = h.Write(b)
+	return h.Sum64()
+}
+
+func versionOf(h uint64) string {
+	var b [8]byte
+	binary.BigEndian.PutUint64(b[:], h)
+	return hex.EncodeToString(b[:])
+}
+
+func endpointVersion(h uint64, cluster *Resource) string {
+	if cluster == nil {
+		return versionOf(h)
+	}
+	return versionOf(h ^ hash64([]byte(cluster.Version)))
+}

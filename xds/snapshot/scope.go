@@ -1,0 +1,196 @@
+// Package snapshot turns the catalog's per-scope changes into versioned,
+// marshalled resources that every proxy of a scope shares.
+//
+// Each resource is marshalled once per version and carries a content-hash
+// version; each type has its own version, an order-independent digest of its
+// (name, version) pairs that updates in O(1) per changed resource. A scope
+// keeps a log of which names changed at which revision, so that a stream
+// catches up by reading only what changed since it last looked, not by
+// comparing every resource: the work after a change is proportional to the
+// change, not to the size of the scope.
+package snapshot
+
+import (
+	"encoding/binary"
+	"encoding/hex"
+	"hash/fnv"
+	"sync"
+
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/scopeplane/scopeplane/xds/model"
+)
+
+// Type indexes the four resource types a scope holds, in ADS order: clusters
+// before endpoints, listeners before routes.
+type Type int
+
+// The resource types, in the order pushes are sent.
+const (
+	Clusters Type = iota
+	Endpoints
+	Listeners
+	Routes
+	NumTypes
+)
+
+var typeURLs = [NumTypes]string{resourcev3.ClusterType, resourcev3.EndpointType, resourcev3.ListenerType, resourcev3.RouteType}
+
+// URL returns the type URL of t.
+func (t Type) URL() string { return typeURLs[t] }
+
+// TypeOf returns the Type of a type URL, and false for a type scopeplane
+// does not serve.
+func TypeOf(url string) (Type, bool) {
+	for t, u := range typeURLs {
+		if u == url {
+			return Type(t), true
+		}
+	}
+	return 0, false
+}
+
+// Resource is one versioned resource, marshalled once and shared, read-only,
+// by every stream that sends it.
+type Resource struct {
+	Name    string
+	Version string
+	Body    *anypb.Any
+}
+
+type typeState struct {
+	res     map[string]*Resource
+	digest  uint64
+	version string
+}
+
+type logEntry struct {
+	rev  uint64
+	typ  Type
+	name string
+}
+
+// Scope is the served state of one ProxyScope. Streams read it under its
+// read lock through View; the builder writes it.
+type Scope struct {
+	Key model.Key
+
+	mu      sync.RWMutex
+	spec    *model.Scope
+	rev     uint64
+	types   [NumTypes]typeState
+	log     []logEntry
+	logBase uint64 // the log holds every change with a revision > logBase
+	wake    chan struct{}
+	deleted bool
+}
+
+func newScope(key model.Key) *Scope {
+	s := &Scope{Key: key, wake: make(chan struct{})}
+	for t := range s.types {
+		s.types[t].res = map[string]*Resource{}
+		s.types[t].version = emptyVersion
+	}
+	return s
+}
+
+// emptyVersion is the version of a type that holds nothing.
+const emptyVersion = "0"
+
+// View is a consistent read of a scope, valid only inside Scope.Read.
+type View struct{ s *Scope }
+
+// Read calls fn with a consistent view of the scope.
+func (s *Scope) Read(fn func(v View)) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	fn(View{s})
+}
+
+// Spec is the scope's current spec; nil once the scope is deleted.
+func (v View) Spec() *model.Scope {
+	if v.s.deleted {
+		return nil
+	}
+	return v.s.spec
+}
+
+// Wake returns a channel that is closed when the scope changes after this
+// view (a new revision, a spec change, or deletion). Taking it from the same
+// view as the state read means no change can slip in between.
+func (v View) Wake() <-chan struct{} { return v.s.wake }
+
+// Rev is the scope's current revision; it grows with every change.
+func (v View) Rev() uint64 { return v.s.rev }
+
+// TypeVersion is the version of all resources of one type.
+func (v View) TypeVersion(t Type) string { return v.s.types[t].version }
+
+// Get returns the current resource of that type and name, or nil.
+func (v View) Get(t Type, name string) *Resource { return v.s.types[t].res[name] }
+
+// Len returns how many resources of the type the scope holds.
+func (v View) Len(t Type) int { return len(v.s.types[t].res) }
+
+// All calls fn for every resource of the type, in no particular order.
+func (v View) All(t Type, fn func(*Resource)) {
+	for _, r := range v.s.types[t].res {
+		fn(r)
+	}
+}
+
+// ChangedSince calls fn for every name of type t that changed (was added,
+// updated or removed) after revision rev, possibly more than once. It
+// returns false, calling nothing, when the log no longer reaches back to rev:
+// the caller must then compare everything it holds.
+func (v View) ChangedSince(rev uint64, t Type, fn func(name string)) bool {
+	if rev < v.s.logBase {
+		return false
+	}
+	// The log is sorted by revision: find the first entry after rev.
+	lo, hi := 0, len(v.s.log)
+	for lo < hi {
+		mid := (lo + hi) / 2
+		if v.s.log[mid].rev <= rev {
+			lo = mid + 1
+		} else {
+			hi = mid
+		}
+	}
+	for _, e := range v.s.log[lo:] {
+		if e.typ == t {
+			fn(e.name)
+		}
+	}
+	return true
+}
+
+// nameDigest is the digest contribution of one (name, version) pair; a
+// type's digest is the XOR of its pairs', so it updates in O(1).
+func nameDigest(name, version string) uint64 {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(name))
+	_, _ = h.Write([]byte{0})
+	_, _ = h.Write([]byte(version))
+	return h.Sum64()
+}
+
+func digestVersion(d uint64) string {
+	if d == 0 {
+		return emptyVersion
+	}
+	var b [8]byte
+	binary.BigEndian.PutUint64(b[:], d)
+	return hex.EncodeToString(b[:])
+}
+
+// Version is the version of the scope as a whole: a digest of its type
+// versions, the "V" of "N of M proxies at version V".
+func (v View) Version() string {
+	var d uint64
+	for t := range NumTypes {
+		d ^= nameDigest(t.URL(), v.s.types[t].version)
+	}
+	return digestVersion(d)
+}
