@@ -27,6 +27,7 @@ func main() {
 		leaderElect bool
 		leaderNS    string
 		xdsAddr     string
+		xdsServer   string
 		window      time.Duration
 	)
 	flag.StringVar(&metricsAddr, "metrics-bind-address", ":8080", "Address the Prometheus metrics endpoint binds to; 0 disables it.")
@@ -34,6 +35,7 @@ func main() {
 	flag.BoolVar(&leaderElect, "leader-elect", false, "Elect a leader among replicas; only the leader writes ProxyScope status, every replica serves xDS.")
 	flag.StringVar(&leaderNS, "leader-election-namespace", "", "Namespace of the leader election Lease (default: the pod's namespace).")
 	flag.StringVar(&xdsAddr, "xds-bind-address", ":18000", "Address the ADS gRPC server (SotW and delta) binds to.")
+	flag.StringVar(&xdsServer, "xds-server-address", "127.0.0.1:18000", "host:port proxies dial to reach this control plane, written into each scope's bootstrap ConfigMap (in a cluster: the xDS Service's DNS name).")
 	flag.DurationVar(&window, "coalesce-window", 10*time.Millisecond, "How long to wait after a change for more changes before pushing them as one version.")
 	opts := zap.Options{}
 	opts.BindFlags(flag.CommandLine)
@@ -47,6 +49,7 @@ func main() {
 
 	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
 		Scheme:                  scheme,
+		Cache:                   controlplane.CacheOptions(),
 		Metrics:                 metricsserver.Options{BindAddress: metricsAddr},
 		HealthProbeBindAddress:  probeAddr,
 		LeaderElection:          leaderElect,
@@ -62,7 +65,7 @@ func main() {
 		os.Exit(1)
 	}
 	ctx := ctrl.SetupSignalHandler()
-	if _, err := controlplane.Setup(ctx, mgr, controlplane.Options{XDSAddress: xdsAddr, CoalesceWindow: window}); err != nil {
+	if _, err := controlplane.Setup(ctx, mgr, controlplane.Options{XDSAddress: xdsAddr, XDSServerAddress: xdsServer, CoalesceWindow: window}); err != nil {
 		log.Error(err, "setting up the control plane")
 		os.Exit(1)
 	}

@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -9,6 +10,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/scopeplane/scopeplane/xds/catalog"
+	"github.com/scopeplane/scopeplane/xds/metrics"
 )
 
 // NamespaceReconciler records namespace labels, which namespaceSelectors
@@ -28,7 +30,9 @@ func (r *NamespaceReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 		}
 		r.Catalog.DeleteNamespace(req.Name)
 	} else {
+		start := time.Now()
 		r.Catalog.UpsertNamespace(ns.Name, ns.Labels)
+		metrics.Translation.WithLabelValues("Namespace").Observe(time.Since(start).Seconds())
 	}
 	r.Sync.Done(kindNamespace, req.NamespacedName)
 	return ctrl.Result{}, nil
@@ -36,5 +40,6 @@ func (r *NamespaceReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 
 // SetupWithManager watches Namespaces.
 func (r *NamespaceReconciler) SetupWithManager(mgr ctrl.Manager) error {
-	return ctrl.NewControllerManagedBy(mgr).Named("namespace").For(&corev1.Namespace{}).Complete(r)
+	return ctrl.NewControllerManagedBy(mgr).Named("namespace").
+		WithOptions(everyReplica).For(&corev1.Namespace{}).Complete(r)
 }

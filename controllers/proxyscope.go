@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -13,6 +14,7 @@ import (
 	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
 	"github.com/scopeplane/scopeplane/controllers/convert"
 	"github.com/scopeplane/scopeplane/xds/catalog"
+	"github.com/scopeplane/scopeplane/xds/metrics"
 	"github.com/scopeplane/scopeplane/xds/model"
 )
 
@@ -44,7 +46,9 @@ func (r *ProxyScopeReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 		log.FromContext(ctx).Info("ProxyScope has an invalid selector; serving nothing for it", "error", err.Error())
 		r.Catalog.DeleteScope(key)
 	} else {
+		start := time.Now()
 		r.Catalog.UpsertScope(scope)
+		metrics.Translation.WithLabelValues("ProxyScope").Observe(time.Since(start).Seconds())
 	}
 	r.Sync.Done(kindProxyScope, req.NamespacedName)
 	return ctrl.Result{}, nil
@@ -55,6 +59,7 @@ func (r *ProxyScopeReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	// Only spec changes matter here; status writes must not loop back.
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("proxyscope").
+		WithOptions(everyReplica).
 		For(&xdsv1alpha1.ProxyScope{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Complete(r)
 }

@@ -6,6 +6,7 @@ package controllers
 
 import (
 	"context"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/scopeplane/scopeplane/controllers/convert"
 	"github.com/scopeplane/scopeplane/xds/catalog"
+	"github.com/scopeplane/scopeplane/xds/metrics"
 	"github.com/scopeplane/scopeplane/xds/model"
 )
 
@@ -54,7 +56,9 @@ func (r *ServiceReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	for i := range list.Items {
 		slices[i] = &list.Items[i]
 	}
+	start := time.Now()
 	r.Catalog.UpsertService(convert.Service(svc, slices))
+	metrics.Translation.WithLabelValues("Service").Observe(time.Since(start).Seconds())
 	r.Sync.Done(kindService, req.NamespacedName)
 	return ctrl.Result{}, nil
 }
@@ -71,6 +75,7 @@ func (r *ServiceReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manag
 	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("service").
+		WithOptions(everyReplica).
 		For(&corev1.Service{}).
 		Watches(&discoveryv1.EndpointSlice{}, handler.EnqueueRequestsFromMapFunc(sliceToService)).
 		Complete(r)

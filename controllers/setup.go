@@ -3,10 +3,16 @@ package controllers
 import (
 	"context"
 
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 
 	"github.com/scopeplane/scopeplane/xds/catalog"
 )
+
+// everyReplica makes a controller run on every replica, not only on the
+// leader: every replica builds snapshots and serves xDS.
+var everyReplica = controller.Options{NeedLeaderElection: ptr.To(false)}
 
 // Setup registers every reconciler with the manager, feeding cat, and
 // returns the tracker that tells when the first full sync is done.

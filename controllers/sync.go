@@ -108,6 +108,9 @@ func (s *InitialSync) Start(ctx context.Context) error {
 	return nil
 }
 
+// NeedLeaderElection is false: every replica tracks its own sync.
+func (s *InitialSync) NeedLeaderElection() bool { return false }
+
 // Synced is closed once every object listed at cache sync was reconciled.
 func (s *InitialSync) Synced() <-chan struct{} { return s.complete }
 

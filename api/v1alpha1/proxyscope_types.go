@@ -37,6 +37,10 @@ const (
 // scope it belongs to; the value is `<namespace>/<name>` of a ProxyScope.
 const ScopeMetadataKey = "scopeplane.dev/scope"
 
+// ScopeLabel is set on the objects scopeplane writes for a ProxyScope (its
+// bootstrap ConfigMap) to the ProxyScope's name.
+const ScopeLabel = "xds.scopeplane.dev/proxyscope"
+
 // DNSLabel is a DNS-1123 label, the form of Kubernetes namespace and Service names.
 // +kubebuilder:validation:MaxLength=63
 // +kubebuilder:validation:XValidation:rule="self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')",message="must be a DNS-1123 label: lowercase letters, digits and '-', starting and ending with a letter or digit"

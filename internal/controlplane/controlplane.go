@@ -10,7 +10,11 @@ import (
 	"net/http"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"github.com/scopeplane/scopeplane/controllers"
@@ -29,6 +33,21 @@ type Options struct {
 	// changes before it versions them as one revision.
 	CoalesceWindow time.Duration
 	Server         server.Options
+	// XDSServerAddress is the host:port written into bootstrap ConfigMaps:
+	// how proxies reach this control plane (its Service, in a cluster).
+	XDSServerAddress string
+	// StatusWindow coalesces proxy feedback into status writes; StatusResync
+	// rewrites every status this often regardless.
+	StatusWindow time.Duration
+	StatusResync time.Duration
+}
+
+// CacheOptions restricts the manager's cache to what the control plane
+// reads: of ConfigMaps, only those it writes.
+func CacheOptions() cache.Options {
+	return cache.Options{ByObject: map[client.Object]cache.ByObject{
+		&corev1.ConfigMap{}: {Label: labels.SelectorFromSet(labels.Set{controllers.ManagedByLabel: controllers.ManagedBy})},
+	}}
 }
 
 // ControlPlane is the running pipeline.
@@ -42,8 +61,9 @@ type ControlPlane struct {
 	opts     Options
 }
 
-// Setup adds the whole pipeline to mgr. Every part runs on every replica:
-// leader election decides only who writes status.
+// Setup adds the whole pipeline to mgr. Every part runs on every replica,
+// except what writes to the API (status, bootstrap ConfigMaps): leader
+// election decides only who writes. mgr should be built with CacheOptions.
 func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) (*ControlPlane, error) {
 	cp := &ControlPlane{
 		Catalog:  catalog.New(),
@@ -57,9 +77,23 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) (*ControlPlane, 
 	}
 	cp.Builder = snapshot.NewBuilder(cp.Catalog, cp.Store, opts.CoalesceWindow)
 	cp.Server = server.New(cp.Store, cp.Feedback, opts.Server)
+	if err := (&controllers.BootstrapReconciler{Client: mgr.GetClient(), XDSServer: opts.XDSServerAddress}).SetupWithManager(mgr); err != nil {
+		return nil, err
+	}
+	if opts.StatusWindow <= 0 {
+		opts.StatusWindow = 200 * time.Millisecond
+	}
+	if opts.StatusResync <= 0 {
+		opts.StatusResync = 30 * time.Second
+	}
+	status := &controllers.StatusWriter{
+		Client: mgr.GetClient(), Catalog: cp.Catalog, Store: cp.Store, Feedback: cp.Feedback,
+		Recorder: mgr.GetEventRecorder("scopeplane"), Window: opts.StatusWindow, Resync: opts.StatusResync,
+	}
 	for _, r := range []manager.Runnable{
 		everyReplica(func(ctx context.Context) error { return cp.Builder.Run(ctx, cp.Sync.Synced()) }),
 		everyReplica(cp.serve),
+		status,
 	} {
 		if err := mgr.Add(r); err != nil {
 			return nil, err

@@ -25,6 +25,7 @@ import (
 	"github.com/scopeplane/scopeplane/internal/controlplane"
 	"github.com/scopeplane/scopeplane/internal/localapi"
 	"github.com/scopeplane/scopeplane/internal/whoami"
+	"github.com/scopeplane/scopeplane/xds/bootstrap"
 )
 
 var (
@@ -48,6 +49,7 @@ func run(m *testing.M) int {
 	defer cancel()
 	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
 		Scheme:                 localapi.Scheme,
+		Cache:                  controlplane.CacheOptions(),
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
 	})
@@ -61,7 +63,9 @@ func run(m *testing.M) int {
 		return 1
 	}
 	xdsAddr = lis.Addr().String()
-	if cp, err = controlplane.Setup(ctx, mgr, controlplane.Options{XDSListener: lis, CoalesceWindow: 5 * time.Millisecond}); err != nil {
+	if cp, err = controlplane.Setup(ctx, mgr, controlplane.Options{
+		XDSListener: lis, XDSServerAddress: lis.Addr().String(), CoalesceWindow: 5 * time.Millisecond, StatusWindow: 50 * time.Millisecond,
+	}); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
@@ -96,12 +100,17 @@ func loopbackSlice(ns, name, svc string, port int) *discoveryv1.EndpointSlice {
 	}
 }
 
-// grpcBootstrap is a gRPC xDS bootstrap that joins scope.
-func grpcBootstrap(node, scope string) []byte {
-	return fmt.Appendf(nil, `{
-  "xds_servers": [{"server_uri": %q, "channel_creds": [{"type": "insecure"}], "server_features": ["xds_v3"]}],
-  "node": {"id": %q, "metadata": {%q: %q}, "locality": {"zone": "z1"}}
-}`, xdsAddr, node, xdsv1alpha1.ScopeMetadataKey, scope)
+// bootstrapOf waits for the scope's bootstrap ConfigMap and returns one of its keys.
+func bootstrapOf(t *testing.T, ns, scope, key string) []byte {
+	t.Helper()
+	var data string
+	eventually(t, "the bootstrap ConfigMap of "+scope, func() (bool, string) {
+		cm := &corev1.ConfigMap{}
+		err := env.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: bootstrap.ConfigMapName(scope)}, cm)
+		data = cm.Data[key]
+		return data != "", fmt.Sprint(err)
+	})
+	return []byte(data)
 }
 
 // eventually polls cond until it holds or 30 seconds pass.
@@ -160,7 +169,8 @@ func TestGRPCClientRoutesThroughProxylessScope(t *testing.T) {
 		},
 	)
 
-	resolver, err := xds.NewXDSResolverWithConfigForTesting(grpcBootstrap("e2e-client", "e2e/grpc"))
+	// The client joins the scope with the gRPC bootstrap the operator wrote.
+	resolver, err := xds.NewXDSResolverWithConfigForTesting(bootstrapOf(t, "e2e", "grpc", bootstrap.GRPCKey))
 	if err != nil {
 		t.Fatal(err)
 	}

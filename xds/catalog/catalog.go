@@ -247,10 +247,10 @@ func (c *Catalog) UpsertScope(scope *model.Scope) {
 		}
 	}
 	sc.rebuild()
-	// A new scope is reported even when empty, so that downstream learns it exists.
-	if sc.finish() || !ok {
-		c.markDirty(scope.Key)
-	}
+	sc.finish()
+	// Reported even when no resource changed: downstream serves the spec too
+	// (protocol, generation), and must learn a new scope exists.
+	c.markDirty(scope.Key)
 }
 
 // DeleteScope forgets a scope; the next Take reports it deleted.

@@ -5,10 +5,10 @@
 package feedback
 
 import (
-	"sort"
 	"sync"
 	"time"
 
+	"github.com/scopeplane/scopeplane/xds/metrics"
 	"github.com/scopeplane/scopeplane/xds/model"
 )
 
@@ -50,11 +50,13 @@ type Proxy struct {
 
 // Scope is what is known about the proxies of one scope.
 type Scope struct {
-	Proxies  map[uint64]*Proxy
-	Refused  map[string]int64
-	NACKs    []NACK
-	Sent     Counters
-	LastPush time.Time
+	Proxies map[uint64]*Proxy
+	Refused map[string]int64
+	// LastRefused is when a stream was last refused, by reason.
+	LastRefused map[string]time.Time
+	NACKs       []NACK
+	Sent        Counters
+	LastPush    time.Time
 }
 
 // Counters accumulate what was sent to a scope's proxies.
@@ -85,7 +87,7 @@ func (t *Tracker) Changed() <-chan struct{} { return t.notify }
 func (t *Tracker) scopeLocked(key model.Key) *Scope {
 	s := t.scopes[key]
 	if s == nil {
-		s = &Scope{Proxies: map[uint64]*Proxy{}, Refused: map[string]int64{}}
+		s = &Scope{Proxies: map[uint64]*Proxy{}, Refused: map[string]int64{}, LastRefused: map[string]time.Time{}}
 		t.scopes[key] = s
 	}
 	return s
@@ -104,6 +106,7 @@ func (t *Tracker) Connect(key model.Key, node string, p model.Protocol) uint64 {
 	defer t.mu.Unlock()
 	t.nextID++
 	t.scopeLocked(key).Proxies[t.nextID] = &Proxy{ID: t.nextID, Node: node, Protocol: p, Acked: map[string]string{}, Nacked: map[string]bool{}}
+	metrics.ConnectedProxies.WithLabelValues(key.String(), string(p)).Inc()
 	t.signal()
 	return t.nextID
 }
@@ -114,6 +117,9 @@ func (t *Tracker) Disconnect(key model.Key, id uint64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if s := t.scopes[key]; s != nil {
+		if p := s.Proxies[id]; p != nil {
+			metrics.ConnectedProxies.WithLabelValues(key.String(), string(p.Protocol)).Dec()
+		}
 		delete(s.Proxies, id)
 	}
 	t.signal()
@@ -130,12 +136,20 @@ func (t *Tracker) ACK(key model.Key, id uint64, typeURL, version string) {
 	t.signal()
 }
 
-// AtVersion records that a proxy accepted everything of the scope at version.
-func (t *Tracker) AtVersion(key model.Key, id uint64, version string) {
+// AtVersion records that a proxy accepted everything of the scope at
+// version, which the control plane observed changing at observed (zero when
+// unknown): the difference is the proxy's convergence time.
+func (t *Tracker) AtVersion(key model.Key, id uint64, version string, observed time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if p := t.scopeLocked(key).Proxies[id]; p != nil && p.AtVersion != version {
+		// Only a proxy that was in sync before has converged to a change;
+		// one that just connected, or just recovered from a NACK, has not.
+		moved := p.AtVersion != ""
 		p.AtVersion = version
+		if moved && !observed.IsZero() {
+			metrics.Convergence.WithLabelValues(string(p.Protocol)).Observe(t.now().Sub(observed).Seconds())
+		}
 		t.signal()
 	}
 }
@@ -150,6 +164,8 @@ func (t *Tracker) NACKed(key model.Key, id uint64, typeURL, version, detail stri
 		return
 	}
 	p.Nacked[typeURL] = true
+	p.AtVersion = ""
+	metrics.NACKs.WithLabelValues(key.String(), typeURL).Inc()
 	if len(detail) > maxDetail {
 		detail = detail[:maxDetail]
 	}
@@ -162,16 +178,28 @@ func (t *Tracker) NACKed(key model.Key, id uint64, typeURL, version, detail stri
 }
 
 // Refuse counts a refused stream for a scope (the zero Key when the proxy
-// named none).
+// named none, or none that exists, so that made-up names cannot grow the
+// tracker).
 func (t *Tracker) Refuse(key model.Key, reason string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.scopeLocked(key).Refused[reason]++
+	s := t.scopeLocked(key)
+	s.Refused[reason]++
+	s.LastRefused[reason] = t.now()
+	scope := ""
+	if key != (model.Key{}) {
+		scope = key.String()
+	}
+	metrics.Refusals.WithLabelValues(scope, reason).Inc()
 	t.signal()
 }
 
 // Sent counts one response sent to a proxy of the scope.
-func (t *Tracker) Sent(key model.Key, resources, bytes int) {
+func (t *Tracker) Sent(key model.Key, p model.Protocol, typeURL string, resources, bytes int) {
+	scope := key.String()
+	metrics.Pushes.WithLabelValues(scope, typeURL, string(p)).Inc()
+	metrics.ResourcesSent.WithLabelValues(scope, typeURL, string(p)).Add(float64(resources))
+	metrics.BytesSent.WithLabelValues(scope, typeURL, string(p)).Add(float64(bytes))
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	s := t.scopeLocked(key)
@@ -187,10 +215,11 @@ func (t *Tracker) Get(key model.Key) Scope {
 	defer t.mu.Unlock()
 	s := t.scopes[key]
 	if s == nil {
-		return Scope{Proxies: map[uint64]*Proxy{}, Refused: map[string]int64{}}
+		return Scope{Proxies: map[uint64]*Proxy{}, Refused: map[string]int64{}, LastRefused: map[string]time.Time{}}
 	}
 	out := Scope{Proxies: make(map[uint64]*Proxy, len(s.Proxies)), Refused: make(map[string]int64, len(s.Refused)),
-		NACKs: append([]NACK(nil), s.NACKs...), Sent: s.Sent, LastPush: s.LastPush}
+		LastRefused: make(map[string]time.Time, len(s.LastRefused)),
+		NACKs:       append([]NACK(nil), s.NACKs...), Sent: s.Sent, LastPush: s.LastPush}
 	for id, p := range s.Proxies {
 		c := *p
 		c.Acked = make(map[string]string, len(p.Acked))
@@ -206,15 +235,8 @@ func (t *Tracker) Get(key model.Key) Scope {
 	for k, v := range s.Refused {
 		out.Refused[k] = v
 	}
-	return out
-}
-
-// Nodes returns the node ids of a scope's connected proxies, sorted.
-func (s *Scope) Nodes() []string {
-	out := make([]string, 0, len(s.Proxies))
-	for _, p := range s.Proxies {
-		out = append(out, p.Node)
+	for k, v := range s.LastRefused {
+		out.LastRefused[k] = v
 	}
-	sort.Strings(out)
 	return out
 }

@@ -3,6 +3,7 @@ package server
 import (
 	"slices"
 	"strconv"
+	"time"
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/grpc"
@@ -42,16 +43,17 @@ func (ts *deltaType) subscribed(name string) bool {
 const maxInflight = 128
 
 type delta struct {
-	srv    *Server
-	stream deltaStream
-	key    model.Key
-	sc     *snapshot.Scope
-	id     uint64
-	types  [snapshot.NumTypes]*deltaType
-	rev    uint64
-	ver    string
-	wake   <-chan struct{}
-	nonce  uint64
+	srv     *Server
+	stream  deltaStream
+	key     model.Key
+	sc      *snapshot.Scope
+	id      uint64
+	types   [snapshot.NumTypes]*deltaType
+	rev     uint64
+	ver     string
+	revTime time.Time
+	wake    <-chan struct{}
+	nonce   uint64
 }
 
 type deltaResponse struct {
@@ -81,7 +83,9 @@ func (s *Server) DeltaAggregatedResources(stream deltaStream) error {
 	st := &delta{srv: s, stream: stream, key: key, sc: sc}
 	st.id = s.fb.Connect(key, first.GetNode().GetId(), model.Delta)
 	defer s.fb.Disconnect(key, st.id)
-	sc.Read(func(v snapshot.View) { st.rev, st.ver, st.wake = v.Rev(), v.Version(), v.Wake() })
+	sc.Read(func(v snapshot.View) {
+		st.rev, st.ver, st.revTime, st.wake = v.Rev(), v.Version(), v.RevTime(), v.Wake()
+	})
 	if err := st.handle(first); err != nil {
 		return err
 	}
@@ -280,7 +284,7 @@ func (st *delta) push() error {
 				resps[snapshot.Clusters] = nil
 			}
 		}
-		st.rev, st.ver, st.wake = v.Rev(), v.Version(), v.Wake()
+		st.rev, st.ver, st.revTime, st.wake = v.Rev(), v.Version(), v.RevTime(), v.Wake()
 	})
 	if err != nil {
 		return err
@@ -336,7 +340,7 @@ func (st *delta) send(r *deltaResponse) error {
 	}
 	ts.inflight[nonce] = undo
 	ts.version[nonce] = r.version
-	st.srv.fb.Sent(st.key, len(r.res), proto.Size(resp))
+	st.srv.fb.Sent(st.key, model.Delta, r.t.URL(), len(r.res), proto.Size(resp))
 	return nil
 }
 
@@ -348,5 +352,5 @@ func (st *delta) reportSynced() {
 			return
 		}
 	}
-	st.srv.fb.AtVersion(st.key, st.id, st.ver)
+	st.srv.fb.AtVersion(st.key, st.id, st.ver, st.revTime)
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"strconv"
+	"time"
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/grpc"
@@ -47,16 +48,17 @@ func (ts *sotwType) subscribed(name string) bool {
 func fullState(t snapshot.Type) bool { return t == snapshot.Clusters || t == snapshot.Listeners }
 
 type sotw struct {
-	srv    *Server
-	stream sotwStream
-	key    model.Key
-	sc     *snapshot.Scope
-	id     uint64
-	types  [snapshot.NumTypes]*sotwType
-	rev    uint64
-	ver    string
-	wake   <-chan struct{}
-	nonce  uint64
+	srv     *Server
+	stream  sotwStream
+	key     model.Key
+	sc      *snapshot.Scope
+	id      uint64
+	types   [snapshot.NumTypes]*sotwType
+	rev     uint64
+	ver     string
+	revTime time.Time
+	wake    <-chan struct{}
+	nonce   uint64
 }
 
 type sotwResponse struct {
@@ -86,7 +88,9 @@ func (s *Server) StreamAggregatedResources(stream sotwStream) error {
 	st := &sotw{srv: s, stream: stream, key: key, sc: sc}
 	st.id = s.fb.Connect(key, first.GetNode().GetId(), model.SotW)
 	defer s.fb.Disconnect(key, st.id)
-	sc.Read(func(v snapshot.View) { st.rev, st.ver, st.wake = v.Rev(), v.Version(), v.Wake() })
+	sc.Read(func(v snapshot.View) {
+		st.rev, st.ver, st.revTime, st.wake = v.Rev(), v.Version(), v.RevTime(), v.Wake()
+	})
 	if err := st.handle(first); err != nil {
 		return err
 	}
@@ -294,7 +298,7 @@ func (st *sotw) push() error {
 		if c := resps[snapshot.Clusters]; c != nil && (resps[snapshot.Listeners] != nil || resps[snapshot.Routes] != nil) {
 			early = makeBeforeBreak(c, st.types[snapshot.Clusters].held)
 		}
-		st.rev, st.ver, st.wake = v.Rev(), v.Version(), v.Wake()
+		st.rev, st.ver, st.revTime, st.wake = v.Rev(), v.Version(), v.RevTime(), v.Wake()
 	})
 	if err != nil {
 		return err
@@ -356,7 +360,7 @@ func (st *sotw) send(r *sotwResponse) error {
 	for _, res := range r.res {
 		ts.held[res.Name] = res
 	}
-	st.srv.fb.Sent(st.key, len(r.res), proto.Size(resp))
+	st.srv.fb.Sent(st.key, model.SotW, r.t.URL(), len(r.res), proto.Size(resp))
 	return nil
 }
 
@@ -368,7 +372,7 @@ func (st *sotw) reportSynced() {
 			return
 		}
 	}
-	st.srv.fb.AtVersion(st.key, st.id, st.ver)
+	st.srv.fb.AtVersion(st.key, st.id, st.ver, st.revTime)
 }
 
 func sameKeys(a, b map[string]struct{}) bool {

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/scopeplane/scopeplane/xds/catalog"
+	"github.com/scopeplane/scopeplane/xds/metrics"
 	"github.com/scopeplane/scopeplane/xds/model"
 )
 
@@ -20,10 +21,15 @@ import (
 type Store struct {
 	mu     sync.RWMutex
 	scopes map[model.Key]*Scope
+	notify chan struct{}
 }
 
 // NewStore returns an empty store.
-func NewStore() *Store { return &Store{scopes: map[model.Key]*Scope{}} }
+func NewStore() *Store { return &Store{scopes: map[model.Key]*Scope{}, notify: make(chan struct{}, 1)} }
+
+// Changed receives a value after a batch changed some scope; several
+// batches may be signalled once. The status writer waits on it.
+func (st *Store) Changed() <-chan struct{} { return st.notify }
 
 // Get returns the scope, or nil when it does not exist (yet).
 func (st *Store) Get(key model.Key) *Scope {
@@ -73,10 +79,11 @@ func (b *Builder) Run(ctx context.Context, synced <-chan struct{}) error {
 		case <-b.cat.Changed():
 		case <-synced:
 			synced = nil
-			b.Apply(b.cat.Take())
+			b.apply(b.cat.Take(), time.Now())
 			close(b.built)
 			continue
 		}
+		observed := time.Now()
 		if b.window > 0 {
 			t := time.NewTimer(b.window)
 			select {
@@ -86,14 +93,24 @@ func (b *Builder) Run(ctx context.Context, synced <-chan struct{}) error {
 			case <-t.C:
 			}
 		}
-		b.Apply(b.cat.Take())
+		b.apply(b.cat.Take(), observed)
 	}
 }
 
 // Apply versions and stores one batch of catalog updates.
-func (b *Builder) Apply(updates []catalog.Update) {
+func (b *Builder) Apply(updates []catalog.Update) { b.apply(updates, time.Now()) }
+
+func (b *Builder) apply(updates []catalog.Update, observed time.Time) {
+	start := time.Now()
 	for i := range updates {
-		b.apply(&updates[i])
+		b.applyScope(&updates[i], observed)
+	}
+	metrics.SnapshotBuild.Observe(time.Since(start).Seconds())
+	if len(updates) > 0 {
+		select {
+		case b.store.notify <- struct{}{}:
+		default:
+		}
 	}
 }
 
@@ -103,7 +120,7 @@ type marshalled struct {
 	hash uint64
 }
 
-func (b *Builder) apply(u *catalog.Update) {
+func (b *Builder) applyScope(u *catalog.Update, observed time.Time) {
 	b.store.mu.Lock()
 	sc := b.store.scopes[u.Key]
 	if u.Scope == nil {
@@ -210,7 +227,7 @@ func (b *Builder) apply(u *catalog.Update) {
 	if len(changes) == 0 && !specChanged {
 		return
 	}
-	sc.rev = next
+	sc.rev, sc.revTime = next, observed
 	for t := range NumTypes {
 		sc.types[t].version = digestVersion(sc.types[t].digest)
 	}

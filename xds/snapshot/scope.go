@@ -15,6 +15,7 @@ import (
 	"encoding/hex"
 	"hash/fnv"
 	"sync"
+	"time"
 
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -79,6 +80,7 @@ type Scope struct {
 	mu      sync.RWMutex
 	spec    *model.Scope
 	rev     uint64
+	revTime time.Time // when the change that made rev was observed
 	types   [NumTypes]typeState
 	log     []logEntry
 	logBase uint64 // the log holds every change with a revision > logBase
@@ -120,6 +122,10 @@ func (v View) Spec() *model.Scope {
 // view (a new revision, a spec change, or deletion). Taking it from the same
 // view as the state read means no change can slip in between.
 func (v View) Wake() <-chan struct{} { return v.s.wake }
+
+// RevTime is when the control plane observed the change that made the
+// current revision, the start of every proxy's convergence to it.
+func (v View) RevTime() time.Time { return v.s.revTime }
 
 // Rev is the scope's current revision; it grows with every change.
 func (v View) Rev() uint64 { return v.s.rev }

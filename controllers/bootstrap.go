@@ -1,0 +1,83 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
+	"github.com/scopeplane/scopeplane/xds/bootstrap"
+	"github.com/scopeplane/scopeplane/xds/model"
+)
+
+// ManagedByLabel marks the objects scopeplane writes; the manager caches
+// only ConfigMaps that carry it.
+const ManagedByLabel = "app.kubernetes.io/managed-by"
+
+// ManagedBy is the value of ManagedByLabel on scopeplane's objects.
+const ManagedBy = "scopeplane"
+
+// BootstrapReconciler writes, for every ProxyScope, a ConfigMap holding an
+// Envoy bootstrap and a gRPC xDS bootstrap that join the scope. The
+// ConfigMap is owned by the ProxyScope, so it is garbage-collected with it,
+// and rewritten when the protocol changes. It runs on the leader only.
+type BootstrapReconciler struct {
+	Client client.Client
+	// XDSServer is the host:port proxies dial to reach the ADS server.
+	XDSServer string
+}
+
+// Reconcile renders the scope's bootstraps into its ConfigMap.
+func (r *BootstrapReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	ps := &xdsv1alpha1.ProxyScope{}
+	if err := r.Client.Get(ctx, req.NamespacedName, ps); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	key := model.Key{Namespace: ps.Namespace, Name: ps.Name}
+	protocol := model.SotW
+	if ps.Spec.Protocol == xdsv1alpha1.ProtocolDelta {
+		protocol = model.Delta
+	}
+	envoy, err := bootstrap.Envoy(key, protocol, r.XDSServer)
+	if err != nil {
+		return ctrl.Result{}, reconcile.TerminalError(err)
+	}
+	grpc, err := bootstrap.GRPC(key, r.XDSServer)
+	if err != nil {
+		return ctrl.Result{}, reconcile.TerminalError(err)
+	}
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ps.Namespace, Name: bootstrap.ConfigMapName(ps.Name)}}
+	if err := r.Client.Get(ctx, client.ObjectKeyFromObject(cm), cm); err == nil && !metav1.IsControlledBy(cm, ps) {
+		return ctrl.Result{}, reconcile.TerminalError(fmt.Errorf("ConfigMap %s/%s exists and is not owned by ProxyScope %s: rename or delete it", cm.Namespace, cm.Name, key))
+	} else if err != nil && !apierrors.IsNotFound(err) {
+		return ctrl.Result{}, err
+	}
+	_, err = controllerutil.CreateOrUpdate(ctx, r.Client, cm, func() error {
+		if cm.Labels == nil {
+			cm.Labels = map[string]string{}
+		}
+		cm.Labels[ManagedByLabel] = ManagedBy
+		cm.Labels[xdsv1alpha1.ScopeLabel] = ps.Name
+		cm.Data = map[string]string{bootstrap.EnvoyKey: string(envoy), bootstrap.GRPCKey: string(grpc)}
+		return controllerutil.SetControllerReference(ps, cm, r.Client.Scheme())
+	})
+	return ctrl.Result{}, err
+}
+
+// SetupWithManager watches ProxyScopes and the ConfigMaps they own.
+func (r *BootstrapReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("bootstrap").
+		For(&xdsv1alpha1.ProxyScope{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		Owns(&corev1.ConfigMap{}).
+		Complete(r)
+}

@@ -1,0 +1,220 @@
+package controlplane_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/structpb"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
+	"github.com/scopeplane/scopeplane/xds/adsclient"
+	"github.com/scopeplane/scopeplane/xds/bootstrap"
+	"github.com/scopeplane/scopeplane/xds/metrics"
+)
+
+func node(id, scope string) *corev3.Node {
+	return &corev3.Node{Id: id, Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{
+		xdsv1alpha1.ScopeMetadataKey: structpb.NewStringValue(scope),
+	}}}
+}
+
+func dialXDS(t *testing.T) *grpc.ClientConn {
+	t.Helper()
+	conn, err := grpc.NewClient(xdsAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return conn
+}
+
+// proxy runs an ADS client that subscribes to everything, until the test ends.
+func proxy(t *testing.T, conn *grpc.ClientConn, p adsclient.Protocol, n *corev3.Node, reject func(string, []*anypb.Any, []string) string) (*adsclient.Client, <-chan error) {
+	t.Helper()
+	c := adsclient.New(adsclient.Config{
+		Protocol: p, Node: n, Reject: reject, RecordEvents: true,
+		Types:    []string{resourcev3.ClusterType, resourcev3.EndpointType, resourcev3.ListenerType, resourcev3.RouteType},
+		Wildcard: map[string]bool{resourcev3.ClusterType: true, resourcev3.ListenerType: true, resourcev3.EndpointType: true, resourcev3.RouteType: true},
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done, finished := make(chan error, 1), make(chan struct{})
+	go func() { done <- c.Run(ctx, conn); close(finished) }()
+	t.Cleanup(func() { cancel(); <-finished })
+	return c, done
+}
+
+func getScope(t *testing.T, ns, name string) *xdsv1alpha1.ProxyScope {
+	t.Helper()
+	ps := &xdsv1alpha1.ProxyScope{}
+	if err := env.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, ps); err != nil {
+		t.Fatal(err)
+	}
+	return ps
+}
+
+// expectCondition waits until the scope's condition has the status and reason.
+func expectCondition(t *testing.T, ns, name, typ string, st metav1.ConditionStatus, reason string) *xdsv1alpha1.ProxyScope {
+	t.Helper()
+	var ps *xdsv1alpha1.ProxyScope
+	eventually(t, fmt.Sprintf("%s/%s %s=%s (%s)", ns, name, typ, st, reason), func() (bool, string) {
+		ps = getScope(t, ns, name)
+		c := meta.FindStatusCondition(ps.Status.Conditions, typ)
+		if c == nil {
+			return false, "no condition"
+		}
+		return c.Status == st && c.Reason == reason && c.ObservedGeneration == ps.Generation, fmt.Sprintf("%s %s: %s", c.Status, c.Reason, c.Message)
+	})
+	return ps
+}
+
+func TestStatusConditionsAreReachedAndCleared(t *testing.T) {
+	ctx := context.Background()
+	create(t,
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "status"}},
+		&xdsv1alpha1.ProxyScope{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "status", Name: "web"},
+			Spec: xdsv1alpha1.ProxyScopeSpec{
+				Services: []xdsv1alpha1.ServiceSelection{{Names: []xdsv1alpha1.DNSLabel{"web"}}, {Namespace: "ghost", Names: []xdsv1alpha1.DNSLabel{"web"}}},
+				Listener: xdsv1alpha1.ListenerSpec{Mode: xdsv1alpha1.ListenerModeEnvoy, Port: ptr.To[int32](10080)},
+			},
+		},
+	)
+	expectCondition(t, "status", "web", xdsv1alpha1.ConditionAccepted, metav1.ConditionFalse, xdsv1alpha1.ReasonNamespaceNotFound)
+	ps := expectCondition(t, "status", "web", xdsv1alpha1.ConditionReady, metav1.ConditionUnknown, xdsv1alpha1.ReasonNoProxies)
+	if ps.Status.BootstrapConfigMap != bootstrap.ConfigMapName("web") || ps.Status.ObservedGeneration != ps.Generation || ps.Status.Version == "" {
+		t.Errorf("status fields: %+v", ps.Status)
+	}
+
+	// Drop the missing namespace: nothing matches yet.
+	ps.Spec.Services = ps.Spec.Services[:1]
+	if err := env.Client.Update(ctx, ps); err != nil {
+		t.Fatal(err)
+	}
+	expectCondition(t, "status", "web", xdsv1alpha1.ConditionAccepted, metav1.ConditionFalse, xdsv1alpha1.ReasonNoMatchingServices)
+
+	// A selector the schema cannot reject but the control plane cannot parse.
+	ps = getScope(t, "status", "web")
+	ps.Spec.Services = append(ps.Spec.Services, xdsv1alpha1.ServiceSelection{Selector: &metav1.LabelSelector{
+		MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "tier", Operator: "Near"}},
+	}})
+	if err := env.Client.Update(ctx, ps); err != nil {
+		t.Fatal(err)
+	}
+	ps = expectCondition(t, "status", "web", xdsv1alpha1.ConditionAccepted, metav1.ConditionFalse, xdsv1alpha1.ReasonInvalidSelector)
+	if c := meta.FindStatusCondition(ps.Status.Conditions, xdsv1alpha1.ConditionAccepted); !strings.Contains(c.Message, "spec.services[1].selector") {
+		t.Errorf("the InvalidSelector message does not name the selection: %s", c.Message)
+	}
+	ps.Spec.Services = ps.Spec.Services[:1]
+	if err := env.Client.Update(ctx, ps); err != nil {
+		t.Fatal(err)
+	}
+	create(t, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "status", Name: "web"},
+		Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 80}}},
+	})
+	expectCondition(t, "status", "web", xdsv1alpha1.ConditionAccepted, metav1.ConditionTrue, xdsv1alpha1.ReasonResolved)
+
+	// A proxy connects and ACKs everything: Ready.
+	conn := dialXDS(t)
+	good, _ := proxy(t, conn, adsclient.SotW, node("good", "status/web"), nil)
+	_ = good
+	ps = expectCondition(t, "status", "web", xdsv1alpha1.ConditionReady, metav1.ConditionTrue, xdsv1alpha1.ReasonSynced)
+	if c := meta.FindStatusCondition(ps.Status.Conditions, xdsv1alpha1.ConditionReady); c.Message != "1 of 1 proxies at version "+ps.Status.Version {
+		t.Errorf("Ready message: %q", c.Message)
+	}
+	expectCondition(t, "status", "web", xdsv1alpha1.ConditionDegraded, metav1.ConditionFalse, xdsv1alpha1.ReasonAsExpected)
+
+	// A second proxy rejects the routes: Degraded, with its error on the CRD.
+	nacksBefore := testutil.ToFloat64(metrics.NACKs.WithLabelValues("status/web", resourcev3.RouteType))
+	rejecting := true
+	reject := func(typeURL string, _ []*anypb.Any, _ []string) string {
+		if typeURL == resourcev3.RouteType && rejecting {
+			return "route config http-10080: unknown cluster"
+		}
+		return ""
+	}
+	bad, _ := proxy(t, conn, adsclient.SotW, node("picky", "status/web"), reject)
+	start := time.Now()
+	ps = expectCondition(t, "status", "web", xdsv1alpha1.ConditionDegraded, metav1.ConditionTrue, xdsv1alpha1.ReasonProxyNACKed)
+	t.Logf("the NACK reached the CRD %v after the proxy connected", time.Since(start).Round(time.Millisecond))
+	c := meta.FindStatusCondition(ps.Status.Conditions, xdsv1alpha1.ConditionDegraded)
+	if !strings.Contains(c.Message, "proxy picky rejected "+resourcev3.RouteType) || !strings.Contains(c.Message, "unknown cluster") {
+		t.Errorf("Degraded message: %q", c.Message)
+	}
+	if len(ps.Status.RecentNACKs) == 0 || ps.Status.RecentNACKs[0].Node != "picky" || ps.Status.RecentNACKs[0].Detail != "route config http-10080: unknown cluster" {
+		t.Errorf("recentNACKs: %+v", ps.Status.RecentNACKs)
+	}
+	expectCondition(t, "status", "web", xdsv1alpha1.ConditionReady, metav1.ConditionFalse, xdsv1alpha1.ReasonPending)
+	if got := testutil.ToFloat64(metrics.NACKs.WithLabelValues("status/web", resourcev3.RouteType)) - nacksBefore; got != 1 {
+		t.Errorf("scopeplane_xds_nacks_total grew by %v, want 1 (a NACK is not answered by a resend)", got)
+	}
+	nacks := 0
+	for _, e := range bad.Events() {
+		if !e.Accepted {
+			nacks++
+		}
+	}
+	if nacks != 1 {
+		t.Errorf("the picky proxy NACKed %d responses, want exactly 1: the rejected version must not be resent", nacks)
+	}
+
+	// The proxy accepts the next version: Degraded clears, Ready again.
+	rejecting = false
+	svc := &corev1.Service{}
+	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: "status", Name: "web"}, svc); err != nil {
+		t.Fatal(err)
+	}
+	svc.Spec.Ports = append(svc.Spec.Ports, corev1.ServicePort{Name: "admin", Port: 9000})
+	if err := env.Client.Update(ctx, svc); err != nil {
+		t.Fatal(err)
+	}
+	expectCondition(t, "status", "web", xdsv1alpha1.ConditionDegraded, metav1.ConditionFalse, xdsv1alpha1.ReasonAsExpected)
+	ps = expectCondition(t, "status", "web", xdsv1alpha1.ConditionReady, metav1.ConditionTrue, xdsv1alpha1.ReasonSynced)
+	if ps.Status.ConnectedProxies != 2 || ps.Status.SyncedProxies != 2 || ps.Status.Clusters != 2 {
+		t.Errorf("counts: connected %d synced %d clusters %d", ps.Status.ConnectedProxies, ps.Status.SyncedProxies, ps.Status.Clusters)
+	}
+
+	// A delta proxy knocks on a SotW scope: refused, and the scope says why.
+	_, done := proxy(t, conn, adsclient.Delta, node("wrong", "status/web"), nil)
+	err := <-done
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "set api_type: GRPC") {
+		t.Errorf("a delta stream on a SotW scope ended with %v", err)
+	}
+	ps = expectCondition(t, "status", "web", xdsv1alpha1.ConditionDegraded, metav1.ConditionTrue, xdsv1alpha1.ReasonWrongProtocol)
+	if ps.Status.RefusedStreams < 1 {
+		t.Errorf("refusedStreams = %d", ps.Status.RefusedStreams)
+	}
+
+	// Switching the scope to delta rewrites its bootstrap and closes the SotW streams.
+	envoyBefore := string(bootstrapOf(t, "status", "web", bootstrap.EnvoyKey))
+	ps.Spec.Protocol = xdsv1alpha1.ProtocolDelta
+	if err := env.Client.Update(ctx, ps); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the Envoy bootstrap switched to DELTA_GRPC", func() (bool, string) {
+		cur := string(bootstrapOf(t, "status", "web", bootstrap.EnvoyKey))
+		return cur != envoyBefore && strings.Contains(cur, "api_type: DELTA_GRPC"), cur
+	})
+	eventually(t, "the SotW streams closed with FailedPrecondition", func() (bool, string) {
+		return !good.Running(), fmt.Sprint(good.Err())
+	})
+	if status.Code(good.Err()) != codes.FailedPrecondition {
+		t.Errorf("a SotW stream after the switch to delta ended with %v", good.Err())
+	}
+}

@@ -1,0 +1,158 @@
+// Package bootstrap renders, for one scope, the two bootstraps a proxy needs
+// to join it: an Envoy bootstrap (ADS with the api_type matching the scope's
+// protocol) and a gRPC xDS bootstrap. The operator writes both into a
+// ConfigMap per ProxyScope, so joining a scope is mounting a file.
+package bootstrap
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"strconv"
+	"time"
+
+	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	upstreamhttpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
+	"sigs.k8s.io/yaml"
+
+	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
+	"github.com/scopeplane/scopeplane/xds/model"
+)
+
+// Keys of the bootstrap ConfigMap's data.
+const (
+	EnvoyKey = "envoy.yaml"
+	GRPCKey  = "grpc-bootstrap.json"
+)
+
+// XDSClusterName is the Envoy cluster through which Envoy reaches scopeplane.
+const XDSClusterName = "scopeplane-xds"
+
+// ConfigMapName is the name of a scope's bootstrap ConfigMap.
+func ConfigMapName(scope string) string { return scope + "-xds-bootstrap" }
+
+// Envoy returns an Envoy bootstrap (YAML) that joins scope over ADS at
+// server (host:port) with the api_type the scope's protocol requires. The
+// node id is a placeholder: run Envoy with --service-node set to the pod's
+// name so each proxy is told apart in the scope's status.
+func Envoy(scope model.Key, protocol model.Protocol, server string) ([]byte, error) {
+	host, port, err := splitHostPort(server)
+	if err != nil {
+		return nil, err
+	}
+	apiType := corev3.ApiConfigSource_GRPC
+	if protocol == model.Delta {
+		apiType = corev3.ApiConfigSource_DELTA_GRPC
+	}
+	h2, err := anypb.New(&upstreamhttpv3.HttpProtocolOptions{
+		UpstreamProtocolOptions: &upstreamhttpv3.HttpProtocolOptions_ExplicitHttpConfig_{ExplicitHttpConfig: &upstreamhttpv3.HttpProtocolOptions_ExplicitHttpConfig{
+			ProtocolConfig: &upstreamhttpv3.HttpProtocolOptions_ExplicitHttpConfig_Http2ProtocolOptions{Http2ProtocolOptions: &corev3.Http2ProtocolOptions{}},
+		}},
+	})
+	if err != nil {
+		return nil, err
+	}
+	discovery := clusterv3.Cluster_STRICT_DNS
+	if net.ParseIP(host) != nil {
+		discovery = clusterv3.Cluster_STATIC
+	}
+	ads := &corev3.ConfigSource{ResourceApiVersion: corev3.ApiVersion_V3, ConfigSourceSpecifier: &corev3.ConfigSource_Ads{Ads: &corev3.AggregatedConfigSource{}}}
+	b := &bootstrapv3.Bootstrap{
+		Node: &corev3.Node{
+			Id:       scope.Name + "-envoy",
+			Cluster:  scope.Name,
+			Metadata: scopeMetadata(scope),
+		},
+		DynamicResources: &bootstrapv3.Bootstrap_DynamicResources{
+			AdsConfig: &corev3.ApiConfigSource{
+				ApiType:                   apiType,
+				TransportApiVersion:       corev3.ApiVersion_V3,
+				SetNodeOnFirstMessageOnly: true,
+				GrpcServices: []*corev3.GrpcService{{TargetSpecifier: &corev3.GrpcService_EnvoyGrpc_{
+					EnvoyGrpc: &corev3.GrpcService_EnvoyGrpc{ClusterName: XDSClusterName},
+				}}},
+			},
+			CdsConfig: ads,
+			LdsConfig: ads,
+		},
+		StaticResources: &bootstrapv3.Bootstrap_StaticResources{Clusters: []*clusterv3.Cluster{{
+			Name:                          XDSClusterName,
+			ClusterDiscoveryType:          &clusterv3.Cluster_Type{Type: discovery},
+			ConnectTimeout:                durationpb.New(5 * time.Second),
+			TypedExtensionProtocolOptions: map[string]*anypb.Any{"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": h2},
+			LoadAssignment: &endpointv3.ClusterLoadAssignment{
+				ClusterName: XDSClusterName,
+				Endpoints: []*endpointv3.LocalityLbEndpoints{{LbEndpoints: []*endpointv3.LbEndpoint{{
+					HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{Address: socketAddress(host, port)}},
+				}}}},
+			},
+		}}},
+		Admin: &bootstrapv3.Admin{Address: socketAddress("127.0.0.1", 9901)},
+	}
+	if err := b.ValidateAll(); err != nil {
+		return nil, fmt.Errorf("rendered Envoy bootstrap is invalid: %w", err)
+	}
+	js, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(b)
+	if err != nil {
+		return nil, err
+	}
+	return yaml.JSONToYAML(js)
+}
+
+// GRPC returns a gRPC xDS bootstrap (JSON, for GRPC_XDS_BOOTSTRAP or
+// GRPC_XDS_BOOTSTRAP_CONFIG) that joins scope at server. gRPC clients speak
+// only State of the World; a delta scope refuses them, which its status shows.
+func GRPC(scope model.Key, server string) ([]byte, error) {
+	if _, _, err := splitHostPort(server); err != nil {
+		return nil, err
+	}
+	type creds struct {
+		Type string `json:"type"`
+	}
+	type xdsServer struct {
+		ServerURI      string   `json:"server_uri"`
+		ChannelCreds   []creds  `json:"channel_creds"`
+		ServerFeatures []string `json:"server_features"`
+	}
+	type node struct {
+		ID       string            `json:"id"`
+		Cluster  string            `json:"cluster"`
+		Metadata map[string]string `json:"metadata"`
+	}
+	return json.MarshalIndent(struct {
+		XDSServers []xdsServer `json:"xds_servers"`
+		Node       node        `json:"node"`
+	}{
+		XDSServers: []xdsServer{{ServerURI: server, ChannelCreds: []creds{{Type: "insecure"}}, ServerFeatures: []string{"xds_v3"}}},
+		Node:       node{ID: scope.Name + "-grpc", Cluster: scope.Name, Metadata: map[string]string{xdsv1alpha1.ScopeMetadataKey: scope.String()}},
+	}, "", "  ")
+}
+
+func scopeMetadata(scope model.Key) *structpb.Struct {
+	return &structpb.Struct{Fields: map[string]*structpb.Value{xdsv1alpha1.ScopeMetadataKey: structpb.NewStringValue(scope.String())}}
+}
+
+func socketAddress(host string, port uint32) *corev3.Address {
+	return &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{
+		Address: host, PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: port},
+	}}}
+}
+
+func splitHostPort(server string) (string, uint32, error) {
+	host, p, err := net.SplitHostPort(server)
+	if err != nil {
+		return "", 0, fmt.Errorf("xDS server address %q: %w", server, err)
+	}
+	port, err := strconv.ParseUint(p, 10, 16)
+	if err != nil || port == 0 || host == "" {
+		return "", 0, fmt.Errorf("xDS server address %q: want host:port with a port in 1-65535", server)
+	}
+	return host, uint32(port), nil
+}

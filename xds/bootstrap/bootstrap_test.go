@@ -1,0 +1,87 @@
+package bootstrap
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	"google.golang.org/grpc/xds"
+	"google.golang.org/protobuf/encoding/protojson"
+	"sigs.k8s.io/yaml"
+
+	"github.com/scopeplane/scopeplane/xds/model"
+)
+
+var scope = model.Key{Namespace: "shop", Name: "gw"}
+
+func TestEnvoyBootstrapMatchesTheScopeProtocol(t *testing.T) {
+	for _, tc := range []struct {
+		protocol model.Protocol
+		server   string
+		want     corev3.ApiConfigSource_ApiType
+		static   bool
+	}{
+		{model.SotW, "scopeplane.system.svc:18000", corev3.ApiConfigSource_GRPC, false},
+		{model.Delta, "10.0.0.7:18000", corev3.ApiConfigSource_DELTA_GRPC, true},
+	} {
+		out, err := Envoy(scope, tc.protocol, tc.server)
+		if err != nil {
+			t.Fatal(err)
+		}
+		js, err := yaml.YAMLToJSON(out)
+		if err != nil {
+			t.Fatalf("not YAML: %v\n%s", err, out)
+		}
+		b := &bootstrapv3.Bootstrap{}
+		if err := protojson.Unmarshal(js, b); err != nil {
+			t.Fatalf("not an Envoy bootstrap: %v\n%s", err, out)
+		}
+		if err := b.ValidateAll(); err != nil {
+			t.Errorf("invalid Envoy bootstrap: %v", err)
+		}
+		if got := b.GetDynamicResources().GetAdsConfig().GetApiType(); got != tc.want {
+			t.Errorf("%s scope: api_type %v, want %v", tc.protocol, got, tc.want)
+		}
+		if got := b.GetNode().GetMetadata().GetFields()["scopeplane.dev/scope"].GetStringValue(); got != "shop/gw" {
+			t.Errorf("node metadata names scope %q", got)
+		}
+		c := b.GetStaticResources().GetClusters()[0]
+		if (c.GetType().String() == "STATIC") != tc.static || c.GetTypedExtensionProtocolOptions()["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"] == nil {
+			t.Errorf("xDS cluster %v: want static=%v and HTTP/2", c.GetType(), tc.static)
+		}
+		if a := b.GetAdmin().GetAddress().GetSocketAddress().GetAddress(); a != "127.0.0.1" {
+			t.Errorf("admin listens on %q, want localhost only", a)
+		}
+	}
+}
+
+func TestGRPCBootstrapIsAcceptedByGRPC(t *testing.T) {
+	out, err := GRPC(scope, "scopeplane.system.svc:18000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := xds.NewXDSResolverWithConfigForTesting(out); err != nil {
+		t.Errorf("grpc-go refuses the bootstrap: %v\n%s", err, out)
+	}
+	var parsed struct {
+		Node struct {
+			Metadata map[string]string `json:"metadata"`
+		} `json:"node"`
+	}
+	if err := json.Unmarshal(out, &parsed); err != nil || parsed.Node.Metadata["scopeplane.dev/scope"] != "shop/gw" {
+		t.Errorf("node metadata: %v %v", parsed.Node.Metadata, err)
+	}
+}
+
+func TestBadServerAddressIsAnError(t *testing.T) {
+	for _, addr := range []string{"", "no-port", "host:0", ":18000", "host:99999"} {
+		if _, err := Envoy(scope, model.SotW, addr); err == nil || !strings.Contains(err.Error(), "xDS server address") {
+			t.Errorf("Envoy(%q): %v", addr, err)
+		}
+		if _, err := GRPC(scope, addr); err == nil {
+			t.Errorf("GRPC(%q) accepted", addr)
+		}
+	}
+}

@@ -1,0 +1,74 @@
+// Package metrics defines scopeplane's Prometheus metrics. They are
+// registered with controller-runtime's registry, so the manager's metrics
+// endpoint serves them next to the controller metrics. docs/metrics.md
+// documents each one.
+package metrics
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+)
+
+var (
+	// ConnectedProxies counts open ADS streams per scope and protocol.
+	ConnectedProxies = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "scopeplane_xds_connected_proxies",
+		Help: "Open ADS streams, by scope and protocol.",
+	}, []string{"scope", "protocol"})
+
+	// Pushes counts responses sent.
+	Pushes = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "scopeplane_xds_pushes_total",
+		Help: "xDS responses sent, by scope, type and protocol.",
+	}, []string{"scope", "type", "protocol"})
+
+	// ResourcesSent counts resources carried by responses.
+	ResourcesSent = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "scopeplane_xds_resources_sent_total",
+		Help: "Resources carried by xDS responses, by scope, type and protocol.",
+	}, []string{"scope", "type", "protocol"})
+
+	// BytesSent counts the serialized size of responses.
+	BytesSent = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "scopeplane_xds_bytes_sent_total",
+		Help: "Serialized bytes of xDS responses, by scope, type and protocol.",
+	}, []string{"scope", "type", "protocol"})
+
+	// NACKs counts rejected responses.
+	NACKs = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "scopeplane_xds_nacks_total",
+		Help: "xDS responses proxies rejected, by scope and type.",
+	}, []string{"scope", "type"})
+
+	// Refusals counts streams refused.
+	Refusals = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "scopeplane_xds_refusals_total",
+		Help: "ADS streams refused, by reason; scope is empty when the proxy named no existing scope.",
+	}, []string{"scope", "reason"})
+
+	// Convergence observes how long a change took to be ACKed by a proxy.
+	Convergence = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "scopeplane_xds_convergence_seconds",
+		Help:    "Time from a change being observed to a proxy having ACKed everything it changed, by protocol.",
+		Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
+	}, []string{"protocol"})
+
+	// Translation observes the time to record one object change in the
+	// catalog, translation of the touched Service included.
+	Translation = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "scopeplane_translation_duration_seconds",
+		Help:    "Time to convert and translate one changed object, by kind.",
+		Buckets: prometheus.ExponentialBuckets(0.00001, 4, 12),
+	}, []string{"kind"})
+
+	// SnapshotBuild observes the time to version and marshal one batch.
+	SnapshotBuild = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "scopeplane_snapshot_build_duration_seconds",
+		Help:    "Time to version and marshal one batch of changes into the scopes' snapshots.",
+		Buckets: prometheus.ExponentialBuckets(0.00001, 4, 12),
+	})
+)
+
+func init() {
+	ctrlmetrics.Registry.MustRegister(ConnectedProxies, Pushes, ResourcesSent, BytesSent, NACKs, Refusals, Convergence, Translation, SnapshotBuild)
+}
