@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -97,6 +98,22 @@ func loopbackSlice(ns, name, svc string, port int) *discoveryv1.EndpointSlice {
 		AddressType: discoveryv1.AddressTypeIPv4,
 		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("grpc"), Port: ptr.To(int32(port)), Protocol: ptr.To(corev1.ProtocolTCP)}},
 		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{whoami.SliceAddress}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}}},
+	}
+}
+
+// mutate reads obj, applies fn and updates it, again on conflicts: the
+// status writer updates ProxyScopes concurrently.
+func mutate[T client.Object](t *testing.T, obj T, fn func(T)) {
+	t.Helper()
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if err := env.Client.Get(context.Background(), client.ObjectKeyFromObject(obj), obj); err != nil {
+			return err
+		}
+		fn(obj)
+		return env.Client.Update(context.Background(), obj)
+	})
+	if err != nil {
+		t.Fatalf("updating %T %s: %v", obj, obj.GetName(), err)
 	}
 }
 
@@ -187,14 +204,9 @@ func TestGRPCClientRoutesThroughProxylessScope(t *testing.T) {
 	})
 
 	// Move the endpoint to backend-b: traffic follows.
-	s := &discoveryv1.EndpointSlice{}
-	if err := env.Client.Get(context.Background(), client.ObjectKey{Namespace: "e2e", Name: "whoami-1"}, s); err != nil {
-		t.Fatal(err)
-	}
-	s.Ports[0].Port = ptr.To(int32(b.Port))
-	if err := env.Client.Update(context.Background(), s); err != nil {
-		t.Fatal(err)
-	}
+	mutate(t, &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: "e2e", Name: "whoami-1"}}, func(s *discoveryv1.EndpointSlice) {
+		s.Ports[0].Port = ptr.To(int32(b.Port))
+	})
 	eventually(t, "RPCs moved to backend-b", func() (bool, string) {
 		got, err := call(conn)
 		return got == "backend-b", fmt.Sprintf("%q, %v", got, err)
@@ -202,14 +214,9 @@ func TestGRPCClientRoutesThroughProxylessScope(t *testing.T) {
 
 	// Take the Service out of the scope: the client loses its listener and
 	// the RPC fails with an xDS error.
-	ps := &xdsv1alpha1.ProxyScope{}
-	if err := env.Client.Get(context.Background(), client.ObjectKey{Namespace: "e2e", Name: "grpc"}, ps); err != nil {
-		t.Fatal(err)
-	}
-	ps.Spec.Services = []xdsv1alpha1.ServiceSelection{{Names: []xdsv1alpha1.DNSLabel{"other"}}}
-	if err := env.Client.Update(context.Background(), ps); err != nil {
-		t.Fatal(err)
-	}
+	mutate(t, &xdsv1alpha1.ProxyScope{ObjectMeta: metav1.ObjectMeta{Namespace: "e2e", Name: "grpc"}}, func(ps *xdsv1alpha1.ProxyScope) {
+		ps.Spec.Services = []xdsv1alpha1.ServiceSelection{{Names: []xdsv1alpha1.DNSLabel{"other"}}}
+	})
 	var last error
 	eventually(t, "the RPC failing with an xDS error", func() (bool, string) {
 		got, err := call(conn)

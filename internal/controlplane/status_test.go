@@ -84,7 +84,6 @@ func expectCondition(t *testing.T, ns, name, typ string, st metav1.ConditionStat
 }
 
 func TestStatusConditionsAreReachedAndCleared(t *testing.T) {
-	ctx := context.Background()
 	create(t,
 		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "status"}},
 		&xdsv1alpha1.ProxyScope{
@@ -102,28 +101,20 @@ func TestStatusConditionsAreReachedAndCleared(t *testing.T) {
 	}
 
 	// Drop the missing namespace: nothing matches yet.
-	ps.Spec.Services = ps.Spec.Services[:1]
-	if err := env.Client.Update(ctx, ps); err != nil {
-		t.Fatal(err)
-	}
+	mutate(t, ps, func(ps *xdsv1alpha1.ProxyScope) { ps.Spec.Services = ps.Spec.Services[:1] })
 	expectCondition(t, "status", "web", xdsv1alpha1.ConditionAccepted, metav1.ConditionFalse, xdsv1alpha1.ReasonNoMatchingServices)
 
 	// A selector the schema cannot reject but the control plane cannot parse.
-	ps = getScope(t, "status", "web")
-	ps.Spec.Services = append(ps.Spec.Services, xdsv1alpha1.ServiceSelection{Selector: &metav1.LabelSelector{
-		MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "tier", Operator: "Near"}},
-	}})
-	if err := env.Client.Update(ctx, ps); err != nil {
-		t.Fatal(err)
-	}
+	mutate(t, ps, func(ps *xdsv1alpha1.ProxyScope) {
+		ps.Spec.Services = append(ps.Spec.Services, xdsv1alpha1.ServiceSelection{Selector: &metav1.LabelSelector{
+			MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "tier", Operator: "Near"}},
+		}})
+	})
 	ps = expectCondition(t, "status", "web", xdsv1alpha1.ConditionAccepted, metav1.ConditionFalse, xdsv1alpha1.ReasonInvalidSelector)
 	if c := meta.FindStatusCondition(ps.Status.Conditions, xdsv1alpha1.ConditionAccepted); !strings.Contains(c.Message, "spec.services[1].selector") {
 		t.Errorf("the InvalidSelector message does not name the selection: %s", c.Message)
 	}
-	ps.Spec.Services = ps.Spec.Services[:1]
-	if err := env.Client.Update(ctx, ps); err != nil {
-		t.Fatal(err)
-	}
+	mutate(t, ps, func(ps *xdsv1alpha1.ProxyScope) { ps.Spec.Services = ps.Spec.Services[:1] })
 	create(t, &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "status", Name: "web"},
 		Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 80}}},
@@ -176,14 +167,9 @@ func TestStatusConditionsAreReachedAndCleared(t *testing.T) {
 
 	// The proxy accepts the next version: Degraded clears, Ready again.
 	rejecting = false
-	svc := &corev1.Service{}
-	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: "status", Name: "web"}, svc); err != nil {
-		t.Fatal(err)
-	}
-	svc.Spec.Ports = append(svc.Spec.Ports, corev1.ServicePort{Name: "admin", Port: 9000})
-	if err := env.Client.Update(ctx, svc); err != nil {
-		t.Fatal(err)
-	}
+	mutate(t, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "status", Name: "web"}}, func(svc *corev1.Service) {
+		svc.Spec.Ports = append(svc.Spec.Ports, corev1.ServicePort{Name: "admin", Port: 9000})
+	})
 	expectCondition(t, "status", "web", xdsv1alpha1.ConditionDegraded, metav1.ConditionFalse, xdsv1alpha1.ReasonAsExpected)
 	ps = expectCondition(t, "status", "web", xdsv1alpha1.ConditionReady, metav1.ConditionTrue, xdsv1alpha1.ReasonSynced)
 	if ps.Status.ConnectedProxies != 2 || ps.Status.SyncedProxies != 2 || ps.Status.Clusters != 2 {
@@ -203,10 +189,7 @@ func TestStatusConditionsAreReachedAndCleared(t *testing.T) {
 
 	// Switching the scope to delta rewrites its bootstrap and closes the SotW streams.
 	envoyBefore := string(bootstrapOf(t, "status", "web", bootstrap.EnvoyKey))
-	ps.Spec.Protocol = xdsv1alpha1.ProtocolDelta
-	if err := env.Client.Update(ctx, ps); err != nil {
-		t.Fatal(err)
-	}
+	mutate(t, ps, func(ps *xdsv1alpha1.ProxyScope) { ps.Spec.Protocol = xdsv1alpha1.ProtocolDelta })
 	eventually(t, "the Envoy bootstrap switched to DELTA_GRPC", func() (bool, string) {
 		cur := string(bootstrapOf(t, "status", "web", bootstrap.EnvoyKey))
 		return cur != envoyBefore && strings.Contains(cur, "api_type: DELTA_GRPC"), cur
