@@ -36,6 +36,8 @@ generate: $(CONTROLLER_GEN) ## Generate deepcopy code for the API types.
 manifests: $(CONTROLLER_GEN) ## Generate the CRD and RBAC manifests from the kubebuilder markers.
 	$(CONTROLLER_GEN) crd rbac:roleName=scopeplane paths=./... \
 	  output:crd:artifacts:config=config/crd/bases output:rbac:artifacts:config=config/rbac
+	rm -f charts/scopeplane/crds/*.yaml && cp config/crd/bases/*.yaml charts/scopeplane/crds/
+	cp config/rbac/role.yaml charts/scopeplane/files/role.yaml
 
 .PHONY: fmt
 fmt: ## Format the Go code.
@@ -54,6 +56,7 @@ tidy: ## Tidy go.mod and go.sum of the module and its tool modules.
 	go mod tidy
 	cd hack/tools/apiserver && go mod tidy
 	cd hack/tools/etcd && go mod tidy
+	cd hack/tools/helm && go mod tidy
 
 .PHONY: verify
 verify: ## Regenerate everything, then fail if the tree changed; gofmt, vet and lint.
@@ -73,9 +76,13 @@ envtest: ## Build (once, cached) kube-apiserver and etcd; print the KUBEBUILDER_
 
 .PHONY: test
 test: ## Run every test against a real API server (builds the envtest binaries on first use).
-	assets=$$(hack/envtest.sh); \
-	KUBEBUILDER_ASSETS=$$assets go test -count=1 ./...
+	assets=$$(hack/envtest.sh); helm=$$(hack/helm.sh); \
+	KUBEBUILDER_ASSETS=$$assets HELM=$$helm go test -count=1 ./...
 	go test -run '^$$' -fuzz '^FuzzTranslate$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 200x ./xds/translate/
+
+.PHONY: helm
+helm: ## Build (once, cached) the pinned Helm that tests the chart; print its path.
+	@hack/helm.sh
 
 ##@ Run
 

@@ -1,0 +1,605 @@
+// Package chart_test tests the Helm chart in charts/scopeplane with the pinned
+// Helm that hack/helm.sh builds (its path in $HELM, set by `make test`):
+// helm lint, golden renders of several value sets, schema refusals, the RBAC
+// and CRDs copied from the controller-gen output, the values reference in
+// docs/install.md, and (dryrun_test.go) every rendered object applied with a
+// server-side dry run to a real kube-apiserver.
+package chart_test
+
+import (
+	"bytes"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	k8syaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/yaml"
+
+	"github.com/scopeplane/scopeplane/internal/localapi"
+)
+
+var update = flag.Bool("update", false, "rewrite testdata/*.golden.yaml from helm template and the values reference of docs/install.md from values.yaml")
+
+// chartDir is the chart under test.
+var chartDir = filepath.Join(localapi.RepoRoot(), "charts", "scopeplane")
+
+// renderCase is one value set: testdata/<name>.values.yaml (optional) is
+// rendered as release <release> in <namespace> and compared with
+// testdata/<name>.golden.yaml; check asserts what the value set is for.
+type renderCase struct {
+	name      string
+	release   string
+	namespace string
+	check     func(t *testing.T, objs []*unstructured.Unstructured)
+}
+
+var renderCases = []renderCase{
+	{
+		name: "default", release: "scopeplane", namespace: "scopeplane-system",
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			args := containerArgs(t, objs)
+			wantArgs(t, args, "--xds-server-address=scopeplane.scopeplane-system.svc:18000",
+				"--metrics-bind-address=:8080", "--health-probe-bind-address=:8081", "--xds-bind-address=:18000")
+			if slices.Contains(args, "--leader-elect") {
+				t.Errorf("one replica without leaderElection.enabled must not elect a leader: %q", args)
+			}
+			wantString(t, find(t, objs, "Deployment"), "ghcr.io/scopeplane/scopeplane:0.1.0", "spec", "template", "spec", "containers", "0", "image")
+			for _, kind := range []string{"PodDisruptionBudget", "ServiceMonitor", "Role"} {
+				if o := findOptional(objs, kind); o != nil {
+					t.Errorf("the default values must not render a %s", kind)
+				}
+			}
+		},
+	},
+	{
+		name: "ha", release: "scopeplane", namespace: "scopeplane-system",
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			wantArgs(t, containerArgs(t, objs), "--leader-elect")
+			wantString(t, find(t, objs, "PodDisruptionBudget"), "1", "spec", "minAvailable")
+			checkServiceMonitor(t, objs)
+		},
+	},
+	{
+		name: "custom", release: "edge", namespace: "mesh",
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			wantArgs(t, containerArgs(t, objs), "--leader-elect", "--xds-server-address=xds.mesh.example.com:443", "--zap-log-level=debug")
+			d := find(t, objs, "Deployment")
+			wantString(t, d, "edge-scopeplane", "metadata", "name")
+			wantString(t, d, "2", "spec", "template", "spec", "containers", "0", "resources", "limits", "cpu")
+			wantString(t, d, "registry.example.com/scopeplane:0.2.0-rc.1", "spec", "template", "spec", "containers", "0", "image")
+			if o := findOptional(objs, "PodDisruptionBudget"); o != nil {
+				t.Error("one replica must not get a PodDisruptionBudget: it would block node drains")
+			}
+		},
+	},
+	{
+		name: "byo-serviceaccount", release: "scopeplane", namespace: "scopeplane-system",
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			for _, kind := range []string{"ServiceAccount", "ClusterRole", "ClusterRoleBinding"} {
+				if o := findOptional(objs, kind); o != nil {
+					t.Errorf("serviceAccount.create=false and rbac.create=false must not render a %s", kind)
+				}
+			}
+			wantString(t, find(t, objs, "Deployment"), "platform-scopeplane", "spec", "template", "spec", "serviceAccountName")
+			pdb := find(t, objs, "PodDisruptionBudget")
+			wantString(t, pdb, "50%", "spec", "maxUnavailable")
+			if _, found, _ := unstructured.NestedFieldNoCopy(pdb.Object, "spec", "minAvailable"); found {
+				t.Error("maxUnavailable replaces minAvailable; the PodDisruptionBudget has both")
+			}
+		},
+	},
+}
+
+// helmPath is the pinned helm binary. The tests fail, rather than skip,
+// without it: `make test` provides it.
+func helmPath(t *testing.T) string {
+	t.Helper()
+	path := os.Getenv("HELM")
+	if path == "" {
+		t.Fatal("HELM is not set: run the tests with `make test`, or export HELM=$(hack/helm.sh)")
+	}
+	if _, err := os.Stat(path); err != nil {
+		t.Fatalf("HELM=%s: %v (hack/helm.sh builds it)", path, err)
+	}
+	return path
+}
+
+// runHelm runs helm with its config, cache and data in a temporary directory,
+// so that the tests neither read nor write the user's Helm state.
+func runHelm(t *testing.T, args ...string) (stdout, stderr string, err error) {
+	t.Helper()
+	home := t.TempDir()
+	cmd := exec.Command(helmPath(t), args...)
+	cmd.Env = append(os.Environ(),
+		"HELM_CONFIG_HOME="+filepath.Join(home, "config"),
+		"HELM_CACHE_HOME="+filepath.Join(home, "cache"),
+		"HELM_DATA_HOME="+filepath.Join(home, "data"),
+	)
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err = cmd.Run()
+	return out.String(), errOut.String(), err
+}
+
+// valuesFile is the values file of a case, or "" when it has none.
+func (c renderCase) valuesFile(t *testing.T) string {
+	t.Helper()
+	path := filepath.Join("testdata", c.name+".values.yaml")
+	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+		return ""
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// helmArgs are the arguments of helm template that render chart with the
+// case's release name, namespace and values.
+func (c renderCase) helmArgs(t *testing.T, chart string) []string {
+	t.Helper()
+	args := []string{c.release, chart, "--namespace", c.namespace}
+	if f := c.valuesFile(t); f != "" {
+		args = append(args, "--values", f)
+	}
+	return args
+}
+
+// render runs helm template for the case.
+func (c renderCase) render(t *testing.T) string {
+	t.Helper()
+	out, stderr, err := runHelm(t, append([]string{"template"}, c.helmArgs(t, chartDir)...)...)
+	if err != nil {
+		t.Fatalf("helm template: %v\n%s", err, stderr)
+	}
+	return out
+}
+
+func TestLint(t *testing.T) {
+	for _, c := range renderCases {
+		t.Run(c.name, func(t *testing.T) {
+			args := []string{"lint", "--strict", chartDir, "--namespace", c.namespace}
+			if f := c.valuesFile(t); f != "" {
+				args = append(args, "--values", f)
+			}
+			out, stderr, err := runHelm(t, args...)
+			if err != nil {
+				t.Fatalf("helm lint: %v\n%s%s", err, out, stderr)
+			}
+			if !strings.Contains(out, "0 chart(s) failed") {
+				t.Fatalf("helm lint did not pass:\n%s", out)
+			}
+		})
+	}
+}
+
+// TestTemplateGolden compares each case's render with its golden file
+// (rewritten with -update), then runs the case's own checks. The RBAC rules
+// are left out of the goldens: they are controller-gen's, and
+// TestRBACFollowsGenerated compares them with config/rbac/role.yaml.
+func TestTemplateGolden(t *testing.T) {
+	for _, c := range renderCases {
+		t.Run(c.name, func(t *testing.T) {
+			rendered := c.render(t)
+			got := withoutGeneratedRules(rendered)
+			golden := filepath.Join("testdata", c.name+".golden.yaml")
+			if *update {
+				if err := os.WriteFile(golden, []byte(got), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			want, err := os.ReadFile(golden)
+			if err != nil {
+				t.Fatalf("%v (run `go test ./test/chart -update` to create it)", err)
+			}
+			if diff := cmp.Diff(string(want), got); diff != "" {
+				t.Errorf("helm template differs from %s (-want +got); if the change is intended, run `go test ./test/chart -update`:\n%s", golden, diff)
+			}
+			c.check(t, decode(t, rendered))
+		})
+	}
+}
+
+// rulesPlaceholder stands for the generated rules in the goldens.
+const rulesPlaceholder = "rules: [] # the rules of config/rbac/role.yaml, compared by TestRBACFollowsGenerated\n"
+
+// withoutGeneratedRules replaces the rules of the rendered ClusterRole and
+// Role, which come verbatim from controller-gen, by rulesPlaceholder.
+func withoutGeneratedRules(rendered string) string {
+	docs := strings.Split(rendered, "\n---\n")
+	for i, doc := range docs {
+		if !strings.Contains(doc, "# Source: scopeplane/templates/rbac.yaml") {
+			continue
+		}
+		if !strings.Contains(doc, "\nkind: ClusterRole\n") && !strings.Contains(doc, "\nkind: Role\n") {
+			continue
+		}
+		if at := strings.Index(doc, "\nrules:\n"); at >= 0 {
+			docs[i] = doc[:at+1] + strings.TrimSuffix(rulesPlaceholder, "\n")
+		}
+	}
+	out := strings.Join(docs, "\n---\n")
+	if strings.HasSuffix(rendered, "\n") && !strings.HasSuffix(out, "\n") {
+		out += "\n"
+	}
+	return out
+}
+
+func TestSchemaRefusesInvalidValues(t *testing.T) {
+	for _, c := range []struct {
+		name, values string
+		want         []string
+	}{
+		{"replicas as a word", `replicas: three`, []string{"at '/replicas': got string, want integer"}},
+		{"negative replicas", `replicas: -1`, []string{"at '/replicas': minimum: got -1, want 0"}},
+		{"misspelt key", `replica: 3`, []string{"additional properties 'replica' not allowed"}},
+		{"pull policy", `image: {pullPolicy: Sometimes}`, []string{"at '/image/pullPolicy': value must be one of 'Always', 'IfNotPresent', 'Never'"}},
+		{"xds address with a scheme", `xds: {advertisedAddress: "https://xds.example.com"}`, []string{"at '/xds/advertisedAddress': 'https://xds.example.com' does not match pattern"}},
+		{"port out of range", `service: {xdsPort: 70000}`, []string{"at '/service/xdsPort': maximum: got 70,000, want 65,535"}},
+		{"memory", `resources: {limits: {memory: lots}}`, []string{"at '/resources/limits/memory': 'lots' does not match pattern"}},
+		{"percentage without %", `podDisruptionBudget: {maxUnavailable: "50"}`, []string{"at '/podDisruptionBudget/maxUnavailable': '50' does not match pattern '^[0-9]+%$'"}},
+		{"leader election as a string", `leaderElection: {enabled: "yes"}`, []string{"at '/leaderElection/enabled': got string, want boolean"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			values := filepath.Join(t.TempDir(), "values.yaml")
+			if err := os.WriteFile(values, []byte(c.values+"\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			out, stderr, err := runHelm(t, "template", "scopeplane", chartDir, "--values", values)
+			if err == nil {
+				t.Fatalf("helm template accepted %q:\n%s", c.values, out)
+			}
+			if !strings.Contains(stderr, "values don't meet the specifications of the schema") {
+				t.Errorf("helm template failed for another reason than the schema:\n%s", stderr)
+			}
+			for _, w := range c.want {
+				if !strings.Contains(stderr, w) {
+					t.Errorf("the error does not say %q:\n%s", w, stderr)
+				}
+			}
+		})
+	}
+}
+
+// TestChartCopiesAreCurrent checks that the CRDs and the RBAC manifest in the
+// chart are the ones controller-gen generated, as `make manifests` copies
+// them (`make verify` catches the same from a dirty tree; this says how to
+// fix it).
+func TestChartCopiesAreCurrent(t *testing.T) {
+	root := localapi.RepoRoot()
+	sameFile(t, filepath.Join(root, "config", "rbac", "role.yaml"), filepath.Join(chartDir, "files", "role.yaml"))
+	bases, err := filepath.Glob(filepath.Join(root, "config", "crd", "bases", "*.yaml"))
+	if err != nil || len(bases) == 0 {
+		t.Fatalf("no CRDs in config/crd/bases (%v)", err)
+	}
+	copies, err := filepath.Glob(filepath.Join(chartDir, "crds", "*.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := func(paths []string) (out []string) {
+		for _, p := range paths {
+			out = append(out, filepath.Base(p))
+		}
+		return out
+	}
+	if diff := cmp.Diff(names(bases), names(copies)); diff != "" {
+		t.Errorf("charts/scopeplane/crds does not hold the CRDs of config/crd/bases (-want +got); run `make manifests`:\n%s", diff)
+	}
+	for _, b := range bases {
+		sameFile(t, b, filepath.Join(chartDir, "crds", filepath.Base(b)))
+	}
+}
+
+func sameFile(t *testing.T, generated, copied string) {
+	t.Helper()
+	want, err := os.ReadFile(generated)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(copied)
+	if err != nil {
+		t.Errorf("%v: run `make manifests`", err)
+		return
+	}
+	if !bytes.Equal(want, got) {
+		t.Errorf("%s is not a copy of %s: run `make manifests`", copied, generated)
+	}
+}
+
+// TestRBACFollowsGenerated checks that the rendered ClusterRole carries
+// exactly the rules controller-gen generated, and that those rules stay
+// within what scopeplane is meant to do.
+func TestRBACFollowsGenerated(t *testing.T) {
+	generated := rolesOf(t, mustRead(t, filepath.Join(localapi.RepoRoot(), "config", "rbac", "role.yaml")))
+	c := renderCases[0]
+	rendered := rolesOf(t, []byte(c.render(t)))
+	if len(generated["ClusterRole"]) == 0 {
+		t.Fatal("config/rbac/role.yaml has no ClusterRole")
+	}
+	for _, kind := range []string{"ClusterRole", "Role"} {
+		if diff := cmp.Diff(generated[kind], rendered[kind]); diff != "" {
+			t.Errorf("the chart's %s rules differ from config/rbac/role.yaml (-generated +chart):\n%s", kind, diff)
+		}
+	}
+	checkLeastPrivilege(t, append(generated["ClusterRole"], generated["Role"]...))
+}
+
+// allowedAccess is everything scopeplane may do, by "group/resource": read
+// Services, EndpointSlices and Namespaces; read ProxyScopes and write their
+// status; write the bootstrap ConfigMaps; hold the leader election Lease;
+// record Events. A new permission must be added here on purpose.
+var allowedAccess = map[string][]string{
+	"/services":                             {"get", "list", "watch"},
+	"discovery.k8s.io/endpointslices":       {"get", "list", "watch"},
+	"/namespaces":                           {"get", "list", "watch"},
+	"xds.scopeplane.dev/proxyscopes":        {"get", "list", "watch"},
+	"xds.scopeplane.dev/proxyscopes/status": {"get", "update", "patch"},
+	"/configmaps":                           {"get", "list", "watch", "create", "update", "patch", "delete"},
+	"coordination.k8s.io/leases":            {"get", "list", "watch", "create", "update", "patch", "delete"},
+	"/events":                               {"create", "patch"},
+	"events.k8s.io/events":                  {"create", "patch"},
+}
+
+func checkLeastPrivilege(t *testing.T, rules []rbacv1.PolicyRule) {
+	t.Helper()
+	for _, r := range rules {
+		if len(r.NonResourceURLs) > 0 {
+			t.Errorf("the generated RBAC grants non-resource URLs %q, which scopeplane should not need", r.NonResourceURLs)
+		}
+		for _, g := range r.APIGroups {
+			for _, res := range r.Resources {
+				allowed, ok := allowedAccess[g+"/"+res]
+				if !ok {
+					t.Errorf("the generated RBAC grants access to %q in group %q, which scopeplane should not need (allowedAccess in test/chart)", res, g)
+					continue
+				}
+				for _, v := range r.Verbs {
+					if !slices.Contains(allowed, v) {
+						t.Errorf("the generated RBAC grants %q on %q in group %q, beyond %q", v, res, g, allowed)
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestRBACFromGeneratedRole renders a copy of the chart whose files/role.yaml
+// holds, besides the ClusterRole, a namespaced Role (what controller-gen emits
+// for a marker with namespace=...): it becomes a Role and RoleBinding in the
+// release namespace.
+func TestRBACFromGeneratedRole(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "scopeplane")
+	copyDir(t, chartDir, dir)
+	role := `---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata:
+  name: scopeplane
+rules:
+- apiGroups: [""]
+  resources: [services]
+  verbs: [get, list, watch]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata:
+  name: scopeplane
+  namespace: system
+rules:
+- apiGroups: [coordination.k8s.io]
+  resources: [leases]
+  verbs: [get, create, update]
+`
+	if err := os.WriteFile(filepath.Join(dir, "files", "role.yaml"), []byte(role), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, stderr, err := runHelm(t, "template", "sp", dir, "--namespace", "ops")
+	if err != nil {
+		t.Fatalf("helm template: %v\n%s", err, stderr)
+	}
+	objs := decode(t, out)
+	r := find(t, objs, "Role")
+	wantString(t, r, "ops", "metadata", "namespace")
+	wantString(t, r, "sp-scopeplane", "metadata", "name")
+	rb := find(t, objs, "RoleBinding")
+	wantString(t, rb, "ops", "metadata", "namespace")
+	wantString(t, rb, "Role", "roleRef", "kind")
+	wantString(t, rb, "sp-scopeplane", "subjects", "0", "name")
+	wantString(t, rb, "ops", "subjects", "0", "namespace")
+	if diff := cmp.Diff(rolesOf(t, []byte(role)), rolesOf(t, []byte(out))); diff != "" {
+		t.Errorf("rules differ (-generated +chart):\n%s", diff)
+	}
+
+	if err := os.WriteFile(filepath.Join(dir, "files", "role.yaml"), []byte("kind: Secret\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, stderr, err := runHelm(t, "template", "sp", dir); err == nil || !strings.Contains(stderr, "files/role.yaml holds a Secret") {
+		t.Errorf("an unexpected kind in files/role.yaml must fail the render; got %v:\n%s", err, stderr)
+	}
+}
+
+// rolesOf returns the rules of every ClusterRole and Role in a manifest, by kind.
+func rolesOf(t *testing.T, manifest []byte) map[string][]rbacv1.PolicyRule {
+	t.Helper()
+	out := map[string][]rbacv1.PolicyRule{}
+	for _, o := range decode(t, string(manifest)) {
+		if o.GetKind() != "ClusterRole" && o.GetKind() != "Role" {
+			continue
+		}
+		data, err := yaml.Marshal(o.Object["rules"])
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rules []rbacv1.PolicyRule
+		if err := yaml.UnmarshalStrict(data, &rules); err != nil {
+			t.Fatal(err)
+		}
+		out[o.GetKind()] = append(out[o.GetKind()], rules...)
+	}
+	return out
+}
+
+// decode parses a multi-document manifest into objects, skipping empty documents.
+func decode(t *testing.T, manifest string) []*unstructured.Unstructured {
+	t.Helper()
+	dec := k8syaml.NewYAMLOrJSONDecoder(strings.NewReader(manifest), 4096)
+	var objs []*unstructured.Unstructured
+	for {
+		var m map[string]any
+		if err := dec.Decode(&m); errors.Is(err, io.EOF) {
+			return objs
+		} else if err != nil {
+			t.Fatalf("decoding the manifest: %v", err)
+		}
+		if len(m) > 0 {
+			objs = append(objs, &unstructured.Unstructured{Object: m})
+		}
+	}
+}
+
+func findOptional(objs []*unstructured.Unstructured, kind string) *unstructured.Unstructured {
+	for _, o := range objs {
+		if o.GetKind() == kind {
+			return o
+		}
+	}
+	return nil
+}
+
+func find(t *testing.T, objs []*unstructured.Unstructured, kind string) *unstructured.Unstructured {
+	t.Helper()
+	o := findOptional(objs, kind)
+	if o == nil {
+		t.Fatalf("no %s rendered", kind)
+	}
+	return o
+}
+
+// field walks maps by key and lists by decimal index.
+func field(obj any, path ...string) (any, bool) {
+	for _, p := range path {
+		switch v := obj.(type) {
+		case map[string]any:
+			next, ok := v[p]
+			if !ok {
+				return nil, false
+			}
+			obj = next
+		case []any:
+			var i int
+			if _, err := fmt.Sscan(p, &i); err != nil || i < 0 || i >= len(v) {
+				return nil, false
+			}
+			obj = v[i]
+		default:
+			return nil, false
+		}
+	}
+	return obj, true
+}
+
+func wantString(t *testing.T, o *unstructured.Unstructured, want string, path ...string) {
+	t.Helper()
+	got, ok := field(o.Object, path...)
+	if !ok {
+		t.Errorf("%s %s has no %s", o.GetKind(), o.GetName(), strings.Join(path, "."))
+		return
+	}
+	if fmt.Sprint(got) != want {
+		t.Errorf("%s %s: %s = %v, want %s", o.GetKind(), o.GetName(), strings.Join(path, "."), got, want)
+	}
+}
+
+func containerArgs(t *testing.T, objs []*unstructured.Unstructured) []string {
+	t.Helper()
+	raw, ok := field(find(t, objs, "Deployment").Object, "spec", "template", "spec", "containers", "0", "args")
+	if !ok {
+		t.Fatal("the Deployment's container has no args")
+	}
+	var args []string
+	for _, a := range raw.([]any) {
+		args = append(args, fmt.Sprint(a))
+	}
+	return args
+}
+
+func wantArgs(t *testing.T, args []string, want ...string) {
+	t.Helper()
+	for _, w := range want {
+		if !slices.Contains(args, w) {
+			t.Errorf("the container args %q lack %q", args, w)
+		}
+	}
+}
+
+// checkServiceMonitor checks the ServiceMonitor the API server cannot
+// validate here (envtest has no Prometheus Operator CRDs): it scrapes the
+// metrics port of the chart's Service, in the release namespace.
+func checkServiceMonitor(t *testing.T, objs []*unstructured.Unstructured) {
+	t.Helper()
+	sm := find(t, objs, "ServiceMonitor")
+	svc := find(t, objs, "Service")
+	wantString(t, sm, "monitoring.coreos.com/v1", "apiVersion")
+	wantString(t, sm, svc.GetNamespace(), "metadata", "namespace")
+	wantString(t, sm, "kube-prometheus-stack", "metadata", "labels", "release")
+	wantString(t, sm, "metrics", "spec", "endpoints", "0", "port")
+	wantString(t, sm, "/metrics", "spec", "endpoints", "0", "path")
+	wantString(t, sm, "15s", "spec", "endpoints", "0", "interval")
+	wantString(t, sm, "10s", "spec", "endpoints", "0", "scrapeTimeout")
+	wantString(t, sm, svc.GetNamespace(), "spec", "namespaceSelector", "matchNames", "0")
+	selector, _, _ := unstructured.NestedStringMap(sm.Object, "spec", "selector", "matchLabels")
+	if len(selector) == 0 {
+		t.Fatal("the ServiceMonitor selects no labels")
+	}
+	for k, v := range selector {
+		if svc.GetLabels()[k] != v {
+			t.Errorf("the ServiceMonitor selects %s=%s, which the Service %s does not carry", k, v, svc.GetName())
+		}
+	}
+	ports, _, _ := unstructured.NestedSlice(svc.Object, "spec", "ports")
+	if !slices.ContainsFunc(ports, func(p any) bool { return p.(map[string]any)["name"] == "metrics" }) {
+		t.Error("the Service has no port named metrics for the ServiceMonitor")
+	}
+}
+
+func mustRead(t *testing.T, path string) []byte {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
+
+func copyDir(t *testing.T, from, to string) {
+	t.Helper()
+	err := filepath.WalkDir(from, func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(from, path)
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			return os.MkdirAll(filepath.Join(to, rel), 0o755)
+		}
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		return os.WriteFile(filepath.Join(to, rel), data, 0o644)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
