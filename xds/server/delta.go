@@ -29,6 +29,9 @@ type deltaType struct {
 	inflight map[string]map[string]string
 	version  map[string]string // nonce → system_version_info
 	nacked   bool
+	// retry holds the names a rejected response carried; they are sent
+	// again with the next change of the type, never alone (that would loop).
+	retry map[string]struct{}
 }
 
 func (ts *deltaType) subscribed(name string) bool {
@@ -118,7 +121,7 @@ func (st *delta) handle(req *discoveryv3.DeltaDiscoveryRequest) error {
 	}
 	ts := st.types[t]
 	if ts == nil {
-		ts = &deltaType{names: map[string]struct{}{}, held: map[string]string{}, inflight: map[string]map[string]string{}, version: map[string]string{}}
+		ts = &deltaType{names: map[string]struct{}{}, held: map[string]string{}, inflight: map[string]map[string]string{}, version: map[string]string{}, retry: map[string]struct{}{}}
 		st.types[t] = ts
 	}
 	if nonce := req.GetResponseNonce(); nonce != "" {
@@ -135,6 +138,7 @@ func (st *delta) handle(req *discoveryv3.DeltaDiscoveryRequest) error {
 					} else {
 						ts.held[name] = prev
 					}
+					ts.retry[name] = struct{}{}
 				}
 				ts.nacked = true
 				st.srv.fb.NACKed(st.key, st.id, t.URL(), version, d.GetMessage())
@@ -235,7 +239,7 @@ func (st *delta) diff(v snapshot.View, t snapshot.Type, ts *deltaType, name stri
 func (st *delta) push() error {
 	var (
 		resps [snapshot.NumTypes]*deltaResponse
-		late  *deltaResponse
+		late  []*deltaResponse
 		err   error
 	)
 	st.sc.Read(func(v snapshot.View) {
@@ -274,14 +278,24 @@ func (st *delta) push() error {
 				}
 			}
 			if len(resp.res) > 0 || len(resp.removed) > 0 {
+				for name := range ts.retry {
+					consider(name)
+				}
+				clear(ts.retry)
 				resps[t] = resp
 			}
 		}
-		if c := resps[snapshot.Clusters]; c != nil && len(c.removed) > 0 && (resps[snapshot.Listeners] != nil || resps[snapshot.Routes] != nil) {
-			late = &deltaResponse{t: snapshot.Clusters, version: c.version, removed: c.removed}
-			c.removed = nil
-			if len(c.res) == 0 {
-				resps[snapshot.Clusters] = nil
+		if resps[snapshot.Listeners] != nil || resps[snapshot.Routes] != nil {
+			// Make before break: clusters and their endpoints go away only
+			// after the listeners and routes that used them changed.
+			for _, t := range []snapshot.Type{snapshot.Clusters, snapshot.Endpoints} {
+				if r := resps[t]; r != nil && len(r.removed) > 0 {
+					late = append(late, &deltaResponse{t: t, version: r.version, removed: r.removed})
+					r.removed = nil
+					if len(r.res) == 0 {
+						resps[t] = nil
+					}
+				}
 			}
 		}
 		st.rev, st.ver, st.revTime, st.wake = v.Rev(), v.Version(), v.RevTime(), v.Wake()
@@ -296,8 +310,8 @@ func (st *delta) push() error {
 			}
 		}
 	}
-	if late != nil {
-		if err := st.send(late); err != nil {
+	for _, r := range late {
+		if err := st.send(r); err != nil {
 			return err
 		}
 	}

@@ -29,6 +29,11 @@ type sotwType struct {
 	version string
 	pending bool
 	nacked  bool
+	// last lists the resources of the last response; retry, the names of
+	// a rejected Endpoints or Routes response, sent again with the next
+	// change of the type (never alone: that would loop on the rejection).
+	last  []*snapshot.Resource
+	retry map[string]struct{}
 	// held is what the proxy holds from us: the last full set for
 	// Clusters and Listeners, every resource sent for Endpoints and Routes.
 	held map[string]*snapshot.Resource
@@ -131,7 +136,7 @@ func (st *sotw) handle(req *discoveryv3.DiscoveryRequest) error {
 	}
 	ts := st.types[t]
 	if ts == nil {
-		ts = &sotwType{held: map[string]*snapshot.Resource{}}
+		ts = &sotwType{held: map[string]*snapshot.Resource{}, retry: map[string]struct{}{}}
 		st.types[t] = ts
 	}
 	nonce := req.GetResponseNonce()
@@ -144,6 +149,14 @@ func (st *sotw) handle(req *discoveryv3.DiscoveryRequest) error {
 			// The proxy keeps its last good configuration; the rejected
 			// version is not sent again, only a newer one will be.
 			ts.nacked = true
+			if !fullState(t) {
+				for _, r := range ts.last {
+					if ts.held[r.Name] == r {
+						delete(ts.held, r.Name)
+						ts.retry[r.Name] = struct{}{}
+					}
+				}
+			}
 			st.srv.fb.NACKed(st.key, st.id, t.URL(), ts.version, d.GetMessage())
 		} else {
 			ts.nacked = false
@@ -292,6 +305,10 @@ func (st *sotw) push() error {
 				v.All(t, func(r *snapshot.Resource) { consider(r.Name) })
 			}
 			if len(res) > 0 {
+				for name := range ts.retry {
+					consider(name)
+				}
+				clear(ts.retry)
 				resps[t] = &sotwResponse{t: t, version: v.TypeVersion(t), res: res}
 			}
 		}
@@ -303,16 +320,20 @@ func (st *sotw) push() error {
 	if err != nil {
 		return err
 	}
+	var final *sotwResponse
 	if early != nil {
-		if err := st.send(early); err != nil {
-			return err
-		}
+		final, resps[snapshot.Clusters] = resps[snapshot.Clusters], early
 	}
 	for t := range snapshot.NumTypes {
 		if resps[t] != nil {
 			if err := st.send(resps[t]); err != nil {
 				return err
 			}
+		}
+	}
+	if final != nil {
+		if err := st.send(final); err != nil {
+			return err
 		}
 	}
 	st.reportSynced()
@@ -353,7 +374,7 @@ func (st *sotw) send(r *sotwResponse) error {
 	if err := st.stream.Send(resp); err != nil {
 		return err
 	}
-	ts.nonce, ts.version, ts.pending = resp.GetNonce(), r.version, true
+	ts.nonce, ts.version, ts.pending, ts.last = resp.GetNonce(), r.version, true, r.res
 	if r.full {
 		clear(ts.held)
 	}

@@ -1,0 +1,63 @@
+package conformance
+
+import (
+	"fmt"
+	"testing"
+
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/scopeplane/scopeplane/xds/adsclient"
+)
+
+// TestEndpointChangeBytesAt1000Services measures what one endpoint change
+// costs on the wire in a scope of 1,000 Services, in both protocols, and
+// holds it to 1.2× the smallest valid response that carries only the
+// changed assignment (its name, version, type URL and a nonce).
+func TestEndpointChangeBytesAt1000Services(t *testing.T) {
+	for _, pr := range protocols {
+		t.Run(pr.name, func(t *testing.T) {
+			p := newPlane(t)
+			var names []string
+			for i := range 1000 {
+				p.cat.UpsertService(service("shop", fmt.Sprintf("svc-%04d", i), "10.0.0.1", "10.0.0.2", "10.0.0.3"))
+				names = append(names, fmt.Sprintf("shop/svc-%04d:80", i))
+			}
+			p.cat.UpsertScope(envoyScope("shop", "gw", pr.scope))
+			p.sync()
+			px := p.connect(wildcard(pr.client, node("envoy-1", "shop/gw")))
+			px.wait("1,000 clusters", func(c *adsclient.Client) bool { return len(c.State(adsclient.EndpointType)) == 1000 })
+			initial := px.Stats().Bytes
+			before := len(px.settled())
+
+			p.cat.UpsertService(service("shop", "svc-0500", "10.0.0.1", "10.0.0.2", "10.0.0.9"))
+			p.sync()
+			px.wait("the change", func(c *adsclient.Client) bool { return len(c.Events()) > before })
+			evs := px.settled()[before:]
+			if len(evs) != 1 || len(evs[0].Names) != 1 {
+				t.Fatalf("one endpoint change sent %v", summary(evs))
+			}
+			got := evs[0].Bytes
+			held := px.State(adsclient.EndpointType)["shop/svc-0500:80"]
+			limit := minimalResponse(pr.client, held, evs[0])
+			t.Logf("%s, 1,000 Services: initial sync %d bytes; one endpoint change %d bytes (limit %d, %.2f×)",
+				pr.name, initial, got, limit, float64(got)/float64(limit))
+			if float64(got) > 1.2*float64(limit) {
+				t.Errorf("one endpoint change cost %d bytes, more than 1.2× the limit of %d", got, limit)
+			}
+		})
+	}
+}
+
+// minimalResponse is the size of the smallest valid response carrying only
+// the changed resource.
+func minimalResponse(p adsclient.Protocol, h adsclient.Held, e adsclient.Event) int {
+	res := &anypb.Any{TypeUrl: h.Resource.GetTypeUrl(), Value: h.Resource.GetValue()}
+	if p == adsclient.SotW {
+		return proto.Size(&discoveryv3.DiscoveryResponse{VersionInfo: e.Version, TypeUrl: e.TypeURL, Nonce: e.Nonce, Resources: []*anypb.Any{res}})
+	}
+	return proto.Size(&discoveryv3.DeltaDiscoveryResponse{TypeUrl: e.TypeURL, Nonce: e.Nonce, Resources: []*discoveryv3.Resource{{
+		Name: e.Names[0], Version: h.Version, Resource: res,
+	}}})
+}

@@ -1,0 +1,343 @@
+package conformance
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/scopeplane/scopeplane/xds/adsclient"
+	"github.com/scopeplane/scopeplane/xds/model"
+)
+
+var protocols = []struct {
+	name   string
+	client adsclient.Protocol
+	scope  model.Protocol
+}{{"SotW", adsclient.SotW, model.SotW}, {"Delta", adsclient.Delta, model.Delta}}
+
+// world puts three Services in namespace shop, served by scope shop/gw.
+func world(t *testing.T, protocol model.Protocol) *plane {
+	p := newPlane(t)
+	for _, name := range []string{"a", "b", "c"} {
+		p.cat.UpsertService(service("shop", name, "10.0.0.1", "10.0.0.2"))
+	}
+	p.cat.UpsertScope(envoyScope("shop", "gw", protocol))
+	p.sync()
+	return p
+}
+
+// synced waits until the proxy holds exactly these clusters with their
+// endpoints, the listener and its routes. A SotW proxy never deletes
+// endpoints by omission (Envoy drops them with their cluster), so it may
+// hold more.
+func synced(px *proxy, clusters ...string) {
+	px.t.Helper()
+	px.wait("the sync", func(c *adsclient.Client) bool {
+		eds := holds(adsclient.EndpointType, clusters...)(c)
+		if px.protocol == adsclient.SotW {
+			held := c.State(adsclient.EndpointType)
+			eds = true
+			for _, n := range clusters {
+				_, ok := held[n]
+				eds = eds && ok
+			}
+		}
+		return holds(adsclient.ClusterType, clusters...)(c) && eds &&
+			holds(adsclient.ListenerType, "http-10080")(c) && holds(adsclient.RouteType, "http-10080")(c)
+	})
+}
+
+func TestInitialSyncInADSOrder(t *testing.T) {
+	for _, pr := range protocols {
+		t.Run(pr.name, func(t *testing.T) {
+			p := world(t, pr.scope)
+			px := p.connect(wildcard(pr.client, node("envoy-1", "shop/gw")))
+			synced(px, "shop/a:80", "shop/b:80", "shop/c:80")
+			got := summary(px.settled())
+			want := []string{"CDS[shop/a:80 shop/b:80 shop/c:80]", "EDS[shop/a:80 shop/b:80 shop/c:80]", "LDS[http-10080]", "RDS[http-10080]"}
+			if !slices.Equal(sortNames(got), want) {
+				t.Errorf("initial sync sent\n%v\nwant one response per type:\n%v", got, want)
+			}
+			// Clusters before their endpoints, listeners before their routes.
+			order := map[string]int{}
+			for i, e := range px.Events() {
+				order[short(e.TypeURL)] = i
+			}
+			if order["CDS"] > order["EDS"] || order["LDS"] > order["RDS"] {
+				t.Errorf("responses out of ADS order: %v", got)
+			}
+		})
+	}
+}
+
+// sortNames sorts the names inside each summary entry ("TYPE[names]" or
+// "TYPE[names]-[removed]"), since a response lists resources in no
+// particular order, and then the entries.
+func sortNames(s []string) []string {
+	sortList := func(l string) string {
+		names := strings.Fields(strings.Trim(l, "[]"))
+		slices.Sort(names)
+		return "[" + strings.Join(names, " ") + "]"
+	}
+	out := make([]string, len(s))
+	for i, e := range s {
+		typ, rest, _ := strings.Cut(e, "[")
+		upserted, removed, hasRemoved := strings.Cut("["+rest, "]-[")
+		out[i] = typ + sortList(upserted)
+		if hasRemoved {
+			out[i] += "-" + sortList(removed)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+func TestOneEndpointChangeSendsOneAssignment(t *testing.T) {
+	for _, pr := range protocols {
+		t.Run(pr.name, func(t *testing.T) {
+			p := world(t, pr.scope)
+			px := p.connect(wildcard(pr.client, node("envoy-1", "shop/gw")))
+			synced(px, "shop/a:80", "shop/b:80", "shop/c:80")
+			before := len(px.settled())
+			p.cat.UpsertService(service("shop", "b", "10.0.0.1", "10.0.0.9"))
+			p.sync()
+			px.wait("the new endpoint", func(c *adsclient.Client) bool {
+				return strings.Contains(c.State(adsclient.EndpointType)["shop/b:80"].Resource.String(), "10.0.0.9")
+			})
+			got := summary(px.settled()[before:])
+			if want := []string{"EDS[shop/b:80]"}; !slices.Equal(got, want) {
+				t.Errorf("one endpoint change sent %v, want %v (no CDS, LDS or RDS)", got, want)
+			}
+		})
+	}
+}
+
+func TestServiceAddedAndRemoved(t *testing.T) {
+	for _, pr := range protocols {
+		t.Run(pr.name, func(t *testing.T) {
+			p := world(t, pr.scope)
+			px := p.connect(wildcard(pr.client, node("envoy-1", "shop/gw")))
+			synced(px, "shop/a:80", "shop/b:80", "shop/c:80")
+
+			before := len(px.settled())
+			p.cat.UpsertService(service("shop", "d", "10.0.0.4"))
+			p.sync()
+			synced(px, "shop/a:80", "shop/b:80", "shop/c:80", "shop/d:80")
+			got := sortNames(summary(px.settled()[before:]))
+			want := []string{"CDS[shop/d:80]", "EDS[shop/d:80]", "RDS[http-10080]"}
+			if pr.client == adsclient.SotW {
+				want[0] = "CDS[shop/a:80 shop/b:80 shop/c:80 shop/d:80]" // the full set
+			}
+			if !slices.Equal(got, want) {
+				t.Errorf("adding a Service sent %v, want %v", got, want)
+			}
+
+			before = len(px.Events())
+			p.cat.DeleteService(model.Key{Namespace: "shop", Name: "a"})
+			p.sync()
+			synced(px, "shop/b:80", "shop/c:80", "shop/d:80")
+			got = summary(px.settled()[before:])
+			// Make before break: the route stops using the cluster before the
+			// cluster goes away.
+			var wantSeq []string
+			if pr.client == adsclient.SotW {
+				wantSeq = []string{"CDS[all 4]", "RDS[http-10080]", "CDS[3]"}
+			} else {
+				wantSeq = []string{"RDS[http-10080]", "CDS[]-[shop/a:80]"}
+			}
+			if fmt.Sprint(normalizeRemoval(got, pr.client)) != fmt.Sprint(wantSeq) {
+				t.Errorf("removing a Service sent %v, want %v", got, wantSeq)
+			}
+			if _, ok := px.State(adsclient.EndpointType)["shop/a:80"]; ok && pr.client == adsclient.Delta {
+				t.Error("a delta proxy still holds the removed Service's endpoints")
+			}
+		})
+	}
+}
+
+// normalizeRemoval abbreviates full cluster sets, and drops the endpoint
+// removal a delta server may send along with the cluster's (its position
+// does not matter once the cluster is gone).
+func normalizeRemoval(evs []string, p adsclient.Protocol) []string {
+	var out []string
+	for _, e := range evs {
+		switch {
+		case p == adsclient.SotW && strings.HasPrefix(e, "CDS["):
+			out = append(out, fmt.Sprintf("CDS[%d]", len(strings.Fields(strings.Trim(e[3:], "[]")))))
+		case strings.HasPrefix(e, "EDS[]-"):
+			continue
+		default:
+			out = append(out, e)
+		}
+	}
+	if len(out) > 0 && out[0] == "CDS[4]" {
+		out[0] = "CDS[all 4]"
+	}
+	return out
+}
+
+func TestDeltaSubscribeAndUnsubscribe(t *testing.T) {
+	p := world(t, model.Delta)
+	px := p.connect(adsclient.Config{
+		Protocol: adsclient.Delta, Node: node("envoy-1", "shop/gw"), RecordEvents: true,
+		Types: []string{adsclient.EndpointType}, Names: map[string][]string{adsclient.EndpointType: {"shop/a:80"}},
+	})
+	px.wait("the subscribed assignment", holds(adsclient.EndpointType, "shop/a:80"))
+	if err := px.Subscribe(adsclient.EndpointType, "shop/b:80", "shop/missing:80"); err != nil {
+		t.Fatal(err)
+	}
+	px.wait("the second assignment", holds(adsclient.EndpointType, "shop/a:80", "shop/b:80"))
+	evs := px.settled()
+	last := evs[len(evs)-1]
+	if !slices.Equal(last.Names, []string{"shop/b:80"}) || !slices.Equal(last.Removed, []string{"shop/missing:80"}) {
+		t.Errorf("subscribing to b and a missing name sent %v removed %v; want b, and the missing name announced as removed", last.Names, last.Removed)
+	}
+	if err := px.Unsubscribe(adsclient.EndpointType, "shop/a:80"); err != nil {
+		t.Fatal(err)
+	}
+	px.wait("a dropped", holds(adsclient.EndpointType, "shop/b:80"))
+	before := len(px.settled())
+	p.cat.UpsertService(service("shop", "a", "10.0.0.7"))
+	p.sync()
+	if got := px.settled()[before:]; len(got) != 0 {
+		t.Errorf("an unsubscribed resource was still pushed: %v", summary(got))
+	}
+}
+
+func TestDeltaReconnectSendsOnlyDifferences(t *testing.T) {
+	p := world(t, model.Delta)
+	c := adsclient.New(wildcard(adsclient.Delta, node("envoy-1", "shop/gw")))
+	px := p.run(c, adsclient.Delta)
+	synced(px, "shop/a:80", "shop/b:80", "shop/c:80")
+	px.stop()
+
+	// Current versions: the reconnect sends nothing but empty first responses.
+	before := len(c.Events())
+	px = p.run(c, adsclient.Delta)
+	px.wait("reconnected", func(c *adsclient.Client) bool { return len(c.Events()) >= before+4 })
+	for _, e := range px.settled()[before:] {
+		if len(e.Names) != 0 || len(e.Removed) != 0 {
+			t.Errorf("a reconnect with current versions got %s %v removed %v", short(e.TypeURL), e.Names, e.Removed)
+		}
+	}
+	px.stop()
+
+	// While disconnected: b's endpoints change, c goes away, d appears.
+	p.cat.UpsertService(service("shop", "b", "10.0.0.8"))
+	p.cat.DeleteService(model.Key{Namespace: "shop", Name: "c"})
+	p.cat.UpsertService(service("shop", "d", "10.0.0.4"))
+	p.sync()
+	before = len(c.Events())
+	px = p.run(c, adsclient.Delta)
+	synced(px, "shop/a:80", "shop/b:80", "shop/d:80")
+	got := sortNames(summary(px.settled()[before:]))
+	want := sortNames([]string{"CDS[shop/d:80]-[shop/c:80]", "EDS[shop/b:80 shop/d:80]-[shop/c:80]", "LDS[]", "RDS[http-10080]"})
+	if !slices.Equal(got, want) {
+		t.Errorf("a reconnect with stale versions got\n%v\nwant only the differences\n%v", got, want)
+	}
+}
+
+func TestDeltaReconnectWithInventedVersions(t *testing.T) {
+	p := world(t, model.Delta)
+	// A proxy that claims a resource that never existed and a wrong version
+	// of one that does: the first is removed, the second resent.
+	cfg := wildcard(adsclient.Delta, node("envoy-1", "shop/gw"))
+	cfg.Types = []string{adsclient.ClusterType}
+	cfg.Wildcard = map[string]bool{adsclient.ClusterType: true}
+	c := adsclient.New(cfg)
+	px := p.run(c, adsclient.Delta)
+	px.wait("clusters", holds(adsclient.ClusterType, "shop/a:80", "shop/b:80", "shop/c:80"))
+	px.stop()
+	p.cat.DeleteService(model.Key{Namespace: "shop", Name: "c"})
+	p.cat.UpsertService(service("shop", "ghost", "10.0.0.5"))
+	p.sync()
+	p.cat.DeleteService(model.Key{Namespace: "shop", Name: "ghost"})
+	p.sync()
+	before := len(c.Events())
+	px = p.run(c, adsclient.Delta)
+	px.wait("c removed", holds(adsclient.ClusterType, "shop/a:80", "shop/b:80"))
+	got := px.settled()[before:]
+	if len(got) != 1 || len(got[0].Names) != 0 || !slices.Equal(got[0].Removed, []string{"shop/c:80"}) {
+		t.Errorf("reconnect claiming a deleted cluster got %v", summary(got))
+	}
+}
+
+func TestNACKIsNotResentUntilANewVersion(t *testing.T) {
+	for _, pr := range protocols {
+		t.Run(pr.name, func(t *testing.T) {
+			p := world(t, pr.scope)
+			cfg := wildcard(pr.client, node("picky", "shop/gw"))
+			cfg.Reject = rejectOnce(adsclient.ClusterType, "cluster shop/a:80: bad timeout")
+			px := p.connect(cfg)
+			px.wait("the NACK", func(c *adsclient.Client) bool { return c.Stats().NACKs == 1 })
+			evs := px.settled()
+			cds := 0
+			for _, e := range evs {
+				if e.TypeURL == adsclient.ClusterType {
+					cds++
+				}
+			}
+			if cds != 1 {
+				t.Errorf("after a NACK the server sent %d cluster responses, want 1 (no resend loop):\n%s", cds, describe(evs))
+			}
+			fb := p.fb.Get(model.Key{Namespace: "shop", Name: "gw"})
+			if len(fb.NACKs) != 1 || fb.NACKs[0].Node != "picky" || fb.NACKs[0].Detail != "cluster shop/a:80: bad timeout" {
+				t.Errorf("feedback NACKs: %+v", fb.NACKs)
+			}
+			// A new version of the clusters is sent and accepted, and with
+			// it the rejected clusters the proxy still lacks.
+			p.cat.UpsertService(service("shop", "d", "10.0.0.4"))
+			p.sync()
+			px.wait("the fixed version", holds(adsclient.ClusterType, "shop/a:80", "shop/b:80", "shop/c:80", "shop/d:80"))
+			px.settled()
+			for _, pxy := range p.fb.Get(model.Key{Namespace: "shop", Name: "gw"}).Proxies {
+				if len(pxy.Nacked) != 0 {
+					t.Errorf("the proxy still counts as NACKing after accepting a new version: %v", pxy.Nacked)
+				}
+			}
+		})
+	}
+}
+
+func TestRefusals(t *testing.T) {
+	p := world(t, model.SotW)
+	cases := []struct {
+		name     string
+		protocol adsclient.Protocol
+		scope    string
+		code     codes.Code
+		says     string
+	}{
+		{"no scope", adsclient.SotW, "", codes.InvalidArgument, `names no ProxyScope: set node.metadata["scopeplane.dev/scope"]`},
+		{"malformed scope", adsclient.SotW, "shop", codes.InvalidArgument, `is not "<namespace>/<name>" of a ProxyScope`},
+		{"unknown scope", adsclient.SotW, "shop/nope", codes.NotFound, `names ProxyScope "shop/nope", which does not exist`},
+		{"wrong protocol", adsclient.Delta, "shop/gw", codes.FailedPrecondition, `ProxyScope "shop/gw" requires the SotW protocol (spec.protocol: SotW) but this proxy opened a Delta stream: set api_type: GRPC`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			px := p.connect(wildcard(tc.protocol, node("knocker", tc.scope)))
+			err := <-px.done
+			if status.Code(err) != tc.code || !strings.Contains(status.Convert(err).Message(), tc.says) {
+				t.Errorf("got %v\nwant %v containing %q", err, tc.code, tc.says)
+			}
+		})
+	}
+	if got := p.fb.Get(model.Key{Namespace: "shop", Name: "gw"}).Refused; got["WrongProtocol"] != 1 {
+		t.Errorf("refusals counted for shop/gw: %v", got)
+	}
+
+	t.Run("unknown type URL", func(t *testing.T) {
+		cfg := wildcard(adsclient.SotW, node("odd", "shop/gw"))
+		cfg.Types = append(cfg.Types, "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret")
+		cfg.Wildcard["type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret"] = true
+		px := p.connect(cfg)
+		err := <-px.done
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "is not served by scopeplane") {
+			t.Errorf("an unknown type URL ended the stream with %v", err)
+		}
+	})
+}
