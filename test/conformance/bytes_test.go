@@ -19,10 +19,8 @@ func TestEndpointChangeBytesAt1000Services(t *testing.T) {
 	for _, pr := range protocols {
 		t.Run(pr.name, func(t *testing.T) {
 			p := newPlane(t)
-			var names []string
 			for i := range 1000 {
 				p.cat.UpsertService(service("shop", fmt.Sprintf("svc-%04d", i), "10.0.0.1", "10.0.0.2", "10.0.0.3"))
-				names = append(names, fmt.Sprintf("shop/svc-%04d:80", i))
 			}
 			p.cat.UpsertScope(envoyScope("shop", "gw", pr.scope))
 			p.sync()
