@@ -79,6 +79,7 @@ test: ## Run every test against a real API server (builds the envtest binaries o
 	assets=$$(hack/envtest.sh); helm=$$(hack/helm.sh); \
 	KUBEBUILDER_ASSETS=$$assets HELM=$$helm go test -count=1 ./...
 	go test -run '^$$' -fuzz '^FuzzTranslate$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 200x ./xds/translate/
+	$(MAKE) demo DEMO_ONCE=1
 
 .PHONY: helm
 helm: ## Build (once, cached) the pinned Helm that tests the chart; print its path.
@@ -91,7 +92,7 @@ build: ## Build the scopeplane binary into bin/.
 	CGO_ENABLED=0 go build -trimpath -o bin/scopeplane .
 
 .PHONY: demo
-demo: ## Start a local API server, install the CRDs, apply the samples and show them (DEMO_ONCE=1: one pass).
+demo: ## Run scopeplane end to end: local API server, operator, backends, scopes, a gRPC xDS client (DEMO_ONCE=1: one pass).
 	assets=$$(hack/envtest.sh); \
 	KUBEBUILDER_ASSETS=$$assets go run ./hack/demo
 

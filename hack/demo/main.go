@@ -1,103 +1,395 @@
-// Command demo is `make demo`: it starts a local kube-apiserver and etcd,
-// installs the ProxyScope CRD, applies config/samples with kubectl, shows that
-// an invalid ProxyScope is refused with a message that says what to change,
-// and prints the scopes. With DEMO_ONCE=1 it runs one pass and exits 0 only
-// if every step went as expected; otherwise it keeps the API server up until
+// Command demo is `make demo`: scopeplane end to end on this machine. It
+// starts a local kube-apiserver and etcd, installs the CRD, runs the
+// operator in-process, starts real gRPC backends on 127.0.0.1 and publishes
+// them as Services and EndpointSlices, applies a SotW and a Delta
+// ProxylessGRPC scope with kubectl, routes RPCs through the SotW scope with
+// grpc-go's own xDS client (bootstrapped from the scope's ConfigMap), follows
+// the Delta scope with the project's delta client, moves an endpoint and
+// shows traffic moving, and prints the scopes and their conditions.
+//
+// With DEMO_ONCE=1 it runs one pass and exits 0 only if every RPC and every
+// condition was as expected; otherwise it keeps everything running until
 // Ctrl-C so that kubectl can be pointed at it.
 package main
 
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"strings"
 	"syscall"
+	"text/template"
+	"time"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	"go.uber.org/zap/zapcore"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/xds"
+	"google.golang.org/protobuf/types/known/structpb"
+	corev1 "k8s.io/api/core/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/scopeplane/scopeplane/internal/controlplane"
 	"github.com/scopeplane/scopeplane/internal/localapi"
+	"github.com/scopeplane/scopeplane/internal/whoami"
+	"github.com/scopeplane/scopeplane/xds/adsclient"
+	"github.com/scopeplane/scopeplane/xds/bootstrap"
 )
 
 func main() {
-	if err := run(); err != nil {
-		fmt.Fprintln(os.Stderr, "demo failed:", err)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "\ndemo failed:", err)
 		os.Exit(1)
 	}
 }
 
-func run() error {
+type demo struct {
+	env        *localapi.Env
+	kubeconfig string
+	backends   map[string]*whoami.Backend
+}
+
+func run(ctx context.Context) error {
+	ctrl.SetLogger(zap.New(zap.Level(zapcore.ErrorLevel))) // errors only: the demo narrates the rest
 	step("starting a local kube-apiserver and etcd with the ProxyScope CRD installed")
 	env, err := localapi.Start()
 	if err != nil {
 		return err
 	}
 	defer func() { _ = env.Stop() }()
-
 	dir, err := os.MkdirTemp("", "scopeplane-demo-")
 	if err != nil {
 		return err
 	}
 	defer func() { _ = os.RemoveAll(dir) }()
-	kubeconfig := filepath.Join(dir, "kubeconfig")
-	if err := env.WriteKubeconfig(kubeconfig); err != nil {
+	d := &demo{env: env, kubeconfig: filepath.Join(dir, "kubeconfig"), backends: map[string]*whoami.Backend{}}
+	if err := env.WriteKubeconfig(d.kubeconfig); err != nil {
 		return err
 	}
-	kubectl := func(stdin string, args ...string) (string, error) {
-		cmd := exec.Command("kubectl", append([]string{"--kubeconfig", kubeconfig}, args...)...)
-		cmd.Stdin = strings.NewReader(stdin)
-		var out bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &out
-		err := cmd.Run()
-		fmt.Print(indent(out.String()))
-		return out.String(), err
-	}
 
-	step("kubectl apply -f config/samples/")
-	if _, err := kubectl("", "apply", "-f", filepath.Join(localapi.RepoRoot(), "config", "samples")); err != nil {
-		return fmt.Errorf("applying the samples: %w", err)
-	}
-
-	step("an invalid ProxyScope is refused with what to change (an Envoy listener without a port)")
-	out, err := kubectl(invalidScope, "apply", "-f", "-")
-	if err == nil || !strings.Contains(out, "an Envoy listener needs a port") {
-		return errors.New("the API server did not refuse the invalid ProxyScope with the expected message")
-	}
-
-	step("kubectl get proxyscopes -A")
-	out, err = kubectl("", "get", "proxyscopes", "-A")
+	step("starting the operator: reconcilers, snapshot builder, ADS server (SotW and delta)")
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return fmt.Errorf("listing the scopes: %w", err)
+		return err
 	}
-	for _, name := range []string{"storefront", "payments"} {
-		if !strings.Contains(out, name) {
-			return fmt.Errorf("the sample scope %q is not listed", name)
+	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
+		Scheme: localapi.Scheme, Cache: controlplane.CacheOptions(),
+		Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
+	})
+	if err != nil {
+		return err
+	}
+	mgrCtx, cancelMgr := context.WithCancel(ctx)
+	defer cancelMgr()
+	if _, err := controlplane.Setup(mgrCtx, mgr, controlplane.Options{
+		XDSListener: lis, XDSServerAddress: lis.Addr().String(), CoalesceWindow: 10 * time.Millisecond, StatusWindow: 100 * time.Millisecond,
+	}); err != nil {
+		return err
+	}
+	mgrDone := make(chan error, 1)
+	go func() { mgrDone <- mgr.Start(mgrCtx) }()
+	defer func() { cancelMgr(); <-mgrDone }()
+	fmt.Printf("    ADS server on %s\n", lis.Addr())
+
+	step("starting gRPC backends on 127.0.0.1")
+	for _, name := range []string{"greeter-a", "greeter-b", "inventory-a"} {
+		b, err := whoami.Start(name)
+		if err != nil {
+			return err
 		}
+		defer b.Stop()
+		d.backends[name] = b
+		fmt.Printf("    %-12s 127.0.0.1:%d\n", name, b.Port)
+	}
+
+	step("kubectl apply: namespace demo, Services greeter and inventory with their EndpointSlices")
+	fmt.Printf("    (the API server refuses loopback addresses in EndpointSlices, so they list %s;\n     the demo's clients deliver that address to 127.0.0.1)\n", whoami.SliceAddress)
+	if _, err := d.kubectl(d.world("greeter-a"), "apply", "-f", "-"); err != nil {
+		return err
+	}
+
+	step("kubectl apply: scope demo/greeter (SotW, ProxylessGRPC) and demo/shop (Delta, ProxylessGRPC)")
+	if _, err := d.kubectl(scopes, "apply", "-f", "-"); err != nil {
+		return err
+	}
+
+	step("grpc-go's xDS client joins demo/greeter with the bootstrap from its ConfigMap")
+	grpcBootstrap, err := d.bootstrapOf(ctx, "greeter", bootstrap.GRPCKey)
+	if err != nil {
+		return err
+	}
+	fmt.Print(indent(string(grpcBootstrap)))
+	resolver, err := xds.NewXDSResolverWithConfigForTesting(grpcBootstrap)
+	if err != nil {
+		return err
+	}
+	target := "xds:///greeter.demo.svc.cluster.local:50051"
+	conn, err := grpc.NewClient(target, grpc.WithResolvers(resolver),
+		grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithContextDialer(whoami.Dialer))
+	if err != nil {
+		return err
+	}
+	defer func() { _ = conn.Close() }()
+	if err := calls(ctx, conn, target, "greeter-a"); err != nil {
+		return err
+	}
+
+	step("the project's delta client joins demo/shop")
+	deltaClient, deltaDone, err := d.deltaProxy(ctx, lis.Addr().String())
+	if err != nil {
+		return err
+	}
+	if err := waitFor(ctx, deltaClient, "the delta client holds both Services", func(c *adsclient.Client) bool {
+		return len(c.State(adsclient.ClusterType)) == 2 && len(c.State(adsclient.ListenerType)) == 4
+	}); err != nil {
+		return err
+	}
+	printDelta(deltaClient)
+
+	beforeMove := deltaClient.Stats()
+	step("kubectl patch: greeter's endpoint moves from greeter-a to greeter-b")
+	patch := fmt.Sprintf(`{"ports":[{"name":"grpc","port":%d,"protocol":"TCP"}]}`, d.backends["greeter-b"].Port)
+	if _, err := d.kubectl("", "-n", "demo", "patch", "endpointslice", "greeter-1", "--type=merge", "-p", patch); err != nil {
+		return err
+	}
+	if err := calls(ctx, conn, target, "greeter-b"); err != nil {
+		return err
+	}
+	want := fmt.Sprintf("port_value:%d", d.backends["greeter-b"].Port)
+	if err := waitFor(ctx, deltaClient, "the delta client sees the new endpoint", func(c *adsclient.Client) bool {
+		return strings.Contains(strings.ReplaceAll(c.State(adsclient.EndpointType)["demo/greeter:50051"].Resource.String(), " ", ""), want)
+	}); err != nil {
+		return err
+	}
+	st := deltaClient.Stats()
+	fmt.Printf("    the move cost the delta client %d response(s) carrying %d resource(s), %d bytes\n",
+		st.Responses-beforeMove.Responses, st.Resources-beforeMove.Resources, st.Bytes-beforeMove.Bytes)
+	printDelta(deltaClient)
+
+	step("kubectl wait --for=condition=Ready: every connected proxy ACKed the current version")
+	if _, err := d.kubectl("", "-n", "demo", "wait", "--for=condition=Ready", "proxyscope/greeter", "proxyscope/shop", "--timeout=30s"); err != nil {
+		return err
+	}
+
+	step("kubectl get ps -A -o wide")
+	if _, err := d.kubectl("", "get", "ps", "-A", "-o", "wide"); err != nil {
+		return err
+	}
+	step("conditions")
+	out, err := d.kubectl("", "get", "ps", "-n", "demo", "-o", "go-template", "--template", conditionsTemplate)
+	if err != nil {
+		return err
+	}
+	if strings.Count(out, "Ready=True") != 2 || strings.Count(out, "Accepted=True") != 2 || strings.Count(out, "Degraded=False") != 2 {
+		return errors.New("the scopes' conditions are not Accepted=True, Ready=True, Degraded=False")
 	}
 
 	if os.Getenv("DEMO_ONCE") != "" {
-		step("demo passed")
+		step("demo passed: every RPC and every condition as expected")
 		return nil
 	}
-	step("the API server keeps running; in another shell:")
-	fmt.Printf("    export KUBECONFIG=%s\n    kubectl get ps -A -o wide\n\nPress Ctrl-C to stop.\n", kubeconfig)
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	<-ctx.Done()
+	step("everything keeps running; in another shell:")
+	fmt.Printf("    export KUBECONFIG=%s\n    kubectl get ps -A -o wide\n    kubectl describe ps -n demo greeter\n\nPress Ctrl-C to stop.\n", d.kubeconfig)
+	select {
+	case <-ctx.Done():
+	case err := <-deltaDone:
+		return fmt.Errorf("the delta client stopped: %w", err)
+	}
 	return nil
 }
 
-const invalidScope = `apiVersion: xds.scopeplane.dev/v1alpha1
-kind: ProxyScope
-metadata:
-  name: broken
-  namespace: default
+func (d *demo) kubectl(stdin string, args ...string) (string, error) {
+	fmt.Printf("    $ kubectl %s\n", strings.Join(args, " "))
+	cmd := exec.Command("kubectl", append([]string{"--kubeconfig", d.kubeconfig}, args...)...)
+	cmd.Stdin = strings.NewReader(stdin)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	fmt.Print(indent(out.String()))
+	if err != nil {
+		return out.String(), fmt.Errorf("kubectl %s: %w", strings.Join(args, " "), err)
+	}
+	return out.String(), nil
+}
+
+var worldTemplate = template.Must(template.New("world").Parse(`apiVersion: v1
+kind: Namespace
+metadata: {name: demo}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: greeter, namespace: demo, labels: {app: greeter}}
 spec:
-  services: [{names: [web]}]
-  listener: {mode: Envoy}
+  ports: [{name: grpc, port: 50051, appProtocol: grpc}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: greeter-1, namespace: demo, labels: {kubernetes.io/service-name: greeter}}
+addressType: IPv4
+ports: [{name: grpc, port: {{.Greeter}}, protocol: TCP}]
+endpoints: [{addresses: ["{{.Address}}"], conditions: {ready: true}, zone: zone-a}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: inventory, namespace: demo, labels: {app: inventory}}
+spec:
+  ports: [{name: grpc, port: 50051, appProtocol: grpc}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: inventory-1, namespace: demo, labels: {kubernetes.io/service-name: inventory}}
+addressType: IPv4
+ports: [{name: grpc, port: {{.Inventory}}, protocol: TCP}]
+endpoints: [{addresses: ["{{.Address}}"], conditions: {ready: true}, zone: zone-a}]
+`))
+
+func (d *demo) world(greeter string) string {
+	var b strings.Builder
+	_ = worldTemplate.Execute(&b, map[string]any{
+		"Greeter": d.backends[greeter].Port, "Inventory": d.backends["inventory-a"].Port, "Address": whoami.SliceAddress,
+	})
+	return b.String()
+}
+
+const scopes = `apiVersion: xds.scopeplane.dev/v1alpha1
+kind: ProxyScope
+metadata: {name: greeter, namespace: demo}
+spec:
+  protocol: SotW
+  services: [{names: [greeter]}]
+  listener: {mode: ProxylessGRPC}
+---
+apiVersion: xds.scopeplane.dev/v1alpha1
+kind: ProxyScope
+metadata: {name: shop, namespace: demo}
+spec:
+  protocol: Delta
+  services: [{selector: {}}]
+  listener: {mode: ProxylessGRPC}
 `
+
+const conditionsTemplate = `{{range .items}}{{.metadata.namespace}}/{{.metadata.name}}:{{"\n"}}{{range .status.conditions}}  {{.type}}={{.status}} ({{.reason}}): {{.message}}{{"\n"}}{{end}}{{end}}`
+
+// bootstrapOf waits for the scope's bootstrap ConfigMap and returns one key.
+func (d *demo) bootstrapOf(ctx context.Context, scope, key string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	for {
+		cm := &corev1.ConfigMap{}
+		err := d.env.Client.Get(ctx, client.ObjectKey{Namespace: "demo", Name: bootstrap.ConfigMapName(scope)}, cm)
+		if err == nil && cm.Data[key] != "" {
+			fmt.Printf("    ConfigMap demo/%s, key %s:\n", cm.Name, key)
+			return []byte(cm.Data[key]), nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("the bootstrap ConfigMap of %s did not appear: %v", scope, err)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// deltaProxy runs the project's delta client with the node of the scope's
+// bootstrap, subscribed to everything.
+func (d *demo) deltaProxy(ctx context.Context, server string) (*adsclient.Client, <-chan error, error) {
+	raw, err := d.bootstrapOf(ctx, "shop", bootstrap.GRPCKey)
+	if err != nil {
+		return nil, nil, err
+	}
+	var b struct {
+		Node struct {
+			ID       string            `json:"id"`
+			Metadata map[string]string `json:"metadata"`
+		} `json:"node"`
+	}
+	if err := json.Unmarshal(raw, &b); err != nil {
+		return nil, nil, err
+	}
+	meta := &structpb.Struct{Fields: map[string]*structpb.Value{}}
+	for k, v := range b.Node.Metadata {
+		meta.Fields[k] = structpb.NewStringValue(v)
+	}
+	fmt.Printf("    node %q with metadata %v, over DELTA_GRPC\n", b.Node.ID, b.Node.Metadata)
+	types := []string{adsclient.ClusterType, adsclient.EndpointType, adsclient.ListenerType, adsclient.RouteType}
+	c := adsclient.New(adsclient.Config{
+		Protocol: adsclient.Delta, Node: &corev3.Node{Id: b.Node.ID, Metadata: meta}, Types: types, Validate: true,
+		Wildcard: map[string]bool{types[0]: true, types[1]: true, types[2]: true, types[3]: true},
+	})
+	conn, err := grpc.NewClient(server, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, nil, err
+	}
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx, conn); _ = conn.Close() }()
+	return c, done, nil
+}
+
+func printDelta(c *adsclient.Client) {
+	for name, h := range c.State(adsclient.EndpointType) {
+		cla, err := adsclient.Decode[*endpointv3.ClusterLoadAssignment](h)
+		if err != nil {
+			continue
+		}
+		var eps []string
+		for _, l := range cla.GetEndpoints() {
+			for _, e := range l.GetLbEndpoints() {
+				sa := e.GetEndpoint().GetAddress().GetSocketAddress()
+				eps = append(eps, fmt.Sprintf("%s:%d %s", sa.GetAddress(), sa.GetPortValue(), e.GetHealthStatus()))
+			}
+		}
+		fmt.Printf("    %-22s version %s  %v\n", name, h.Version, eps)
+	}
+}
+
+// calls makes RPCs until five in a row reach want.
+func calls(ctx context.Context, conn *grpc.ClientConn, target, want string) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	streak := 0
+	var last string
+	for streak < 5 {
+		callCtx, cancelCall := context.WithTimeout(ctx, 2*time.Second)
+		got, err := whoami.Call(callCtx, conn)
+		cancelCall()
+		switch {
+		case err == nil && got == want:
+			streak++
+			fmt.Printf("    RPC %s → %s\n", target, got)
+		case err != nil:
+			streak, last = 0, err.Error()
+		default:
+			streak, last = 0, "answered by "+got
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("RPCs to %s never reached %s; last: %s", target, want, last)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return nil
+}
+
+func waitFor(ctx context.Context, c *adsclient.Client, what string, cond func(*adsclient.Client) bool) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := c.WaitFor(ctx, cond); err != nil {
+		return fmt.Errorf("%s: %w (stream: %v)", what, err, c.Err())
+	}
+	return nil
+}
 
 func step(msg string) { fmt.Printf("\n==> %s\n", msg) }
 
