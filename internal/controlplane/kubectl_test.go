@@ -1,0 +1,78 @@
+package controlplane_test
+
+import (
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"google.golang.org/protobuf/types/known/anypb"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/scopeplane/scopeplane/internal/localapi"
+	"github.com/scopeplane/scopeplane/xds/adsclient"
+)
+
+// kubectl runs the real kubectl against the test API server.
+func kubectl(t *testing.T, args ...string) string {
+	t.Helper()
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := env.WriteKubeconfig(kubeconfig); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("kubectl", append([]string{"--kubeconfig", kubeconfig}, args...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// TestKubectlWorkflow is what a user does: apply the samples, connect a
+// proxy, wait for Ready, read the scopes, and find a proxy's NACK on the CRD.
+func TestKubectlWorkflow(t *testing.T) {
+	kubectl(t, "apply", "-f", filepath.Join(localapi.RepoRoot(), "config", "samples"))
+	create(t,
+		&corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "ledger"},
+			Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "grpc", Port: 50051, AppProtocol: ptr.To("grpc")}}},
+		},
+		&corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "web", Labels: map[string]string{"app.kubernetes.io/part-of": "storefront"}},
+			Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 80}}},
+		},
+	)
+
+	conn := dialXDS(t)
+	proxy(t, conn, adsclient.Delta, node("payments-1", "default/payments"), nil)
+	kubectl(t, "wait", "--for=condition=Ready", "proxyscope/payments", "--timeout=30s")
+
+	out := kubectl(t, "get", "ps")
+	header := regexp.MustCompile(`NAME\s+PROTOCOL\s+MODE\s+SERVICES\s+PROXIES\s+READY\s+AGE`)
+	row := regexp.MustCompile(`payments\s+Delta\s+ProxylessGRPC\s+1\s+1\s+True\s+\S+`)
+	if !header.MatchString(out) || !row.MatchString(out) {
+		t.Errorf("kubectl get ps does not show the printcolumns:\n%s", out)
+	}
+
+	picky := func(typeURL string, _ []*anypb.Any, _ []string) string {
+		if typeURL == adsclient.ListenerType {
+			return "listener http-10080: address already in use"
+		}
+		return ""
+	}
+	proxy(t, conn, adsclient.SotW, node("edge-7", "default/storefront"), picky)
+	expectCondition(t, "default", "storefront", "Degraded", "True", "ProxyNACKed")
+	yaml := kubectl(t, "get", "ps", "storefront", "-o", "yaml")
+	t.Logf("kubectl get ps storefront -o yaml:\n%s", yaml)
+	for _, want := range []string{"reason: ProxyNACKed", "node: edge-7", "detail: 'listener http-10080: address already in use'", "typeURL: " + adsclient.ListenerType} {
+		if !strings.Contains(yaml, want) {
+			t.Errorf("kubectl get ps storefront -o yaml lacks %q:\n%s", want, yaml)
+		}
+	}
+	eventually(t, "kubectl describe shows the conditions and the NACK event", func() (bool, string) {
+		out := kubectl(t, "describe", "ps", "storefront")
+		return strings.Contains(out, "Conditions:") && regexp.MustCompile(`Warning\s+ProxyNACKed`).MatchString(out), out
+	})
+}

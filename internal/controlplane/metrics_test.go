@@ -1,0 +1,121 @@
+package controlplane_test
+
+import (
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/protobuf/types/known/anypb"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
+	"github.com/scopeplane/scopeplane/xds/adsclient"
+	"github.com/scopeplane/scopeplane/xds/metrics"
+)
+
+// TestMetricsAfterScriptedSequence checks the metric values after a known
+// sequence: a proxy syncs, NACKs, converges to a change, a wrong-protocol
+// proxy is refused, and the proxy leaves.
+func TestMetricsAfterScriptedSequence(t *testing.T) {
+	const scope = "metrics/m"
+	create(t,
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "metrics"}},
+		&corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "metrics", Name: "api"},
+			Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "grpc", Port: 50051}}},
+		},
+		&xdsv1alpha1.ProxyScope{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "metrics", Name: "m"},
+			Spec: xdsv1alpha1.ProxyScopeSpec{
+				Services: []xdsv1alpha1.ServiceSelection{{Selector: &metav1.LabelSelector{}}},
+				Listener: xdsv1alpha1.ListenerSpec{Mode: xdsv1alpha1.ListenerModeProxylessGRPC},
+			},
+		},
+	)
+	expectCondition(t, "metrics", "m", xdsv1alpha1.ConditionAccepted, metav1.ConditionTrue, xdsv1alpha1.ReasonResolved)
+	convergedBefore := histogramCount(t, "SotW")
+
+	conn := dialXDS(t)
+	c, _ := proxy(t, conn, adsclient.SotW, node("m-1", scope), rejectFirst(adsclient.RouteType))
+	expectCondition(t, "metrics", "m", xdsv1alpha1.ConditionDegraded, metav1.ConditionTrue, xdsv1alpha1.ReasonProxyNACKed)
+
+	for _, tc := range []struct {
+		name      string
+		got, want float64
+	}{
+		{"connected proxies", testutil.ToFloat64(metrics.ConnectedProxies.WithLabelValues(scope, "SotW")), 1},
+		{"CDS pushes", testutil.ToFloat64(metrics.Pushes.WithLabelValues(scope, adsclient.ClusterType, "SotW")), 1},
+		{"LDS resources (two API listeners per port)", testutil.ToFloat64(metrics.ResourcesSent.WithLabelValues(scope, adsclient.ListenerType, "SotW")), 2},
+		{"RDS NACKs", testutil.ToFloat64(metrics.NACKs.WithLabelValues(scope, adsclient.RouteType)), 1},
+		{"EDS bytes match what the proxy received", testutil.ToFloat64(metrics.BytesSent.WithLabelValues(scope, adsclient.EndpointType, "SotW")),
+			float64(c.Stats().ByType[adsclient.EndpointType].Bytes)},
+	} {
+		if tc.got != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, tc.got, tc.want)
+		}
+	}
+
+	// A change the proxy accepts brings it back in sync (recovering from a
+	// NACK is not convergence); the next change converges, and is measured.
+	addPort := func(name string, port int32) {
+		mutate(t, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "metrics", Name: "api"}}, func(s *corev1.Service) {
+			s.Spec.Ports = append(s.Spec.Ports, corev1.ServicePort{Name: name, Port: port})
+		})
+	}
+	addPort("admin", 9000)
+	ps := expectCondition(t, "metrics", "m", xdsv1alpha1.ConditionReady, metav1.ConditionTrue, xdsv1alpha1.ReasonSynced)
+	if got := testutil.ToFloat64(metrics.Pushes.WithLabelValues(scope, adsclient.ClusterType, "SotW")); got != 2 {
+		t.Errorf("CDS pushes after the change: %v, want 2", got)
+	}
+	addPort("debug", 9001)
+	eventually(t, "a new version, synced", func() (bool, string) {
+		cur := getScope(t, "metrics", "m")
+		return cur.Status.Version != ps.Status.Version && cur.Status.SyncedProxies == 1, cur.Status.Version
+	})
+	if got := histogramCount(t, "SotW"); got <= convergedBefore {
+		t.Errorf("convergence observations for SotW: %d, want more than %d", got, convergedBefore)
+	}
+
+	// A delta proxy on this SotW scope is refused and counted.
+	_, done := proxy(t, conn, adsclient.Delta, node("m-2", scope), nil)
+	<-done
+	if got := testutil.ToFloat64(metrics.Refusals.WithLabelValues(scope, "WrongProtocol")); got != 1 {
+		t.Errorf("refusals: %v, want 1", got)
+	}
+}
+
+// rejectFirst NACKs the first response of typeURL.
+func rejectFirst(typeURL string) func(string, []*anypb.Any, []string) string {
+	done := false
+	return func(t string, _ []*anypb.Any, _ []string) string {
+		if t == typeURL && !done {
+			done = true
+			return "rejected by the test"
+		}
+		return ""
+	}
+}
+
+// histogramCount returns how many observations the convergence histogram
+// holds for a protocol, read from the registry the metrics endpoint serves.
+func histogramCount(t *testing.T, protocol string) uint64 {
+	t.Helper()
+	families, err := ctrlmetrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != "scopeplane_xds_convergence_seconds" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "protocol" && l.GetValue() == protocol {
+					return m.GetHistogram().GetSampleCount()
+				}
+			}
+		}
+	}
+	return 0
+}
