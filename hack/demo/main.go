@@ -50,8 +50,9 @@ import (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx); err != nil {
+	err := run(ctx)
+	stop()
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "\ndemo failed:", err)
 		os.Exit(1)
 	}
@@ -102,7 +103,12 @@ func run(ctx context.Context) error {
 	}
 	mgrDone := make(chan error, 1)
 	go func() { mgrDone <- mgr.Start(mgrCtx) }()
-	defer func() { cancelMgr(); <-mgrDone }()
+	defer func() {
+		cancelMgr()
+		if err := <-mgrDone; err != nil {
+			fmt.Fprintln(os.Stderr, "operator:", err)
+		}
+	}()
 	fmt.Printf("    ADS server on %s\n", lis.Addr())
 
 	step("starting gRPC backends on 127.0.0.1")
@@ -297,7 +303,7 @@ func (d *demo) bootstrapOf(ctx context.Context, scope, key string) ([]byte, erro
 		}
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("the bootstrap ConfigMap of %s did not appear: %v", scope, err)
+			return nil, fmt.Errorf("the bootstrap ConfigMap of %s did not appear (last read: %w)", scope, errors.Join(err, ctx.Err()))
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
@@ -386,7 +392,7 @@ func waitFor(ctx context.Context, c *adsclient.Client, what string, cond func(*a
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if err := c.WaitFor(ctx, cond); err != nil {
-		return fmt.Errorf("%s: %w (stream: %v)", what, err, c.Err())
+		return fmt.Errorf("%s: %w", what, errors.Join(err, c.Err()))
 	}
 	return nil
 }

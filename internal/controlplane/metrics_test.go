@@ -79,7 +79,9 @@ func TestMetricsAfterScriptedSequence(t *testing.T) {
 
 	// A delta proxy on this SotW scope is refused and counted.
 	_, done := proxy(t, conn, adsclient.Delta, node("m-2", scope), nil)
-	<-done
+	if err := <-done; err == nil {
+		t.Error("a delta stream on a SotW scope was not refused")
+	}
 	if got := testutil.ToFloat64(metrics.Refusals.WithLabelValues(scope, "WrongProtocol")); got != 1 {
 		t.Errorf("refusals: %v, want 1", got)
 	}
