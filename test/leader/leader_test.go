@@ -1,0 +1,207 @@
+// Package leader checks that with several replicas every one serves xDS
+// while only the elected leader writes ProxyScope status, and that another
+// replica takes over when the leader goes away.
+package leader
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"testing"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	"github.com/go-logr/logr"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/structpb"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
+	"github.com/scopeplane/scopeplane/internal/controlplane"
+	"github.com/scopeplane/scopeplane/internal/localapi"
+	"github.com/scopeplane/scopeplane/xds/adsclient"
+)
+
+type replica struct {
+	name    string
+	mgr     ctrl.Manager
+	addr    string
+	cancel  context.CancelFunc
+	stopped chan struct{}
+}
+
+func startReplica(t *testing.T, env *localapi.Env, name string) *replica {
+	t.Helper()
+	lease, renew, retry := 3*time.Second, 2*time.Second, 200*time.Millisecond
+	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
+		Scheme: localapi.Scheme, Cache: controlplane.CacheOptions(),
+		Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
+		LeaderElection: true, LeaderElectionID: "scopeplane-test", LeaderElectionNamespace: "default",
+		LeaderElectionReleaseOnCancel: true, LeaseDuration: &lease, RenewDeadline: &renew, RetryPeriod: &retry,
+		// Two replicas share this test process, and so controller names.
+		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	if _, err := controlplane.Setup(ctx, mgr, controlplane.Options{
+		XDSListener: lis, XDSServerAddress: lis.Addr().String(), StatusWindow: 50 * time.Millisecond, StatusResync: time.Second,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	r := &replica{name: name, mgr: mgr, addr: lis.Addr().String(), cancel: cancel, stopped: make(chan struct{})}
+	go func() {
+		if err := mgr.Start(ctx); err != nil {
+			t.Errorf("replica %s: %v", name, err)
+		}
+		close(r.stopped)
+	}()
+	t.Cleanup(r.stop)
+	return r
+}
+
+func (r *replica) stop() {
+	r.cancel()
+	<-r.stopped
+}
+
+func (r *replica) leads() bool {
+	select {
+	case <-r.mgr.Elected():
+		return true
+	default:
+		return false
+	}
+}
+
+// connect runs n SotW proxies of scope default/ha against the replica.
+func connect(t *testing.T, r *replica, n int) []*adsclient.Client {
+	t.Helper()
+	conn, err := grpc.NewClient(r.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	var out []*adsclient.Client
+	for i := range n {
+		c := adsclient.New(adsclient.Config{
+			Node: &corev3.Node{Id: fmt.Sprintf("%s-proxy-%d", r.name, i), Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{
+				xdsv1alpha1.ScopeMetadataKey: structpb.NewStringValue("default/ha"),
+			}}},
+			Types:    []string{adsclient.ClusterType, adsclient.ListenerType},
+			Wildcard: map[string]bool{adsclient.ClusterType: true, adsclient.ListenerType: true},
+		})
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { // reconnect like a proxy until the test ends
+			defer close(done)
+			for ctx.Err() == nil {
+				_ = c.Run(ctx, conn)
+				select {
+				case <-ctx.Done():
+				case <-time.After(100 * time.Millisecond):
+				}
+			}
+		}()
+		t.Cleanup(func() { cancel(); <-done })
+		out = append(out, c)
+	}
+	return out
+}
+
+func eventually(t *testing.T, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ok, state := cond()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not reached; last: %s", what, state)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func TestOnlyTheLeaderWritesStatusAndAnotherTakesOver(t *testing.T) {
+	ctrl.SetLogger(logr.Discard())
+	env, err := localapi.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Stop() })
+	ctx := context.Background()
+	for _, o := range []client.Object{
+		&corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "api"}, Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "grpc", Port: 50051}}}},
+		&xdsv1alpha1.ProxyScope{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "ha"}, Spec: xdsv1alpha1.ProxyScopeSpec{
+			Services: []xdsv1alpha1.ServiceSelection{{Names: []xdsv1alpha1.DNSLabel{"api"}}},
+			Listener: xdsv1alpha1.ListenerSpec{Mode: xdsv1alpha1.ListenerModeProxylessGRPC},
+		}},
+	} {
+		if err := env.Client.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a, b := startReplica(t, env, "a"), startReplica(t, env, "b")
+	// Both replicas serve xDS: one proxy on a, two on b, all configured.
+	proxies := map[*replica][]*adsclient.Client{a: connect(t, a, 1), b: connect(t, b, 2)}
+	for r, ps := range proxies {
+		for _, c := range ps {
+			eventually(t, "a proxy of replica "+r.name+" configured", func() (bool, string) {
+				return len(c.State(adsclient.ClusterType)) == 1, fmt.Sprint(c.Err())
+			})
+		}
+	}
+
+	var leader, other *replica
+	eventually(t, "a leader", func() (bool, string) {
+		switch {
+		case a.leads() && !b.leads():
+			leader, other = a, b
+		case b.leads() && !a.leads():
+			leader, other = b, a
+		default:
+			return false, fmt.Sprintf("a leads %v, b leads %v", a.leads(), b.leads())
+		}
+		return true, ""
+	})
+	// The status is the leader's view (its own proxies), and only the leader
+	// writes it: were the other replica writing too, the count would flip.
+	connected := func() int32 {
+		ps := &xdsv1alpha1.ProxyScope{}
+		if err := env.Client.Get(ctx, client.ObjectKey{Namespace: "default", Name: "ha"}, ps); err != nil {
+			t.Fatal(err)
+		}
+		return ps.Status.ConnectedProxies
+	}
+	want := int32(len(proxies[leader]))
+	eventually(t, "status written by the leader "+leader.name, func() (bool, string) {
+		return connected() == want, fmt.Sprint(connected())
+	})
+	for range 20 {
+		if got := connected(); got != want {
+			t.Fatalf("status.connectedProxies flipped to %d while %s leads (its count is %d): another replica wrote status", got, leader.name, want)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+
+	// The leader goes away; the other replica takes over the status.
+	leader.stop()
+	want = int32(len(proxies[other]))
+	eventually(t, "replica "+other.name+" leading and writing status", func() (bool, string) {
+		return other.leads() && connected() == want, fmt.Sprintf("leads %v, connectedProxies %d", other.leads(), connected())
+	})
+}
