@@ -196,7 +196,8 @@ type ProxyScopeStatus struct {
 	// +optional
 	Version string `json:"version,omitempty"`
 
-	// lastPushTime is when the current version was first pushed to a proxy.
+	// lastPushTime is when the change that made the current version was
+	// observed, and its push to the connected proxies began.
 	// +optional
 	LastPushTime *metav1.Time `json:"lastPushTime,omitempty"`
 

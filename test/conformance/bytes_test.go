@@ -44,6 +44,21 @@ func TestEndpointChangeBytesAt1000Services(t *testing.T) {
 			if float64(got) > 1.2*float64(limit) {
 				t.Errorf("one endpoint change cost %d bytes, more than 1.2× the limit of %d", got, limit)
 			}
+
+			// A Service added: SotW resends every cluster, delta sends one.
+			before = len(evs) + before
+			p.cat.UpsertService(service("shop", "svc-new", "10.0.0.1"))
+			p.sync()
+			px.wait("the new Service", func(c *adsclient.Client) bool { return len(c.State(adsclient.ClusterType)) == 1001 })
+			added, resources := 0, 0
+			for _, e := range px.settled()[before:] {
+				added += e.Bytes
+				resources += len(e.Names)
+			}
+			t.Logf("%s, 1,000 Services: one Service added %d bytes in %d resources", pr.name, added, resources)
+			if pr.client == adsclient.Delta && resources != 3 { // its cluster, its assignment, the route configuration
+				t.Errorf("delta sent %d resources for one added Service, want 3", resources)
+			}
 		})
 	}
 }
