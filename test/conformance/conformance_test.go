@@ -341,3 +341,21 @@ func TestRefusals(t *testing.T) {
 		}
 	})
 }
+
+func TestGracefulStopSendsProxiesElsewhere(t *testing.T) {
+	for _, pr := range protocols {
+		t.Run(pr.name, func(t *testing.T) {
+			p := world(t, pr.scope)
+			px := p.connect(wildcard(pr.client, node("envoy-1", "shop/gw")))
+			synced(px, "shop/a:80", "shop/b:80", "shop/c:80")
+			p.stop()
+			err := <-px.done
+			if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "reconnect") {
+				t.Errorf("a stream open during shutdown ended with %v, want Unavailable telling the proxy to reconnect", err)
+			}
+			if len(px.State(adsclient.ClusterType)) != 3 {
+				t.Error("the proxy lost its configuration")
+			}
+		})
+	}
+}

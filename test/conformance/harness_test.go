@@ -10,6 +10,7 @@ import (
 	"net"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -36,6 +37,7 @@ var allTypes = []string{adsclient.ClusterType, adsclient.EndpointType, adsclient
 // is served.
 type plane struct {
 	t       *testing.T
+	stop    func() // stops the server gracefully, once
 	cat     *catalog.Catalog
 	builder *snapshot.Builder
 	fb      *feedback.Tracker
@@ -59,12 +61,18 @@ func newPlane(t *testing.T) *plane {
 	if err != nil {
 		t.Fatal(err)
 	}
+	var once sync.Once
+	p.stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("serve: %v", err)
+			}
+		})
+	}
 	t.Cleanup(func() {
 		_ = p.conn.Close()
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("serve: %v", err)
-		}
+		p.stop()
 	})
 	return p
 }

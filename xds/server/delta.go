@@ -68,6 +68,11 @@ type deltaResponse struct {
 
 // DeltaAggregatedResources serves one delta (incremental) ADS stream.
 func (s *Server) DeltaAggregatedResources(stream deltaStream) error {
+	select {
+	case <-s.drain:
+		return s.draining()
+	default:
+	}
 	ctx := stream.Context()
 	reqs, errc := recv(ctx, stream)
 	var first *discoveryv3.DeltaDiscoveryRequest

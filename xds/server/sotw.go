@@ -76,6 +76,11 @@ type sotwResponse struct {
 
 // StreamAggregatedResources serves one State-of-the-World ADS stream.
 func (s *Server) StreamAggregatedResources(stream sotwStream) error {
+	select {
+	case <-s.drain:
+		return s.draining()
+	default:
+	}
 	ctx := stream.Context()
 	reqs, errc := recv(ctx, stream)
 	var first *discoveryv3.DiscoveryRequest
