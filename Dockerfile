@@ -8,7 +8,9 @@ COPY controllers/ controllers/
 COPY internal/ internal/
 COPY xds/ xds/
 COPY main.go ./
-RUN CGO_ENABLED=0 GOOS=linux go build -trimpath -ldflags="-s -w" -o /out/scopeplane .
+# VERSION is the chart's appVersion (make build passes the same).
+ARG VERSION=dev
+RUN CGO_ENABLED=0 GOOS=linux go build -trimpath -ldflags="-s -w -X main.version=${VERSION}" -o /out/scopeplane .
 
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/scopeplane /scopeplane

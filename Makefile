@@ -11,6 +11,9 @@ TOOLBIN  := $(CACHE)/bin
 CONTROLLER_GEN := $(TOOLBIN)/controller-gen-$(CONTROLLER_TOOLS_VERSION)
 GOLANGCI_LINT  := $(TOOLBIN)/golangci-lint-$(GOLANGCI_LINT_VERSION)
 
+# VERSION is the binary's version: the Helm chart's appVersion, so they agree.
+VERSION ?= $(shell awk '/^appVersion:/ { gsub(/"/, "", $$2); print $$2 }' charts/scopeplane/Chart.yaml)
+
 # FUZZTIME is how long `make test` runs each fuzz target beyond its seed corpus.
 FUZZTIME ?= 10s
 
@@ -89,7 +92,7 @@ helm: ## Build (once, cached) the pinned Helm that tests the chart; print its pa
 
 .PHONY: build
 build: ## Build the scopeplane binary into bin/.
-	CGO_ENABLED=0 go build -trimpath -o bin/scopeplane .
+	CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=$(VERSION)" -o bin/scopeplane .
 
 .PHONY: demo
 demo: ## Run scopeplane end to end: local API server, operator, backends, scopes, a gRPC xDS client (DEMO_ONCE=1: one pass).

@@ -20,6 +20,10 @@ import (
 	"github.com/scopeplane/scopeplane/internal/controlplane"
 )
 
+// version is the binary's version, set at build time from the Helm chart's
+// appVersion (make build, the Dockerfile), so the chart and the binary agree.
+var version = "dev"
+
 func main() {
 	var (
 		metricsAddr string
@@ -69,7 +73,7 @@ func main() {
 		log.Error(err, "setting up the control plane")
 		os.Exit(1)
 	}
-	log.Info("starting the manager")
+	log.Info("starting scopeplane", "version", version)
 	if err := mgr.Start(ctx); err != nil {
 		log.Error(err, "running the manager")
 		os.Exit(1)

@@ -1,0 +1,94 @@
+package main
+
+import (
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/scopeplane/scopeplane/internal/localapi"
+)
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = l.Close() }()
+	return l.Addr().String()
+}
+
+// TestBinaryServesProbesMetricsAndXDS builds the real binary and runs it
+// against the test API server, as a Deployment would: /readyz passes once
+// the first build is done, the metrics endpoint serves scopeplane's
+// metrics, and the xDS port accepts connections.
+func TestBinaryServesProbesMetricsAndXDS(t *testing.T) {
+	env, err := localapi.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Stop() })
+	dir := t.TempDir()
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	if err := env.WriteKubeconfig(kubeconfig); err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, "scopeplane")
+	if out, err := exec.Command("go", "build", "-ldflags", "-X main.version=test-1", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	metrics, probes, xds := freePort(t), freePort(t), freePort(t)
+	cmd := exec.Command(bin, "--metrics-bind-address="+metrics, "--health-probe-bind-address="+probes,
+		"--xds-bind-address="+xds, "--xds-server-address=scopeplane.test.svc:18000")
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig)
+	var logs strings.Builder
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(os.Interrupt)
+		_ = cmd.Wait()
+	})
+
+	get := func(url string) (int, string) {
+		resp, err := http.Get(url) //nolint:gosec // a loopback URL the test built
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer func() { _ = resp.Body.Close() }()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		code, body := get("http://" + probes + "/readyz")
+		if code == http.StatusOK {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/readyz never passed: %d %s\nlogs:\n%s", code, body, logs.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if code, _ := get("http://" + probes + "/healthz"); code != http.StatusOK {
+		t.Errorf("/healthz: %d", code)
+	}
+	if _, body := get("http://" + metrics + "/metrics"); !strings.Contains(body, "scopeplane_snapshot_build_duration_seconds") {
+		t.Errorf("the metrics endpoint does not serve scopeplane's metrics:\n%.2000s", body)
+	}
+	conn, err := net.DialTimeout("tcp", xds, 5*time.Second)
+	if err != nil {
+		t.Fatalf("the xDS port does not accept connections: %v", err)
+	}
+	_ = conn.Close()
+	if !strings.Contains(logs.String(), `"version": "test-1"`) && !strings.Contains(logs.String(), `"version":"test-1"`) {
+		t.Errorf("the binary did not log its version:\n%s", logs.String())
+	}
+}
