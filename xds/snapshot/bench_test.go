@@ -1,0 +1,37 @@
+package snapshot
+
+import (
+	"fmt"
+	"testing"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/scopeplane/scopeplane/xds/catalog"
+)
+
+// BenchmarkApplyEndpointChange measures versioning one changed assignment
+// into a scope that holds n clusters and assignments: marshal once, hash,
+// log, wake. It must not grow with n.
+func BenchmarkApplyEndpointChange(b *testing.B) {
+	for _, n := range []int{1000, 10000} {
+		b.Run(fmt.Sprintf("resources=%d", n), func(b *testing.B) {
+			store := NewStore()
+			bld := NewBuilder(catalog.New(), store, 0)
+			cs, es := map[string]proto.Message{}, map[string]proto.Message{}
+			for i := range n {
+				name := fmt.Sprintf("ns/svc-%d:80", i)
+				cs[name] = &clusterv3.Cluster{Name: name}
+				es[name] = &endpointv3.ClusterLoadAssignment{ClusterName: name}
+			}
+			bld.Apply([]catalog.Update{{Key: key, Scope: spec(), Reset: true, Upserted: catalog.Set{Clusters.URL(): cs, Endpoints.URL(): es}}})
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := range b.N {
+				cla := &endpointv3.ClusterLoadAssignment{ClusterName: "ns/svc-7:80", Endpoints: make([]*endpointv3.LocalityLbEndpoints, i%3+1)}
+				bld.Apply([]catalog.Update{upsert(Endpoints, map[string]proto.Message{"ns/svc-7:80": cla})})
+			}
+		})
+	}
+}
