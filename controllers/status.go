@@ -98,6 +98,9 @@ func (w *StatusWriter) write(ctx context.Context, ps *xdsv1alpha1.ProxyScope) er
 		if old != nil && old.Status == c.Status && old.Reason == c.Reason {
 			continue
 		}
+		if old != nil && c.Type == xdsv1alpha1.ConditionReady && routine(old.Reason) && routine(c.Reason) {
+			continue // every push passes through Pending: not worth an Event
+		}
 		kind := corev1.EventTypeNormal
 		if bad := c.Status == metav1.ConditionTrue; (c.Type == xdsv1alpha1.ConditionDegraded) == bad && c.Status != metav1.ConditionUnknown {
 			kind = corev1.EventTypeWarning // Degraded=True, or Accepted/Ready=False
@@ -218,6 +221,11 @@ func (w *StatusWriter) compute(ps *xdsv1alpha1.ProxyScope, now time.Time) xdsv1a
 		set(xdsv1alpha1.ConditionDegraded, metav1.ConditionFalse, xdsv1alpha1.ReasonAsExpected, "no proxy rejects the configuration")
 	}
 	return st
+}
+
+// routine reports whether a Ready reason is part of every push's cycle.
+func routine(reason string) bool {
+	return reason == xdsv1alpha1.ReasonSynced || reason == xdsv1alpha1.ReasonPending
 }
 
 func setReady(conds []metav1.Condition, status metav1.ConditionStatus, reason, msg string, gen int64) []metav1.Condition {
