@@ -125,13 +125,17 @@ func (t *Tracker) Disconnect(key model.Key, id uint64) {
 	t.signal()
 }
 
-// ACK records that a proxy accepted a version of a type.
-func (t *Tracker) ACK(key model.Key, id uint64, typeURL, version string) {
+// ACK records that a proxy accepted a version of a type. clean is false
+// while the proxy still lacks resources of the type it rejected earlier:
+// it then stays counted as rejecting.
+func (t *Tracker) ACK(key model.Key, id uint64, typeURL, version string, clean bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if p := t.scopeLocked(key).Proxies[id]; p != nil {
 		p.Acked[typeURL] = version
-		delete(p.Nacked, typeURL)
+		if clean {
+			delete(p.Nacked, typeURL)
+		}
 	}
 	t.signal()
 }

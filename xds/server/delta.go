@@ -148,8 +148,10 @@ func (st *delta) handle(req *discoveryv3.DeltaDiscoveryRequest) error {
 				ts.nacked = true
 				st.srv.fb.NACKed(st.key, st.id, t.URL(), version, d.GetMessage())
 			} else {
-				ts.nacked = false
-				st.srv.fb.ACK(st.key, st.id, t.URL(), version)
+				// Rejected resources not yet sent again keep the proxy short
+				// of the scope's configuration: it stays counted as rejecting.
+				ts.nacked = len(ts.retry) > 0
+				st.srv.fb.ACK(st.key, st.id, t.URL(), version, !ts.nacked)
 			}
 		}
 	}
@@ -184,9 +186,14 @@ func (st *delta) handle(req *discoveryv3.DeltaDiscoveryRequest) error {
 		}
 		delete(ts.names, n)
 	}
-	for name := range ts.held {
-		if !ts.subscribed(name) {
-			delete(ts.held, name) // the proxy drops what it no longer subscribes to
+	if len(req.GetResourceNamesUnsubscribe()) > 0 || (first && !ts.wildcard) {
+		// The proxy drops what it no longer subscribes to. Only a request
+		// that narrows the subscription can do that; an ACK does not, and
+		// must not cost a pass over everything the proxy holds.
+		for name := range ts.held {
+			if !ts.subscribed(name) {
+				delete(ts.held, name)
+			}
 		}
 	}
 	newlyWildcard := ts.wildcard && (first || !wasWildcard)

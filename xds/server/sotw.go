@@ -164,25 +164,33 @@ func (st *sotw) handle(req *discoveryv3.DiscoveryRequest) error {
 			}
 			st.srv.fb.NACKed(st.key, st.id, t.URL(), ts.version, d.GetMessage())
 		} else {
-			ts.nacked = false
-			st.srv.fb.ACK(st.key, st.id, t.URL(), ts.version)
+			// Rejected resources not yet sent again keep the proxy short
+			// of the scope's configuration: it stays counted as rejecting.
+			ts.nacked = len(ts.retry) > 0
+			st.srv.fb.ACK(st.key, st.id, t.URL(), ts.version, !ts.nacked)
 		}
 	}
 
-	wildcard, names := false, make(map[string]struct{}, len(req.GetResourceNames()))
-	for _, n := range req.GetResourceNames() {
-		if n == "*" {
-			wildcard = true
-		} else {
-			names[n] = struct{}{}
+	// Most requests are ACKs that repeat the subscription: check that
+	// without building anything before parsing it anew.
+	changed := !ts.requested || !sameSubscription(req.GetResourceNames(), ts)
+	if changed {
+		wildcard, names := false, make(map[string]struct{}, len(req.GetResourceNames()))
+		for _, n := range req.GetResourceNames() {
+			if n == "*" {
+				wildcard = true
+			} else {
+				names[n] = struct{}{}
+			}
 		}
+		if len(names) == 0 && (!ts.requested || ts.wildcard) {
+			wildcard = true // legacy wildcard: an empty first request, kept while empty
+		}
+		changed = !ts.requested || wildcard != ts.wildcard || !sameKeys(names, ts.names)
+		ts.wildcard, ts.names = wildcard, names
 	}
-	if len(names) == 0 && (!ts.requested || ts.wildcard) {
-		wildcard = true // legacy wildcard: an empty first request, kept while empty
-	}
-	changed := !ts.requested || wildcard != ts.wildcard || !sameKeys(names, ts.names)
 	fresh := nonce == "" // a first request, or a reconnect: the proxy waits for a response
-	ts.requested, ts.wildcard, ts.names = true, wildcard, names
+	ts.requested = true
 	if !changed && !fresh {
 		st.reportSynced()
 		return nil
@@ -399,6 +407,28 @@ func (st *sotw) reportSynced() {
 		}
 	}
 	st.srv.fb.AtVersion(st.key, st.id, st.ver, st.revTime)
+}
+
+// sameSubscription reports whether a request's resource names are the
+// subscription the stream already has, without allocating.
+func sameSubscription(names []string, ts *sotwType) bool {
+	if len(names) == 0 {
+		return ts.wildcard && len(ts.names) == 0
+	}
+	star, n := false, 0
+	for _, name := range names {
+		if name == "*" {
+			star = true
+			continue
+		}
+		if _, ok := ts.names[name]; !ok {
+			return false
+		}
+		n++
+	}
+	// Duplicates in the request would make n overcount; a mismatch is only
+	// a slower path, never a wrong answer.
+	return n == len(ts.names) && star == ts.wildcard
 }
 
 func sameKeys(a, b map[string]struct{}) bool {
