@@ -88,6 +88,14 @@ test: ## Run every test against a real API server (builds the envtest binaries o
 helm: ## Build (once, cached) the pinned Helm that tests the chart; print its path.
 	@hack/helm.sh
 
+.PHONY: bench
+bench: ## Benchmark scopeplane against stock go-control-plane, every cell of docs/performance.md (minutes; BENCH_FLAGS adds flags).
+	go run ./hack/bench -preset full $(BENCH_FLAGS)
+
+.PHONY: bench-quick
+bench-quick: ## The same benchmark on a small world (S=500, N=50, every cell, under 2 minutes); fails if any proxy is wrong.
+	go run ./hack/bench -preset quick $(BENCH_FLAGS)
+
 ##@ Run
 
 .PHONY: build

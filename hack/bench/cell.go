@@ -1,0 +1,484 @@
+package main
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/scopeplane/scopeplane/xds/adsclient"
+	"github.com/scopeplane/scopeplane/xds/model"
+)
+
+// serveEnv marks a re-executed copy of the harness (or of its test binary)
+// as the control-plane process.
+const serveEnv = "SCOPEPLANE_BENCH_SERVE"
+
+// Cell is one combination the benchmark measures.
+type Cell struct {
+	Impl     string
+	Protocol model.Protocol
+	Layout   Layout
+	S, N     int
+}
+
+func (c Cell) String() string {
+	return fmt.Sprintf("%s/%s/%s/S=%d/N=%d", c.Impl, c.Protocol, c.Layout, c.S, c.N)
+}
+
+// Phase is what one event cost and whether every proxy ended up right.
+type Phase struct {
+	Name string
+	// Bytes is the protobuf size of every response the proxies received
+	// (gRPC and HTTP/2 framing excluded); Limit the smallest valid stream.
+	Bytes, Limit         int64
+	Responses, Resources int64
+	CPU                  time.Duration
+	// LoadCPU is the CPU the proxies' process used meanwhile: the two
+	// processes share the machine's cores.
+	LoadCPU time.Duration
+	// Affected proxies had something to receive; Lat holds the convergence
+	// time of each that converged.
+	Affected int
+	Lat      []time.Duration
+	// Failed counts proxies that did not converge or hold a wrong state.
+	Failed int
+	Errors []string
+	// Ready is, for a restart, how long the new process took to serve.
+	Ready time.Duration
+}
+
+// Converged is when the last affected proxy converged.
+func (p *Phase) Converged() time.Duration {
+	if len(p.Lat) == 0 {
+		return 0
+	}
+	return slices.Max(p.Lat)
+}
+
+// Percentile returns the q-quantile (0..1) of the convergence times.
+func (p *Phase) Percentile(q float64) time.Duration {
+	if len(p.Lat) == 0 {
+		return 0
+	}
+	s := slices.Clone(p.Lat)
+	slices.Sort(s)
+	i := int(q*float64(len(s))+0.999999) - 1
+	return s[max(0, min(i, len(s)-1))]
+}
+
+// Result is one cell's measurements.
+type Result struct {
+	Cell
+	Phases              []*Phase
+	RSSBefore, RSSAfter int64
+	Err                 string
+}
+
+// RSSPerProxy is the control plane's resident memory per connected proxy.
+func (r *Result) RSSPerProxy() float64 {
+	return float64(r.RSSAfter-r.RSSBefore) / float64(r.N)
+}
+
+// Failures counts proxies that were wrong or late, over all phases.
+func (r *Result) Failures() int {
+	n := 0
+	if r.Err != "" {
+		n++
+	}
+	for _, p := range r.Phases {
+		n += p.Failed
+	}
+	return n
+}
+
+// RunOptions tune a run.
+type RunOptions struct {
+	// EndpointEvents is how many single-endpoint events are measured.
+	EndpointEvents int
+	// ProfileDir, when set, receives a CPU profile of each control plane
+	// over its event phases (after the initial sync, before the restart).
+	ProfileDir string
+	// Timeout bounds each phase.
+	Timeout time.Duration
+	Log     io.Writer
+}
+
+// cpProc is a control-plane process.
+type cpProc struct {
+	cmd     *exec.Cmd
+	stdin   io.WriteCloser
+	lines   chan string
+	addr    string
+	started time.Time
+	ready   time.Time
+}
+
+func spawn(c Cell, addr, replay string) (*cpProc, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	args := []string{"serve", "-impl", c.Impl, "-services", strconv.Itoa(c.S), "-layout", string(c.Layout),
+		"-protocol", string(c.Protocol), "-addr", addr}
+	if replay != "" {
+		args = append(args, "-replay", replay)
+	}
+	cmd := exec.Command(self, args...)
+	cmd.Env = append(os.Environ(), serveEnv+"=1")
+	cmd.Stderr = os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	p := &cpProc{cmd: cmd, stdin: stdin, lines: make(chan string, 16), started: time.Now()}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	go func() {
+		defer close(p.lines)
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			p.lines <- sc.Text()
+		}
+	}()
+	line, err := p.read(5 * time.Minute)
+	if err != nil {
+		p.kill()
+		return nil, fmt.Errorf("control plane did not start: %w", err)
+	}
+	a, ok := strings.CutPrefix(line, "ready ")
+	if !ok {
+		p.kill()
+		return nil, fmt.Errorf("control plane said %q", line)
+	}
+	p.addr, p.ready = a, time.Now()
+	return p, nil
+}
+
+func (p *cpProc) read(timeout time.Duration) (string, error) {
+	select {
+	case l, ok := <-p.lines:
+		if !ok {
+			return "", errors.New("control plane exited")
+		}
+		return l, nil
+	case <-time.After(timeout):
+		return "", errors.New("control plane did not answer in time")
+	}
+}
+
+// do sends one command and returns the answer.
+func (p *cpProc) do(cmd string) (string, error) {
+	if _, err := io.WriteString(p.stdin, cmd+"\n"); err != nil {
+		return "", err
+	}
+	l, err := p.read(10 * time.Minute)
+	if err != nil {
+		return "", err
+	}
+	if strings.HasPrefix(l, "error ") {
+		return "", fmt.Errorf("%s: %s", cmd, l)
+	}
+	return l, nil
+}
+
+// cpu is the process's user+system CPU time so far.
+func (p *cpProc) cpu() (time.Duration, error) {
+	l, err := p.do("usage")
+	if err != nil {
+		return 0, err
+	}
+	n, err := strconv.ParseInt(strings.TrimPrefix(l, "usage "), 10, 64)
+	return time.Duration(n), err
+}
+
+// rss is the process's resident set after a forced GC, from /proc.
+func (p *cpProc) rss() (int64, error) {
+	if _, err := p.do("gc"); err != nil {
+		return 0, err
+	}
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(p.cmd.Process.Pid), "status"))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			return kb << 10, err
+		}
+	}
+	return 0, errors.New("no VmRSS")
+}
+
+func (p *cpProc) kill() {
+	_ = p.cmd.Process.Kill()
+	_ = p.cmd.Wait()
+}
+
+func (p *cpProc) quit() {
+	_, _ = io.WriteString(p.stdin, "quit\n")
+	_ = p.stdin.Close()
+	done := make(chan struct{})
+	go func() { _ = p.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-done
+	}
+}
+
+// runCell measures one cell: initial sync, the events, a restart.
+func runCell(c Cell, o RunOptions) *Result {
+	res := &Result{Cell: c}
+	if err := runCellErr(c, o, res); err != nil {
+		res.Err = err.Error()
+	}
+	return res
+}
+
+func logf(o RunOptions, format string, a ...any) {
+	if o.Log != nil {
+		fmt.Fprintf(o.Log, format+"\n", a...)
+	}
+}
+
+func runCellErr(c Cell, o RunOptions, res *Result) error {
+	w := NewWorld(WorldParams{Services: c.S, Layout: c.Layout, Protocol: c.Protocol})
+	truths, err := truthsOf(w, c.N)
+	if err != nil {
+		return err
+	}
+	cp, err := spawn(c, "127.0.0.1:0", "")
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if cp != nil {
+			cp.quit()
+		}
+	}()
+	if res.RSSBefore, err = cp.rss(); err != nil {
+		return err
+	}
+	l, err := newLoad(cp.addr, c.N, c.Protocol, w.Scopes)
+	if err != nil {
+		return err
+	}
+	defer l.close()
+
+	// Initial sync: every proxy connects at once and must receive its scope.
+	ph := &Phase{Name: "sync"}
+	limits := map[int]int{}
+	for _, p := range l.proxies {
+		pending := map[resKey]want{}
+		for t := range numTypes {
+			for name, r := range truths[p.scope][t] {
+				pending[resKey{t, name}] = want{present: true, digest: r.Digest}
+			}
+		}
+		p.arm(pending, 0, true)
+		if _, ok := limits[p.scope]; !ok {
+			limits[p.scope] = limitBytes(c.Protocol, truths[p.scope], Diff(nil, truths[p.scope]))
+		}
+		ph.Limit += int64(limits[p.scope])
+	}
+	ph.Affected = c.N
+	profBase := ""
+	if o.ProfileDir != "" {
+		profBase, _ = filepath.Abs(filepath.Join(o.ProfileDir, strings.NewReplacer("/", "-", "=", "").Replace(c.String())))
+		if _, err := cp.do("profile " + profBase + ".0-sync.cpu.pprof"); err != nil {
+			return err
+		}
+	}
+	if err := measure(cp, l, ph, o, func() error { l.start(); return nil }, truths); err != nil {
+		return err
+	}
+	if profBase != "" {
+		if _, err := cp.do("profile-stop"); err != nil {
+			return err
+		}
+	}
+	res.Phases = append(res.Phases, ph)
+	logf(o, "  %s: %s", c, phaseLine(ph))
+	if res.RSSAfter, err = cp.rss(); err != nil {
+		return err
+	}
+
+	if profBase != "" {
+		if _, err := cp.do("heapprofile " + profBase + ".heap.pprof"); err != nil {
+			return err
+		}
+	}
+	events := make([]string, 0, o.EndpointEvents+2)
+	for range o.EndpointEvents {
+		events = append(events, EvEndpoint)
+	}
+	events = append(events, EvDrain, EvAddRemove)
+	for _, ev := range events {
+		ph := &Phase{Name: ev}
+		if _, err := w.Apply(ev); err != nil {
+			return err
+		}
+		nextTruths, err := truthsOf(w, c.N)
+		if err != nil {
+			return err
+		}
+		diffs := map[int][]ResChange{}
+		for s := range nextTruths {
+			diffs[s] = Diff(truths[s], nextTruths[s])
+		}
+		limits := map[int]int{}
+		for _, p := range l.proxies {
+			d := diffs[p.scope]
+			if len(d) == 0 {
+				p.arm(nil, 0, false)
+				continue
+			}
+			pending := make(map[resKey]want, len(d))
+			for _, ch := range d {
+				pending[resKey{ch.T, ch.Name}] = want{present: ch.Present, digest: ch.Digest}
+			}
+			p.arm(pending, 0, true)
+			ph.Affected++
+			if _, ok := limits[p.scope]; !ok {
+				limits[p.scope] = limitBytes(c.Protocol, nextTruths[p.scope], d)
+			}
+			ph.Limit += int64(limits[p.scope])
+		}
+		truths = nextTruths
+		if profBase != "" {
+			if _, err := cp.do(fmt.Sprintf("profile %s.%d-%s.cpu.pprof", profBase, len(res.Phases), ev)); err != nil {
+				return err
+			}
+		}
+		if err := measure(cp, l, ph, o, func() error { _, err := cp.do("event " + ev); return err }, truths); err != nil {
+			return err
+		}
+		if profBase != "" {
+			if _, err := cp.do("profile-stop"); err != nil {
+				return err
+			}
+		}
+		res.Phases = append(res.Phases, ph)
+		logf(o, "  %s: %s", c, phaseLine(ph))
+	}
+	// Restart: kill the control plane, start it again with the same world;
+	// every proxy reconnects (delta ones declaring what they hold) and must
+	// get an answer for each type, and still hold the truth.
+	ph = &Phase{Name: "restart", Affected: c.N}
+	for _, p := range l.proxies {
+		p.arm(nil, 1<<numTypes-1, true)
+	}
+	before := l.counts()
+	l.tr.done.Store(0)
+	load0 := cpuNanos()
+	t0 := time.Now()
+	cp.kill()
+	next, err := spawn(c, cp.addr, strings.Join(w.Applied, ","))
+	if err != nil {
+		cp = nil
+		return err
+	}
+	cp = next
+	ph.Ready = cp.ready.Sub(t0)
+	l.waitDone(ph.Affected, t0.Add(o.Timeout))
+	l.settle(quiet, maxSettle)
+	if ph.CPU, err = cp.cpu(); err != nil {
+		return err
+	}
+	ph.LoadCPU = time.Duration(cpuNanos() - load0)
+	finish(l, ph, t0, before, truths)
+	res.Phases = append(res.Phases, ph)
+	logf(o, "  %s: %s", c, phaseLine(ph))
+	return nil
+}
+
+func truthsOf(w *World, n int) (map[int]*Truth, error) {
+	out := map[int]*Truth{}
+	for s, sc := range w.Scopes {
+		if s >= n {
+			break
+		}
+		tr, err := w.Truth(sc)
+		if err != nil {
+			return nil, err
+		}
+		out[s] = tr
+	}
+	return out, nil
+}
+
+const (
+	quiet     = 300 * time.Millisecond
+	maxSettle = 30 * time.Second
+)
+
+// measure runs one phase: trigger, wait until the armed proxies converged,
+// wait for the traffic to stop, then read the costs and verify every proxy.
+func measure(cp *cpProc, l *load, ph *Phase, o RunOptions, trigger func() error, truths map[int]*Truth) error {
+	before := l.counts()
+	l.tr.done.Store(0)
+	cpu0, err := cp.cpu()
+	if err != nil {
+		return err
+	}
+	load0 := cpuNanos()
+	t0 := time.Now()
+	if err := trigger(); err != nil {
+		return err
+	}
+	l.waitDone(ph.Affected, t0.Add(o.Timeout))
+	l.settle(quiet, maxSettle)
+	cpu1, err := cp.cpu()
+	if err != nil {
+		return err
+	}
+	ph.CPU = cpu1 - cpu0
+	ph.LoadCPU = time.Duration(cpuNanos() - load0)
+	finish(l, ph, t0, before, truths)
+	return nil
+}
+
+// finish reads a phase's traffic and convergence times, and checks every
+// proxy against the truth of its scope.
+func finish(l *load, ph *Phase, t0 time.Time, before adsclient.Counts, truths map[int]*Truth) {
+	after := l.counts()
+	ph.Bytes = after.Bytes - before.Bytes
+	ph.Responses = after.Responses - before.Responses
+	ph.Resources = after.Resources - before.Resources
+	fail := func(err error) {
+		ph.Failed++
+		if len(ph.Errors) < 5 {
+			ph.Errors = append(ph.Errors, err.Error())
+		}
+	}
+	for _, p := range l.proxies {
+		done, at, left, counted := p.result()
+		switch {
+		case !counted:
+		case done:
+			ph.Lat = append(ph.Lat, at.Sub(t0))
+		default:
+			fail(fmt.Errorf("proxy-%d did not converge: %d resources still pending", p.idx, left))
+			continue
+		}
+		if err := p.verify(truths[p.scope]); err != nil {
+			fail(err)
+		}
+	}
+}

@@ -1,0 +1,547 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
+	"github.com/scopeplane/scopeplane/xds/adsclient"
+	"github.com/scopeplane/scopeplane/xds/model"
+)
+
+// proxiesPerConn is how many proxies share one gRPC connection: each proxy
+// has its own ADS stream, and a thousand proxies need ten sockets, not a
+// thousand.
+const proxiesPerConn = 100
+
+// tracker is shared by every proxy of a load.
+type tracker struct {
+	done      atomic.Int64 // armed proxies that converged in this phase
+	lastEvent atomic.Int64 // unix nanos of the last processed response
+}
+
+type resKey struct {
+	t    int
+	name string
+}
+
+type want struct {
+	present bool
+	digest  uint64
+}
+
+type seenRes struct {
+	name   string
+	digest uint64
+}
+
+// proxy is one simulated Envoy: an adsclient.Client on its own ADS stream,
+// subscribing as Envoy does (SotW: wildcard CDS and LDS, EDS and RDS by the
+// names the clusters and listeners reference; Delta: wildcard for all four),
+// plus the bookkeeping that timestamps its convergence.
+type proxy struct {
+	idx   int
+	scope int
+	proto adsclient.Protocol
+	c     *adsclient.Client
+	tr    *tracker
+
+	mu sync.Mutex
+	// edsNext and rdsNext are the names the response being judged references.
+	edsNext, rdsNext []string
+	// eds and rds are the current by-name subscriptions (SotW).
+	eds, rds map[string]struct{}
+	// stash holds the pending resources the response being judged carries.
+	stash []seenRes
+	// pending is what must still arrive (or go) for the phase to be done.
+	pending map[resKey]want
+	absent  [numTypes]int
+	// need holds the types that must still get a response on the current
+	// stream (after a restart).
+	need    uint8
+	counted bool
+	done    bool
+	doneAt  time.Time
+	nacks   int
+	opens   int
+}
+
+func newProxy(idx, scope int, key model.Key, p adsclient.Protocol, tr *tracker) *proxy {
+	px := &proxy{idx: idx, scope: scope, proto: p, tr: tr, eds: map[string]struct{}{}, rds: map[string]struct{}{}}
+	cfg := adsclient.Config{
+		Protocol: p,
+		Node: &corev3.Node{
+			Id:      fmt.Sprintf("proxy-%d", idx),
+			Cluster: "bench",
+			Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{
+				xdsv1alpha1.ScopeMetadataKey: structpb.NewStringValue(key.String()),
+			}},
+		},
+		Types:   typeURLs[:],
+		Reject:  px.judge,
+		OnEvent: px.onEvent,
+	}
+	if p == adsclient.SotW {
+		cfg.Wildcard = map[string]bool{adsclient.ClusterType: true, adsclient.ListenerType: true}
+	} else {
+		cfg.Wildcard = map[string]bool{adsclient.ClusterType: true, adsclient.EndpointType: true, adsclient.ListenerType: true, adsclient.RouteType: true}
+	}
+	px.c = adsclient.New(cfg)
+	return px
+}
+
+// judge sees every response before it is applied (it never rejects): it
+// notes the digests of the resources the phase waits for and, in SotW, the
+// names the clusters and listeners reference.
+func (p *proxy) judge(typeURL string, resources []*anypb.Any, _ []string) string {
+	t := typeIndex(typeURL)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.stash = p.stash[:0]
+	if len(p.pending) > 0 {
+		for _, a := range resources {
+			name := stringField(a.GetValue(), 1)
+			if _, ok := p.pending[resKey{t, name}]; ok {
+				p.stash = append(p.stash, seenRes{name, digest(a.GetValue())})
+			}
+		}
+	}
+	if p.proto == adsclient.SotW {
+		switch t {
+		case tClusters:
+			p.edsNext = p.edsNext[:0]
+			for _, a := range resources {
+				if n := edsServiceName(a.GetValue()); n != "" {
+					p.edsNext = append(p.edsNext, n)
+				}
+			}
+		case tListeners:
+			p.rdsNext = p.rdsNext[:0]
+			for _, a := range resources {
+				p.rdsNext = append(p.rdsNext, routeNames(a)...)
+			}
+		}
+	}
+	return ""
+}
+
+// onEvent runs after each response was applied and answered.
+func (p *proxy) onEvent(ev adsclient.Event) {
+	now := time.Now()
+	p.tr.lastEvent.Store(now.UnixNano())
+	t := typeIndex(ev.TypeURL)
+	if t < 0 {
+		return
+	}
+	p.mu.Lock()
+	if !ev.Accepted {
+		p.nacks++
+		p.mu.Unlock()
+		return
+	}
+	if len(p.pending) > 0 {
+		for _, s := range p.stash {
+			k := resKey{t, s.name}
+			if w, ok := p.pending[k]; ok && w.present && w.digest == s.digest {
+				delete(p.pending, k)
+			}
+		}
+		for _, n := range ev.Removed {
+			p.satisfyAbsent(resKey{t, n})
+		}
+		if p.proto == adsclient.SotW && fullState(t) && p.absent[t] > 0 {
+			in := make(map[string]struct{}, len(ev.Names))
+			for _, n := range ev.Names {
+				in[n] = struct{}{}
+			}
+			for k := range p.pending {
+				if _, ok := in[k.name]; k.t == t && !ok {
+					p.satisfyAbsent(k)
+				}
+			}
+		}
+	}
+	p.stash = p.stash[:0]
+	p.need &^= 1 << t
+	var subE, unsubE, subR, unsubR []string
+	if p.proto == adsclient.SotW {
+		switch t {
+		case tClusters:
+			subE, unsubE = p.resubscribe(p.eds, p.edsNext, tEndpoints)
+		case tListeners:
+			subR, unsubR = p.resubscribe(p.rds, p.rdsNext, tRoutes)
+		}
+	}
+	p.checkDoneLocked(now)
+	p.mu.Unlock()
+	// Subscribing first and unsubscribing second costs both servers at most
+	// one response: the first request names a resource that is gone.
+	if len(subE) > 0 {
+		_ = p.c.Subscribe(adsclient.EndpointType, subE...)
+	}
+	if len(unsubE) > 0 {
+		_ = p.c.Unsubscribe(adsclient.EndpointType, unsubE...)
+	}
+	if len(subR) > 0 {
+		_ = p.c.Subscribe(adsclient.RouteType, subR...)
+	}
+	if len(unsubR) > 0 {
+		_ = p.c.Unsubscribe(adsclient.RouteType, unsubR...)
+	}
+}
+
+func (p *proxy) satisfyAbsent(k resKey) {
+	if w, ok := p.pending[k]; ok && !w.present {
+		delete(p.pending, k)
+		p.absent[k.t]--
+	}
+}
+
+// resubscribe makes cur equal to next and returns the names added and
+// removed; a removed name no longer held satisfies its pending removal.
+func (p *proxy) resubscribe(cur map[string]struct{}, next []string, t int) (added, removed []string) {
+	nextSet := make(map[string]struct{}, len(next))
+	for _, n := range next {
+		nextSet[n] = struct{}{}
+		if _, ok := cur[n]; !ok {
+			added = append(added, n)
+			cur[n] = struct{}{}
+		}
+	}
+	for n := range cur {
+		if _, ok := nextSet[n]; !ok {
+			removed = append(removed, n)
+			delete(cur, n)
+			p.satisfyAbsent(resKey{t, n})
+		}
+	}
+	return added, removed
+}
+
+func (p *proxy) checkDoneLocked(now time.Time) {
+	if p.done || len(p.pending) > 0 || p.need != 0 {
+		return
+	}
+	p.done, p.doneAt = true, now
+	if p.counted {
+		p.tr.done.Add(1)
+	}
+}
+
+// arm starts a phase: pending must arrive (or go), need lists the types that
+// must get a response on a new stream; counted proxies are waited for.
+func (p *proxy) arm(pending map[resKey]want, need uint8, counted bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.pending, p.need, p.counted = pending, need, counted
+	p.absent = [numTypes]int{}
+	for k, w := range pending {
+		if !w.present {
+			p.absent[k.t]++
+		}
+	}
+	p.done, p.doneAt = false, time.Time{}
+	p.checkDoneLocked(time.Now())
+}
+
+func (p *proxy) result() (done bool, at time.Time, left int, counted bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.done, p.doneAt, len(p.pending), p.counted
+}
+
+func (p *proxy) opened() {
+	p.mu.Lock()
+	p.opens++
+	p.mu.Unlock()
+}
+
+// verify checks that the proxy holds exactly the truth of its scope, byte
+// for byte, and rejected nothing.
+func (p *proxy) verify(tr *Truth) error {
+	for t := range numTypes {
+		held := p.c.State(typeURLs[t])
+		for name, w := range tr[t] {
+			h, ok := held[name]
+			switch {
+			case !ok || h.Resource == nil:
+				return fmt.Errorf("proxy-%d: %s %q missing", p.idx, shortType(t), name)
+			case !bytes.Equal(h.Resource.GetValue(), w.Body) && !sameMessage(t, h.Resource.GetValue(), w.Body):
+				return fmt.Errorf("proxy-%d: %s %q differs from the truth", p.idx, shortType(t), name)
+			}
+		}
+		if len(held) != len(tr[t]) {
+			for name := range held {
+				if _, ok := tr[t][name]; !ok {
+					return fmt.Errorf("proxy-%d: holds %s %q, which is gone (%d held, %d in the truth)", p.idx, shortType(t), name, len(held), len(tr[t]))
+				}
+			}
+		}
+	}
+	p.mu.Lock()
+	nacks := p.nacks
+	p.mu.Unlock()
+	if st := p.c.Stats(); st.NACKs > 0 || nacks > 0 {
+		return fmt.Errorf("proxy-%d: NACKed %d responses", p.idx, st.NACKs)
+	}
+	return nil
+}
+
+// sameMessage compares two encodings by content, for a server whose
+// encoding differs from the truth's but means the same.
+func sameMessage(t int, a, b []byte) bool {
+	ma, err := (&anypb.Any{TypeUrl: typeURLs[t], Value: a}).UnmarshalNew()
+	if err != nil {
+		return false
+	}
+	mb, err := (&anypb.Any{TypeUrl: typeURLs[t], Value: b}).UnmarshalNew()
+	if err != nil {
+		return false
+	}
+	return proto.Equal(ma, mb)
+}
+
+func shortType(t int) string {
+	return [numTypes]string{"cluster", "assignment", "listener", "route"}[t]
+}
+
+// stringField reads string field num of an encoded message without decoding
+// the rest: every resource type's name is field 1.
+func stringField(b []byte, num protowire.Number) string {
+	out := ""
+	scanFields(b, func(n protowire.Number, typ protowire.Type, v []byte, _ uint64) {
+		if n == num && typ == protowire.BytesType {
+			out = string(v)
+		}
+	})
+	return out
+}
+
+// edsServiceName returns the EDS service name an encoded Cluster subscribes
+// to (its eds_cluster_config.service_name, else its name), or "" when the
+// cluster is not an EDS cluster — what Envoy asks EDS for after CDS.
+func edsServiceName(b []byte) string {
+	var name, service string
+	eds := false
+	scanFields(b, func(n protowire.Number, typ protowire.Type, v []byte, x uint64) {
+		switch {
+		case n == 1 && typ == protowire.BytesType:
+			name = string(v)
+		case n == 2 && typ == protowire.VarintType:
+			eds = x == 3 // Cluster_EDS
+		case n == 3 && typ == protowire.BytesType:
+			service = stringField(v, 2)
+		}
+	})
+	switch {
+	case !eds:
+		return ""
+	case service != "":
+		return service
+	default:
+		return name
+	}
+}
+
+// routeNames returns the route configurations a Listener's connection
+// managers fetch over RDS.
+func routeNames(a *anypb.Any) []string {
+	var l listenerv3.Listener
+	if err := proto.Unmarshal(a.GetValue(), &l); err != nil {
+		return nil
+	}
+	var out []string
+	add := func(tc *anypb.Any) {
+		var hcm hcmv3.HttpConnectionManager
+		if tc == nil || !tc.MessageIs(&hcm) || tc.UnmarshalTo(&hcm) != nil {
+			return
+		}
+		if n := hcm.GetRds().GetRouteConfigName(); n != "" {
+			out = append(out, n)
+		}
+	}
+	add(l.GetApiListener().GetApiListener())
+	chains := append(l.GetFilterChains(), l.GetDefaultFilterChain())
+	for _, fc := range chains {
+		for _, f := range fc.GetFilters() {
+			add(f.GetTypedConfig())
+		}
+	}
+	return out
+}
+
+func scanFields(b []byte, fn func(n protowire.Number, typ protowire.Type, v []byte, x uint64)) {
+	for len(b) > 0 {
+		n, typ, l := protowire.ConsumeTag(b)
+		if l < 0 {
+			return
+		}
+		b = b[l:]
+		switch typ {
+		case protowire.BytesType:
+			v, l := protowire.ConsumeBytes(b)
+			if l < 0 {
+				return
+			}
+			fn(n, typ, v, 0)
+			b = b[l:]
+		case protowire.VarintType:
+			x, l := protowire.ConsumeVarint(b)
+			if l < 0 {
+				return
+			}
+			fn(n, typ, nil, x)
+			b = b[l:]
+		default:
+			l := protowire.ConsumeFieldValue(n, typ, b)
+			if l < 0 {
+				return
+			}
+			b = b[l:]
+		}
+	}
+}
+
+// proxyConn is a proxy's view of a shared connection: streams wait for the
+// connection to be ready (so a proxy reconnects as soon as the control plane
+// is back) and every stream opened is counted.
+type proxyConn struct {
+	cc *grpc.ClientConn
+	p  *proxy
+}
+
+func (c *proxyConn) Invoke(ctx context.Context, method string, args, reply any, opts ...grpc.CallOption) error {
+	return c.cc.Invoke(ctx, method, args, reply, opts...)
+}
+
+func (c *proxyConn) NewStream(ctx context.Context, desc *grpc.StreamDesc, method string, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	s, err := c.cc.NewStream(ctx, desc, method, append(opts, grpc.WaitForReady(true))...)
+	if err == nil {
+		c.p.opened()
+	}
+	return s, err
+}
+
+// load is N proxies against one control plane address.
+type load struct {
+	proxies []*proxy
+	conns   []*grpc.ClientConn
+	tr      *tracker
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+}
+
+func newLoad(addr string, n int, p model.Protocol, scopes []*model.Scope) (*load, error) {
+	l := &load{tr: &tracker{}}
+	ap := adsclient.SotW
+	if p == model.Delta {
+		ap = adsclient.Delta
+	}
+	for i := 0; i < n; i += proxiesPerConn {
+		cc, err := grpc.NewClient("passthrough:///"+addr,
+			grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(1<<30)),
+			// Reconnect quickly after a restart; Envoy's own backoff
+			// (500 ms base) would add its delay to what is measured.
+			grpc.WithConnectParams(grpc.ConnectParams{
+				Backoff:           backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 500 * time.Millisecond},
+				MinConnectTimeout: 5 * time.Second,
+			}),
+		)
+		if err != nil {
+			l.close()
+			return nil, err
+		}
+		l.conns = append(l.conns, cc)
+	}
+	for i := range n {
+		s := i % len(scopes)
+		l.proxies = append(l.proxies, newProxy(i, s, scopes[s].Key, ap, l.tr))
+	}
+	return l, nil
+}
+
+// start runs every proxy, reconnecting whenever its stream ends, until stop.
+func (l *load) start() {
+	ctx, cancel := context.WithCancel(context.Background())
+	l.cancel = cancel
+	for i, p := range l.proxies {
+		conn := &proxyConn{cc: l.conns[i/proxiesPerConn], p: p}
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			for ctx.Err() == nil {
+				_ = p.c.Run(ctx, conn)
+				select {
+				case <-ctx.Done():
+				case <-time.After(20 * time.Millisecond):
+				}
+			}
+		}()
+	}
+}
+
+func (l *load) close() {
+	if l.cancel != nil {
+		l.cancel()
+		l.wg.Wait()
+	}
+	for _, cc := range l.conns {
+		_ = cc.Close()
+	}
+}
+
+// counts sums every proxy's traffic counters.
+func (l *load) counts() adsclient.Counts {
+	var c adsclient.Counts
+	for _, p := range l.proxies {
+		s := p.c.Stats()
+		c.Bytes += s.Bytes
+		c.Responses += s.Responses
+		c.Resources += s.Resources
+		c.Removed += s.Removed
+		c.NACKs += s.NACKs
+		c.Unrequested += s.Unrequested
+		c.Ignored += s.Ignored
+	}
+	return c
+}
+
+// waitDone waits until want armed proxies converged, or the deadline.
+func (l *load) waitDone(want int, deadline time.Time) bool {
+	for time.Now().Before(deadline) {
+		if int(l.tr.done.Load()) >= want {
+			return true
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	return int(l.tr.done.Load()) >= want
+}
+
+// settle waits until no proxy processed a response for quiet, so traffic
+// that follows convergence is counted in its phase; at most max.
+func (l *load) settle(quiet, max time.Duration) {
+	end := time.Now().Add(max)
+	for time.Now().Before(end) {
+		idle := time.Since(time.Unix(0, l.tr.lastEvent.Load()))
+		if idle >= quiet {
+			return
+		}
+		time.Sleep(min(quiet-idle, 20*time.Millisecond))
+	}
+}

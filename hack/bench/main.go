@@ -1,0 +1,197 @@
+// Command bench measures scopeplane's control plane against a baseline built
+// on stock go-control-plane (SnapshotCache, one snapshot per node) with
+// simulated Envoy proxies: real gRPC ADS streams over loopback, driven by
+// xds/adsclient, which ACK, apply and are checked against the truth after
+// every event.
+//
+// The driver (this process) runs the proxies; each control plane runs in a
+// process of its own, this binary re-executed as `bench serve`, so that its
+// CPU and memory are measured alone. The driver tells it to apply events over
+// stdin, reads its CPU time (getrusage) and its RSS (/proc/<pid>/status), and
+// kills and restarts it for the restart event.
+//
+//	go run ./hack/bench -preset full    # make bench: the documented figures
+//	go run ./hack/bench -preset quick   # make bench-quick: S=500, N=50, every cell
+//	go run ./hack/bench serve -impl scopeplane -services 1000 -cpuprofile cp.pprof
+//
+// Timings are reported, never asserted; correctness is: the run exits 1 when
+// any proxy did not converge or held something other than the truth.
+package main
+
+import (
+	"bytes"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"runtime/pprof"
+	"strings"
+	"time"
+
+	"github.com/scopeplane/scopeplane/xds/model"
+)
+
+func main() {
+	args := os.Args[1:]
+	if len(args) > 0 && args[0] == "serve" {
+		os.Exit(serveMain(args[1:]))
+	}
+	if os.Getenv(serveEnv) == "1" {
+		os.Exit(serveMain(args))
+	}
+	if len(args) > 0 && args[0] == "run" {
+		args = args[1:]
+	}
+	os.Exit(runMain(args, os.Stdout, os.Stderr))
+}
+
+// size is one world size and the layouts measured at it.
+type size struct {
+	S, N    int
+	Layouts []Layout
+}
+
+// Preset is a named benchmark configuration.
+type Preset struct {
+	Sizes          []size
+	EndpointEvents int
+	Timeout        time.Duration
+}
+
+// Presets: full is the documented run, quick checks every cell on a small
+// world in under two minutes, tiny is what `go test` runs.
+var Presets = map[string]Preset{
+	"full": {Sizes: []size{
+		{S: 10000, N: 100, Layouts: []Layout{Unscoped, Scoped}},
+		{S: 1000, N: 1000, Layouts: []Layout{Unscoped, Scoped}},
+		{S: 10000, N: 1000, Layouts: []Layout{Scoped}},
+	}, EndpointEvents: 3, Timeout: 5 * time.Minute},
+	"quick": {Sizes: []size{{S: 500, N: 50, Layouts: []Layout{Unscoped, Scoped}}}, EndpointEvents: 2, Timeout: time.Minute},
+	"tiny":  {Sizes: []size{{S: 60, N: 10, Layouts: []Layout{Unscoped, Scoped}}}, EndpointEvents: 1, Timeout: 30 * time.Second},
+}
+
+// Cells lists a preset's cells, baseline next to scopeplane.
+func (p Preset) Cells(impls []string, protocols []model.Protocol) []Cell {
+	var out []Cell
+	for _, sz := range p.Sizes {
+		for _, l := range sz.Layouts {
+			for _, proto := range protocols {
+				for _, impl := range impls {
+					out = append(out, Cell{Impl: impl, Protocol: proto, Layout: l, S: sz.S, N: sz.N})
+				}
+			}
+		}
+	}
+	return out
+}
+
+func runMain(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	preset := fs.String("preset", "quick", "full, quick or tiny")
+	impls := fs.String("impl", "baseline,scopeplane", "implementations to measure")
+	protocols := fs.String("protocol", "SotW,Delta", "protocols to measure")
+	layouts := fs.String("layout", "", "only these layouts (default: the preset's)")
+	only := fs.String("size", "", "measure this size instead of the preset's, as SxN (e.g. 1000x1000)")
+	out := fs.String("out", "", "also write the markdown report to this file")
+	profile := fs.String("profile", "", "write into this directory a CPU profile of each control plane per phase (sync, each event), and a heap profile after the initial sync")
+	loadprofile := fs.String("loadprofile", "", "write a CPU profile of this (the proxies') process to this file")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if *loadprofile != "" {
+		f, err := os.Create(*loadprofile)
+		if err != nil {
+			fmt.Fprintln(stderr, err)
+			return 1
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintln(stderr, err)
+			return 1
+		}
+		defer func() { pprof.StopCPUProfile(); _ = f.Close() }()
+	}
+	p, ok := Presets[*preset]
+	if !ok {
+		fmt.Fprintf(stderr, "unknown -preset %q\n", *preset)
+		return 2
+	}
+	if *only != "" {
+		var sz size
+		if _, err := fmt.Sscanf(*only, "%dx%d", &sz.S, &sz.N); err != nil || sz.S < 22 || sz.N < 1 {
+			fmt.Fprintf(stderr, "-size %q: want SxN with S >= 22 and N >= 1\n", *only)
+			return 2
+		}
+		sz.Layouts = []Layout{Unscoped, Scoped}
+		p.Sizes = []size{sz}
+	}
+	var protos []model.Protocol
+	for _, s := range strings.Split(*protocols, ",") {
+		protos = append(protos, model.Protocol(s))
+	}
+	cells := p.Cells(strings.Split(*impls, ","), protos)
+	cells = filterCells(cells, *layouts)
+	if *profile != "" {
+		if err := os.MkdirAll(*profile, 0o755); err != nil {
+			fmt.Fprintln(stderr, err)
+			return 1
+		}
+	}
+	results, header := run(cells, RunOptions{EndpointEvents: p.EndpointEvents, ProfileDir: *profile, Timeout: p.Timeout, Log: stderr},
+		"go run ./hack/bench "+strings.Join(args, " "))
+	var buf bytes.Buffer
+	Report(&buf, results, header)
+	_, _ = stdout.Write(buf.Bytes())
+	if *out != "" {
+		if err := os.WriteFile(*out, buf.Bytes(), 0o644); err != nil {
+			fmt.Fprintln(stderr, err)
+			return 1
+		}
+	}
+	failed := 0
+	for _, r := range results {
+		failed += r.Failures()
+	}
+	if failed > 0 {
+		fmt.Fprintf(stderr, "bench: %d proxies were late or wrong (see the correct column)\n", failed)
+		return 1
+	}
+	return 0
+}
+
+func filterCells(cells []Cell, layouts string) []Cell {
+	var out []Cell
+	for _, c := range cells {
+		if layouts == "" || strings.Contains(","+layouts+",", ","+string(c.Layout)+",") {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// run measures every cell, one after the other.
+func run(cells []Cell, o RunOptions, command string) ([]*Result, string) {
+	start := time.Now()
+	load0 := loadAvg()
+	var results []*Result
+	for _, c := range cells {
+		logf(o, "%s", c)
+		results = append(results, runCell(c, o))
+	}
+	header := fmt.Sprintf("## Results\n\n`%s` — %s, %d cores, %s, load average %s at start and %s at end, %s.",
+		command, start.Format("2006-01-02 15:04 MST"), runtime.NumCPU(), runtime.Version(), load0, loadAvg(), time.Since(start).Round(time.Second))
+	return results, header
+}
+
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "?"
+	}
+	return strings.Join(f[:3], "/")
+}

@@ -1,0 +1,310 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/scopeplane/scopeplane/xds/model"
+)
+
+func phaseLine(p *Phase) string {
+	s := fmt.Sprintf("%-9s bytes=%s limit=%s cpu=%s load-cpu=%s p50=%s p99=%s max=%s affected=%d failed=%d",
+		p.Name, human(p.Bytes), human(p.Limit), ms(p.CPU), ms(p.LoadCPU), ms(p.Percentile(0.5)), ms(p.Percentile(0.99)), ms(p.Converged()), p.Affected, p.Failed)
+	for _, e := range p.Errors {
+		s += "\n      " + e
+	}
+	return s
+}
+
+func human(n int64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.2f GB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KB", float64(n)/(1<<10))
+	default:
+		return fmt.Sprintf("%d B", n)
+	}
+}
+
+func ms(d time.Duration) string {
+	switch {
+	case d >= 10*time.Second:
+		return fmt.Sprintf("%.1f s", d.Seconds())
+	case d >= time.Second:
+		return fmt.Sprintf("%.2f s", d.Seconds())
+	default:
+		return fmt.Sprintf("%.1f ms", float64(d)/float64(time.Millisecond))
+	}
+}
+
+func ratio(a, b float64) string {
+	if b == 0 {
+		return "—"
+	}
+	r := a / b
+	switch {
+	case r >= 100:
+		return fmt.Sprintf("%.0f×", r)
+	case r >= 10:
+		return fmt.Sprintf("%.1f×", r)
+	default:
+		return fmt.Sprintf("%.2f×", r)
+	}
+}
+
+func (r *Result) phase(name string) *Phase {
+	for _, p := range r.Phases {
+		if p.Name == name {
+			return p
+		}
+	}
+	return nil
+}
+
+// merged folds repeated phases of one event into one: bytes, limit and CPU
+// averaged per event, convergence times pooled.
+func (r *Result) merged() []*Phase {
+	var out []*Phase
+	idx := map[string]int{}
+	count := map[string]int{}
+	for _, p := range r.Phases {
+		i, ok := idx[p.Name]
+		if !ok {
+			c := *p
+			c.Lat = append([]time.Duration(nil), p.Lat...)
+			idx[p.Name] = len(out)
+			out = append(out, &c)
+			count[p.Name] = 1
+			continue
+		}
+		m := out[i]
+		m.Bytes += p.Bytes
+		m.Limit += p.Limit
+		m.Responses += p.Responses
+		m.Resources += p.Resources
+		m.CPU += p.CPU
+		m.LoadCPU += p.LoadCPU
+		m.Lat = append(m.Lat, p.Lat...)
+		m.Failed += p.Failed
+		m.Errors = append(m.Errors, p.Errors...)
+		count[p.Name]++
+	}
+	for _, m := range out {
+		n := int64(count[m.Name])
+		m.Bytes /= n
+		m.Limit /= n
+		m.Responses /= n
+		m.Resources /= n
+		m.CPU /= time.Duration(n)
+		m.LoadCPU /= time.Duration(n)
+		if n > 1 {
+			m.Name = fmt.Sprintf("%s (mean of %d)", m.Name, n)
+		}
+	}
+	return out
+}
+
+func cellLabel(c Cell) string {
+	return fmt.Sprintf("%s %s %s S=%d N=%d", c.Impl, c.Protocol, c.Layout, c.S, c.N)
+}
+
+// pairKey names the cell a scopeplane cell is compared with.
+func pairKey(c Cell) string {
+	return fmt.Sprintf("%s/%s/%d/%d", c.Protocol, c.Layout, c.S, c.N)
+}
+
+// Report writes the markdown tables.
+func Report(w io.Writer, results []*Result, header string) {
+	fmt.Fprintln(w, header)
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "### Per event")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "Bytes are the protobuf size of every response the proxies received (gRPC/HTTP2 framing excluded); ×limit compares them with the smallest valid response stream carrying only the changed resources. CP CPU is the control-plane process's user+system time from the event until traffic stopped; load CPU is the proxies' process's meanwhile (both share the cores). Convergence is event → the proxy ACKed its last changed resource, over the proxies the event affects.")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "| cell | event | bytes | bytes/proxy | ×limit | CP CPU | load CPU | p50 | p99 | max | affected | correct |")
+	fmt.Fprintln(w, "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|")
+	for _, r := range results {
+		if r.Err != "" {
+			fmt.Fprintf(w, "| %s | error | %s ||||||||||\n", cellLabel(r.Cell), strings.ReplaceAll(r.Err, "|", "/"))
+			continue
+		}
+		for _, p := range r.merged() {
+			if p.Name == "restart" {
+				continue
+			}
+			lim := "—"
+			if p.Limit > 0 {
+				lim = ratio(float64(p.Bytes), float64(p.Limit))
+			}
+			fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %d | %s |\n", cellLabel(r.Cell), p.Name,
+				human(p.Bytes), human(p.Bytes/int64(r.N)), lim, ms(p.CPU), ms(p.LoadCPU), ms(p.Percentile(0.5)), ms(p.Percentile(0.99)), ms(p.Converged()),
+				p.Affected, okText(p.Failed))
+		}
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "### Memory and restart")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "RSS per proxy is (RSS after the initial sync − RSS before any proxy connected) / N, each read from /proc after a forced GC. Restart: the control-plane process is killed and started again with the same world; times are from the kill; CPU is the new process's whole life until traffic stopped (building the world included); resources are those the proxies received again.")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "| cell | RSS before | RSS/proxy | restart: serving | restart: all converged | restart bytes | restart resources | restart CPU | correct |")
+	fmt.Fprintln(w, "|---|--:|--:|--:|--:|--:|--:|--:|---|")
+	for _, r := range results {
+		p := r.phase("restart")
+		if r.Err != "" || p == nil {
+			continue
+		}
+		fmt.Fprintf(w, "| %s | %s | %.1f KB | %s | %s | %s | %d | %s | %s |\n", cellLabel(r.Cell), human(r.RSSBefore), r.RSSPerProxy()/1024,
+			ms(p.Ready), ms(p.Converged()), human(p.Bytes), p.Resources, ms(p.CPU), okText(p.Failed))
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "### scopeplane vs baseline")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "Bytes and p99 as scopeplane/baseline (below 1 is better); CPU and RSS as baseline/scopeplane (how many times lower scopeplane is).")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "| protocol layout size | event | bytes sp/bl | CPU ×lower | p99 sp/bl |")
+	fmt.Fprintln(w, "|---|---|--:|--:|--:|")
+	base := map[string]*Result{}
+	for _, r := range results {
+		if r.Impl == "baseline" && r.Err == "" {
+			base[pairKey(r.Cell)] = r
+		}
+	}
+	for _, r := range results {
+		b := base[pairKey(r.Cell)]
+		if r.Impl != "scopeplane" || r.Err != "" || b == nil {
+			continue
+		}
+		bm := map[string]*Phase{}
+		for _, p := range b.merged() {
+			bm[p.Name] = p
+		}
+		for _, p := range r.merged() {
+			q := bm[p.Name]
+			if q == nil {
+				continue
+			}
+			fmt.Fprintf(w, "| %s %s S=%d N=%d | %s | %s | %s | %s |\n", r.Protocol, r.Layout, r.S, r.N, p.Name,
+				ratio(float64(p.Bytes), float64(q.Bytes)), ratio(float64(q.CPU), float64(p.CPU)),
+				ratio(float64(p.Percentile(0.99)), float64(q.Percentile(0.99))))
+		}
+		fmt.Fprintf(w, "| %s %s S=%d N=%d | RSS/proxy | | %s | |\n", r.Protocol, r.Layout, r.S, r.N, ratio(b.RSSPerProxy(), r.RSSPerProxy()))
+	}
+	fmt.Fprintln(w)
+	targets(w, results, base)
+}
+
+func okText(failed int) string {
+	if failed == 0 {
+		return "yes"
+	}
+	return fmt.Sprintf("**NO (%d)**", failed)
+}
+
+// targets checks scopeplane's cells against DESIGN.md's performance targets.
+func targets(w io.Writer, results []*Result, base map[string]*Result) {
+	var (
+		worstLimit                      float64
+		worstLimitAt                    string
+		minEndpointCPU, minSyncCPU      = 1e18, 1e18
+		minEndpointAt, minSyncAt        string
+		worstP99                        time.Duration
+		worstP99At                      string
+		worstRSS                        float64
+		worstRSSAt                      string
+		worstRestart                    time.Duration
+		worstRestartAt                  string
+		deltaRestartRes                 int64
+		deltaRestartAt                  string
+		haveN1000                       bool
+		haveBase, haveSP, haveDeltaCell bool
+	)
+	for _, r := range results {
+		if r.Impl != "scopeplane" || r.Err != "" {
+			continue
+		}
+		haveSP = true
+		label := cellLabel(r.Cell)
+		for _, p := range r.merged() {
+			event := p.Name != "sync" && p.Name != "restart"
+			if event && p.Limit > 0 {
+				if x := float64(p.Bytes) / float64(p.Limit); x > worstLimit {
+					worstLimit, worstLimitAt = x, label+" "+p.Name
+				}
+			}
+			if event && r.N >= 1000 {
+				haveN1000 = true
+				if d := p.Percentile(0.99); d > worstP99 {
+					worstP99, worstP99At = d, label+" "+p.Name
+				}
+			}
+		}
+		if x := r.RSSPerProxy(); x > worstRSS {
+			worstRSS, worstRSSAt = x, label
+		}
+		if p := r.phase("restart"); p != nil {
+			if d := p.Converged(); d > worstRestart {
+				worstRestart, worstRestartAt = d, label
+			}
+			if r.Protocol == model.Delta {
+				haveDeltaCell = true
+				if p.Resources >= deltaRestartRes {
+					deltaRestartRes, deltaRestartAt = p.Resources, label
+				}
+			}
+		}
+		b := base[pairKey(r.Cell)]
+		if b == nil {
+			continue
+		}
+		haveBase = true
+		sm, bm := map[string]*Phase{}, map[string]*Phase{}
+		for _, p := range r.merged() {
+			sm[strings.Fields(p.Name)[0]] = p
+		}
+		for _, p := range b.merged() {
+			bm[strings.Fields(p.Name)[0]] = p
+		}
+		if s, q := sm[EvEndpoint], bm[EvEndpoint]; s != nil && q != nil && s.CPU > 0 {
+			if x := float64(q.CPU) / float64(s.CPU); x < minEndpointCPU {
+				minEndpointCPU, minEndpointAt = x, label
+			}
+		}
+		if s, q := sm["sync"], bm["sync"]; s != nil && q != nil && s.CPU > 0 {
+			if x := float64(q.CPU) / float64(s.CPU); x < minSyncCPU {
+				minSyncCPU, minSyncAt = x, label
+			}
+		}
+	}
+	if !haveSP {
+		return
+	}
+	met := func(ok bool) string {
+		if ok {
+			return "met"
+		}
+		return "**missed**"
+	}
+	fmt.Fprintln(w, "### Targets (scopeplane, worst cell)")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "| target | measured (worst cell) | |")
+	fmt.Fprintln(w, "|---|---|---|")
+	fmt.Fprintf(w, "| bytes per event ≤ 1.2× limit | %.2f× (%s) | %s |\n", worstLimit, worstLimitAt, met(worstLimit <= 1.2))
+	if haveBase {
+		fmt.Fprintf(w, "| CPU per endpoint event ≥ 50× lower than baseline | %.1f× (%s) | %s |\n", minEndpointCPU, minEndpointAt, met(minEndpointCPU >= 50))
+		fmt.Fprintf(w, "| initial-sync CPU ≥ 5× lower than baseline | %.1f× (%s) | %s |\n", minSyncCPU, minSyncAt, met(minSyncCPU >= 5))
+	}
+	if haveN1000 {
+		fmt.Fprintf(w, "| convergence p99 ≤ 250 ms at N=1,000 | %s (%s) | %s |\n", ms(worstP99), worstP99At, met(worstP99 <= 250*time.Millisecond))
+	}
+	fmt.Fprintf(w, "| ≤ 50 KB RSS per connected proxy | %.1f KB (%s) | %s |\n", worstRSS/1024, worstRSSAt, met(worstRSS <= 50*1024))
+	fmt.Fprintf(w, "| restart: all converged ≤ 5 s | %s (%s) | %s |\n", ms(worstRestart), worstRestartAt, met(worstRestart <= 5*time.Second))
+	if haveDeltaCell {
+		fmt.Fprintf(w, "| restart: delta reconnects send only differences (none changed) | %d resources resent (%s) | %s |\n", deltaRestartRes, deltaRestartAt, met(deltaRestartRes == 0))
+	}
+	fmt.Fprintln(w)
+}

@@ -1,0 +1,431 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"runtime"
+	"runtime/debug"
+	"runtime/pprof"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	deltav3 "github.com/envoyproxy/go-control-plane/pkg/server/delta/v3"
+	sotwv3 "github.com/envoyproxy/go-control-plane/pkg/server/sotw/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/status"
+
+	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
+	"github.com/scopeplane/scopeplane/xds/catalog"
+	"github.com/scopeplane/scopeplane/xds/feedback"
+	"github.com/scopeplane/scopeplane/xds/model"
+	"github.com/scopeplane/scopeplane/xds/server"
+	"github.com/scopeplane/scopeplane/xds/snapshot"
+	"github.com/scopeplane/scopeplane/xds/translate"
+)
+
+// controlPlane is one implementation under test, running in the serve
+// process.
+type controlPlane interface {
+	// Apply hands one event's change to the control plane; the world already
+	// holds it.
+	Apply(ch Change)
+	// Serve serves ADS on lis until ctx ends.
+	Serve(ctx context.Context, lis net.Listener) error
+}
+
+// serveMain is the control-plane process: `bench serve`. It builds the world
+// (replaying earlier events after a restart), serves ADS, prints
+// "ready <addr>" and then answers one command per stdin line:
+//
+//	event <name>   apply an event; answers "ok"
+//	usage          answers "usage <cpu-ns>": user+system CPU of this process (getrusage)
+//	gc             forces a GC and returns freed memory to the OS; answers "ok"
+//	heapprofile <file> writes a heap profile; answers "ok"
+//	profile <file> starts a CPU profile; "profile-stop" ends it; both answer "ok"
+//	quit           exits (so does the end of stdin)
+func serveMain(args []string) int {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	impl := fs.String("impl", "scopeplane", "control plane: scopeplane or baseline (stock go-control-plane SnapshotCache)")
+	services := fs.Int("services", 1000, "number of Services")
+	layout := fs.String("layout", string(Unscoped), "unscoped or scoped")
+	protocol := fs.String("protocol", string(model.SotW), "SotW or Delta (the scopes' protocol)")
+	addr := fs.String("addr", "127.0.0.1:0", "ADS listen address (loopback only)")
+	window := fs.Duration("window", 10*time.Millisecond, "scopeplane's coalescing window")
+	replay := fs.String("replay", "", "comma-separated events applied before serving (a restart)")
+	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of this process's whole life to this file")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if err := serve(*impl, WorldParams{Services: *services, Layout: Layout(*layout), Protocol: model.Protocol(*protocol)},
+		*addr, *window, *replay, *cpuprofile); err != nil {
+		fmt.Fprintln(os.Stderr, "bench serve:", err)
+		return 1
+	}
+	return 0
+}
+
+func serve(impl string, p WorldParams, addr string, window time.Duration, replay, cpuprofile string) error {
+	if host, _, err := net.SplitHostPort(addr); err != nil || !net.ParseIP(host).IsLoopback() {
+		return fmt.Errorf("-addr %q: the benchmark serves on loopback only", addr)
+	}
+	var prof *os.File
+	startProfile := func(path string) error {
+		if prof != nil {
+			return errors.New("a profile is already running")
+		}
+		f, err := os.Create(path)
+		if err != nil {
+			return err
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			_ = f.Close()
+			return err
+		}
+		prof = f
+		return nil
+	}
+	stopProfile := func() error {
+		if prof == nil {
+			return nil
+		}
+		pprof.StopCPUProfile()
+		err := prof.Close()
+		prof = nil
+		return err
+	}
+	defer func() { _ = stopProfile() }()
+	if cpuprofile != "" {
+		if err := startProfile(cpuprofile); err != nil {
+			return err
+		}
+	}
+
+	w := NewWorld(p)
+	if replay != "" {
+		for _, ev := range strings.Split(replay, ",") {
+			if _, err := w.Apply(ev); err != nil {
+				return err
+			}
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var cp controlPlane
+	switch impl {
+	case "scopeplane":
+		cp = newScopeplane(ctx, w, window)
+	case "baseline":
+		cp = newBaseline(w)
+	default:
+		return fmt.Errorf("unknown -impl %q", impl)
+	}
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	served := make(chan error, 1)
+	go func() { served <- cp.Serve(ctx, lis) }()
+	out := bufio.NewWriter(os.Stdout)
+	reply := func(format string, a ...any) {
+		fmt.Fprintf(out, format+"\n", a...)
+		_ = out.Flush()
+	}
+	reply("ready %s", lis.Addr())
+
+	in := bufio.NewScanner(os.Stdin)
+	for in.Scan() {
+		cmd, arg, _ := strings.Cut(strings.TrimSpace(in.Text()), " ")
+		switch cmd {
+		case "event":
+			ch, err := w.Apply(arg)
+			if err != nil {
+				reply("error %v", err)
+				continue
+			}
+			cp.Apply(ch)
+			reply("ok")
+		case "usage":
+			reply("usage %d", cpuNanos())
+		case "gc":
+			// Twice, so buffers parked in sync.Pools (which survive one
+			// collection) are freed too: what remains is retained state.
+			runtime.GC()
+			debug.FreeOSMemory()
+			reply("ok")
+		case "heapprofile":
+			if err := writeHeapProfile(arg); err != nil {
+				reply("error %v", err)
+				continue
+			}
+			reply("ok")
+		case "profile":
+			if err := startProfile(arg); err != nil {
+				reply("error %v", err)
+				continue
+			}
+			reply("ok")
+		case "profile-stop":
+			if err := stopProfile(); err != nil {
+				reply("error %v", err)
+				continue
+			}
+			reply("ok")
+		case "quit":
+			return shutdown(cancel, served, stopProfile)
+		default:
+			reply("error unknown command %q", cmd)
+		}
+		select {
+		case err := <-served:
+			return fmt.Errorf("ADS server stopped: %w", err)
+		default:
+		}
+	}
+	return shutdown(cancel, served, stopProfile)
+}
+
+// shutdown stops serving, waiting a bounded time for the streams to drain.
+func shutdown(cancel context.CancelFunc, served <-chan error, stopProfile func() error) error {
+	cancel()
+	select {
+	case err := <-served:
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench serve: ADS server:", err)
+		}
+	case <-time.After(3 * time.Second):
+	}
+	return stopProfile()
+}
+
+func writeHeapProfile(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := pprof.WriteHeapProfile(f); err != nil {
+		_ = f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// cpuNanos is this process's user+system CPU time so far.
+func cpuNanos() int64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return -1
+	}
+	return ru.Utime.Nano() + ru.Stime.Nano()
+}
+
+// grpcOptions are the server options of both implementations, so neither
+// wins by transport settings: scopeplane's own (server.GRPCServer).
+func grpcOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{
+		grpc.MaxRecvMsgSize(server.MaxRecvMsgSize),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+	}
+}
+
+// scopeplaneCP is the real pipeline minus Kubernetes: catalog → snapshot
+// builder (coalescing window) → scopeplane's ADS server, with feedback.
+type scopeplaneCP struct {
+	cat *catalog.Catalog
+	srv *server.Server
+}
+
+func newScopeplane(ctx context.Context, w *World, window time.Duration) *scopeplaneCP {
+	cat := catalog.New()
+	for _, svc := range w.Services {
+		cat.UpsertService(svc)
+	}
+	for _, sc := range w.Scopes {
+		cat.UpsertScope(sc)
+	}
+	store := snapshot.NewStore()
+	b := snapshot.NewBuilder(cat, store, window)
+	synced := make(chan struct{})
+	close(synced)
+	go func() { _ = b.Run(ctx, synced) }()
+	<-b.Built()
+	return &scopeplaneCP{cat: cat, srv: server.New(store, feedback.New(), server.Options{})}
+}
+
+func (s *scopeplaneCP) Apply(ch Change) {
+	for _, svc := range ch.Upserted {
+		s.cat.UpsertService(svc)
+	}
+	for _, k := range ch.Deleted {
+		s.cat.DeleteService(k)
+	}
+}
+
+func (s *scopeplaneCP) Serve(ctx context.Context, lis net.Listener) error {
+	return s.srv.ServeListener(ctx, lis)
+}
+
+// baselineCP is how most control planes use stock go-control-plane v0.14.0:
+// a SnapshotCache holding one snapshot per node, made with NewSnapshot and
+// one version string for every type, served by pkg/server/v3. On every event
+// it re-translates every scope (with xds/translate, so the resources are the
+// ones scopeplane serves) and sets a new snapshot for every node. A node gets
+// its snapshot when it first shows up on a stream.
+type baselineCP struct {
+	mu    sync.Mutex
+	w     *World
+	cache cachev3.SnapshotCache
+	res   map[model.Key]map[resourcev3.Type][]types.Resource
+	nodes []baselineNode
+	known sync.Map // node id → struct{}; read without mu so streams never wait for a rebuild
+}
+
+type baselineNode struct {
+	id  string
+	key model.Key
+}
+
+func newBaseline(w *World) *baselineCP {
+	b := &baselineCP{w: w, cache: cachev3.NewSnapshotCache(true, cachev3.IDHash{}, nil)}
+	b.rebuild()
+	return b
+}
+
+func (b *baselineCP) version() string { return fmt.Sprint("w", len(b.w.Applied)) }
+
+// rebuild translates every scope from scratch. b.mu must be held (or b not shared yet).
+func (b *baselineCP) rebuild() {
+	b.res = make(map[model.Key]map[resourcev3.Type][]types.Resource, len(b.w.Scopes))
+	for _, sc := range b.w.Scopes {
+		r := translate.Translate(sc, b.w.Selected(sc))
+		m := map[resourcev3.Type][]types.Resource{}
+		for _, c := range r.Clusters {
+			m[resourcev3.ClusterType] = append(m[resourcev3.ClusterType], c)
+		}
+		for _, c := range r.Endpoints {
+			m[resourcev3.EndpointType] = append(m[resourcev3.EndpointType], c)
+		}
+		for _, l := range r.Listeners {
+			m[resourcev3.ListenerType] = append(m[resourcev3.ListenerType], l)
+		}
+		for _, rc := range r.Routes {
+			m[resourcev3.RouteType] = append(m[resourcev3.RouteType], rc)
+		}
+		b.res[sc.Key] = m
+	}
+}
+
+func (b *baselineCP) setSnapshot(id string, key model.Key) error {
+	snap, err := cachev3.NewSnapshot(b.version(), b.res[key])
+	if err != nil {
+		return err
+	}
+	return b.cache.SetSnapshot(context.Background(), id, snap)
+}
+
+// ensure gives a node seen for the first time its snapshot.
+func (b *baselineCP) ensure(node *corev3.Node) error {
+	if node == nil {
+		return nil
+	}
+	id := node.GetId()
+	if _, ok := b.known.Load(id); ok {
+		return nil
+	}
+	ns, name, _ := strings.Cut(node.GetMetadata().GetFields()[xdsv1alpha1.ScopeMetadataKey].GetStringValue(), "/")
+	key := model.Key{Namespace: ns, Name: name}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if _, ok := b.known.Load(id); ok {
+		return nil
+	}
+	if _, ok := b.res[key]; !ok {
+		return status.Errorf(codes.NotFound, "node %q: unknown scope %q", id, key)
+	}
+	if err := b.setSnapshot(id, key); err != nil {
+		return err
+	}
+	b.nodes = append(b.nodes, baselineNode{id: id, key: key})
+	b.known.Store(id, struct{}{})
+	return nil
+}
+
+func (b *baselineCP) Apply(Change) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.rebuild()
+	for _, n := range b.nodes {
+		if err := b.setSnapshot(n.id, n.key); err != nil {
+			fmt.Fprintln(os.Stderr, "baseline: SetSnapshot:", err)
+		}
+	}
+}
+
+func (b *baselineCP) Serve(ctx context.Context, lis net.Listener) error {
+	cb := baselineCallbacks{b}
+	srv := &baselineADS{sotw: sotwv3.NewServer(ctx, b.cache, cb), delta: deltav3.NewServer(ctx, b.cache, cb)}
+	g := grpc.NewServer(grpcOptions()...)
+	discoveryv3.RegisterAggregatedDiscoveryServiceServer(g, srv)
+	errc := make(chan error, 1)
+	go func() { errc <- g.Serve(lis) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+		g.Stop()
+		return nil
+	}
+}
+
+// baselineADS is go-control-plane's ADS service exactly as pkg/server/v3
+// assembles it — its StreamAggregatedResources and DeltaAggregatedResources
+// are these same one-line delegations to the sotw and delta servers — minus
+// the REST and per-type services the benchmark does not use. pkg/server/v3
+// itself is not imported because it links in the rate-limit service module,
+// which the project's go.mod does not require.
+type baselineADS struct {
+	discoveryv3.UnimplementedAggregatedDiscoveryServiceServer
+	sotw  sotwv3.Server
+	delta deltav3.Server
+}
+
+func (s *baselineADS) StreamAggregatedResources(stream discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesServer) error {
+	return s.sotw.StreamHandler(stream, resourcev3.AnyType)
+}
+
+func (s *baselineADS) DeltaAggregatedResources(stream discoveryv3.AggregatedDiscoveryService_DeltaAggregatedResourcesServer) error {
+	return s.delta.DeltaStreamHandler(stream, resourcev3.AnyType)
+}
+
+// baselineCallbacks gives a node its snapshot on the first request that
+// names it; everything else is a no-op.
+type baselineCallbacks struct{ b *baselineCP }
+
+func (baselineCallbacks) OnStreamOpen(context.Context, int64, string) error { return nil }
+func (baselineCallbacks) OnStreamClosed(int64, *corev3.Node)                {}
+func (c baselineCallbacks) OnStreamRequest(_ int64, req *discoveryv3.DiscoveryRequest) error {
+	return c.b.ensure(req.GetNode())
+}
+func (baselineCallbacks) OnStreamResponse(context.Context, int64, *discoveryv3.DiscoveryRequest, *discoveryv3.DiscoveryResponse) {
+}
+func (baselineCallbacks) OnDeltaStreamOpen(context.Context, int64, string) error { return nil }
+func (baselineCallbacks) OnDeltaStreamClosed(int64, *corev3.Node)                {}
+func (c baselineCallbacks) OnStreamDeltaRequest(_ int64, req *discoveryv3.DeltaDiscoveryRequest) error {
+	return c.b.ensure(req.GetNode())
+}
+func (baselineCallbacks) OnStreamDeltaResponse(int64, *discoveryv3.DeltaDiscoveryRequest, *discoveryv3.DeltaDiscoveryResponse) {
+}

@@ -1,0 +1,345 @@
+package main
+
+import (
+	"fmt"
+	"hash/maphash"
+	"maps"
+	"slices"
+
+	"google.golang.org/protobuf/proto"
+	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/scopeplane/scopeplane/xds/adsclient"
+	"github.com/scopeplane/scopeplane/xds/model"
+	"github.com/scopeplane/scopeplane/xds/translate"
+)
+
+// The shape of the benchmark world, fixed so that every run measures the
+// same thing: Services of one HTTP port and three endpoints each, spread over
+// twenty namespaces; in the scoped layout twenty scopes select fifty
+// Services each (Services of other namespaces and the rest of their own are
+// in no scope); in the unscoped layout one scope selects every Service. All
+// scopes use the Envoy listener mode, so the four types flow.
+const (
+	numNamespaces = 20
+	numScopes     = 20
+	perScope      = 50
+	endpointsPer  = 3
+	listenerPort  = 10080
+	drainServices = 100
+	scopeLabel    = "bench.scopeplane.dev/scope"
+)
+
+// Layout is how scopes select Services.
+type Layout string
+
+// The two layouts of the benchmark.
+const (
+	Unscoped Layout = "unscoped"
+	Scoped   Layout = "scoped"
+)
+
+// Event names, as the driver sends them to the control-plane process.
+const (
+	EvEndpoint  = "endpoint"
+	EvDrain     = "drain"
+	EvAddRemove = "addremove"
+)
+
+// WorldParams determine a world completely: two processes that build a world
+// from the same parameters and apply the same events hold equal worlds.
+type WorldParams struct {
+	Services int
+	Layout   Layout
+	Protocol model.Protocol
+}
+
+// World is the model the control plane serves and the driver checks against.
+type World struct {
+	P        WorldParams
+	Services map[model.Key]*model.Service
+	Scopes   []*model.Scope
+	// Applied are the events applied so far, in order.
+	Applied []string
+}
+
+// NewWorld builds the initial world.
+func NewWorld(p WorldParams) *World {
+	w := &World{P: p, Services: make(map[model.Key]*model.Service, p.Services)}
+	for i := range p.Services {
+		svc := makeService(fmt.Sprint("ns-", i%numNamespaces), fmt.Sprint("svc-", i), i, memberOf(p, i))
+		w.Services[svc.Key] = svc
+	}
+	switch p.Layout {
+	case Scoped:
+		for k := range numScopes {
+			w.Scopes = append(w.Scopes, &model.Scope{
+				Key:        model.Key{Namespace: fmt.Sprint("ns-", k), Name: fmt.Sprint("scope-", k)},
+				Generation: 1,
+				Protocol:   p.Protocol,
+				Listener:   model.Listener{Mode: model.ListenerEnvoy, Port: listenerPort},
+				Selections: []model.Selection{{
+					Namespace: fmt.Sprint("ns-", k),
+					Selector:  labels.SelectorFromSet(labels.Set{scopeLabel: fmt.Sprint("scope-", k)}),
+				}},
+			})
+		}
+	default:
+		sel := make([]model.Selection, numNamespaces)
+		for j := range sel {
+			sel[j] = model.Selection{Namespace: fmt.Sprint("ns-", j)}
+		}
+		w.Scopes = []*model.Scope{{
+			Key:        model.Key{Namespace: "ns-0", Name: "all"},
+			Generation: 1,
+			Protocol:   p.Protocol,
+			Listener:   model.Listener{Mode: model.ListenerEnvoy, Port: listenerPort},
+			Selections: sel,
+		}}
+	}
+	return w
+}
+
+// memberOf returns the scope that selects Service i in the scoped layout, or
+// -1: Service i is in scope i%20 when it is among the first fifty there.
+func memberOf(p WorldParams, i int) int {
+	if p.Layout != Scoped || i/numScopes >= perScope {
+		return -1
+	}
+	return i % numScopes
+}
+
+// selectedIndexes returns the indexes of the Services that scopes select in
+// the scoped layout, fifty per scope, ordered round-robin over the scopes:
+// the first hundred are the Services a draining node hosts, five per scope.
+func selectedIndexes(p WorldParams) []int {
+	var out []int
+	for m := range perScope {
+		for k := range numScopes {
+			if i := k + numScopes*m; i < p.Services {
+				out = append(out, i)
+			}
+		}
+	}
+	return out
+}
+
+func endpointAddress(n int) string {
+	return fmt.Sprintf("10.%d.%d.%d", n>>16&255, n>>8&255, n&255)
+}
+
+func makeService(ns, name string, idx, scope int) *model.Service {
+	svc := &model.Service{
+		Key:   model.Key{Namespace: ns, Name: name},
+		Ports: []model.ServicePort{{Name: "http", Port: 80, Protocol: model.ProtocolTCP, TargetPort: 8080}},
+	}
+	if scope >= 0 {
+		svc.Labels = map[string]string{scopeLabel: fmt.Sprint("scope-", scope)}
+	}
+	for e := range endpointsPer {
+		n := idx*4 + e + 1
+		svc.Endpoints = append(svc.Endpoints, model.Endpoint{
+			Address: endpointAddress(n),
+			Family:  model.IPv4,
+			Ports:   []model.EndpointPort{{Name: "http", Port: 8080, Protocol: model.ProtocolTCP}},
+			Ready:   true,
+			Serving: true,
+			Zone:    fmt.Sprintf("zone-%c", 'a'+e),
+			Node:    fmt.Sprint("node-", n%500),
+		})
+	}
+	return svc
+}
+
+// clone copies a Service deeply enough to change its endpoints: the catalog
+// compares a new Service with the one it holds, so an event must never
+// modify a Service in place.
+func clone(svc *model.Service) *model.Service {
+	c := *svc
+	c.Endpoints = slices.Clone(svc.Endpoints)
+	return &c
+}
+
+// Change is what an event did to the world, as a control plane ingests it.
+type Change struct {
+	Upserted []*model.Service
+	Deleted  []model.Key
+}
+
+// Apply applies one event and returns what changed. Each event is a
+// deterministic function of the world and the number of events before it.
+func (w *World) Apply(ev string) (Change, error) {
+	seq := len(w.Applied)
+	var ch Change
+	switch ev {
+	case EvEndpoint:
+		// One endpoint of a Service every layout selects (scope 0's first)
+		// moves to a new address, as when a pod is replaced.
+		svc := w.Services[model.Key{Namespace: "ns-0", Name: "svc-0"}]
+		if svc == nil {
+			return ch, fmt.Errorf("event %s: svc-0 is gone", ev)
+		}
+		svc = clone(svc)
+		svc.Endpoints[1].Address = fmt.Sprintf("10.250.%d.%d", seq/250%256, seq%250+1)
+		ch.Upserted = append(ch.Upserted, svc)
+	case EvDrain:
+		// A node drains: one endpoint of each of up to 100 selected Services
+		// is no longer ready nor serving, and leaves the assignment.
+		idx := selectedIndexes(w.P)
+		for _, i := range idx[:min(drainServices, len(idx))] {
+			svc := w.Services[model.Key{Namespace: fmt.Sprint("ns-", i%numNamespaces), Name: fmt.Sprint("svc-", i)}]
+			if svc == nil {
+				continue
+			}
+			svc = clone(svc)
+			svc.Endpoints[0].Ready, svc.Endpoints[0].Serving, svc.Endpoints[0].Terminating = false, false, true
+			ch.Upserted = append(ch.Upserted, svc)
+		}
+	case EvAddRemove:
+		// A Service appears in scope 0 and another leaves scope 1.
+		scope := -1
+		if w.P.Layout == Scoped {
+			scope = 0
+		}
+		ch.Upserted = append(ch.Upserted, makeService("ns-0", fmt.Sprint("svc-new-", seq), w.P.Services+seq, scope))
+		ch.Deleted = append(ch.Deleted, model.Key{Namespace: "ns-1", Name: "svc-21"})
+	default:
+		return ch, fmt.Errorf("unknown event %q", ev)
+	}
+	for _, svc := range ch.Upserted {
+		w.Services[svc.Key] = svc
+	}
+	for _, k := range ch.Deleted {
+		delete(w.Services, k)
+	}
+	w.Applied = append(w.Applied, ev)
+	return ch, nil
+}
+
+// Selected returns the Services a scope selects, sorted by key.
+func (w *World) Selected(sc *model.Scope) []*model.Service {
+	var out []*model.Service
+	for _, k := range slices.SortedFunc(maps.Keys(w.Services), model.Key.Compare) {
+		if svc := w.Services[k]; sc.Selects(svc, nil, false) {
+			out = append(out, svc)
+		}
+	}
+	return out
+}
+
+// Type indexes, in ADS order.
+const (
+	tClusters = iota
+	tEndpoints
+	tListeners
+	tRoutes
+	numTypes
+)
+
+var typeURLs = [numTypes]string{adsclient.ClusterType, adsclient.EndpointType, adsclient.ListenerType, adsclient.RouteType}
+
+func typeIndex(url string) int {
+	for i, u := range typeURLs {
+		if u == url {
+			return i
+		}
+	}
+	return -1
+}
+
+// fullState reports whether SotW responses of the type carry the complete set.
+func fullState(t int) bool { return t == tClusters || t == tListeners }
+
+// digestSeed is shared by the truth and the proxies' bookkeeping; both live
+// in the driver process.
+var digestSeed = maphash.MakeSeed()
+
+func digest(b []byte) uint64 { return maphash.Bytes(digestSeed, b) }
+
+// Res is one resource of the truth: its deterministic encoding.
+type Res struct {
+	Body   []byte
+	Digest uint64
+}
+
+// Truth is what every proxy of a scope must hold: type → name → resource.
+type Truth [numTypes]map[string]Res
+
+// Truth translates a scope from scratch with xds/translate, independently of
+// any control plane's incremental state.
+func (w *World) Truth(sc *model.Scope) (*Truth, error) {
+	r := translate.Translate(sc, w.Selected(sc))
+	var tr Truth
+	for t := range tr {
+		tr[t] = map[string]Res{}
+	}
+	opts := proto.MarshalOptions{Deterministic: true}
+	put := func(t int, name string, m proto.Message) error {
+		b, err := opts.Marshal(m)
+		if err != nil {
+			return err
+		}
+		tr[t][name] = Res{Body: b, Digest: digest(b)}
+		return nil
+	}
+	for _, c := range r.Clusters {
+		if err := put(tClusters, c.GetName(), c); err != nil {
+			return nil, err
+		}
+	}
+	for _, c := range r.Endpoints {
+		if err := put(tEndpoints, c.GetClusterName(), c); err != nil {
+			return nil, err
+		}
+	}
+	for _, l := range r.Listeners {
+		if err := put(tListeners, l.GetName(), l); err != nil {
+			return nil, err
+		}
+	}
+	for _, rc := range r.Routes {
+		if err := put(tRoutes, rc.GetName(), rc); err != nil {
+			return nil, err
+		}
+	}
+	return &tr, nil
+}
+
+// Size is the number of resources in the truth.
+func (tr *Truth) Size() int {
+	n := 0
+	for _, m := range tr {
+		n += len(m)
+	}
+	return n
+}
+
+// ResChange is one resource that differs between two truths.
+type ResChange struct {
+	T       int
+	Name    string
+	Present bool // false: removed
+	Digest  uint64
+}
+
+// Diff returns what changed from old (nil: nothing) to next.
+func Diff(old, next *Truth) []ResChange {
+	var out []ResChange
+	for t := range numTypes {
+		var prev map[string]Res
+		if old != nil {
+			prev = old[t]
+		}
+		for name, r := range next[t] {
+			if p, ok := prev[name]; !ok || p.Digest != r.Digest {
+				out = append(out, ResChange{T: t, Name: name, Present: true, Digest: r.Digest})
+			}
+		}
+		for name := range prev {
+			if _, ok := next[t][name]; !ok {
+				out = append(out, ResChange{T: t, Name: name})
+			}
+		}
+	}
+	return out
+}
