@@ -185,6 +185,9 @@ func (st *delta) handle(req *discoveryv3.DeltaDiscoveryRequest) error {
 			continue
 		}
 		delete(ts.names, n)
+		if !ts.subscribed(n) {
+			delete(ts.retry, n) // no longer wanted, so no longer owed
+		}
 	}
 	if len(req.GetResourceNamesUnsubscribe()) > 0 || (first && !ts.wildcard) {
 		// The proxy drops what it no longer subscribes to. Only a request
@@ -353,10 +356,12 @@ func (st *delta) send(r *deltaResponse) error {
 	for _, res := range r.res {
 		undo[res.Name] = ts.held[res.Name]
 		ts.held[res.Name] = res.Version
+		delete(ts.retry, res.Name) // sent again: no longer owed
 	}
 	for _, name := range r.removed {
 		undo[name] = ts.held[name]
 		delete(ts.held, name)
+		delete(ts.retry, name)
 	}
 	if len(ts.inflight) >= maxInflight {
 		// A proxy that never answers: forget the oldest bookkeeping rather

@@ -188,6 +188,11 @@ func (st *sotw) handle(req *discoveryv3.DiscoveryRequest) error {
 		}
 		changed = !ts.requested || wildcard != ts.wildcard || !sameKeys(names, ts.names)
 		ts.wildcard, ts.names = wildcard, names
+		for name := range ts.retry {
+			if !ts.subscribed(name) {
+				delete(ts.retry, name) // no longer wanted, so no longer owed
+			}
+		}
 	}
 	fresh := nonce == "" // a first request, or a reconnect: the proxy waits for a response
 	ts.requested = true
@@ -393,6 +398,7 @@ func (st *sotw) send(r *sotwResponse) error {
 	}
 	for _, res := range r.res {
 		ts.held[res.Name] = res
+		delete(ts.retry, res.Name) // sent again: no longer owed
 	}
 	st.srv.fb.Sent(st.key, model.SotW, r.t.URL(), len(r.res), proto.Size(resp))
 	return nil

@@ -1,0 +1,842 @@
+package server_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"net"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
+	"github.com/scopeplane/scopeplane/xds/adsclient"
+	"github.com/scopeplane/scopeplane/xds/catalog"
+	"github.com/scopeplane/scopeplane/xds/feedback"
+	"github.com/scopeplane/scopeplane/xds/model"
+	"github.com/scopeplane/scopeplane/xds/server"
+	"github.com/scopeplane/scopeplane/xds/snapshot"
+	"github.com/scopeplane/scopeplane/xds/translate"
+)
+
+// allTypes are the four served types in ADS order, as adsclient names them.
+var allTypes = []string{adsclient.ClusterType, adsclient.EndpointType, adsclient.ListenerType, adsclient.RouteType}
+
+// world is the model's view of the cluster: what the reconcilers would
+// have fed the catalog. Every value in it is immutable once stored, because
+// the catalog keeps the pointers it is given.
+type world struct {
+	namespaces map[string]map[string]string
+	services   map[model.Key]*model.Service
+	scopes     map[model.Key]*model.Scope
+}
+
+func newWorld() *world {
+	return &world{
+		namespaces: map[string]map[string]string{},
+		services:   map[model.Key]*model.Service{},
+		scopes:     map[model.Key]*model.Scope{},
+	}
+}
+
+func (w *world) clone() *world {
+	return &world{namespaces: maps.Clone(w.namespaces), services: maps.Clone(w.services), scopes: maps.Clone(w.scopes)}
+}
+
+// truth is what a scope's proxies must hold: type URL → name → the
+// resource marshalled deterministically.
+type truth map[string]map[string][]byte
+
+// truthOf translates the scope from scratch, independently of the catalog's
+// incremental bookkeeping, and marshals it the way the snapshot builder does.
+func (w *world) truthOf(key model.Key) (truth, error) {
+	sc := w.scopes[key]
+	if sc == nil {
+		return nil, fmt.Errorf("scope %s does not exist", key)
+	}
+	var selected []*model.Service
+	for _, svc := range w.services {
+		nsLabels, nsKnown := w.namespaces[svc.Key.Namespace]
+		if sc.Selects(svc, nsLabels, nsKnown) {
+			selected = append(selected, svc)
+		}
+	}
+	res := translate.Translate(sc, selected)
+	out := truth{}
+	for _, t := range allTypes {
+		out[t] = map[string][]byte{}
+	}
+	mo := proto.MarshalOptions{Deterministic: true}
+	add := func(t, name string, m proto.Message) error {
+		b, err := mo.Marshal(m)
+		if err != nil {
+			return err
+		}
+		if _, dup := out[t][name]; dup {
+			return fmt.Errorf("translation of %s has two %s named %q", key, t, name)
+		}
+		out[t][name] = b
+		return nil
+	}
+	for _, r := range res.Clusters {
+		if err := add(adsclient.ClusterType, r.GetName(), r); err != nil {
+			return nil, err
+		}
+	}
+	for _, r := range res.Endpoints {
+		if err := add(adsclient.EndpointType, r.GetClusterName(), r); err != nil {
+			return nil, err
+		}
+	}
+	for _, r := range res.Listeners {
+		if err := add(adsclient.ListenerType, r.GetName(), r); err != nil {
+			return nil, err
+		}
+	}
+	for _, r := range res.Routes {
+		if err := add(adsclient.RouteType, r.GetName(), r); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// controlPlane is one incarnation of the control plane: catalog, builder,
+// store, feedback and ADS server, served on its own loopback listener.
+type controlPlane struct {
+	cat     *catalog.Catalog
+	builder *snapshot.Builder
+	store   *snapshot.Store
+	fb      *feedback.Tracker
+	srv     *server.Server
+	cancel  context.CancelFunc
+	served  chan error
+	conn    *grpc.ClientConn
+	recvs   *recvCounter
+}
+
+// recvCounter is a stream interceptor that counts, per node, the requests
+// the newest stream's handler has taken. The server reads requests in a
+// goroutine that hands each one to the stream's loop and only then reads the
+// next, so a read that has begun means every earlier request was handed
+// over: the loop handles it before it looks at the next scope change. That
+// is the barrier a step needs, since a request that changes nothing (an
+// unsubscription, an ACK) is not answered.
+//
+// It also counts the responses each stream sent, so that the harness can
+// wait until the proxy processed all of them.
+type recvCounter struct {
+	mu      sync.Mutex
+	byNode  map[string]*streamCounts
+	changed chan struct{}
+}
+
+type streamCounts struct {
+	reads atomic.Int64 // RecvMsg calls begun
+	sent  atomic.Int64 // responses sent
+}
+
+func newRecvCounter() *recvCounter {
+	return &recvCounter{byNode: map[string]*streamCounts{}, changed: make(chan struct{}, 1)}
+}
+
+func (rc *recvCounter) intercept(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	return handler(srv, &countingStream{ServerStream: ss, rc: rc, n: &streamCounts{}})
+}
+
+func (rc *recvCounter) signal() {
+	select {
+	case rc.changed <- struct{}{}:
+	default:
+	}
+}
+
+// taken returns how many requests the newest stream of node handed to its
+// loop and how many responses it sent, and whether such a stream was seen.
+func (rc *recvCounter) taken(node string) (taken, sent int64, ok bool) {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	n, ok := rc.byNode[node]
+	if !ok {
+		return 0, 0, false
+	}
+	return n.reads.Load() - 1, n.sent.Load(), true
+}
+
+type countingStream struct {
+	grpc.ServerStream
+	rc    *recvCounter
+	n     *streamCounts
+	named bool
+}
+
+func (cs *countingStream) SendMsg(m any) error {
+	err := cs.ServerStream.SendMsg(m)
+	if err == nil {
+		cs.n.sent.Add(1)
+		cs.rc.signal()
+	}
+	return err
+}
+
+func (cs *countingStream) RecvMsg(m any) error {
+	cs.n.reads.Add(1)
+	cs.rc.signal()
+	err := cs.ServerStream.RecvMsg(m)
+	if err == nil && !cs.named {
+		cs.named = true
+		var node string
+		switch r := m.(type) {
+		case *discoveryv3.DiscoveryRequest:
+			node = r.GetNode().GetId()
+		case *discoveryv3.DeltaDiscoveryRequest:
+			node = r.GetNode().GetId()
+		}
+		cs.rc.mu.Lock()
+		cs.rc.byNode[node] = cs.n
+		cs.rc.mu.Unlock()
+	}
+	return err
+}
+
+// startControlPlane builds a control plane from the world, as a restarted
+// operator does from its informers' initial lists, and serves it.
+func startControlPlane(w *world, opts server.Options) (*controlPlane, error) {
+	cp := &controlPlane{cat: catalog.New(), store: snapshot.NewStore(), fb: feedback.New()}
+	for _, name := range slices.Sorted(maps.Keys(w.namespaces)) {
+		cp.cat.UpsertNamespace(name, w.namespaces[name])
+	}
+	for _, svc := range w.services {
+		cp.cat.UpsertService(svc)
+	}
+	for _, sc := range w.scopes {
+		cp.cat.UpsertScope(sc)
+	}
+	cp.builder = snapshot.NewBuilder(cp.cat, cp.store, 0)
+	cp.builder.Apply(cp.cat.Take())
+	cp.srv = server.New(cp.store, cp.fb, opts)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cp.cancel = cancel
+	cp.served = make(chan error, 1)
+	cp.recvs = newRecvCounter()
+	go func() { cp.served <- cp.srv.ServeListener(ctx, lis, grpc.ChainStreamInterceptor(cp.recvs.intercept)) }()
+	cp.conn, err = grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		cancel()
+		return nil, errors.Join(err, <-cp.served)
+	}
+	return cp, nil
+}
+
+// stop ends ServeListener (which drains every stream) and waits for it.
+func (cp *controlPlane) stop() error {
+	cp.cancel()
+	defer func() { _ = cp.conn.Close() }()
+	select {
+	case err := <-cp.served:
+		return err
+	case <-time.After(20 * time.Second):
+		return errors.New("ServeListener did not return 20s after its context ended")
+	}
+}
+
+// apply hands the catalog's changes to the builder synchronously, so that
+// the store is current when it returns.
+func (cp *controlPlane) apply() { cp.builder.Apply(cp.cat.Take()) }
+
+// scopeVersion returns the served version of a scope, and whether it exists.
+func (cp *controlPlane) scopeVersion(key model.Key) (string, bool) {
+	sc := cp.store.Get(key)
+	if sc == nil {
+		return "", false
+	}
+	var v string
+	var ok bool
+	sc.Read(func(view snapshot.View) { v, ok = view.Version(), view.Spec() != nil })
+	return v, ok
+}
+
+// proxyState is what the model expects of a proxy's stream.
+type proxyState int
+
+const (
+	// idle: no stream, none expected.
+	idle proxyState = iota
+	// connected: the stream is expected to be up and in sync with the scope.
+	connected
+	// ending: the stream is expected to end with proxy.want.
+	ending
+)
+
+// proxy is one simulated Envoy (or gRPC client) with the harness's
+// bookkeeping around its adsclient.Client.
+type proxy struct {
+	id    string
+	ref   string // the scope named in node metadata ("" for none)
+	proto model.Protocol
+	c     *adsclient.Client
+	armed atomic.Bool // NACK the next response
+
+	state  proxyState
+	want   codes.Code // when ending
+	cancel context.CancelFunc
+	done   chan struct{}
+	err    error // how the last stream ended, valid once done is closed
+
+	// streamStart is the number of events recorded before the current stream.
+	streamStart int
+	// reqStart is the number of requests the client sent before the current stream.
+	reqStart int64
+	// opened are the types the current stream requested when it opened;
+	// the server answers each first request, so until every one of them got
+	// a response the stream is not established, whatever the proxy holds.
+	opened []string
+	// stepStart is the number of events recorded before the current step.
+	stepStart int
+	// changed are the types of the scope's truth the current step changed.
+	changed map[string]bool
+	// subs are SotW by-name subscriptions the harness made, per type.
+	subs map[string]map[string]struct{}
+	// subMarks records, per type, the event count when a subscription changed.
+	subMarks map[string][]int
+}
+
+func (p *proxy) key() (model.Key, bool) {
+	ns, name, ok := strings.Cut(p.ref, "/")
+	if !ok {
+		return model.Key{}, false
+	}
+	return model.Key{Namespace: ns, Name: name}, true
+}
+
+func (p *proxy) sotw() bool { return p.proto == model.SotW }
+
+func (p *proxy) running() bool {
+	if p.done == nil {
+		return false
+	}
+	select {
+	case <-p.done:
+		return false
+	default:
+		return true
+	}
+}
+
+func newProxy(id, ref string, proto model.Protocol) *proxy {
+	p := &proxy{id: id, ref: ref, proto: proto,
+		subs:     map[string]map[string]struct{}{adsclient.EndpointType: {}, adsclient.RouteType: {}},
+		subMarks: map[string][]int{},
+	}
+	node := &corev3.Node{Id: id, Cluster: "model"}
+	if ref != "" {
+		node.Metadata = &structpb.Struct{Fields: map[string]*structpb.Value{
+			xdsv1alpha1.ScopeMetadataKey: structpb.NewStringValue(ref),
+		}}
+	}
+	cfg := adsclient.Config{
+		Node:         node,
+		Types:        allTypes,
+		Validate:     true,
+		RecordEvents: true,
+		Reject: func(string, []*anypb.Any, []string) string {
+			if p.armed.CompareAndSwap(true, false) {
+				return "model test: rejected on purpose"
+			}
+			return ""
+		},
+	}
+	if proto == model.Delta {
+		cfg.Protocol = adsclient.Delta
+		cfg.Wildcard = map[string]bool{}
+		for _, t := range allTypes {
+			cfg.Wildcard[t] = true
+		}
+	} else {
+		cfg.Wildcard = map[string]bool{adsclient.ClusterType: true, adsclient.ListenerType: true}
+	}
+	p.c = adsclient.New(cfg)
+	return p
+}
+
+// start opens a stream on conn; Run goes on in the background.
+func (p *proxy) start(conn *grpc.ClientConn) {
+	p.streamStart = len(p.c.Events())
+	p.reqStart = p.c.Stats().Requests
+	p.opened = []string{adsclient.ClusterType, adsclient.ListenerType}
+	if p.proto == model.Delta {
+		p.opened = allTypes
+	} else {
+		for _, t := range []string{adsclient.EndpointType, adsclient.RouteType} {
+			if len(p.subs[t]) > 0 {
+				p.opened = append(p.opened, t)
+			}
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	p.cancel, p.done = cancel, done
+	go func() {
+		err := p.c.Run(ctx, conn)
+		p.err = err
+		close(done)
+	}()
+}
+
+// stop cancels the stream and waits for Run to return.
+func (p *proxy) stop() error {
+	if p.done == nil {
+		return nil
+	}
+	p.cancel()
+	select {
+	case <-p.done:
+		return nil
+	case <-time.After(10 * time.Second):
+		return fmt.Errorf("proxy %s: Run did not return 10s after its context ended", p.id)
+	}
+}
+
+// waitEnd waits for the stream to end and reports whether it did, and how.
+func (p *proxy) waitEnd(timeout time.Duration) (bool, error) {
+	if p.done == nil {
+		return true, nil
+	}
+	select {
+	case <-p.done:
+		return true, p.err
+	case <-time.After(timeout):
+		return false, nil
+	}
+}
+
+// staleness says what a NACK on the current stream may have left behind:
+// the proxy keeps its previous configuration of what it rejected, and the
+// server does not resend a rejected version, only sends the rejected
+// resources again with the next change of their type. A SotW Cluster or
+// Listener response replaces the whole type, so a NACK leaves the whole type
+// behind until a later response of it is accepted (types); elsewhere it
+// leaves behind the names the rejected response carried, until a later
+// accepted response carries them again (names). And until a later response
+// of a type is accepted, the server rightly counts the proxy as rejecting
+// it, even when the rejected response carried nothing (latest).
+type staleness struct {
+	types  map[string]bool
+	names  map[string]map[string]bool
+	latest map[string]bool
+}
+
+func (s staleness) any() bool {
+	if len(s.types) > 0 || len(s.latest) > 0 {
+		return true
+	}
+	for _, n := range s.names {
+		if len(n) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// touches reports whether type t has anything stale.
+func (s staleness) touches(t string) bool { return s.types[t] || s.latest[t] || len(s.names[t]) > 0 }
+
+func (p *proxy) staleness() staleness {
+	evs := p.c.Events()
+	s := staleness{types: map[string]bool{}, names: map[string]map[string]bool{}, latest: map[string]bool{}}
+	for _, ev := range evs[min(p.streamStart, len(evs)):] {
+		t := ev.TypeURL
+		s.latest[t] = !ev.Accepted
+		if p.sotw() && (t == adsclient.ClusterType || t == adsclient.ListenerType) {
+			s.types[t] = !ev.Accepted
+			continue
+		}
+		if s.names[t] == nil {
+			s.names[t] = map[string]bool{}
+		}
+		for _, n := range slices.Concat(ev.Names, ev.Removed) {
+			if ev.Accepted {
+				delete(s.names[t], n)
+			} else {
+				s.names[t][n] = true
+			}
+		}
+	}
+	maps.DeleteFunc(s.types, func(_ string, v bool) bool { return !v })
+	maps.DeleteFunc(s.latest, func(_ string, v bool) bool { return !v })
+	return s
+}
+
+// lastAnswer returns whether the latest response of type t on the current
+// stream was accepted, and whether there was one; and whether one arrived
+// during the current step.
+func (p *proxy) lastAnswer(t string) (accepted, any, thisStep bool) {
+	evs := p.c.Events()
+	for i := len(evs) - 1; i >= min(p.streamStart, len(evs)); i-- {
+		if evs[i].TypeURL == t {
+			return evs[i].Accepted, true, i >= p.stepStart
+		}
+	}
+	return false, false, false
+}
+
+// refs returns the EDS (from held clusters) or RDS (from held listeners)
+// names the proxy must subscribe to, as Envoy does.
+func refs(c *adsclient.Client, t string) (map[string]struct{}, error) {
+	out := map[string]struct{}{}
+	switch t {
+	case adsclient.EndpointType:
+		for name, h := range c.State(adsclient.ClusterType) {
+			cl, err := adsclient.Decode[*clusterv3.Cluster](h)
+			if err != nil {
+				return nil, fmt.Errorf("held cluster %q: %w", name, err)
+			}
+			if cl.GetType() != clusterv3.Cluster_EDS {
+				continue
+			}
+			n := cl.GetEdsClusterConfig().GetServiceName()
+			if n == "" {
+				n = cl.GetName()
+			}
+			out[n] = struct{}{}
+		}
+	case adsclient.RouteType:
+		for name, h := range c.State(adsclient.ListenerType) {
+			l, err := adsclient.Decode[*listenerv3.Listener](h)
+			if err != nil {
+				return nil, fmt.Errorf("held listener %q: %w", name, err)
+			}
+			var hcms []*hcmv3.HttpConnectionManager
+			if a := l.GetApiListener().GetApiListener(); a != nil {
+				m := &hcmv3.HttpConnectionManager{}
+				if err := a.UnmarshalTo(m); err != nil {
+					return nil, fmt.Errorf("listener %q api_listener: %w", name, err)
+				}
+				hcms = append(hcms, m)
+			}
+			for _, fc := range l.GetFilterChains() {
+				for _, f := range fc.GetFilters() {
+					if tc := f.GetTypedConfig(); tc != nil && tc.MessageIs(&hcmv3.HttpConnectionManager{}) {
+						m := &hcmv3.HttpConnectionManager{}
+						if err := tc.UnmarshalTo(m); err != nil {
+							return nil, fmt.Errorf("listener %q filter %q: %w", name, f.GetName(), err)
+						}
+						hcms = append(hcms, m)
+					}
+				}
+			}
+			for _, m := range hcms {
+				if n := m.GetRds().GetRouteConfigName(); n != "" {
+					out[n] = struct{}{}
+				}
+			}
+		}
+	}
+	return out, nil
+}
+
+// adjustSubs makes a SotW proxy's EDS and RDS subscriptions follow what its
+// clusters and listeners reference, and reports whether it changed any.
+func (p *proxy) adjustSubs() (bool, error) {
+	changed := false
+	for _, t := range []string{adsclient.EndpointType, adsclient.RouteType} {
+		want, err := refs(p.c, t)
+		if err != nil {
+			return false, err
+		}
+		var add, drop []string
+		for n := range want {
+			if _, ok := p.subs[t][n]; !ok {
+				add = append(add, n)
+			}
+		}
+		for n := range p.subs[t] {
+			if _, ok := want[n]; !ok {
+				drop = append(drop, n)
+			}
+		}
+		if len(add) == 0 && len(drop) == 0 {
+			continue
+		}
+		changed = true
+		sort.Strings(add)
+		sort.Strings(drop)
+		p.subMarks[t] = append(p.subMarks[t], len(p.c.Events()))
+		if len(drop) > 0 {
+			for _, n := range drop {
+				delete(p.subs[t], n)
+			}
+			_ = p.c.Unsubscribe(t, drop...) // a failed Send ends the stream, which is checked
+		}
+		if len(add) > 0 {
+			for _, n := range add {
+				p.subs[t][n] = struct{}{}
+			}
+			_ = p.c.Subscribe(t, add...)
+		}
+	}
+	return changed, nil
+}
+
+// subsStable reports whether a SotW proxy's by-name subscriptions are what its
+// held clusters and listeners reference.
+func (p *proxy) subsStable() bool {
+	for _, t := range []string{adsclient.EndpointType, adsclient.RouteType} {
+		want, err := refs(p.c, t)
+		if err != nil || !setEqual(want, p.subs[t]) {
+			return false
+		}
+	}
+	return true
+}
+
+func setEqual(a, b map[string]struct{}) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k := range a {
+		if _, ok := b[k]; !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// mismatch describes how the proxy's held state differs from what it must
+// hold given the truth of its scope, or returns "" when it holds exactly
+// that. What a NACK left behind is checked only as far as it can be, unless
+// strict.
+func (p *proxy) mismatch(tr truth, cp *controlPlane, key model.Key, strict bool) string {
+	stale := p.staleness()
+	if strict {
+		stale = staleness{}
+	}
+	var b strings.Builder
+	evs := p.c.Events()
+	for _, t := range p.opened {
+		if !slices.ContainsFunc(evs[min(p.streamStart, len(evs)):], func(ev adsclient.Event) bool { return ev.TypeURL == t }) {
+			fmt.Fprintf(&b, "  %s: no response yet on the current stream\n", shortType(t))
+		}
+	}
+	sc := cp.store.Get(key)
+	for _, t := range allTypes {
+		held := p.c.State(t)
+		want := tr[t]
+		short := shortType(t)
+		lenient := slices.Sorted(maps.Keys(stale.names[t]))
+		if p.proto == model.Delta {
+			diffHeld(&b, short, held, want, lenient)
+			// A delta proxy's versions are what it declares on reconnect, so
+			// they must be the server's.
+			if sc != nil {
+				sc.Read(func(v snapshot.View) {
+					for name, h := range held {
+						if r := v.Get(snapshotType(t), name); r != nil && r.Version != h.Version && !stale.names[t][name] {
+							fmt.Fprintf(&b, "  %s %q: held version %s, served version %s\n", short, name, h.Version, r.Version)
+						}
+					}
+				})
+			}
+			continue
+		}
+		switch t {
+		case adsclient.ClusterType, adsclient.ListenerType:
+			if stale.types[t] {
+				continue
+			}
+			diffHeld(&b, short, held, want, nil)
+			if sc != nil {
+				sc.Read(func(v snapshot.View) {
+					tv := v.TypeVersion(snapshotType(t))
+					for name, h := range held {
+						if h.Version != tv {
+							fmt.Fprintf(&b, "  %s %q: held at version_info %s, the type is at %s\n", short, name, h.Version, tv)
+						}
+					}
+				})
+			}
+		default:
+			parent := adsclient.ClusterType
+			if t == adsclient.RouteType {
+				parent = adsclient.ListenerType
+			}
+			need, err := refs(p.c, t)
+			if err != nil {
+				fmt.Fprintf(&b, "  %s: %v\n", short, err)
+				continue
+			}
+			if !setEqual(need, p.subs[t]) {
+				fmt.Fprintf(&b, "  %s: subscriptions %v not yet %v\n", short, keys(p.subs[t]), keys(need))
+			}
+			restricted := map[string][]byte{}
+			var absent []string
+			for n := range need {
+				if body, ok := want[n]; ok {
+					restricted[n] = body
+				} else {
+					absent = append(absent, n)
+				}
+			}
+			// A name referenced by a held parent must exist in the truth,
+			// unless the parent itself is held back by a NACK.
+			if len(absent) > 0 && !stale.types[parent] {
+				slices.Sort(absent)
+				fmt.Fprintf(&b, "  %s: referenced but not in the scope: %v\n", short, absent)
+			}
+			diffHeld(&b, short, held, restricted, slices.Concat(absent, lenient))
+		}
+	}
+	return b.String()
+}
+
+// diffHeld writes the differences between held and want; names in lenient
+// may be held or not, with any content.
+func diffHeld(b *strings.Builder, short string, held map[string]adsclient.Held, want map[string][]byte, lenient []string) {
+	for _, name := range slices.Sorted(maps.Keys(want)) {
+		if slices.Contains(lenient, name) {
+			continue
+		}
+		h, ok := held[name]
+		switch {
+		case !ok:
+			fmt.Fprintf(b, "  %s %q: missing\n", short, name)
+		case h.Resource == nil:
+			fmt.Fprintf(b, "  %s %q: held without payload\n", short, name)
+		case !bytesEqual(h.Resource.GetValue(), want[name]):
+			fmt.Fprintf(b, "  %s %q: held content differs from the truth\n", short, name)
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(held)) {
+		if _, ok := want[name]; !ok && !slices.Contains(lenient, name) {
+			fmt.Fprintf(b, "  %s %q: held but not in the truth\n", short, name)
+		}
+	}
+}
+
+func bytesEqual(a, b []byte) bool { return string(a) == string(b) }
+
+func keys(m map[string]struct{}) []string { return slices.Sorted(maps.Keys(m)) }
+
+func snapshotType(url string) snapshot.Type {
+	t, _ := snapshot.TypeOf(url)
+	return t
+}
+
+// serverSynced reports whether the server's feedback says the proxy's
+// current stream ACKed everything of the scope's current version, which is
+// what the scope's Ready condition is computed from.
+func serverSynced(cp *controlPlane, key model.Key, node string) (bool, string) {
+	version, ok := cp.scopeVersion(key)
+	if !ok {
+		return false, "scope not served"
+	}
+	var newest *feedback.Proxy
+	for _, fp := range cp.fb.Get(key).Proxies {
+		if fp.Node == node && (newest == nil || fp.ID > newest.ID) {
+			newest = fp
+		}
+	}
+	if newest == nil {
+		return false, "the stream is not in the scope's feedback"
+	}
+	if newest.AtVersion != version {
+		return false, fmt.Sprintf("feedback has the proxy at version %q (acked %v, nacked %v), the scope is at %q",
+			newest.AtVersion, newest.Acked, newest.Nacked, version)
+	}
+	return true, ""
+}
+
+// nackResends returns a description of every response that repeats a
+// NACKed one (same type, version and resources) on the same stream without
+// a subscription change in between: the resend loop of go-control-plane
+// issue #962.
+func (p *proxy) nackResends() string {
+	evs := p.c.Events()
+	evs = evs[min(p.streamStart, len(evs)):]
+	base := p.streamStart
+	var b strings.Builder
+	for i, ev := range evs {
+		if ev.Accepted {
+			continue
+		}
+		for j := i + 1; j < len(evs); j++ {
+			nx := evs[j]
+			if nx.TypeURL != ev.TypeURL {
+				continue
+			}
+			resubscribed := false
+			for _, m := range p.subMarks[ev.TypeURL] {
+				if m > base+i && m <= base+j {
+					resubscribed = true
+				}
+			}
+			if !resubscribed && nx.Version == ev.Version && slices.Equal(nx.Names, ev.Names) && slices.Equal(nx.Removed, ev.Removed) {
+				fmt.Fprintf(&b, "  %s version %q NACKed (nonce %s) and sent again (nonce %s)\n", ev.TypeURL, ev.Version, ev.Nonce, nx.Nonce)
+			}
+			break
+		}
+	}
+	return b.String()
+}
+
+// endCode is the status code a stream ended with; io.EOF counts as OK.
+func endCode(err error) codes.Code {
+	if err == nil {
+		return codes.OK
+	}
+	if s, ok := status.FromError(err); ok {
+		return s.Code()
+	}
+	return codes.Unknown
+}
+
+func shortType(t string) string { return t[strings.LastIndex(t, ".")+1:] }
+
+// trace describes the proxy's recent responses and subscription changes,
+// for failure messages.
+func (p *proxy) trace() string {
+	evs := p.c.Events()
+	var b strings.Builder
+	from := max(0, len(evs)-25)
+	fmt.Fprintf(&b, "  last %d of %d responses (current stream from #%d):\n", len(evs)-from, len(evs), p.streamStart)
+	for i := from; i < len(evs); i++ {
+		ev := evs[i]
+		for _, t := range allTypes {
+			for _, m := range p.subMarks[t] {
+				if m == i {
+					fmt.Fprintf(&b, "    -- %s subscription or content change before #%d\n", shortType(t), i)
+				}
+			}
+		}
+		verdict := "ACK"
+		if !ev.Accepted {
+			verdict = "NACK"
+		}
+		fmt.Fprintf(&b, "    #%d %s nonce=%s version=%s %s names=%v removed=%v\n", i, shortType(ev.TypeURL), ev.Nonce, ev.Version, verdict, ev.Names, ev.Removed)
+	}
+	for _, t := range []string{adsclient.EndpointType, adsclient.RouteType} {
+		fmt.Fprintf(&b, "  %s subscriptions now: %v\n", shortType(t), keys(p.subs[t]))
+	}
+	return b.String()
+}
