@@ -82,6 +82,7 @@ test: ## Run every test against a real API server (builds the envtest binaries o
 	assets=$$(hack/envtest.sh); helm=$$(hack/helm.sh); \
 	KUBEBUILDER_ASSETS=$$assets HELM=$$helm go test -count=1 ./...
 	go test -run '^$$' -fuzz '^FuzzTranslate$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 200x ./xds/translate/
+	go test -run '^$$' -fuzz '^FuzzRequests$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 200x ./xds/server/
 	$(MAKE) demo DEMO_ONCE=1
 
 .PHONY: helm
