@@ -3,7 +3,6 @@ package server
 import (
 	"slices"
 	"strconv"
-	"time"
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/grpc"
@@ -46,18 +45,12 @@ func (ts *deltaType) subscribed(name string) bool {
 const maxInflight = 128
 
 type delta struct {
-	srv     *Server
-	stream  deltaStream
-	key     model.Key
-	sc      *snapshot.Scope
-	id      uint64
-	types   [snapshot.NumTypes]*deltaType
-	rev     uint64
-	ver     string
-	revTime time.Time
-	wake    <-chan struct{}
-	nonce   uint64
+	stream
+	grpc  deltaStream
+	types [snapshot.NumTypes]*deltaType
 }
+
+func (st *delta) base() *stream { return &st.stream }
 
 type deltaResponse struct {
 	t       snapshot.Type
@@ -67,53 +60,10 @@ type deltaResponse struct {
 }
 
 // DeltaAggregatedResources serves one delta (incremental) ADS stream.
-func (s *Server) DeltaAggregatedResources(stream deltaStream) error {
-	select {
-	case <-s.drain:
-		return s.draining()
-	default:
-	}
-	ctx := stream.Context()
-	reqs, errc := recv(ctx, stream)
-	var first *discoveryv3.DeltaDiscoveryRequest
-	select {
-	case first = <-reqs:
-	case err := <-errc:
-		return endOf(err)
-	case <-ctx.Done():
-		return nil
-	}
-	// The node is only on the first request of a delta stream.
-	key, sc, err := s.resolve(first.GetNode(), model.Delta)
-	if err != nil {
-		return err
-	}
-	st := &delta{srv: s, stream: stream, key: key, sc: sc}
-	st.id = s.fb.Connect(key, first.GetNode().GetId(), model.Delta)
-	defer s.fb.Disconnect(key, st.id)
-	sc.Read(func(v snapshot.View) {
-		st.rev, st.ver, st.revTime, st.wake = v.Rev(), v.Version(), v.RevTime(), v.Wake()
+func (s *Server) DeltaAggregatedResources(g deltaStream) error {
+	return serve(s, model.Delta, g, func(base stream) handler[*discoveryv3.DeltaDiscoveryRequest] {
+		return &delta{stream: base, grpc: g}
 	})
-	if err := st.handle(first); err != nil {
-		return err
-	}
-	for {
-		select {
-		case req := <-reqs:
-			err = st.handle(req)
-		case <-st.wake:
-			err = st.push()
-		case err := <-errc:
-			return endOf(err)
-		case <-ctx.Done():
-			return nil
-		case <-st.srv.drain:
-			return st.srv.draining()
-		}
-		if err != nil {
-			return err
-		}
-	}
 }
 
 func (st *delta) handle(req *discoveryv3.DeltaDiscoveryRequest) error {
@@ -313,7 +263,7 @@ func (st *delta) push() error {
 				}
 			}
 		}
-		st.rev, st.ver, st.revTime, st.wake = v.Rev(), v.Version(), v.RevTime(), v.Wake()
+		st.caughtUp(v)
 	})
 	if err != nil {
 		return err
@@ -349,7 +299,7 @@ func (st *delta) send(r *deltaResponse) error {
 	for i, res := range r.res {
 		resp.Resources[i] = &discoveryv3.Resource{Name: res.Name, Version: res.Version, Resource: res.Body}
 	}
-	if err := st.stream.Send(resp); err != nil {
+	if err := st.grpc.Send(resp); err != nil {
 		return err
 	}
 	undo := make(map[string]string, len(r.res)+len(r.removed))

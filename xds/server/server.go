@@ -14,9 +14,12 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"strings"
 	"sync"
+	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
@@ -142,6 +145,99 @@ func unknownType(url string) error {
 
 func tooManyNames(n, limit int) error {
 	return status.Errorf(codes.InvalidArgument, "a request carries %d resource names; the limit is %d per request", n, limit)
+}
+
+// stream is the state both protocols keep per ADS stream: which scope it
+// serves, and up to which revision of that scope it has caught up.
+type stream struct {
+	srv     *Server
+	key     model.Key
+	sc      *snapshot.Scope
+	id      uint64
+	rev     uint64
+	ver     string
+	revTime time.Time
+	wake    <-chan struct{}
+	nonce   uint64
+}
+
+// caughtUp records that the stream has processed the scope as v shows it.
+func (st *stream) caughtUp(v snapshot.View) {
+	st.rev, st.ver, st.revTime, st.wake = v.Rev(), v.Version(), v.RevTime(), v.Wake()
+}
+
+// handler is one protocol's per-stream logic.
+type handler[Req any] interface {
+	// handle answers one request from the proxy.
+	handle(Req) error
+	// push sends what changed in the scope since the stream caught up.
+	push() error
+	base() *stream
+}
+
+// request is what serve needs of either protocol's requests.
+type request interface{ GetNode() *corev3.Node }
+
+// serve runs one ADS stream of either protocol: it binds the stream to the
+// scope its first request's node names (or refuses it), then answers
+// requests and pushes scope changes until the stream or the server ends.
+func serve[Req request](s *Server, p model.Protocol, srv interface {
+	Context() context.Context
+	Recv() (Req, error)
+}, open func(stream) handler[Req]) error {
+	select {
+	case <-s.drain:
+		return s.draining()
+	default:
+	}
+	ctx := srv.Context()
+	reqs, errc := recv(ctx, srv)
+	var first Req
+	select {
+	case first = <-reqs:
+	case err := <-errc:
+		return endOf(err)
+	case <-ctx.Done():
+		return nil
+	}
+	// The node is on the first request (the only one, in delta).
+	key, sc, err := s.resolve(first.GetNode(), p)
+	if err != nil {
+		return err
+	}
+	base := stream{srv: s, key: key, sc: sc, id: s.fb.Connect(key, first.GetNode().GetId(), p)}
+	defer s.fb.Disconnect(key, base.id)
+	sc.Read(base.caughtUp)
+	h := open(base)
+	st := h.base()
+	if err := h.handle(first); err != nil {
+		return err
+	}
+	for {
+		select {
+		case req := <-reqs:
+			err = h.handle(req)
+		case <-st.wake:
+			err = h.push()
+		case err := <-errc:
+			return endOf(err)
+		case <-ctx.Done():
+			return nil
+		case <-s.drain:
+			return s.draining()
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// endOf turns how a request stream ended into the handler's result.
+func endOf(err error) error {
+	if errors.Is(err, io.EOF) || status.Code(err) == codes.Canceled {
+		return nil
+	}
+	return err
 }
 
 // recv reads requests into a channel so the stream loop can also wait for

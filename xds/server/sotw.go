@@ -1,15 +1,10 @@
 package server
 
 import (
-	"errors"
-	"io"
 	"strconv"
-	"time"
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 
@@ -53,18 +48,12 @@ func (ts *sotwType) subscribed(name string) bool {
 func fullState(t snapshot.Type) bool { return t == snapshot.Clusters || t == snapshot.Listeners }
 
 type sotw struct {
-	srv     *Server
-	stream  sotwStream
-	key     model.Key
-	sc      *snapshot.Scope
-	id      uint64
-	types   [snapshot.NumTypes]*sotwType
-	rev     uint64
-	ver     string
-	revTime time.Time
-	wake    <-chan struct{}
-	nonce   uint64
+	stream
+	grpc  sotwStream
+	types [snapshot.NumTypes]*sotwType
 }
+
+func (st *sotw) base() *stream { return &st.stream }
 
 type sotwResponse struct {
 	t       snapshot.Type
@@ -75,60 +64,10 @@ type sotwResponse struct {
 }
 
 // StreamAggregatedResources serves one State-of-the-World ADS stream.
-func (s *Server) StreamAggregatedResources(stream sotwStream) error {
-	select {
-	case <-s.drain:
-		return s.draining()
-	default:
-	}
-	ctx := stream.Context()
-	reqs, errc := recv(ctx, stream)
-	var first *discoveryv3.DiscoveryRequest
-	select {
-	case first = <-reqs:
-	case err := <-errc:
-		return endOf(err)
-	case <-ctx.Done():
-		return nil
-	}
-	key, sc, err := s.resolve(first.GetNode(), model.SotW)
-	if err != nil {
-		return err
-	}
-	st := &sotw{srv: s, stream: stream, key: key, sc: sc}
-	st.id = s.fb.Connect(key, first.GetNode().GetId(), model.SotW)
-	defer s.fb.Disconnect(key, st.id)
-	sc.Read(func(v snapshot.View) {
-		st.rev, st.ver, st.revTime, st.wake = v.Rev(), v.Version(), v.RevTime(), v.Wake()
+func (s *Server) StreamAggregatedResources(g sotwStream) error {
+	return serve(s, model.SotW, g, func(base stream) handler[*discoveryv3.DiscoveryRequest] {
+		return &sotw{stream: base, grpc: g}
 	})
-	if err := st.handle(first); err != nil {
-		return err
-	}
-	for {
-		select {
-		case req := <-reqs:
-			err = st.handle(req)
-		case <-st.wake:
-			err = st.push()
-		case err := <-errc:
-			return endOf(err)
-		case <-ctx.Done():
-			return nil
-		case <-st.srv.drain:
-			return st.srv.draining()
-		}
-		if err != nil {
-			return err
-		}
-	}
-}
-
-// endOf turns how a request stream ended into the handler's result.
-func endOf(err error) error {
-	if errors.Is(err, io.EOF) || status.Code(err) == codes.Canceled {
-		return nil
-	}
-	return err
 }
 
 func (st *sotw) handle(req *discoveryv3.DiscoveryRequest) error {
@@ -333,7 +272,7 @@ func (st *sotw) push() error {
 		if c := resps[snapshot.Clusters]; c != nil && (resps[snapshot.Listeners] != nil || resps[snapshot.Routes] != nil) {
 			early = makeBeforeBreak(c, st.types[snapshot.Clusters].held)
 		}
-		st.rev, st.ver, st.revTime, st.wake = v.Rev(), v.Version(), v.RevTime(), v.Wake()
+		st.caughtUp(v)
 	})
 	if err != nil {
 		return err
@@ -389,7 +328,7 @@ func (st *sotw) send(r *sotwResponse) error {
 	for i, res := range r.res {
 		resp.Resources[i] = res.Body
 	}
-	if err := st.stream.Send(resp); err != nil {
+	if err := st.grpc.Send(resp); err != nil {
 		return err
 	}
 	ts.nonce, ts.version, ts.pending, ts.last = resp.GetNonce(), r.version, true, r.res
