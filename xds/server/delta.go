@@ -208,13 +208,7 @@ func (st *delta) push() error {
 		err   error
 	)
 	st.sc.Read(func(v snapshot.View) {
-		spec := v.Spec()
-		if spec == nil {
-			err = scopeGone(st.key)
-			return
-		}
-		if spec.Protocol != model.Delta {
-			err = wrongProtocol(st.key, spec.Protocol, model.Delta)
+		if err = st.stillServes(v, model.Delta); err != nil {
 			return
 		}
 		for t := range snapshot.NumTypes {

@@ -166,6 +166,19 @@ func (st *stream) caughtUp(v snapshot.View) {
 	st.rev, st.ver, st.revTime, st.wake = v.Rev(), v.Version(), v.RevTime(), v.Wake()
 }
 
+// stillServes returns the status that ends the stream when its scope was
+// deleted or now requires the other protocol, and nil while it may go on.
+func (st *stream) stillServes(v snapshot.View, p model.Protocol) error {
+	spec := v.Spec()
+	if spec == nil {
+		return scopeGone(st.key)
+	}
+	if spec.Protocol != p {
+		return wrongProtocol(st.key, spec.Protocol, p)
+	}
+	return nil
+}
+
 // handler is one protocol's per-stream logic.
 type handler[Req any] interface {
 	// handle answers one request from the proxy.

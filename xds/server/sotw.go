@@ -217,13 +217,7 @@ func (st *sotw) push() error {
 		err   error
 	)
 	st.sc.Read(func(v snapshot.View) {
-		spec := v.Spec()
-		if spec == nil {
-			err = scopeGone(st.key)
-			return
-		}
-		if spec.Protocol != model.SotW {
-			err = wrongProtocol(st.key, spec.Protocol, model.SotW)
+		if err = st.stillServes(v, model.SotW); err != nil {
 			return
 		}
 		for t := range snapshot.NumTypes {
