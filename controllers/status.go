@@ -210,10 +210,7 @@ func (w *StatusWriter) compute(ps *xdsv1alpha1.ProxyScope, now time.Time) xdsv1a
 	case len(nacking) > 0:
 		set(xdsv1alpha1.ConditionDegraded, metav1.ConditionTrue, xdsv1alpha1.ReasonProxyNACKed, nackMessage(fb.NACKs, nacking))
 	case !wrongProto.IsZero() && now.Sub(wrongProto) < wrongProtocolMemory:
-		want := "GRPC"
-		if ps.Spec.Protocol == xdsv1alpha1.ProtocolDelta {
-			want = "DELTA_GRPC"
-		}
+		want := model.Protocol(ps.Spec.Protocol).APIType()
 		set(xdsv1alpha1.ConditionDegraded, metav1.ConditionTrue, xdsv1alpha1.ReasonWrongProtocol,
 			fmt.Sprintf("%d streams refused so far: proxies naming this scope use the other protocol; set api_type: %s in their ADS config (spec.protocol is %s)",
 				fb.Refused[feedback.RefusedWrongProto], want, ps.Spec.Protocol))

@@ -33,10 +33,6 @@ const (
 	ListenerModeProxylessGRPC ListenerMode = "ProxylessGRPC"
 )
 
-// ScopeMetadataKey is the xDS node metadata key by which a proxy names the
-// scope it belongs to; the value is `<namespace>/<name>` of a ProxyScope.
-const ScopeMetadataKey = "scopeplane.dev/scope"
-
 // ScopeLabel is set on the objects scopeplane writes for a ProxyScope (its
 // bootstrap ConfigMap) to the ProxyScope's name.
 const ScopeLabel = "xds.scopeplane.dev/proxyscope"

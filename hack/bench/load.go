@@ -19,7 +19,6 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/structpb"
 
-	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
 	"github.com/scopeplane/scopeplane/xds/adsclient"
 	"github.com/scopeplane/scopeplane/xds/model"
 )
@@ -89,7 +88,7 @@ func newProxy(idx, scope int, key model.Key, p adsclient.Protocol, tr *tracker) 
 			Id:      fmt.Sprintf("proxy-%d", idx),
 			Cluster: "bench",
 			Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{
-				xdsv1alpha1.ScopeMetadataKey: structpb.NewStringValue(key.String()),
+				model.ScopeMetadataKey: structpb.NewStringValue(key.String()),
 			}},
 		},
 		Types:   typeURLs[:],

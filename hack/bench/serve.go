@@ -28,7 +28,6 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 
-	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
 	"github.com/scopeplane/scopeplane/xds/catalog"
 	"github.com/scopeplane/scopeplane/xds/feedback"
 	"github.com/scopeplane/scopeplane/xds/model"
@@ -346,7 +345,7 @@ func (b *baselineCP) ensure(node *corev3.Node) error {
 	if _, ok := b.known.Load(id); ok {
 		return nil
 	}
-	ns, name, _ := strings.Cut(node.GetMetadata().GetFields()[xdsv1alpha1.ScopeMetadataKey].GetStringValue(), "/")
+	ns, name, _ := strings.Cut(node.GetMetadata().GetFields()[model.ScopeMetadataKey].GetStringValue(), "/")
 	key := model.Key{Namespace: ns, Name: name}
 	b.mu.Lock()
 	defer b.mu.Unlock()

@@ -26,11 +26,12 @@ import (
 	"github.com/scopeplane/scopeplane/xds/adsclient"
 	"github.com/scopeplane/scopeplane/xds/bootstrap"
 	"github.com/scopeplane/scopeplane/xds/metrics"
+	"github.com/scopeplane/scopeplane/xds/model"
 )
 
 func node(id, scope string) *corev3.Node {
 	return &corev3.Node{Id: id, Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{
-		xdsv1alpha1.ScopeMetadataKey: structpb.NewStringValue(scope),
+		model.ScopeMetadataKey: structpb.NewStringValue(scope),
 	}}}
 }
 

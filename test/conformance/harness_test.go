@@ -21,7 +21,6 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 	"k8s.io/apimachinery/pkg/labels"
 
-	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
 	"github.com/scopeplane/scopeplane/xds/adsclient"
 	"github.com/scopeplane/scopeplane/xds/catalog"
 	"github.com/scopeplane/scopeplane/xds/feedback"
@@ -106,7 +105,7 @@ func envoyScope(ns, name string, protocol model.Protocol) *model.Scope {
 func node(id, scope string) *corev3.Node {
 	n := &corev3.Node{Id: id}
 	if scope != "" {
-		n.Metadata = &structpb.Struct{Fields: map[string]*structpb.Value{xdsv1alpha1.ScopeMetadataKey: structpb.NewStringValue(scope)}}
+		n.Metadata = &structpb.Struct{Fields: map[string]*structpb.Value{model.ScopeMetadataKey: structpb.NewStringValue(scope)}}
 	}
 	return n
 }

@@ -27,6 +27,7 @@ import (
 	"github.com/scopeplane/scopeplane/internal/controlplane"
 	"github.com/scopeplane/scopeplane/internal/localapi"
 	"github.com/scopeplane/scopeplane/xds/adsclient"
+	"github.com/scopeplane/scopeplane/xds/model"
 )
 
 type replica struct {
@@ -98,7 +99,7 @@ func connect(t *testing.T, r *replica, n int) []*adsclient.Client {
 	for i := range n {
 		c := adsclient.New(adsclient.Config{
 			Node: &corev3.Node{Id: fmt.Sprintf("%s-proxy-%d", r.name, i), Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{
-				xdsv1alpha1.ScopeMetadataKey: structpb.NewStringValue("default/ha"),
+				model.ScopeMetadataKey: structpb.NewStringValue("default/ha"),
 			}}},
 			Types:    []string{adsclient.ClusterType, adsclient.ListenerType},
 			Wildcard: map[string]bool{adsclient.ClusterType: true, adsclient.ListenerType: true},

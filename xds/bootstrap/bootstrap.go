@@ -22,7 +22,6 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 	"sigs.k8s.io/yaml"
 
-	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
 	"github.com/scopeplane/scopeplane/xds/model"
 )
 
@@ -47,10 +46,7 @@ func Envoy(scope model.Key, protocol model.Protocol, server string) ([]byte, err
 	if err != nil {
 		return nil, err
 	}
-	apiType := corev3.ApiConfigSource_GRPC
-	if protocol == model.Delta {
-		apiType = corev3.ApiConfigSource_DELTA_GRPC
-	}
+	apiType := corev3.ApiConfigSource_ApiType(corev3.ApiConfigSource_ApiType_value[protocol.APIType()])
 	h2, err := anypb.New(&upstreamhttpv3.HttpProtocolOptions{
 		UpstreamProtocolOptions: &upstreamhttpv3.HttpProtocolOptions_ExplicitHttpConfig_{ExplicitHttpConfig: &upstreamhttpv3.HttpProtocolOptions_ExplicitHttpConfig{
 			ProtocolConfig: &upstreamhttpv3.HttpProtocolOptions_ExplicitHttpConfig_Http2ProtocolOptions{Http2ProtocolOptions: &corev3.Http2ProtocolOptions{}},
@@ -131,12 +127,12 @@ func GRPC(scope model.Key, server string) ([]byte, error) {
 		Node       node        `json:"node"`
 	}{
 		XDSServers: []xdsServer{{ServerURI: server, ChannelCreds: []creds{{Type: "insecure"}}, ServerFeatures: []string{"xds_v3"}}},
-		Node:       node{ID: scope.Name + "-grpc", Cluster: scope.Name, Metadata: map[string]string{xdsv1alpha1.ScopeMetadataKey: scope.String()}},
+		Node:       node{ID: scope.Name + "-grpc", Cluster: scope.Name, Metadata: map[string]string{model.ScopeMetadataKey: scope.String()}},
 	}, "", "  ")
 }
 
 func scopeMetadata(scope model.Key) *structpb.Struct {
-	return &structpb.Struct{Fields: map[string]*structpb.Value{xdsv1alpha1.ScopeMetadataKey: structpb.NewStringValue(scope.String())}}
+	return &structpb.Struct{Fields: map[string]*structpb.Value{model.ScopeMetadataKey: structpb.NewStringValue(scope.String())}}
 }
 
 func socketAddress(host string, port uint32) *corev3.Address {

@@ -108,6 +108,11 @@ type Endpoint struct {
 	Node        string
 }
 
+// ScopeMetadataKey is the xDS node metadata key by which a proxy names the
+// scope it joins; the value is "<namespace>/<name>" of a ProxyScope. The
+// bootstraps write it and the ADS server reads it.
+const ScopeMetadataKey = "scopeplane.dev/scope"
+
 // Protocol is the xDS protocol of a scope.
 type Protocol string
 
@@ -116,6 +121,16 @@ const (
 	SotW  Protocol = "SotW"
 	Delta Protocol = "Delta"
 )
+
+// APIType is what a proxy's bootstrap sets as ads_config.api_type (the name
+// of Envoy's ApiConfigSource.ApiType value) to speak the protocol: the one
+// place the two spellings meet, for bootstraps, refusals and status.
+func (p Protocol) APIType() string {
+	if p == Delta {
+		return "DELTA_GRPC"
+	}
+	return "GRPC"
+}
 
 // ListenerMode says how a scope's proxies consume configuration.
 type ListenerMode string

@@ -19,7 +19,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/types/known/structpb"
 
-	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
 	"github.com/scopeplane/scopeplane/xds/adsclient"
 	"github.com/scopeplane/scopeplane/xds/model"
 	"github.com/scopeplane/scopeplane/xds/server"
@@ -149,7 +148,7 @@ func (r *fuzzReader) typeURL() string {
 // any refusal, or none).
 func (r *fuzzReader) node(delta bool, kind byte) (*corev3.Node, codes.Code) {
 	meta := func(v *structpb.Value) *corev3.Node {
-		return &corev3.Node{Id: "fuzz", Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{xdsv1alpha1.ScopeMetadataKey: v}}}
+		return &corev3.Node{Id: "fuzz", Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{model.ScopeMetadataKey: v}}}
 	}
 	own, other := "fz/sotw", "fz/delta"
 	if delta {

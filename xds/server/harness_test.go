@@ -26,7 +26,6 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/structpb"
 
-	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
 	"github.com/scopeplane/scopeplane/xds/adsclient"
 	"github.com/scopeplane/scopeplane/xds/catalog"
 	"github.com/scopeplane/scopeplane/xds/feedback"
@@ -352,7 +351,7 @@ func newProxy(id, ref string, proto model.Protocol) *proxy {
 	node := &corev3.Node{Id: id, Cluster: "model"}
 	if ref != "" {
 		node.Metadata = &structpb.Struct{Fields: map[string]*structpb.Value{
-			xdsv1alpha1.ScopeMetadataKey: structpb.NewStringValue(ref),
+			model.ScopeMetadataKey: structpb.NewStringValue(ref),
 		}}
 	}
 	cfg := adsclient.Config{

@@ -28,7 +28,6 @@ import (
 	"google.golang.org/grpc/status"
 	"k8s.io/apimachinery/pkg/util/validation"
 
-	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
 	"github.com/scopeplane/scopeplane/xds/feedback"
 	"github.com/scopeplane/scopeplane/xds/model"
 	"github.com/scopeplane/scopeplane/xds/snapshot"
@@ -68,29 +67,21 @@ func (s *Server) Register(g *grpc.Server) {
 	discoveryv3.RegisterAggregatedDiscoveryServiceServer(g, s)
 }
 
-// apiType is what a proxy's bootstrap says for each protocol.
-func apiType(p model.Protocol) string {
-	if p == model.Delta {
-		return "DELTA_GRPC"
-	}
-	return "GRPC"
-}
-
 // resolve binds a stream to the scope its node names, or refuses it.
 func (s *Server) resolve(node *corev3.Node, p model.Protocol) (model.Key, *snapshot.Scope, error) {
-	value := node.GetMetadata().GetFields()[xdsv1alpha1.ScopeMetadataKey].GetStringValue()
+	value := node.GetMetadata().GetFields()[model.ScopeMetadataKey].GetStringValue()
 	if value == "" {
 		s.fb.Refuse(model.Key{}, feedback.RefusedNoScope)
 		return model.Key{}, nil, status.Errorf(codes.InvalidArgument,
 			"node %q names no ProxyScope: set node.metadata[%q] to \"<namespace>/<name>\" of a ProxyScope in the proxy's bootstrap",
-			node.GetId(), xdsv1alpha1.ScopeMetadataKey)
+			node.GetId(), model.ScopeMetadataKey)
 	}
 	key, err := parseScope(value)
 	if err != nil {
 		s.fb.Refuse(model.Key{}, feedback.RefusedNoScope)
 		return model.Key{}, nil, status.Errorf(codes.InvalidArgument,
 			"node %q: node.metadata[%q] = %q is not \"<namespace>/<name>\" of a ProxyScope: %v",
-			node.GetId(), xdsv1alpha1.ScopeMetadataKey, value, err)
+			node.GetId(), model.ScopeMetadataKey, value, err)
 	}
 	sc := s.store.Get(key)
 	var spec *model.Scope
@@ -101,7 +92,7 @@ func (s *Server) resolve(node *corev3.Node, p model.Protocol) (model.Key, *snaps
 		s.fb.Refuse(model.Key{}, feedback.RefusedUnknownScope)
 		return model.Key{}, nil, status.Errorf(codes.NotFound,
 			"node %q names ProxyScope %q, which does not exist (or is not built yet): create it, or fix node.metadata[%q]",
-			node.GetId(), value, xdsv1alpha1.ScopeMetadataKey)
+			node.GetId(), value, model.ScopeMetadataKey)
 	}
 	if spec.Protocol != p {
 		s.fb.Refuse(key, feedback.RefusedWrongProto)
@@ -114,7 +105,7 @@ func (s *Server) resolve(node *corev3.Node, p model.Protocol) (model.Key, *snaps
 func wrongProtocol(key model.Key, want, got model.Protocol) error {
 	return status.Errorf(codes.FailedPrecondition,
 		"ProxyScope %q requires the %s protocol (spec.protocol: %s) but this proxy opened a %s stream: set api_type: %s in the ADS config of its bootstrap, or change the scope's spec.protocol",
-		key.String(), want, want, got, apiType(want))
+		key.String(), want, want, got, want.APIType())
 }
 
 func parseScope(v string) (model.Key, error) {
