@@ -11,7 +11,6 @@ import (
 	"time"
 
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
-	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -26,6 +25,7 @@ import (
 	"github.com/scopeplane/scopeplane/internal/localapi"
 	"github.com/scopeplane/scopeplane/xds/catalog"
 	"github.com/scopeplane/scopeplane/xds/model"
+	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
 var (
@@ -162,7 +162,7 @@ func clusters(scope string) []string {
 		return nil
 	}
 	out := []string{}
-	for n := range res[resourcev3.ClusterType] {
+	for n := range res[xdstype.Cluster] {
 		out = append(out, n)
 	}
 	sort.Strings(out)
@@ -263,7 +263,7 @@ func TestScopesConvergeAndOnlyAffectedScopesChange(t *testing.T) {
 			t.Errorf("readiness after the initial sync: %v", err)
 		}
 		res, _ := cat.Resources(model.Key{Namespace: "shop", Name: "gw"})
-		cla := res[resourcev3.EndpointType]["shop/cart:80"].(*endpointv3.ClusterLoadAssignment)
+		cla := res[xdstype.Endpoint]["shop/cart:80"].(*endpointv3.ClusterLoadAssignment)
 		var got []string
 		for _, l := range cla.GetEndpoints() {
 			for _, e := range l.GetLbEndpoints() {
@@ -290,7 +290,7 @@ func TestScopesConvergeAndOnlyAffectedScopesChange(t *testing.T) {
 		}
 		eventually(t, "the new checkout endpoint", func() (bool, string) {
 			res, _ := cat.Resources(model.Key{Namespace: "shop", Name: "grpc"})
-			cla, _ := res[resourcev3.EndpointType]["shop/checkout:9090"].(*endpointv3.ClusterLoadAssignment)
+			cla, _ := res[xdstype.Endpoint]["shop/checkout:9090"].(*endpointv3.ClusterLoadAssignment)
 			n := 0
 			for _, l := range cla.GetEndpoints() {
 				n += len(l.GetLbEndpoints())

@@ -21,6 +21,7 @@ import (
 	"github.com/scopeplane/scopeplane/xds/feedback"
 	"github.com/scopeplane/scopeplane/xds/model"
 	"github.com/scopeplane/scopeplane/xds/snapshot"
+	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
 // wrongProtocolMemory is how long a wrong-protocol refusal keeps a scope
@@ -127,7 +128,7 @@ func (w *StatusWriter) compute(ps *xdsv1alpha1.ProxyScope, now time.Time) xdsv1a
 		sc.Read(func(v snapshot.View) {
 			if spec := v.Spec(); spec != nil {
 				built, specGen, version, revTime = true, spec.Generation, v.Version(), v.RevTime()
-				clusters = v.Len(snapshot.Clusters)
+				clusters = v.Len(xdstype.Cluster)
 			}
 		})
 	}

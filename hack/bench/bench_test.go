@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/scopeplane/scopeplane/xds/model"
+	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
 // TestMain lets the test binary play the control-plane process, as the bench
@@ -79,13 +80,13 @@ func TestLimit(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := Diff(before, after)
-	if len(d) != 1 || d[0].T != tEndpoints || d[0].Name != "ns-0/svc-0:80" {
+	if len(d) != 1 || d[0].T != xdstype.Endpoint || d[0].Name != "ns-0/svc-0:80" {
 		t.Fatalf("one endpoint change gave the diff %+v", d)
 	}
 	sotw, delta := limitBytes(model.SotW, after, d), limitBytes(model.Delta, after, d)
-	body := len(after[tEndpoints]["ns-0/svc-0:80"].Body)
+	body := len(after[xdstype.Endpoint]["ns-0/svc-0:80"].Body)
 	// Two type URLs (the response's and the Any's), a version and a nonce.
-	overhead := 2*len(typeURLs[tEndpoints]) + len(limitVersion) + len(limitNonce)
+	overhead := 2*len(xdstype.Endpoint.URL()) + len(limitVersion) + len(limitNonce)
 	if sotw < body+overhead || sotw > body+overhead+16 || delta <= sotw {
 		t.Errorf("limit for one assignment of %d bytes: SotW %d, delta %d", body, sotw, delta)
 	}
@@ -99,7 +100,7 @@ func TestLimit(t *testing.T) {
 	}
 	d = Diff(after, next)
 	all := 0
-	for _, r := range next[tClusters] {
+	for _, r := range next[xdstype.Cluster] {
 		all += len(r.Body)
 	}
 	sotw, delta = limitBytes(model.SotW, next, d), limitBytes(model.Delta, next, d)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/scopeplane/scopeplane/xds/adsclient"
 	"github.com/scopeplane/scopeplane/xds/model"
+	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
 // serveEnv marks a re-executed copy of the harness (or of its test binary)
@@ -286,7 +287,7 @@ func runCellErr(c Cell, o RunOptions, res *Result) error {
 	limits := map[int]int{}
 	for _, p := range l.proxies {
 		pending := map[resKey]want{}
-		for t := range numTypes {
+		for t := range xdstype.Count {
 			for name, r := range truths[p.scope][t] {
 				pending[resKey{t, name}] = want{present: true, digest: r.Digest}
 			}
@@ -382,7 +383,7 @@ func runCellErr(c Cell, o RunOptions, res *Result) error {
 	// get an answer for each type, and still hold the truth.
 	ph = &Phase{Name: "restart", Affected: c.N}
 	for _, p := range l.proxies {
-		p.arm(nil, 1<<numTypes-1, true)
+		p.arm(nil, 1<<xdstype.Count-1, true)
 	}
 	before := l.counts()
 	l.tr.done.Store(0)

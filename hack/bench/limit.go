@@ -6,6 +6,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/scopeplane/scopeplane/xds/model"
+	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
 // The smallest response stream a server could send is built with short
@@ -26,26 +27,26 @@ const (
 // asking when the cluster or listener goes). Delta: the changed resources,
 // each with its version, plus removed_resources.
 func limitBytes(p model.Protocol, next *Truth, changes []ResChange) int {
-	var byType [numTypes][]ResChange
+	var byType [xdstype.Count][]ResChange
 	for _, c := range changes {
 		byType[c.T] = append(byType[c.T], c)
 	}
 	total := 0
-	for t := range numTypes {
+	for t := range xdstype.Count {
 		cs := byType[t]
 		if len(cs) == 0 {
 			continue
 		}
 		if p == model.SotW {
-			resp := &discoveryv3.DiscoveryResponse{VersionInfo: limitVersion, TypeUrl: typeURLs[t], Nonce: limitNonce}
-			if fullState(t) {
+			resp := &discoveryv3.DiscoveryResponse{VersionInfo: limitVersion, TypeUrl: t.URL(), Nonce: limitNonce}
+			if t.FullState() {
 				for _, r := range next[t] {
-					resp.Resources = append(resp.Resources, &anypb.Any{TypeUrl: typeURLs[t], Value: r.Body})
+					resp.Resources = append(resp.Resources, &anypb.Any{TypeUrl: t.URL(), Value: r.Body})
 				}
 			} else {
 				for _, c := range cs {
 					if c.Present {
-						resp.Resources = append(resp.Resources, &anypb.Any{TypeUrl: typeURLs[t], Value: next[t][c.Name].Body})
+						resp.Resources = append(resp.Resources, &anypb.Any{TypeUrl: t.URL(), Value: next[t][c.Name].Body})
 					}
 				}
 				if len(resp.Resources) == 0 {
@@ -55,12 +56,12 @@ func limitBytes(p model.Protocol, next *Truth, changes []ResChange) int {
 			total += proto.Size(resp)
 			continue
 		}
-		resp := &discoveryv3.DeltaDiscoveryResponse{TypeUrl: typeURLs[t], Nonce: limitNonce}
+		resp := &discoveryv3.DeltaDiscoveryResponse{TypeUrl: t.URL(), Nonce: limitNonce}
 		for _, c := range cs {
 			if c.Present {
 				resp.Resources = append(resp.Resources, &discoveryv3.Resource{
 					Name: c.Name, Version: limitVersion,
-					Resource: &anypb.Any{TypeUrl: typeURLs[t], Value: next[t][c.Name].Body},
+					Resource: &anypb.Any{TypeUrl: t.URL(), Value: next[t][c.Name].Body},
 				})
 			} else {
 				resp.RemovedResources = append(resp.RemovedResources, c.Name)

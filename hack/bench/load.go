@@ -21,6 +21,7 @@ import (
 
 	"github.com/scopeplane/scopeplane/xds/adsclient"
 	"github.com/scopeplane/scopeplane/xds/model"
+	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
 // proxiesPerConn is how many proxies share one gRPC connection: each proxy
@@ -35,7 +36,7 @@ type tracker struct {
 }
 
 type resKey struct {
-	t    int
+	t    xdstype.Type
 	name string
 }
 
@@ -69,7 +70,7 @@ type proxy struct {
 	stash []seenRes
 	// pending is what must still arrive (or go) for the phase to be done.
 	pending map[resKey]want
-	absent  [numTypes]int
+	absent  [xdstype.Count]int
 	// need holds the types that must still get a response on the current
 	// stream (after a restart).
 	need    uint8
@@ -91,14 +92,14 @@ func newProxy(idx, scope int, key model.Key, p adsclient.Protocol, tr *tracker) 
 				model.ScopeMetadataKey: structpb.NewStringValue(key.String()),
 			}},
 		},
-		Types:   typeURLs[:],
+		Types:   xdstype.URLs(),
 		Reject:  px.judge,
 		OnEvent: px.onEvent,
 	}
 	if p == adsclient.SotW {
-		cfg.Wildcard = map[string]bool{adsclient.ClusterType: true, adsclient.ListenerType: true}
+		cfg.Wildcard = map[string]bool{xdstype.Cluster.URL(): true, xdstype.Listener.URL(): true}
 	} else {
-		cfg.Wildcard = map[string]bool{adsclient.ClusterType: true, adsclient.EndpointType: true, adsclient.ListenerType: true, adsclient.RouteType: true}
+		cfg.Wildcard = map[string]bool{xdstype.Cluster.URL(): true, xdstype.Endpoint.URL(): true, xdstype.Listener.URL(): true, xdstype.Route.URL(): true}
 	}
 	px.c = adsclient.New(cfg)
 	return px
@@ -108,7 +109,7 @@ func newProxy(idx, scope int, key model.Key, p adsclient.Protocol, tr *tracker) 
 // notes the digests of the resources the phase waits for and, in SotW, the
 // names the clusters and listeners reference.
 func (p *proxy) judge(typeURL string, resources []*anypb.Any, _ []string) string {
-	t := typeIndex(typeURL)
+	t, _ := xdstype.ByURL(typeURL)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.stash = p.stash[:0]
@@ -122,14 +123,14 @@ func (p *proxy) judge(typeURL string, resources []*anypb.Any, _ []string) string
 	}
 	if p.proto == adsclient.SotW {
 		switch t {
-		case tClusters:
+		case xdstype.Cluster:
 			p.edsNext = p.edsNext[:0]
 			for _, a := range resources {
 				if n := edsServiceName(a.GetValue()); n != "" {
 					p.edsNext = append(p.edsNext, n)
 				}
 			}
-		case tListeners:
+		case xdstype.Listener:
 			p.rdsNext = p.rdsNext[:0]
 			for _, a := range resources {
 				p.rdsNext = append(p.rdsNext, routeNames(a)...)
@@ -143,7 +144,7 @@ func (p *proxy) judge(typeURL string, resources []*anypb.Any, _ []string) string
 func (p *proxy) onEvent(ev adsclient.Event) {
 	now := time.Now()
 	p.tr.lastEvent.Store(now.UnixNano())
-	t := typeIndex(ev.TypeURL)
+	t, _ := xdstype.ByURL(ev.TypeURL)
 	if t < 0 {
 		return
 	}
@@ -163,7 +164,7 @@ func (p *proxy) onEvent(ev adsclient.Event) {
 		for _, n := range ev.Removed {
 			p.satisfyAbsent(resKey{t, n})
 		}
-		if p.proto == adsclient.SotW && fullState(t) && p.absent[t] > 0 {
+		if p.proto == adsclient.SotW && t.FullState() && p.absent[t] > 0 {
 			in := make(map[string]struct{}, len(ev.Names))
 			for _, n := range ev.Names {
 				in[n] = struct{}{}
@@ -180,10 +181,10 @@ func (p *proxy) onEvent(ev adsclient.Event) {
 	var subE, unsubE, subR, unsubR []string
 	if p.proto == adsclient.SotW {
 		switch t {
-		case tClusters:
-			subE, unsubE = p.resubscribe(p.eds, p.edsNext, tEndpoints)
-		case tListeners:
-			subR, unsubR = p.resubscribe(p.rds, p.rdsNext, tRoutes)
+		case xdstype.Cluster:
+			subE, unsubE = p.resubscribe(p.eds, p.edsNext, xdstype.Endpoint)
+		case xdstype.Listener:
+			subR, unsubR = p.resubscribe(p.rds, p.rdsNext, xdstype.Route)
 		}
 	}
 	p.checkDoneLocked(now)
@@ -191,16 +192,16 @@ func (p *proxy) onEvent(ev adsclient.Event) {
 	// Subscribing first and unsubscribing second costs both servers at most
 	// one response: the first request names a resource that is gone.
 	if len(subE) > 0 {
-		_ = p.c.Subscribe(adsclient.EndpointType, subE...)
+		_ = p.c.Subscribe(xdstype.Endpoint.URL(), subE...)
 	}
 	if len(unsubE) > 0 {
-		_ = p.c.Unsubscribe(adsclient.EndpointType, unsubE...)
+		_ = p.c.Unsubscribe(xdstype.Endpoint.URL(), unsubE...)
 	}
 	if len(subR) > 0 {
-		_ = p.c.Subscribe(adsclient.RouteType, subR...)
+		_ = p.c.Subscribe(xdstype.Route.URL(), subR...)
 	}
 	if len(unsubR) > 0 {
-		_ = p.c.Unsubscribe(adsclient.RouteType, unsubR...)
+		_ = p.c.Unsubscribe(xdstype.Route.URL(), unsubR...)
 	}
 }
 
@@ -213,7 +214,7 @@ func (p *proxy) satisfyAbsent(k resKey) {
 
 // resubscribe makes cur equal to next and returns the names added and
 // removed; a removed name no longer held satisfies its pending removal.
-func (p *proxy) resubscribe(cur map[string]struct{}, next []string, t int) (added, removed []string) {
+func (p *proxy) resubscribe(cur map[string]struct{}, next []string, t xdstype.Type) (added, removed []string) {
 	nextSet := make(map[string]struct{}, len(next))
 	for _, n := range next {
 		nextSet[n] = struct{}{}
@@ -248,7 +249,7 @@ func (p *proxy) arm(pending map[resKey]want, need uint8, counted bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.pending, p.need, p.counted = pending, need, counted
-	p.absent = [numTypes]int{}
+	p.absent = [xdstype.Count]int{}
 	for k, w := range pending {
 		if !w.present {
 			p.absent[k.t]++
@@ -273,21 +274,21 @@ func (p *proxy) opened() {
 // verify checks that the proxy holds exactly the truth of its scope, byte
 // for byte, and rejected nothing.
 func (p *proxy) verify(tr *Truth) error {
-	for t := range numTypes {
-		held := p.c.State(typeURLs[t])
+	for t := range xdstype.Count {
+		held := p.c.State(t.URL())
 		for name, w := range tr[t] {
 			h, ok := held[name]
 			switch {
 			case !ok || h.Resource == nil:
-				return fmt.Errorf("proxy-%d: %s %q missing", p.idx, shortType(t), name)
+				return fmt.Errorf("proxy-%d: %s %q missing", p.idx, t.String(), name)
 			case !bytes.Equal(h.Resource.GetValue(), w.Body) && !sameMessage(t, h.Resource.GetValue(), w.Body):
-				return fmt.Errorf("proxy-%d: %s %q differs from the truth", p.idx, shortType(t), name)
+				return fmt.Errorf("proxy-%d: %s %q differs from the truth", p.idx, t.String(), name)
 			}
 		}
 		if len(held) != len(tr[t]) {
 			for name := range held {
 				if _, ok := tr[t][name]; !ok {
-					return fmt.Errorf("proxy-%d: holds %s %q, which is gone (%d held, %d in the truth)", p.idx, shortType(t), name, len(held), len(tr[t]))
+					return fmt.Errorf("proxy-%d: holds %s %q, which is gone (%d held, %d in the truth)", p.idx, t.String(), name, len(held), len(tr[t]))
 				}
 			}
 		}
@@ -303,20 +304,16 @@ func (p *proxy) verify(tr *Truth) error {
 
 // sameMessage compares two encodings by content, for a server whose
 // encoding differs from the truth's but means the same.
-func sameMessage(t int, a, b []byte) bool {
-	ma, err := (&anypb.Any{TypeUrl: typeURLs[t], Value: a}).UnmarshalNew()
+func sameMessage(t xdstype.Type, a, b []byte) bool {
+	ma, err := (&anypb.Any{TypeUrl: t.URL(), Value: a}).UnmarshalNew()
 	if err != nil {
 		return false
 	}
-	mb, err := (&anypb.Any{TypeUrl: typeURLs[t], Value: b}).UnmarshalNew()
+	mb, err := (&anypb.Any{TypeUrl: t.URL(), Value: b}).UnmarshalNew()
 	if err != nil {
 		return false
 	}
 	return proto.Equal(ma, mb)
-}
-
-func shortType(t int) string {
-	return [numTypes]string{"cluster", "assignment", "listener", "route"}[t]
 }
 
 // stringField reads string field num of an encoded message without decoding

@@ -9,9 +9,9 @@ import (
 	"google.golang.org/protobuf/proto"
 	"k8s.io/apimachinery/pkg/labels"
 
-	"github.com/scopeplane/scopeplane/xds/adsclient"
 	"github.com/scopeplane/scopeplane/xds/model"
 	"github.com/scopeplane/scopeplane/xds/translate"
+	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
 // The shape of the benchmark world, fixed so that every run measures the
@@ -227,29 +227,6 @@ func (w *World) Selected(sc *model.Scope) []*model.Service {
 	return out
 }
 
-// Type indexes, in ADS order.
-const (
-	tClusters = iota
-	tEndpoints
-	tListeners
-	tRoutes
-	numTypes
-)
-
-var typeURLs = [numTypes]string{adsclient.ClusterType, adsclient.EndpointType, adsclient.ListenerType, adsclient.RouteType}
-
-func typeIndex(url string) int {
-	for i, u := range typeURLs {
-		if u == url {
-			return i
-		}
-	}
-	return -1
-}
-
-// fullState reports whether SotW responses of the type carry the complete set.
-func fullState(t int) bool { return t == tClusters || t == tListeners }
-
 // digestSeed is shared by the truth and the proxies' bookkeeping; both live
 // in the driver process.
 var digestSeed = maphash.MakeSeed()
@@ -263,7 +240,7 @@ type Res struct {
 }
 
 // Truth is what every proxy of a scope must hold: type → name → resource.
-type Truth [numTypes]map[string]Res
+type Truth [xdstype.Count]map[string]Res
 
 // Truth translates a scope from scratch with xds/translate, independently of
 // any control plane's incremental state.
@@ -274,33 +251,17 @@ func (w *World) Truth(sc *model.Scope) (*Truth, error) {
 		tr[t] = map[string]Res{}
 	}
 	opts := proto.MarshalOptions{Deterministic: true}
-	put := func(t int, name string, m proto.Message) error {
-		b, err := opts.Marshal(m)
-		if err != nil {
-			return err
+	var err error
+	r.Each(func(t xdstype.Type, m proto.Message) {
+		b, merr := opts.Marshal(m)
+		if merr != nil {
+			err = merr
+			return
 		}
-		tr[t][name] = Res{Body: b, Digest: digest(b)}
-		return nil
-	}
-	for _, c := range r.Clusters {
-		if err := put(tClusters, c.GetName(), c); err != nil {
-			return nil, err
-		}
-	}
-	for _, c := range r.Endpoints {
-		if err := put(tEndpoints, c.GetClusterName(), c); err != nil {
-			return nil, err
-		}
-	}
-	for _, l := range r.Listeners {
-		if err := put(tListeners, l.GetName(), l); err != nil {
-			return nil, err
-		}
-	}
-	for _, rc := range r.Routes {
-		if err := put(tRoutes, rc.GetName(), rc); err != nil {
-			return nil, err
-		}
+		tr[t][t.Info().NameOf(m)] = Res{Body: b, Digest: digest(b)}
+	})
+	if err != nil {
+		return nil, err
 	}
 	return &tr, nil
 }
@@ -316,7 +277,7 @@ func (tr *Truth) Size() int {
 
 // ResChange is one resource that differs between two truths.
 type ResChange struct {
-	T       int
+	T       xdstype.Type
 	Name    string
 	Present bool // false: removed
 	Digest  uint64
@@ -325,7 +286,7 @@ type ResChange struct {
 // Diff returns what changed from old (nil: nothing) to next.
 func Diff(old, next *Truth) []ResChange {
 	var out []ResChange
-	for t := range numTypes {
+	for t := range xdstype.Count {
 		var prev map[string]Res
 		if old != nil {
 			prev = old[t]

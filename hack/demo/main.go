@@ -46,6 +46,7 @@ import (
 	"github.com/scopeplane/scopeplane/internal/whoami"
 	"github.com/scopeplane/scopeplane/xds/adsclient"
 	"github.com/scopeplane/scopeplane/xds/bootstrap"
+	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
 func main() {
@@ -160,7 +161,7 @@ func run(ctx context.Context) error {
 		return err
 	}
 	if err := waitFor(ctx, deltaClient, "the delta client holds both Services", func(c *adsclient.Client) bool {
-		return len(c.State(adsclient.ClusterType)) == 2 && len(c.State(adsclient.ListenerType)) == 4
+		return len(c.State(xdstype.Cluster.URL())) == 2 && len(c.State(xdstype.Listener.URL())) == 4
 	}); err != nil {
 		return err
 	}
@@ -177,7 +178,7 @@ func run(ctx context.Context) error {
 	}
 	want := fmt.Sprintf("port_value:%d", d.backends["greeter-b"].Port)
 	if err := waitFor(ctx, deltaClient, "the delta client sees the new endpoint", func(c *adsclient.Client) bool {
-		return strings.Contains(strings.ReplaceAll(c.State(adsclient.EndpointType)["demo/greeter:50051"].Resource.String(), " ", ""), want)
+		return strings.Contains(strings.ReplaceAll(c.State(xdstype.Endpoint.URL())["demo/greeter:50051"].Resource.String(), " ", ""), want)
 	}); err != nil {
 		return err
 	}
@@ -330,7 +331,7 @@ func (d *demo) deltaProxy(ctx context.Context, server string) (*adsclient.Client
 		meta.Fields[k] = structpb.NewStringValue(v)
 	}
 	fmt.Printf("    node %q with metadata %v, over DELTA_GRPC\n", b.Node.ID, b.Node.Metadata)
-	types := []string{adsclient.ClusterType, adsclient.EndpointType, adsclient.ListenerType, adsclient.RouteType}
+	types := xdstype.URLs()
 	c := adsclient.New(adsclient.Config{
 		Protocol: adsclient.Delta, Node: &corev3.Node{Id: b.Node.ID, Metadata: meta}, Types: types, Validate: true,
 		Wildcard: map[string]bool{types[0]: true, types[1]: true, types[2]: true, types[3]: true},
@@ -345,7 +346,7 @@ func (d *demo) deltaProxy(ctx context.Context, server string) (*adsclient.Client
 }
 
 func printDelta(c *adsclient.Client) {
-	for name, h := range c.State(adsclient.EndpointType) {
+	for name, h := range c.State(xdstype.Endpoint.URL()) {
 		cla, err := adsclient.Decode[*endpointv3.ClusterLoadAssignment](h)
 		if err != nil {
 			continue

@@ -14,6 +14,7 @@ import (
 
 	"github.com/scopeplane/scopeplane/internal/localapi"
 	"github.com/scopeplane/scopeplane/xds/adsclient"
+	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
 // kubectl runs the real kubectl against the test API server.
@@ -57,7 +58,7 @@ func TestKubectlWorkflow(t *testing.T) {
 	}
 
 	picky := func(typeURL string, _ []*anypb.Any, _ []string) string {
-		if typeURL == adsclient.ListenerType {
+		if typeURL == xdstype.Listener.URL() {
 			return "listener http-10080: address already in use"
 		}
 		return ""
@@ -66,7 +67,7 @@ func TestKubectlWorkflow(t *testing.T) {
 	expectCondition(t, "default", "storefront", "Degraded", "True", "ProxyNACKed")
 	yaml := kubectl(t, "get", "ps", "storefront", "-o", "yaml")
 	t.Logf("kubectl get ps storefront -o yaml:\n%s", yaml)
-	for _, want := range []string{"reason: ProxyNACKed", "node: edge-7", "detail: 'listener http-10080: address already in use'", "typeURL: " + adsclient.ListenerType} {
+	for _, want := range []string{"reason: ProxyNACKed", "node: edge-7", "detail: 'listener http-10080: address already in use'", "typeURL: " + xdstype.Listener.URL()} {
 		if !strings.Contains(yaml, want) {
 			t.Errorf("kubectl get ps storefront -o yaml lacks %q:\n%s", want, yaml)
 		}

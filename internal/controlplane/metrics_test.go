@@ -12,6 +12,7 @@ import (
 	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
 	"github.com/scopeplane/scopeplane/xds/adsclient"
 	"github.com/scopeplane/scopeplane/xds/metrics"
+	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
 // TestMetricsAfterScriptedSequence checks the metric values after a known
@@ -37,7 +38,7 @@ func TestMetricsAfterScriptedSequence(t *testing.T) {
 	convergedBefore := histogramCount(t, "SotW")
 
 	conn := dialXDS(t)
-	c, _ := proxy(t, conn, adsclient.SotW, node("m-1", scope), rejectFirst(adsclient.RouteType))
+	c, _ := proxy(t, conn, adsclient.SotW, node("m-1", scope), rejectFirst(xdstype.Route.URL()))
 	expectCondition(t, "metrics", "m", xdsv1alpha1.ConditionDegraded, metav1.ConditionTrue, xdsv1alpha1.ReasonProxyNACKed)
 
 	for _, tc := range []struct {
@@ -45,11 +46,11 @@ func TestMetricsAfterScriptedSequence(t *testing.T) {
 		got, want float64
 	}{
 		{"connected proxies", testutil.ToFloat64(metrics.ConnectedProxies.WithLabelValues(scope, "SotW")), 1},
-		{"CDS pushes", testutil.ToFloat64(metrics.Pushes.WithLabelValues(scope, adsclient.ClusterType, "SotW")), 1},
-		{"LDS resources (two API listeners per port)", testutil.ToFloat64(metrics.ResourcesSent.WithLabelValues(scope, adsclient.ListenerType, "SotW")), 2},
-		{"RDS NACKs", testutil.ToFloat64(metrics.NACKs.WithLabelValues(scope, adsclient.RouteType)), 1},
-		{"EDS bytes match what the proxy received", testutil.ToFloat64(metrics.BytesSent.WithLabelValues(scope, adsclient.EndpointType, "SotW")),
-			float64(c.Stats().ByType[adsclient.EndpointType].Bytes)},
+		{"CDS pushes", testutil.ToFloat64(metrics.Pushes.WithLabelValues(scope, xdstype.Cluster.URL(), "SotW")), 1},
+		{"LDS resources (two API listeners per port)", testutil.ToFloat64(metrics.ResourcesSent.WithLabelValues(scope, xdstype.Listener.URL(), "SotW")), 2},
+		{"RDS NACKs", testutil.ToFloat64(metrics.NACKs.WithLabelValues(scope, xdstype.Route.URL())), 1},
+		{"EDS bytes match what the proxy received", testutil.ToFloat64(metrics.BytesSent.WithLabelValues(scope, xdstype.Endpoint.URL(), "SotW")),
+			float64(c.Stats().ByType[xdstype.Endpoint.URL()].Bytes)},
 	} {
 		if tc.got != tc.want {
 			t.Errorf("%s: %v, want %v", tc.name, tc.got, tc.want)
@@ -65,7 +66,7 @@ func TestMetricsAfterScriptedSequence(t *testing.T) {
 	}
 	addPort("admin", 9000)
 	ps := expectCondition(t, "metrics", "m", xdsv1alpha1.ConditionReady, metav1.ConditionTrue, xdsv1alpha1.ReasonSynced)
-	if got := testutil.ToFloat64(metrics.Pushes.WithLabelValues(scope, adsclient.ClusterType, "SotW")); got != 2 {
+	if got := testutil.ToFloat64(metrics.Pushes.WithLabelValues(scope, xdstype.Cluster.URL(), "SotW")); got != 2 {
 		t.Errorf("CDS pushes after the change: %v, want 2", got)
 	}
 	addPort("debug", 9001)

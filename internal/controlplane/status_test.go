@@ -8,7 +8,6 @@ import (
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -27,6 +26,7 @@ import (
 	"github.com/scopeplane/scopeplane/xds/bootstrap"
 	"github.com/scopeplane/scopeplane/xds/metrics"
 	"github.com/scopeplane/scopeplane/xds/model"
+	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
 func node(id, scope string) *corev3.Node {
@@ -50,8 +50,8 @@ func proxy(t *testing.T, conn *grpc.ClientConn, p adsclient.Protocol, n *corev3.
 	t.Helper()
 	c := adsclient.New(adsclient.Config{
 		Protocol: p, Node: n, Reject: reject, RecordEvents: true,
-		Types:    []string{resourcev3.ClusterType, resourcev3.EndpointType, resourcev3.ListenerType, resourcev3.RouteType},
-		Wildcard: map[string]bool{resourcev3.ClusterType: true, resourcev3.ListenerType: true, resourcev3.EndpointType: true, resourcev3.RouteType: true},
+		Types:    xdstype.URLs(),
+		Wildcard: map[string]bool{xdstype.Cluster.URL(): true, xdstype.Listener.URL(): true, xdstype.Endpoint.URL(): true, xdstype.Route.URL(): true},
 	})
 	ctx, cancel := context.WithCancel(context.Background())
 	done, finished := make(chan error, 1), make(chan struct{})
@@ -133,10 +133,10 @@ func TestStatusConditionsAreReachedAndCleared(t *testing.T) {
 	expectCondition(t, "status", "web", xdsv1alpha1.ConditionDegraded, metav1.ConditionFalse, xdsv1alpha1.ReasonAsExpected)
 
 	// A second proxy rejects the routes: Degraded, with its error on the CRD.
-	nacksBefore := testutil.ToFloat64(metrics.NACKs.WithLabelValues("status/web", resourcev3.RouteType))
+	nacksBefore := testutil.ToFloat64(metrics.NACKs.WithLabelValues("status/web", xdstype.Route.URL()))
 	rejecting := true
 	reject := func(typeURL string, _ []*anypb.Any, _ []string) string {
-		if typeURL == resourcev3.RouteType && rejecting {
+		if typeURL == xdstype.Route.URL() && rejecting {
 			return "route config http-10080: unknown cluster"
 		}
 		return ""
@@ -146,14 +146,14 @@ func TestStatusConditionsAreReachedAndCleared(t *testing.T) {
 	ps = expectCondition(t, "status", "web", xdsv1alpha1.ConditionDegraded, metav1.ConditionTrue, xdsv1alpha1.ReasonProxyNACKed)
 	t.Logf("the NACK reached the CRD %v after the proxy connected", time.Since(start).Round(time.Millisecond))
 	c := meta.FindStatusCondition(ps.Status.Conditions, xdsv1alpha1.ConditionDegraded)
-	if !strings.Contains(c.Message, "proxy picky rejected "+resourcev3.RouteType) || !strings.Contains(c.Message, "unknown cluster") {
+	if !strings.Contains(c.Message, "proxy picky rejected "+xdstype.Route.URL()) || !strings.Contains(c.Message, "unknown cluster") {
 		t.Errorf("Degraded message: %q", c.Message)
 	}
 	if len(ps.Status.RecentNACKs) == 0 || ps.Status.RecentNACKs[0].Node != "picky" || ps.Status.RecentNACKs[0].Detail != "route config http-10080: unknown cluster" {
 		t.Errorf("recentNACKs: %+v", ps.Status.RecentNACKs)
 	}
 	expectCondition(t, "status", "web", xdsv1alpha1.ConditionReady, metav1.ConditionFalse, xdsv1alpha1.ReasonPending)
-	if got := testutil.ToFloat64(metrics.NACKs.WithLabelValues("status/web", resourcev3.RouteType)) - nacksBefore; got != 1 {
+	if got := testutil.ToFloat64(metrics.NACKs.WithLabelValues("status/web", xdstype.Route.URL())) - nacksBefore; got != 1 {
 		t.Errorf("scopeplane_xds_nacks_total grew by %v, want 1 (a NACK is not answered by a resend)", got)
 	}
 	nacks := 0

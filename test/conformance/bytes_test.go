@@ -9,6 +9,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/scopeplane/scopeplane/xds/adsclient"
+	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
 // TestEndpointChangeBytesAt1000Services measures what one endpoint change
@@ -25,7 +26,7 @@ func TestEndpointChangeBytesAt1000Services(t *testing.T) {
 			p.cat.UpsertScope(envoyScope("shop", "gw", pr.scope))
 			p.sync()
 			px := p.connect(wildcard(pr.client, node("envoy-1", "shop/gw")))
-			px.wait("1,000 clusters", func(c *adsclient.Client) bool { return len(c.State(adsclient.EndpointType)) == 1000 })
+			px.wait("1,000 clusters", func(c *adsclient.Client) bool { return len(c.State(xdstype.Endpoint.URL())) == 1000 })
 			initial := px.Stats().Bytes
 			before := len(px.settled())
 
@@ -37,7 +38,7 @@ func TestEndpointChangeBytesAt1000Services(t *testing.T) {
 				t.Fatalf("one endpoint change sent %v", summary(evs))
 			}
 			got := evs[0].Bytes
-			held := px.State(adsclient.EndpointType)["shop/svc-0500:80"]
+			held := px.State(xdstype.Endpoint.URL())["shop/svc-0500:80"]
 			limit := minimalResponse(pr.client, held, evs[0])
 			t.Logf("%s, 1,000 Services: initial sync %d bytes; one endpoint change %d bytes (limit %d, %.2f×)",
 				pr.name, initial, got, limit, float64(got)/float64(limit))
@@ -49,7 +50,7 @@ func TestEndpointChangeBytesAt1000Services(t *testing.T) {
 			before = len(evs) + before
 			p.cat.UpsertService(service("shop", "svc-new", "10.0.0.1"))
 			p.sync()
-			px.wait("the new Service", func(c *adsclient.Client) bool { return len(c.State(adsclient.ClusterType)) == 1001 })
+			px.wait("the new Service", func(c *adsclient.Client) bool { return len(c.State(xdstype.Cluster.URL())) == 1001 })
 			added, resources := 0, 0
 			for _, e := range px.settled()[before:] {
 				added += e.Bytes

@@ -11,6 +11,7 @@ import (
 
 	"github.com/scopeplane/scopeplane/xds/adsclient"
 	"github.com/scopeplane/scopeplane/xds/model"
+	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
 var protocols = []struct {
@@ -37,17 +38,17 @@ func world(t *testing.T, protocol model.Protocol) *plane {
 func synced(px *proxy, clusters ...string) {
 	px.t.Helper()
 	px.wait("the sync", func(c *adsclient.Client) bool {
-		eds := holds(adsclient.EndpointType, clusters...)(c)
+		eds := holds(xdstype.Endpoint.URL(), clusters...)(c)
 		if px.protocol == adsclient.SotW {
-			held := c.State(adsclient.EndpointType)
+			held := c.State(xdstype.Endpoint.URL())
 			eds = true
 			for _, n := range clusters {
 				_, ok := held[n]
 				eds = eds && ok
 			}
 		}
-		return holds(adsclient.ClusterType, clusters...)(c) && eds &&
-			holds(adsclient.ListenerType, "http-10080")(c) && holds(adsclient.RouteType, "http-10080")(c)
+		return holds(xdstype.Cluster.URL(), clusters...)(c) && eds &&
+			holds(xdstype.Listener.URL(), "http-10080")(c) && holds(xdstype.Route.URL(), "http-10080")(c)
 	})
 }
 
@@ -106,7 +107,7 @@ func TestOneEndpointChangeSendsOneAssignment(t *testing.T) {
 			p.cat.UpsertService(service("shop", "b", "10.0.0.1", "10.0.0.9"))
 			p.sync()
 			px.wait("the new endpoint", func(c *adsclient.Client) bool {
-				return strings.Contains(c.State(adsclient.EndpointType)["shop/b:80"].Resource.String(), "10.0.0.9")
+				return strings.Contains(c.State(xdstype.Endpoint.URL())["shop/b:80"].Resource.String(), "10.0.0.9")
 			})
 			got := summary(px.settled()[before:])
 			if want := []string{"EDS[shop/b:80]"}; !slices.Equal(got, want) {
@@ -152,7 +153,7 @@ func TestServiceAddedAndRemoved(t *testing.T) {
 			if fmt.Sprint(normalizeRemoval(got, pr.client)) != fmt.Sprint(wantSeq) {
 				t.Errorf("removing a Service sent %v, want %v", got, wantSeq)
 			}
-			if _, ok := px.State(adsclient.EndpointType)["shop/a:80"]; ok && pr.client == adsclient.Delta {
+			if _, ok := px.State(xdstype.Endpoint.URL())["shop/a:80"]; ok && pr.client == adsclient.Delta {
 				t.Error("a delta proxy still holds the removed Service's endpoints")
 			}
 		})
@@ -184,22 +185,22 @@ func TestDeltaSubscribeAndUnsubscribe(t *testing.T) {
 	p := world(t, model.Delta)
 	px := p.connect(adsclient.Config{
 		Protocol: adsclient.Delta, Node: node("envoy-1", "shop/gw"), RecordEvents: true,
-		Types: []string{adsclient.EndpointType}, Names: map[string][]string{adsclient.EndpointType: {"shop/a:80"}},
+		Types: []string{xdstype.Endpoint.URL()}, Names: map[string][]string{xdstype.Endpoint.URL(): {"shop/a:80"}},
 	})
-	px.wait("the subscribed assignment", holds(adsclient.EndpointType, "shop/a:80"))
-	if err := px.Subscribe(adsclient.EndpointType, "shop/b:80", "shop/missing:80"); err != nil {
+	px.wait("the subscribed assignment", holds(xdstype.Endpoint.URL(), "shop/a:80"))
+	if err := px.Subscribe(xdstype.Endpoint.URL(), "shop/b:80", "shop/missing:80"); err != nil {
 		t.Fatal(err)
 	}
-	px.wait("the second assignment", holds(adsclient.EndpointType, "shop/a:80", "shop/b:80"))
+	px.wait("the second assignment", holds(xdstype.Endpoint.URL(), "shop/a:80", "shop/b:80"))
 	evs := px.settled()
 	last := evs[len(evs)-1]
 	if !slices.Equal(last.Names, []string{"shop/b:80"}) || !slices.Equal(last.Removed, []string{"shop/missing:80"}) {
 		t.Errorf("subscribing to b and a missing name sent %v removed %v; want b, and the missing name announced as removed", last.Names, last.Removed)
 	}
-	if err := px.Unsubscribe(adsclient.EndpointType, "shop/a:80"); err != nil {
+	if err := px.Unsubscribe(xdstype.Endpoint.URL(), "shop/a:80"); err != nil {
 		t.Fatal(err)
 	}
-	px.wait("a dropped", holds(adsclient.EndpointType, "shop/b:80"))
+	px.wait("a dropped", holds(xdstype.Endpoint.URL(), "shop/b:80"))
 	before := len(px.settled())
 	p.cat.UpsertService(service("shop", "a", "10.0.0.7"))
 	p.sync()
@@ -246,11 +247,11 @@ func TestDeltaReconnectWithInventedVersions(t *testing.T) {
 	// A proxy that claims a resource that never existed and a wrong version
 	// of one that does: the first is removed, the second resent.
 	cfg := wildcard(adsclient.Delta, node("envoy-1", "shop/gw"))
-	cfg.Types = []string{adsclient.ClusterType}
-	cfg.Wildcard = map[string]bool{adsclient.ClusterType: true}
+	cfg.Types = []string{xdstype.Cluster.URL()}
+	cfg.Wildcard = map[string]bool{xdstype.Cluster.URL(): true}
 	c := adsclient.New(cfg)
 	px := p.run(c, adsclient.Delta)
-	px.wait("clusters", holds(adsclient.ClusterType, "shop/a:80", "shop/b:80", "shop/c:80"))
+	px.wait("clusters", holds(xdstype.Cluster.URL(), "shop/a:80", "shop/b:80", "shop/c:80"))
 	px.stop()
 	p.cat.DeleteService(model.Key{Namespace: "shop", Name: "c"})
 	p.cat.UpsertService(service("shop", "ghost", "10.0.0.5"))
@@ -259,7 +260,7 @@ func TestDeltaReconnectWithInventedVersions(t *testing.T) {
 	p.sync()
 	before := len(c.Events())
 	px = p.run(c, adsclient.Delta)
-	px.wait("c removed", holds(adsclient.ClusterType, "shop/a:80", "shop/b:80"))
+	px.wait("c removed", holds(xdstype.Cluster.URL(), "shop/a:80", "shop/b:80"))
 	got := px.settled()[before:]
 	if len(got) != 1 || len(got[0].Names) != 0 || !slices.Equal(got[0].Removed, []string{"shop/c:80"}) {
 		t.Errorf("reconnect claiming a deleted cluster got %v", summary(got))
@@ -271,13 +272,13 @@ func TestNACKIsNotResentUntilANewVersion(t *testing.T) {
 		t.Run(pr.name, func(t *testing.T) {
 			p := world(t, pr.scope)
 			cfg := wildcard(pr.client, node("picky", "shop/gw"))
-			cfg.Reject = rejectOnce(adsclient.ClusterType, "cluster shop/a:80: bad timeout")
+			cfg.Reject = rejectOnce(xdstype.Cluster.URL(), "cluster shop/a:80: bad timeout")
 			px := p.connect(cfg)
 			px.wait("the NACK", func(c *adsclient.Client) bool { return c.Stats().NACKs == 1 })
 			evs := px.settled()
 			cds := 0
 			for _, e := range evs {
-				if e.TypeURL == adsclient.ClusterType {
+				if e.TypeURL == xdstype.Cluster.URL() {
 					cds++
 				}
 			}
@@ -292,7 +293,7 @@ func TestNACKIsNotResentUntilANewVersion(t *testing.T) {
 			// it the rejected clusters the proxy still lacks.
 			p.cat.UpsertService(service("shop", "d", "10.0.0.4"))
 			p.sync()
-			px.wait("the fixed version", holds(adsclient.ClusterType, "shop/a:80", "shop/b:80", "shop/c:80", "shop/d:80"))
+			px.wait("the fixed version", holds(xdstype.Cluster.URL(), "shop/a:80", "shop/b:80", "shop/c:80", "shop/d:80"))
 			px.settled()
 			for _, pxy := range p.fb.Get(model.Key{Namespace: "shop", Name: "gw"}).Proxies {
 				if len(pxy.Nacked) != 0 {
@@ -353,7 +354,7 @@ func TestGracefulStopSendsProxiesElsewhere(t *testing.T) {
 			if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "reconnect") {
 				t.Errorf("a stream open during shutdown ended with %v, want Unavailable telling the proxy to reconnect", err)
 			}
-			if len(px.State(adsclient.ClusterType)) != 3 {
+			if len(px.State(xdstype.Cluster.URL())) != 3 {
 				t.Error("the proxy lost its configuration")
 			}
 		})

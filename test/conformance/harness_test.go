@@ -27,9 +27,10 @@ import (
 	"github.com/scopeplane/scopeplane/xds/model"
 	"github.com/scopeplane/scopeplane/xds/server"
 	"github.com/scopeplane/scopeplane/xds/snapshot"
+	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
-var allTypes = []string{adsclient.ClusterType, adsclient.EndpointType, adsclient.ListenerType, adsclient.RouteType}
+var allTypes = xdstype.URLs()
 
 // plane is a control plane without Kubernetes: changes go into the catalog
 // and are versioned synchronously by sync, so a test knows when a change
@@ -123,7 +124,7 @@ type proxy struct {
 func wildcard(p adsclient.Protocol, n *corev3.Node) adsclient.Config {
 	return adsclient.Config{
 		Protocol: p, Node: n, Types: allTypes, RecordEvents: true, Validate: true,
-		Wildcard: map[string]bool{adsclient.ClusterType: true, adsclient.EndpointType: true, adsclient.ListenerType: true, adsclient.RouteType: true},
+		Wildcard: map[string]bool{xdstype.Cluster.URL(): true, xdstype.Endpoint.URL(): true, xdstype.Listener.URL(): true, xdstype.Route.URL(): true},
 	}
 }
 
@@ -188,13 +189,13 @@ func keys[V any](m map[string]V) []string {
 
 func short(typeURL string) string {
 	switch typeURL {
-	case adsclient.ClusterType:
+	case xdstype.Cluster.URL():
 		return "CDS"
-	case adsclient.EndpointType:
+	case xdstype.Endpoint.URL():
 		return "EDS"
-	case adsclient.ListenerType:
+	case xdstype.Listener.URL():
 		return "LDS"
-	case adsclient.RouteType:
+	case xdstype.Route.URL():
 		return "RDS"
 	}
 	return typeURL

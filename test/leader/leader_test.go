@@ -28,6 +28,7 @@ import (
 	"github.com/scopeplane/scopeplane/internal/localapi"
 	"github.com/scopeplane/scopeplane/xds/adsclient"
 	"github.com/scopeplane/scopeplane/xds/model"
+	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
 type replica struct {
@@ -101,8 +102,8 @@ func connect(t *testing.T, r *replica, n int) []*adsclient.Client {
 			Node: &corev3.Node{Id: fmt.Sprintf("%s-proxy-%d", r.name, i), Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{
 				model.ScopeMetadataKey: structpb.NewStringValue("default/ha"),
 			}}},
-			Types:    []string{adsclient.ClusterType, adsclient.ListenerType},
-			Wildcard: map[string]bool{adsclient.ClusterType: true, adsclient.ListenerType: true},
+			Types:    []string{xdstype.Cluster.URL(), xdstype.Listener.URL()},
+			Wildcard: map[string]bool{xdstype.Cluster.URL(): true, xdstype.Listener.URL(): true},
 		})
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
@@ -162,7 +163,7 @@ func TestOnlyTheLeaderWritesStatusAndAnotherTakesOver(t *testing.T) {
 	for r, ps := range proxies {
 		for _, c := range ps {
 			eventually(t, "a proxy of replica "+r.name+" configured", func() (bool, string) {
-				return len(c.State(adsclient.ClusterType)) == 1, fmt.Sprint(c.Err())
+				return len(c.State(xdstype.Cluster.URL())) == 1, fmt.Sprint(c.Err())
 			})
 		}
 	}

@@ -23,15 +23,6 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 )
 
-// Type URLs of the four resource types scopeplane serves, named here so that callers do not
-// need go-control-plane's resource package (which links in every Envoy extension) to subscribe.
-const (
-	ListenerType = "type.googleapis.com/envoy.config.listener.v3.Listener"
-	ClusterType  = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
-	EndpointType = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
-	RouteType    = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
-)
-
 // Wildcard is the resource name that stands for "every resource of the type", usable with
 // Subscribe and Unsubscribe like any other name.
 const Wildcard = "*"

@@ -2,6 +2,7 @@ package adsclient
 
 import (
 	"fmt"
+	"github.com/scopeplane/scopeplane/xds/xdstype"
 	"slices"
 
 	// Registered so that names are found by descriptor and Config.Validate can decode the four
@@ -22,10 +23,11 @@ import (
 const resourceWrapperType = "type.googleapis.com/envoy.service.discovery.v3.Resource"
 
 // fullState reports whether SotW responses of typeURL carry the complete set, so that omission
-// means deletion. The xDS spec says so for Listener and Cluster; by-name types (endpoints,
-// routes) are merged instead.
+// means deletion: the xDS spec says so for Listener and Cluster (xdstype's table), and by-name
+// types, served or not, are merged instead.
 func fullState(typeURL string) bool {
-	return typeURL == ListenerType || typeURL == ClusterType
+	t, ok := xdstype.ByURL(typeURL)
+	return ok && t.FullState()
 }
 
 // nameField finds which field of typeURL's message holds the resource name: "name" for nearly

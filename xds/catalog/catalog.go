@@ -9,24 +9,21 @@
 package catalog
 
 import (
+	"maps"
 	"reflect"
 	"slices"
 	"sync"
 
-	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/scopeplane/scopeplane/xds/model"
 	"github.com/scopeplane/scopeplane/xds/translate"
+	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
-// Types are the resource type URLs a scope holds, in ADS order: clusters
-// before endpoints, listeners before routes.
-var Types = []string{resourcev3.ClusterType, resourcev3.EndpointType, resourcev3.ListenerType, resourcev3.RouteType}
-
-// Set is a scope's resources: type URL → resource name → resource. The
+// Set is a scope's resources: type → resource name → resource. The
 // resources are shared and read-only.
-type Set map[string]map[string]proto.Message
+type Set [xdstype.Count]map[string]proto.Message
 
 // Update is what changed in one scope since the previous Take.
 type Update struct {
@@ -39,8 +36,8 @@ type Update struct {
 	Reset bool
 	// Upserted holds the resources that were added or changed, by type and name.
 	Upserted Set
-	// Removed holds the names that left the scope, by type.
-	Removed map[string][]string
+	// Removed holds the names that left the scope, by type, sorted.
+	Removed [xdstype.Count][]string
 }
 
 // Catalog is safe for concurrent use: the reconcilers write to it, the
@@ -59,7 +56,7 @@ type Catalog struct {
 type serviceEntry struct {
 	svc *model.Service
 	// frags caches the Service's translation per listener mode in use.
-	frags map[model.ListenerMode]*translate.ServiceResources
+	frags map[model.ListenerMode]*translate.Fragment
 	// scopes are the scopes that select the Service.
 	scopes map[model.Key]struct{}
 }
@@ -69,11 +66,11 @@ type scopeEntry struct {
 	services map[model.Key]*serviceEntry
 	res      Set
 	// changed holds, per type, the names upserted or removed since the last Take.
-	changed map[string]map[string]struct{}
-	// touched records that a resource changed since the last finish.
+	changed [xdstype.Count]map[string]struct{}
+	// touched records that a resource changed since the last takeTouched.
 	touched bool
-	// fresh records that the scope was created since the last Take.
-	fresh bool
+	// created records that the scope was created since the last Take.
+	created bool
 	// routesStale records, in Envoy mode, that the set of virtual hosts
 	// changed and the listener and route configuration must be re-assembled.
 	routesStale bool
@@ -104,11 +101,11 @@ func (c *Catalog) markDirty(k model.Key) {
 	}
 }
 
-func (e *serviceEntry) fragment(mode model.ListenerMode) *translate.ServiceResources {
+func (e *serviceEntry) fragment(mode model.ListenerMode) *translate.Fragment {
 	if f, ok := e.frags[mode]; ok {
 		return f
 	}
-	f := translate.TranslateService(e.svc, mode)
+	f := translate.Service(e.svc, mode)
 	e.frags[mode] = &f
 	return &f
 }
@@ -120,7 +117,7 @@ func (c *Catalog) UpsertService(svc *model.Service) {
 	defer c.mu.Unlock()
 	e, ok := c.services[svc.Key]
 	if !ok {
-		e = &serviceEntry{svc: svc, frags: map[model.ListenerMode]*translate.ServiceResources{}, scopes: map[model.Key]struct{}{}}
+		e = &serviceEntry{svc: svc, frags: map[model.ListenerMode]*translate.Fragment{}, scopes: map[model.Key]struct{}{}}
 		c.services[svc.Key] = e
 		if c.byNS[svc.Key.Namespace] == nil {
 			c.byNS[svc.Key.Namespace] = map[model.Key]*serviceEntry{}
@@ -132,7 +129,7 @@ func (c *Catalog) UpsertService(svc *model.Service) {
 	}
 	old := e.frags
 	e.svc = svc
-	e.frags = make(map[model.ListenerMode]*translate.ServiceResources, len(old))
+	e.frags = make(map[model.ListenerMode]*translate.Fragment, len(old))
 	nsLabels, nsKnown := c.namespaces[svc.Key.Namespace]
 	for key, sc := range c.scopes {
 		_, was := sc.services[svc.Key]
@@ -147,7 +144,7 @@ func (c *Catalog) UpsertService(svc *model.Service) {
 		default:
 			continue
 		}
-		if sc.finish() {
+		if sc.settle() {
 			c.markDirty(key)
 		}
 	}
@@ -169,7 +166,7 @@ func (c *Catalog) DeleteService(key model.Key) {
 	for sk := range e.scopes {
 		sc := c.scopes[sk]
 		sc.removeService(e, e.frags[sc.scope.Listener.Mode])
-		if sc.finish() {
+		if sc.settle() {
 			c.markDirty(sk)
 		}
 	}
@@ -214,7 +211,7 @@ func (c *Catalog) reselectNamespace(name string) {
 				sc.removeService(e, e.frags[sc.scope.Listener.Mode])
 			}
 		}
-		if sc.finish() {
+		if sc.settle() {
 			c.markDirty(key)
 		}
 	}
@@ -230,7 +227,7 @@ func (c *Catalog) UpsertScope(scope *model.Scope) {
 		return
 	}
 	if !ok {
-		sc = &scopeEntry{res: Set{}, changed: map[string]map[string]struct{}{}, fresh: true}
+		sc = &scopeEntry{created: true}
 		c.scopes[scope.Key] = sc
 		delete(c.deleted, scope.Key)
 	}
@@ -247,7 +244,7 @@ func (c *Catalog) UpsertScope(scope *model.Scope) {
 		}
 	}
 	sc.rebuild()
-	sc.finish()
+	sc.takeTouched()
 	// Reported even when no resource changed: downstream serves the spec too
 	// (protocol, generation), and must learn a new scope exists.
 	c.markDirty(scope.Key)
@@ -282,22 +279,22 @@ func (c *Catalog) Take() []Update {
 			continue
 		}
 		sc := c.scopes[key]
-		u := Update{Key: key, Scope: sc.scope, Reset: sc.fresh, Upserted: Set{}, Removed: map[string][]string{}}
-		sc.fresh = false
-		for typ, names := range sc.changed {
+		u := Update{Key: key, Scope: sc.scope, Reset: sc.created}
+		sc.created = false
+		for t, names := range sc.changed {
 			for name := range names {
-				if r, ok := sc.res[typ][name]; ok {
-					if u.Upserted[typ] == nil {
-						u.Upserted[typ] = map[string]proto.Message{}
+				if r, ok := sc.res[t][name]; ok {
+					if u.Upserted[t] == nil {
+						u.Upserted[t] = map[string]proto.Message{}
 					}
-					u.Upserted[typ][name] = r
+					u.Upserted[t][name] = r
 				} else {
-					u.Removed[typ] = append(u.Removed[typ], name)
+					u.Removed[t] = append(u.Removed[t], name)
 				}
 			}
-			slices.Sort(u.Removed[typ])
+			slices.Sort(u.Removed[t])
 		}
-		sc.changed = map[string]map[string]struct{}{}
+		sc.changed = [xdstype.Count]map[string]struct{}{}
 		out = append(out, u)
 	}
 	clear(c.dirty)
@@ -312,14 +309,11 @@ func (c *Catalog) Resources(key model.Key) (Set, bool) {
 	defer c.mu.Unlock()
 	sc, ok := c.scopes[key]
 	if !ok {
-		return nil, false
+		return Set{}, false
 	}
-	out := make(Set, len(sc.res))
-	for typ, byName := range sc.res {
-		out[typ] = make(map[string]proto.Message, len(byName))
-		for n, r := range byName {
-			out[typ][n] = r
-		}
+	var out Set
+	for t, byName := range sc.res {
+		out[t] = maps.Clone(byName)
 	}
 	return out, true
 }
@@ -341,7 +335,7 @@ func (c *Catalog) Stats(key model.Key) (Stats, bool) {
 	if !ok {
 		return Stats{}, false
 	}
-	st := Stats{SelectedServices: len(sc.services), Clusters: len(sc.res[resourcev3.ClusterType])}
+	st := Stats{SelectedServices: len(sc.services), Clusters: len(sc.res[xdstype.Cluster])}
 	for _, e := range sc.services {
 		for _, cla := range e.fragment(sc.scope.Listener.Mode).Endpoints {
 			for _, l := range cla.GetEndpoints() {

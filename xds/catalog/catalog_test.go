@@ -8,12 +8,12 @@ import (
 	"sort"
 	"testing"
 
-	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/protobuf/proto"
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/scopeplane/scopeplane/xds/model"
 	"github.com/scopeplane/scopeplane/xds/translate"
+	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
 var (
@@ -88,19 +88,7 @@ func updates(us []Update) map[string]map[string][]string {
 	return out
 }
 
-func short(typ string) string {
-	switch typ {
-	case resourcev3.ClusterType:
-		return "CDS"
-	case resourcev3.EndpointType:
-		return "EDS"
-	case resourcev3.ListenerType:
-		return "LDS"
-	case resourcev3.RouteType:
-		return "RDS"
-	}
-	return typ
-}
+func short[T int | xdstype.Type](t T) string { return xdstype.Type(t).String() }
 
 func TestEndpointChangeTouchesOnlyThatLoadAssignmentInSelectingScopes(t *testing.T) {
 	c := New()
@@ -236,7 +224,7 @@ func assertClusters(t *testing.T, c *Catalog, scope string, want ...string) {
 		t.Fatalf("scope %s does not exist", scope)
 	}
 	var got []string
-	for n := range res[resourcev3.ClusterType] {
+	for n := range res[xdstype.Cluster] {
 		got = append(got, n)
 	}
 	sort.Strings(got)
@@ -265,7 +253,7 @@ func TestRandomChangesMatchTranslationFromScratch(t *testing.T) {
 	world := map[model.Key]*model.Service{}
 	nsLabels := map[string]map[string]string{}
 	scopes := map[model.Key]*model.Scope{}
-	mirror := map[model.Key]Set{} // what a consumer of Take holds
+	mirror := map[model.Key]*Set{} // what a consumer of Take holds
 	nss := []string{"a", "b", "c"}
 	modes := []model.ListenerMode{model.ListenerEnvoy, model.ListenerProxylessGRPC}
 	randomSelection := func() model.Selection {
@@ -324,7 +312,7 @@ func TestRandomChangesMatchTranslationFromScratch(t *testing.T) {
 				}
 				m := mirror[u.Key]
 				if m == nil || u.Reset {
-					m = Set{}
+					m = &Set{}
 					mirror[u.Key] = m
 				}
 				for typ, byName := range u.Upserted {
@@ -347,7 +335,10 @@ func TestRandomChangesMatchTranslationFromScratch(t *testing.T) {
 				if d := diff(got, want); d != "" {
 					t.Fatalf("seed %d step %d: scope %s differs from a translation from scratch: %s", seed, step, k, d)
 				}
-				if d := diff(mirror[k], want); d != "" {
+				if mirror[k] == nil {
+					t.Fatalf("seed %d step %d: Take never reported scope %s", seed, step, k)
+				}
+				if d := diff(*mirror[k], want); d != "" {
 					t.Fatalf("seed %d step %d: replaying Take for scope %s differs from a translation from scratch: %s", seed, step, k, d)
 				}
 			}
@@ -368,29 +359,17 @@ func fromScratch(sc *model.Scope, world map[model.Key]*model.Service, nsLabels m
 	}
 	res := translate.Translate(sc, selected)
 	out := Set{}
-	add := func(typ, name string, r proto.Message) {
-		if out[typ] == nil {
-			out[typ] = map[string]proto.Message{}
+	res.Each(func(t xdstype.Type, r proto.Message) {
+		if out[t] == nil {
+			out[t] = map[string]proto.Message{}
 		}
-		out[typ][name] = r
-	}
-	for _, r := range res.Clusters {
-		add(resourcev3.ClusterType, r.GetName(), r)
-	}
-	for _, r := range res.Endpoints {
-		add(resourcev3.EndpointType, r.GetClusterName(), r)
-	}
-	for _, r := range res.Listeners {
-		add(resourcev3.ListenerType, r.GetName(), r)
-	}
-	for _, r := range res.Routes {
-		add(resourcev3.RouteType, r.GetName(), r)
-	}
+		out[t][t.Info().NameOf(r)] = r
+	})
 	return out
 }
 
 func diff(got, want Set) string {
-	for _, typ := range Types {
+	for typ := range xdstype.Count {
 		for n, w := range want[typ] {
 			g, ok := got[typ][n]
 			if !ok {

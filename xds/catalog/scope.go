@@ -1,11 +1,11 @@
 package catalog
 
 import (
-	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/scopeplane/scopeplane/xds/model"
 	"github.com/scopeplane/scopeplane/xds/translate"
+	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
 // selectsByNamespaceLabels reports whether a namespace's labels can change
@@ -21,32 +21,32 @@ func selectsByNamespaceLabels(s *model.Scope) bool {
 
 // set stores a resource unless an equal one is already stored, so that an
 // unchanged resource keeps its identity and is not reported downstream.
-func (sc *scopeEntry) set(typ, name string, r proto.Message) {
-	byName := sc.res[typ]
+func (sc *scopeEntry) set(t xdstype.Type, name string, r proto.Message) {
+	byName := sc.res[t]
 	if byName == nil {
 		byName = map[string]proto.Message{}
-		sc.res[typ] = byName
+		sc.res[t] = byName
 	}
 	if old, ok := byName[name]; ok && (old == r || proto.Equal(old, r)) {
 		return
 	}
 	byName[name] = r
-	sc.mark(typ, name)
+	sc.mark(t, name)
 }
 
-func (sc *scopeEntry) remove(typ, name string) {
-	if _, ok := sc.res[typ][name]; !ok {
+func (sc *scopeEntry) remove(t xdstype.Type, name string) {
+	if _, ok := sc.res[t][name]; !ok {
 		return
 	}
-	delete(sc.res[typ], name)
-	sc.mark(typ, name)
+	delete(sc.res[t], name)
+	sc.mark(t, name)
 }
 
-func (sc *scopeEntry) mark(typ, name string) {
-	if sc.changed[typ] == nil {
-		sc.changed[typ] = map[string]struct{}{}
+func (sc *scopeEntry) mark(t xdstype.Type, name string) {
+	if sc.changed[t] == nil {
+		sc.changed[t] = map[string]struct{}{}
 	}
-	sc.changed[typ][name] = struct{}{}
+	sc.changed[t][name] = struct{}{}
 	sc.touched = true
 }
 
@@ -56,59 +56,31 @@ func (sc *scopeEntry) mark(typ, name string) {
 func (sc *scopeEntry) envoyMode() bool { return sc.scope.Listener.Mode == model.ListenerEnvoy }
 
 // putFragment stores the resources a Service owns in this scope.
-func (sc *scopeEntry) putFragment(f *translate.ServiceResources) {
-	for _, r := range f.Clusters {
-		sc.set(resourcev3.ClusterType, r.GetName(), r)
-	}
-	for _, r := range f.Endpoints {
-		sc.set(resourcev3.EndpointType, r.GetClusterName(), r)
-	}
-	for _, r := range f.Listeners {
-		sc.set(resourcev3.ListenerType, r.GetName(), r)
-	}
-	for _, r := range f.Routes {
-		sc.set(resourcev3.RouteType, r.GetName(), r)
-	}
+func (sc *scopeEntry) putFragment(f *translate.Fragment) {
+	f.Each(func(t xdstype.Type, m proto.Message) { sc.set(t, t.Info().NameOf(m), m) })
 }
 
 // dropFragment removes the resources a Service owned in this scope, except
 // those its new fragment (nil when the Service left) still holds.
-func (sc *scopeEntry) dropFragment(old, keep *translate.ServiceResources) {
+func (sc *scopeEntry) dropFragment(old, keep *translate.Fragment) {
 	if old == nil {
 		return
 	}
-	kept := map[string]struct{}{}
+	var kept [xdstype.Count]map[string]struct{}
 	if keep != nil {
-		for _, r := range keep.Clusters {
-			kept[resourcev3.ClusterType+r.GetName()] = struct{}{}
+		keep.Each(func(t xdstype.Type, m proto.Message) {
+			if kept[t] == nil {
+				kept[t] = map[string]struct{}{}
+			}
+			kept[t][t.Info().NameOf(m)] = struct{}{}
+		})
+	}
+	old.Each(func(t xdstype.Type, m proto.Message) {
+		name := t.Info().NameOf(m)
+		if _, ok := kept[t][name]; !ok {
+			sc.remove(t, name)
 		}
-		for _, r := range keep.Endpoints {
-			kept[resourcev3.EndpointType+r.GetClusterName()] = struct{}{}
-		}
-		for _, r := range keep.Listeners {
-			kept[resourcev3.ListenerType+r.GetName()] = struct{}{}
-		}
-		for _, r := range keep.Routes {
-			kept[resourcev3.RouteType+r.GetName()] = struct{}{}
-		}
-	}
-	drop := func(typ, name string) {
-		if _, ok := kept[typ+name]; !ok {
-			sc.remove(typ, name)
-		}
-	}
-	for _, r := range old.Clusters {
-		drop(resourcev3.ClusterType, r.GetName())
-	}
-	for _, r := range old.Endpoints {
-		drop(resourcev3.EndpointType, r.GetClusterName())
-	}
-	for _, r := range old.Listeners {
-		drop(resourcev3.ListenerType, r.GetName())
-	}
-	for _, r := range old.Routes {
-		drop(resourcev3.RouteType, r.GetName())
-	}
+	})
 }
 
 func (sc *scopeEntry) addService(e *serviceEntry) {
@@ -118,14 +90,14 @@ func (sc *scopeEntry) addService(e *serviceEntry) {
 	sc.routesStale = sc.envoyMode()
 }
 
-func (sc *scopeEntry) removeService(e *serviceEntry, old *translate.ServiceResources) {
+func (sc *scopeEntry) removeService(e *serviceEntry, old *translate.Fragment) {
 	delete(sc.services, e.svc.Key)
 	delete(e.scopes, sc.scope.Key)
 	sc.dropFragment(old, nil)
 	sc.routesStale = sc.envoyMode()
 }
 
-func (sc *scopeEntry) replaceService(e *serviceEntry, old *translate.ServiceResources) {
+func (sc *scopeEntry) replaceService(e *serviceEntry, old *translate.Fragment) {
 	f := e.fragment(sc.scope.Listener.Mode)
 	sc.dropFragment(old, f)
 	sc.putFragment(f)
@@ -134,7 +106,7 @@ func (sc *scopeEntry) replaceService(e *serviceEntry, old *translate.ServiceReso
 	}
 }
 
-func virtualHostsEqual(a, b *translate.ServiceResources) bool {
+func virtualHostsEqual(a, b *translate.Fragment) bool {
 	if len(a.VirtualHosts) != len(b.VirtualHosts) {
 		return false
 	}
@@ -147,44 +119,53 @@ func virtualHostsEqual(a, b *translate.ServiceResources) bool {
 }
 
 // fragments returns the translation of every selected Service.
-func (sc *scopeEntry) fragments() []*translate.ServiceResources {
-	out := make([]*translate.ServiceResources, 0, len(sc.services))
+func (sc *scopeEntry) fragments() []*translate.Fragment {
+	out := make([]*translate.Fragment, 0, len(sc.services))
 	for _, e := range sc.services {
 		out = append(out, e.fragment(sc.scope.Listener.Mode))
 	}
 	return out
 }
 
-// replaceType makes the stored resources of one type equal to rs.
-func (sc *scopeEntry) replaceType(typ string, rs map[string]proto.Message) {
-	for name := range sc.res[typ] {
-		if _, ok := rs[name]; !ok {
-			sc.remove(typ, name)
-		}
+// replaceTypes makes the stored resources of the given types equal to
+// those of all.
+func (sc *scopeEntry) replaceTypes(all *translate.Resources, types ...xdstype.Type) {
+	var want [xdstype.Count]map[string]proto.Message
+	for _, t := range types {
+		want[t] = map[string]proto.Message{}
 	}
-	for name, r := range rs {
-		sc.set(typ, name, r)
+	all.Each(func(t xdstype.Type, m proto.Message) {
+		if want[t] != nil {
+			want[t][t.Info().NameOf(m)] = m
+		}
+	})
+	for _, t := range types {
+		for name := range sc.res[t] {
+			if _, ok := want[t][name]; !ok {
+				sc.remove(t, name)
+			}
+		}
+		for name, m := range want[t] {
+			sc.set(t, name, m)
+		}
 	}
 }
 
-// finish re-assembles an Envoy-mode scope's listener and route configuration
-// when its set of virtual hosts changed, and reports whether anything in the
-// scope changed since the previous finish.
-func (sc *scopeEntry) finish() bool {
-	if sc.routesStale {
-		sc.routesStale = false
-		all := translate.AssembleScope(sc.scope, sc.fragments())
-		ls := make(map[string]proto.Message, len(all.Listeners))
-		for _, l := range all.Listeners {
-			ls[l.GetName()] = l
-		}
-		rs := make(map[string]proto.Message, len(all.Routes))
-		for _, r := range all.Routes {
-			rs[r.GetName()] = r
-		}
-		sc.replaceType(resourcev3.ListenerType, ls)
-		sc.replaceType(resourcev3.RouteType, rs)
+// reassembleRoutes re-assembles an Envoy-mode scope's scope-wide listener
+// and route configuration when its set of virtual hosts changed since they
+// were last assembled.
+func (sc *scopeEntry) reassembleRoutes() {
+	if !sc.routesStale {
+		return
 	}
+	sc.routesStale = false
+	all := translate.AssembleScope(sc.scope, sc.fragments())
+	sc.replaceTypes(&all, xdstype.Listener, xdstype.Route)
+}
+
+// takeTouched reports whether any resource of the scope changed since the
+// previous call, and forgets it.
+func (sc *scopeEntry) takeTouched() bool {
 	touched := sc.touched
 	sc.touched = false
 	return touched
@@ -194,23 +175,13 @@ func (sc *scopeEntry) finish() bool {
 // after its spec changed.
 func (sc *scopeEntry) rebuild() {
 	all := translate.AssembleScope(sc.scope, sc.fragments())
-	byType := func(n int) map[string]proto.Message { return make(map[string]proto.Message, n) }
-	cs, es, ls, rs := byType(len(all.Clusters)), byType(len(all.Endpoints)), byType(len(all.Listeners)), byType(len(all.Routes))
-	for _, r := range all.Clusters {
-		cs[r.GetName()] = r
-	}
-	for _, r := range all.Endpoints {
-		es[r.GetClusterName()] = r
-	}
-	for _, r := range all.Listeners {
-		ls[r.GetName()] = r
-	}
-	for _, r := range all.Routes {
-		rs[r.GetName()] = r
-	}
-	sc.replaceType(resourcev3.ClusterType, cs)
-	sc.replaceType(resourcev3.EndpointType, es)
-	sc.replaceType(resourcev3.ListenerType, ls)
-	sc.replaceType(resourcev3.RouteType, rs)
+	sc.replaceTypes(&all, xdstype.All()...)
 	sc.routesStale = false
+}
+
+// settle re-assembles what the scope's changes made stale and reports
+// whether anything in the scope changed since the previous settle.
+func (sc *scopeEntry) settle() bool {
+	sc.reassembleRoutes()
+	return sc.takeTouched()
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/scopeplane/scopeplane/xds/model"
 	"github.com/scopeplane/scopeplane/xds/snapshot"
+	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
 type deltaStream = grpc.BidiStreamingServer[discoveryv3.DeltaDiscoveryRequest, discoveryv3.DeltaDiscoveryResponse]
@@ -47,13 +48,13 @@ const maxInflight = 128
 type delta struct {
 	stream
 	grpc  deltaStream
-	types [snapshot.NumTypes]*deltaType
+	types [xdstype.Count]*deltaType
 }
 
 func (st *delta) base() *stream { return &st.stream }
 
 type deltaResponse struct {
-	t       snapshot.Type
+	t       xdstype.Type
 	version string
 	res     []*snapshot.Resource
 	removed []string
@@ -67,7 +68,7 @@ func (s *Server) DeltaAggregatedResources(g deltaStream) error {
 }
 
 func (st *delta) handle(req *discoveryv3.DeltaDiscoveryRequest) error {
-	t, ok := snapshot.TypeOf(req.GetTypeUrl())
+	t, ok := xdstype.ByURL(req.GetTypeUrl())
 	if !ok {
 		return unknownType(req.GetTypeUrl())
 	}
@@ -184,7 +185,7 @@ func (st *delta) handle(req *discoveryv3.DeltaDiscoveryRequest) error {
 
 // diff adds to resp what the proxy needs for one name: the resource when it
 // holds another version (or none), or a removal when it holds one that is gone.
-func (st *delta) diff(v snapshot.View, t snapshot.Type, ts *deltaType, name string, resp *deltaResponse, announceMissing bool) {
+func (st *delta) diff(v snapshot.View, t xdstype.Type, ts *deltaType, name string, resp *deltaResponse, announceMissing bool) {
 	if !ts.subscribed(name) {
 		return
 	}
@@ -203,7 +204,7 @@ func (st *delta) diff(v snapshot.View, t snapshot.Type, ts *deltaType, name stri
 // using them.
 func (st *delta) push() error {
 	var (
-		resps [snapshot.NumTypes]*deltaResponse
+		resps [xdstype.Count]*deltaResponse
 		late  []*deltaResponse
 		err   error
 	)
@@ -211,7 +212,7 @@ func (st *delta) push() error {
 		if err = st.stillServes(v, model.Delta); err != nil {
 			return
 		}
-		for t := range snapshot.NumTypes {
+		for t := range xdstype.Count {
 			ts := st.types[t]
 			if ts == nil {
 				continue
@@ -244,10 +245,10 @@ func (st *delta) push() error {
 				resps[t] = resp
 			}
 		}
-		if resps[snapshot.Listeners] != nil || resps[snapshot.Routes] != nil {
+		if resps[xdstype.Listener] != nil || resps[xdstype.Route] != nil {
 			// Make before break: clusters and their endpoints go away only
 			// after the listeners and routes that used them changed.
-			for _, t := range []snapshot.Type{snapshot.Clusters, snapshot.Endpoints} {
+			for _, t := range []xdstype.Type{xdstype.Cluster, xdstype.Endpoint} {
 				if r := resps[t]; r != nil && len(r.removed) > 0 {
 					late = append(late, &deltaResponse{t: t, version: r.version, removed: r.removed})
 					r.removed = nil
@@ -262,7 +263,7 @@ func (st *delta) push() error {
 	if err != nil {
 		return err
 	}
-	for t := range snapshot.NumTypes {
+	for t := range xdstype.Count {
 		if resps[t] != nil {
 			if err := st.send(resps[t]); err != nil {
 				return err

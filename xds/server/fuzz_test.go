@@ -19,9 +19,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/types/known/structpb"
 
-	"github.com/scopeplane/scopeplane/xds/adsclient"
 	"github.com/scopeplane/scopeplane/xds/model"
 	"github.com/scopeplane/scopeplane/xds/server"
+	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
 // fuzzMaxNames is the server's MaxNamesPerRequest in FuzzRequests, small so
@@ -80,7 +80,7 @@ var fuzzDict = []string{
 }
 
 var fuzzTypes = []string{
-	adsclient.ClusterType, adsclient.EndpointType, adsclient.ListenerType, adsclient.RouteType,
+	xdstype.Cluster.URL(), xdstype.Endpoint.URL(), xdstype.Listener.URL(), xdstype.Route.URL(),
 	"", "type.googleapis.com/envoy.config.cluster.v3.Unknown", "type.googleapis.com/envoy.api.v2.Cluster",
 }
 

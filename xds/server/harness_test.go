@@ -33,10 +33,11 @@ import (
 	"github.com/scopeplane/scopeplane/xds/server"
 	"github.com/scopeplane/scopeplane/xds/snapshot"
 	"github.com/scopeplane/scopeplane/xds/translate"
+	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
 // allTypes are the four served types in ADS order, as adsclient names them.
-var allTypes = []string{adsclient.ClusterType, adsclient.EndpointType, adsclient.ListenerType, adsclient.RouteType}
+var allTypes = xdstype.URLs()
 
 // world is the model's view of the cluster: what the reconcilers would
 // have fed the catalog. Every value in it is immutable once stored, because
@@ -94,25 +95,14 @@ func (w *world) truthOf(key model.Key) (truth, error) {
 		out[t][name] = b
 		return nil
 	}
-	for _, r := range res.Clusters {
-		if err := add(adsclient.ClusterType, r.GetName(), r); err != nil {
-			return nil, err
+	var err error
+	res.Each(func(t xdstype.Type, m proto.Message) {
+		if err == nil {
+			err = add(t.URL(), t.Info().NameOf(m), m)
 		}
-	}
-	for _, r := range res.Endpoints {
-		if err := add(adsclient.EndpointType, r.GetClusterName(), r); err != nil {
-			return nil, err
-		}
-	}
-	for _, r := range res.Listeners {
-		if err := add(adsclient.ListenerType, r.GetName(), r); err != nil {
-			return nil, err
-		}
-	}
-	for _, r := range res.Routes {
-		if err := add(adsclient.RouteType, r.GetName(), r); err != nil {
-			return nil, err
-		}
+	})
+	if err != nil {
+		return nil, err
 	}
 	return out, nil
 }
@@ -345,7 +335,7 @@ func (p *proxy) running() bool {
 
 func newProxy(id, ref string, proto model.Protocol) *proxy {
 	p := &proxy{id: id, ref: ref, proto: proto,
-		subs:     map[string]map[string]struct{}{adsclient.EndpointType: {}, adsclient.RouteType: {}},
+		subs:     map[string]map[string]struct{}{xdstype.Endpoint.URL(): {}, xdstype.Route.URL(): {}},
 		subMarks: map[string][]int{},
 	}
 	node := &corev3.Node{Id: id, Cluster: "model"}
@@ -373,7 +363,7 @@ func newProxy(id, ref string, proto model.Protocol) *proxy {
 			cfg.Wildcard[t] = true
 		}
 	} else {
-		cfg.Wildcard = map[string]bool{adsclient.ClusterType: true, adsclient.ListenerType: true}
+		cfg.Wildcard = map[string]bool{xdstype.Cluster.URL(): true, xdstype.Listener.URL(): true}
 	}
 	p.c = adsclient.New(cfg)
 	return p
@@ -383,11 +373,11 @@ func newProxy(id, ref string, proto model.Protocol) *proxy {
 func (p *proxy) start(conn *grpc.ClientConn) {
 	p.streamStart = len(p.c.Events())
 	p.reqStart = p.c.Stats().Requests
-	p.opened = []string{adsclient.ClusterType, adsclient.ListenerType}
+	p.opened = []string{xdstype.Cluster.URL(), xdstype.Listener.URL()}
 	if p.proto == model.Delta {
 		p.opened = allTypes
 	} else {
-		for _, t := range []string{adsclient.EndpointType, adsclient.RouteType} {
+		for _, t := range []string{xdstype.Endpoint.URL(), xdstype.Route.URL()} {
 			if len(p.subs[t]) > 0 {
 				p.opened = append(p.opened, t)
 			}
@@ -467,7 +457,7 @@ func (p *proxy) staleness() staleness {
 	for _, ev := range evs[min(p.streamStart, len(evs)):] {
 		t := ev.TypeURL
 		s.latest[t] = !ev.Accepted
-		if p.sotw() && (t == adsclient.ClusterType || t == adsclient.ListenerType) {
+		if p.sotw() && (t == xdstype.Cluster.URL() || t == xdstype.Listener.URL()) {
 			s.types[t] = !ev.Accepted
 			continue
 		}
@@ -505,8 +495,8 @@ func (p *proxy) lastAnswer(t string) (accepted, any, thisStep bool) {
 func refs(c *adsclient.Client, t string) (map[string]struct{}, error) {
 	out := map[string]struct{}{}
 	switch t {
-	case adsclient.EndpointType:
-		for name, h := range c.State(adsclient.ClusterType) {
+	case xdstype.Endpoint.URL():
+		for name, h := range c.State(xdstype.Cluster.URL()) {
 			cl, err := adsclient.Decode[*clusterv3.Cluster](h)
 			if err != nil {
 				return nil, fmt.Errorf("held cluster %q: %w", name, err)
@@ -520,8 +510,8 @@ func refs(c *adsclient.Client, t string) (map[string]struct{}, error) {
 			}
 			out[n] = struct{}{}
 		}
-	case adsclient.RouteType:
-		for name, h := range c.State(adsclient.ListenerType) {
+	case xdstype.Route.URL():
+		for name, h := range c.State(xdstype.Listener.URL()) {
 			l, err := adsclient.Decode[*listenerv3.Listener](h)
 			if err != nil {
 				return nil, fmt.Errorf("held listener %q: %w", name, err)
@@ -559,7 +549,7 @@ func refs(c *adsclient.Client, t string) (map[string]struct{}, error) {
 // clusters and listeners reference, and reports whether it changed any.
 func (p *proxy) adjustSubs() (bool, error) {
 	changed := false
-	for _, t := range []string{adsclient.EndpointType, adsclient.RouteType} {
+	for _, t := range []string{xdstype.Endpoint.URL(), xdstype.Route.URL()} {
 		want, err := refs(p.c, t)
 		if err != nil {
 			return false, err
@@ -601,7 +591,7 @@ func (p *proxy) adjustSubs() (bool, error) {
 // subsStable reports whether a SotW proxy's by-name subscriptions are what its
 // held clusters and listeners reference.
 func (p *proxy) subsStable() bool {
-	for _, t := range []string{adsclient.EndpointType, adsclient.RouteType} {
+	for _, t := range []string{xdstype.Endpoint.URL(), xdstype.Route.URL()} {
 		want, err := refs(p.c, t)
 		if err != nil || !setEqual(want, p.subs[t]) {
 			return false
@@ -660,7 +650,7 @@ func (p *proxy) mismatch(tr truth, cp *controlPlane, key model.Key, strict bool)
 			continue
 		}
 		switch t {
-		case adsclient.ClusterType, adsclient.ListenerType:
+		case xdstype.Cluster.URL(), xdstype.Listener.URL():
 			if stale.types[t] {
 				continue
 			}
@@ -676,9 +666,9 @@ func (p *proxy) mismatch(tr truth, cp *controlPlane, key model.Key, strict bool)
 				})
 			}
 		default:
-			parent := adsclient.ClusterType
-			if t == adsclient.RouteType {
-				parent = adsclient.ListenerType
+			parent := xdstype.Cluster.URL()
+			if t == xdstype.Route.URL() {
+				parent = xdstype.Listener.URL()
 			}
 			need, err := refs(p.c, t)
 			if err != nil {
@@ -737,8 +727,8 @@ func bytesEqual(a, b []byte) bool { return string(a) == string(b) }
 
 func keys(m map[string]struct{}) []string { return slices.Sorted(maps.Keys(m)) }
 
-func snapshotType(url string) snapshot.Type {
-	t, _ := snapshot.TypeOf(url)
+func snapshotType(url string) xdstype.Type {
+	t, _ := xdstype.ByURL(url)
 	return t
 }
 
@@ -834,7 +824,7 @@ func (p *proxy) trace() string {
 		}
 		fmt.Fprintf(&b, "    #%d %s nonce=%s version=%s %s names=%v removed=%v\n", i, shortType(ev.TypeURL), ev.Nonce, ev.Version, verdict, ev.Names, ev.Removed)
 	}
-	for _, t := range []string{adsclient.EndpointType, adsclient.RouteType} {
+	for _, t := range []string{xdstype.Endpoint.URL(), xdstype.Route.URL()} {
 		fmt.Fprintf(&b, "  %s subscriptions now: %v\n", shortType(t), keys(p.subs[t]))
 	}
 	return b.String()

@@ -31,6 +31,7 @@ import (
 	"github.com/scopeplane/scopeplane/xds/feedback"
 	"github.com/scopeplane/scopeplane/xds/model"
 	"github.com/scopeplane/scopeplane/xds/snapshot"
+	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
 // Options bound what one proxy can make the server do.
@@ -129,9 +130,9 @@ func scopeGone(key model.Key) error {
 }
 
 func unknownType(url string) error {
-	return status.Errorf(codes.InvalidArgument,
-		"type URL %q is not served by scopeplane: it serves %s, %s, %s and %s",
-		url, snapshot.Clusters.URL(), snapshot.Endpoints.URL(), snapshot.Listeners.URL(), snapshot.Routes.URL())
+	urls := xdstype.URLs()
+	return status.Errorf(codes.InvalidArgument, "type URL %q is not served by scopeplane: it serves %s and %s",
+		url, strings.Join(urls[:len(urls)-1], ", "), urls[len(urls)-1])
 }
 
 func tooManyNames(n, limit int) error {

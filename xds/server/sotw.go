@@ -10,6 +10,7 @@ import (
 
 	"github.com/scopeplane/scopeplane/xds/model"
 	"github.com/scopeplane/scopeplane/xds/snapshot"
+	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
 type sotwStream = grpc.BidiStreamingServer[discoveryv3.DiscoveryRequest, discoveryv3.DiscoveryResponse]
@@ -42,21 +43,16 @@ func (ts *sotwType) subscribed(name string) bool {
 	return ok
 }
 
-// fullState reports whether every SotW response of the type carries the
-// complete set (omission deletes), as for Clusters and Listeners; Endpoints
-// and Routes are sent by name and omission deletes nothing.
-func fullState(t snapshot.Type) bool { return t == snapshot.Clusters || t == snapshot.Listeners }
-
 type sotw struct {
 	stream
 	grpc  sotwStream
-	types [snapshot.NumTypes]*sotwType
+	types [xdstype.Count]*sotwType
 }
 
 func (st *sotw) base() *stream { return &st.stream }
 
 type sotwResponse struct {
-	t       snapshot.Type
+	t       xdstype.Type
 	version string
 	res     []*snapshot.Resource
 	// full marks a full-state response, which replaces what the proxy holds.
@@ -71,7 +67,7 @@ func (s *Server) StreamAggregatedResources(g sotwStream) error {
 }
 
 func (st *sotw) handle(req *discoveryv3.DiscoveryRequest) error {
-	t, ok := snapshot.TypeOf(req.GetTypeUrl())
+	t, ok := xdstype.ByURL(req.GetTypeUrl())
 	if !ok {
 		return unknownType(req.GetTypeUrl())
 	}
@@ -93,7 +89,7 @@ func (st *sotw) handle(req *discoveryv3.DiscoveryRequest) error {
 			// The proxy keeps its last good configuration; the rejected
 			// version is not sent again, only a newer one will be.
 			ts.nacked = true
-			if !fullState(t) {
+			if !t.FullState() {
 				for _, r := range ts.last {
 					if ts.held[r.Name] == r {
 						delete(ts.held, r.Name)
@@ -144,7 +140,7 @@ func (st *sotw) handle(req *discoveryv3.DiscoveryRequest) error {
 	}
 	var resp *sotwResponse
 	st.sc.Read(func(v snapshot.View) {
-		if fullState(t) {
+		if t.FullState() {
 			resp = st.fullResponse(v, t, ts, true)
 			return
 		}
@@ -179,7 +175,7 @@ func (st *sotw) handle(req *discoveryv3.DiscoveryRequest) error {
 
 // fullResponse returns the complete set of a Clusters or Listeners
 // subscription, or nil when the proxy already holds exactly that (unless force).
-func (st *sotw) fullResponse(v snapshot.View, t snapshot.Type, ts *sotwType, force bool) *sotwResponse {
+func (st *sotw) fullResponse(v snapshot.View, t xdstype.Type, ts *sotwType, force bool) *sotwResponse {
 	var res []*snapshot.Resource
 	if ts.wildcard {
 		res = make([]*snapshot.Resource, 0, v.Len(t))
@@ -212,7 +208,7 @@ func (st *sotw) fullResponse(v snapshot.View, t snapshot.Type, ts *sotwType, for
 // in, and removed only after the listeners and routes stopped using them.
 func (st *sotw) push() error {
 	var (
-		resps [snapshot.NumTypes]*sotwResponse
+		resps [xdstype.Count]*sotwResponse
 		early *sotwResponse
 		err   error
 	)
@@ -220,12 +216,12 @@ func (st *sotw) push() error {
 		if err = st.stillServes(v, model.SotW); err != nil {
 			return
 		}
-		for t := range snapshot.NumTypes {
+		for t := range xdstype.Count {
 			ts := st.types[t]
 			if ts == nil {
 				continue
 			}
-			if fullState(t) {
+			if t.FullState() {
 				touched := false
 				if !v.ChangedSince(st.rev, t, func(name string) { touched = touched || ts.subscribed(name) }) {
 					touched = true
@@ -263,8 +259,8 @@ func (st *sotw) push() error {
 				resps[t] = &sotwResponse{t: t, version: v.TypeVersion(t), res: res}
 			}
 		}
-		if c := resps[snapshot.Clusters]; c != nil && (resps[snapshot.Listeners] != nil || resps[snapshot.Routes] != nil) {
-			early = makeBeforeBreak(c, st.types[snapshot.Clusters].held)
+		if c := resps[xdstype.Cluster]; c != nil && (resps[xdstype.Listener] != nil || resps[xdstype.Route] != nil) {
+			early = makeBeforeBreak(c, st.types[xdstype.Cluster].held)
 		}
 		st.caughtUp(v)
 	})
@@ -273,9 +269,9 @@ func (st *sotw) push() error {
 	}
 	var final *sotwResponse
 	if early != nil {
-		final, resps[snapshot.Clusters] = resps[snapshot.Clusters], early
+		final, resps[xdstype.Cluster] = resps[xdstype.Cluster], early
 	}
-	for t := range snapshot.NumTypes {
+	for t := range xdstype.Count {
 		if resps[t] != nil {
 			if err := st.send(resps[t]); err != nil {
 				return err

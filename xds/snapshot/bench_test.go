@@ -9,6 +9,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/scopeplane/scopeplane/xds/catalog"
+	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
 // BenchmarkApplyEndpointChange measures versioning one changed assignment
@@ -25,12 +26,12 @@ func BenchmarkApplyEndpointChange(b *testing.B) {
 				cs[name] = &clusterv3.Cluster{Name: name}
 				es[name] = &endpointv3.ClusterLoadAssignment{ClusterName: name}
 			}
-			bld.Apply([]catalog.Update{{Key: key, Scope: spec(), Reset: true, Upserted: catalog.Set{Clusters.URL(): cs, Endpoints.URL(): es}}})
+			bld.Apply([]catalog.Update{{Key: key, Scope: spec(), Reset: true, Upserted: catalog.Set{xdstype.Cluster: cs, xdstype.Endpoint: es}}})
 			b.ReportAllocs()
 			b.ResetTimer()
 			for i := range b.N {
 				cla := &endpointv3.ClusterLoadAssignment{ClusterName: "ns/svc-7:80", Endpoints: make([]*endpointv3.LocalityLbEndpoints, i%3+1)}
-				bld.Apply([]catalog.Update{upsert(Endpoints, map[string]proto.Message{"ns/svc-7:80": cla})})
+				bld.Apply([]catalog.Update{upsert(xdstype.Endpoint, map[string]proto.Message{"ns/svc-7:80": cla})})
 			}
 		})
 	}

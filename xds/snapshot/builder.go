@@ -15,6 +15,7 @@ import (
 	"github.com/scopeplane/scopeplane/xds/catalog"
 	"github.com/scopeplane/scopeplane/xds/metrics"
 	"github.com/scopeplane/scopeplane/xds/model"
+	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
 // Store holds the served state of every scope.
@@ -141,9 +142,9 @@ func (b *Builder) applyScope(u *catalog.Update, observed time.Time) {
 	b.store.mu.Unlock()
 
 	// Marshal outside the scope's lock: streams keep reading meanwhile.
-	var upserts [NumTypes][]marshalled
-	for t := range NumTypes {
-		for name, msg := range u.Upserted[t.URL()] {
+	var upserts [xdstype.Count][]marshalled
+	for t := range xdstype.Count {
+		for name, msg := range u.Upserted[t] {
 			value, err := proto.MarshalOptions{Deterministic: true}.Marshal(msg)
 			if err != nil {
 				// Translated resources are always marshallable; a failure
@@ -160,11 +161,11 @@ func (b *Builder) applyScope(u *catalog.Update, observed time.Time) {
 	sc.spec = u.Scope
 	next := sc.rev + 1
 	var changes []logEntry
-	touched := [NumTypes]map[string]struct{}{}
-	for t := range NumTypes {
+	touched := [xdstype.Count]map[string]struct{}{}
+	for t := range xdstype.Count {
 		touched[t] = map[string]struct{}{}
 	}
-	put := func(t Type, name string, body *anypb.Any, version string) {
+	put := func(t xdstype.Type, name string, body *anypb.Any, version string) {
 		ts := &sc.types[t]
 		old := ts.res[name]
 		if old != nil && old.Version == version {
@@ -178,7 +179,7 @@ func (b *Builder) applyScope(u *catalog.Update, observed time.Time) {
 		touched[t][name] = struct{}{}
 		changes = append(changes, logEntry{rev: next, typ: t, name: name})
 	}
-	remove := func(t Type, name string) {
+	remove := func(t xdstype.Type, name string) {
 		ts := &sc.types[t]
 		old, ok := ts.res[name]
 		if !ok {
@@ -189,46 +190,47 @@ func (b *Builder) applyScope(u *catalog.Update, observed time.Time) {
 		changes = append(changes, logEntry{rev: next, typ: t, name: name})
 	}
 	if u.Reset {
-		for t := range NumTypes {
+		for t := range xdstype.Count {
 			for name := range sc.types[t].res {
-				if _, ok := u.Upserted[t.URL()][name]; !ok {
+				if _, ok := u.Upserted[t][name]; !ok {
 					remove(t, name)
 				}
 			}
 		}
 	}
-	for t := range NumTypes {
-		for _, name := range u.Removed[t.URL()] {
+	for t := range xdstype.Count {
+		for _, name := range u.Removed[t] {
 			remove(t, name)
 		}
 	}
-	for _, m := range upserts[Clusters] {
-		put(Clusters, m.name, m.body, versionOf(m.hash))
-	}
-	for _, m := range upserts[Endpoints] {
-		put(Endpoints, m.name, m.body, endpointVersion(m.hash, sc.types[Clusters].res[m.name]))
-	}
-	// A changed cluster needs an EDS response to finish warming in Envoy, so
-	// the assignment's version follows its cluster's even when its content
-	// did not change.
-	for name := range touched[Clusters] {
-		if _, done := touched[Endpoints][name]; done {
+	for t := range xdstype.Count {
+		info := t.Info()
+		var parent *typeState
+		if info.VersionFollowsParent {
+			parent = &sc.types[info.Parent]
+		}
+		for _, m := range upserts[t] {
+			put(t, m.name, m.body, resourceVersion(m.hash, parent, m.name))
+		}
+		if parent == nil {
 			continue
 		}
-		if cla := sc.types[Endpoints].res[name]; cla != nil {
-			put(Endpoints, name, cla.Body, endpointVersion(hash64(cla.Body.GetValue()), sc.types[Clusters].res[name]))
-		}
-	}
-	for t := Listeners; t < NumTypes; t++ {
-		for _, m := range upserts[t] {
-			put(t, m.name, m.body, versionOf(m.hash))
+		// The parent precedes t in ADS order, so it is already versioned:
+		// re-version t's resources whose parent changed and they did not.
+		for name := range touched[info.Parent] {
+			if _, done := touched[t][name]; done {
+				continue
+			}
+			if r := sc.types[t].res[name]; r != nil {
+				put(t, name, r.Body, resourceVersion(hash64(r.Body.GetValue()), parent, name))
+			}
 		}
 	}
 	if len(changes) == 0 && !specChanged {
 		return
 	}
 	sc.rev, sc.revTime = next, observed
-	for t := range NumTypes {
+	for t := range xdstype.Count {
 		sc.types[t].version = digestVersion(sc.types[t].digest)
 	}
 	sc.log = append(sc.log, changes...)
@@ -240,7 +242,7 @@ func (b *Builder) applyScope(u *catalog.Update, observed time.Time) {
 // scope: a stream further behind than that compares everything instead.
 func (s *Scope) trimLogLocked() {
 	limit := 1024
-	for t := range NumTypes {
+	for t := range xdstype.Count {
 		limit += 2 * len(s.types[t].res)
 	}
 	if len(s.log) <= limit {
@@ -272,9 +274,16 @@ func versionOf(h uint64) string {
 	return hex.EncodeToString(b[:])
 }
 
-func endpointVersion(h uint64, cluster *Resource) string {
-	if cluster == nil {
-		return versionOf(h)
+// resourceVersion is the version of a resource whose content hashes to h.
+// For a type whose version follows its parent (parent non-nil), the version
+// of the parent of the same name is mixed in, so that the resource gets a
+// new version, and is sent again, whenever its parent changes: Envoy
+// finishes warming a changed cluster only with an EDS response after it.
+func resourceVersion(h uint64, parent *typeState, name string) string {
+	if parent != nil {
+		if p := parent.res[name]; p != nil {
+			return versionOf(h ^ hash64([]byte(p.Version)))
+		}
 	}
-	return versionOf(h ^ hash64([]byte(cluster.Version)))
+	return versionOf(h)
 }

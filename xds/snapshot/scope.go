@@ -17,40 +17,11 @@ import (
 	"sync"
 	"time"
 
-	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/scopeplane/scopeplane/xds/model"
+	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
-
-// Type indexes the four resource types a scope holds, in ADS order: clusters
-// before endpoints, listeners before routes.
-type Type int
-
-// The resource types, in the order pushes are sent.
-const (
-	Clusters Type = iota
-	Endpoints
-	Listeners
-	Routes
-	NumTypes
-)
-
-var typeURLs = [NumTypes]string{resourcev3.ClusterType, resourcev3.EndpointType, resourcev3.ListenerType, resourcev3.RouteType}
-
-// URL returns the type URL of t.
-func (t Type) URL() string { return typeURLs[t] }
-
-// TypeOf returns the Type of a type URL, and false for a type scopeplane
-// does not serve.
-func TypeOf(url string) (Type, bool) {
-	for t, u := range typeURLs {
-		if u == url {
-			return Type(t), true
-		}
-	}
-	return 0, false
-}
 
 // Resource is one versioned resource, marshalled once and shared, read-only,
 // by every stream that sends it.
@@ -68,7 +39,7 @@ type typeState struct {
 
 type logEntry struct {
 	rev  uint64
-	typ  Type
+	typ  xdstype.Type
 	name string
 }
 
@@ -81,7 +52,7 @@ type Scope struct {
 	spec    *model.Scope
 	rev     uint64
 	revTime time.Time // when the change that made rev was observed
-	types   [NumTypes]typeState
+	types   [xdstype.Count]typeState
 	log     []logEntry
 	logBase uint64 // the log holds every change with a revision > logBase
 	wake    chan struct{}
@@ -131,16 +102,16 @@ func (v View) RevTime() time.Time { return v.s.revTime }
 func (v View) Rev() uint64 { return v.s.rev }
 
 // TypeVersion is the version of all resources of one type.
-func (v View) TypeVersion(t Type) string { return v.s.types[t].version }
+func (v View) TypeVersion(t xdstype.Type) string { return v.s.types[t].version }
 
 // Get returns the current resource of that type and name, or nil.
-func (v View) Get(t Type, name string) *Resource { return v.s.types[t].res[name] }
+func (v View) Get(t xdstype.Type, name string) *Resource { return v.s.types[t].res[name] }
 
 // Len returns how many resources of the type the scope holds.
-func (v View) Len(t Type) int { return len(v.s.types[t].res) }
+func (v View) Len(t xdstype.Type) int { return len(v.s.types[t].res) }
 
 // All calls fn for every resource of the type, in no particular order.
-func (v View) All(t Type, fn func(*Resource)) {
+func (v View) All(t xdstype.Type, fn func(*Resource)) {
 	for _, r := range v.s.types[t].res {
 		fn(r)
 	}
@@ -150,7 +121,7 @@ func (v View) All(t Type, fn func(*Resource)) {
 // updated or removed) after revision rev, possibly more than once. It
 // returns false, calling nothing, when the log no longer reaches back to rev:
 // the caller must then compare everything it holds.
-func (v View) ChangedSince(rev uint64, t Type, fn func(name string)) bool {
+func (v View) ChangedSince(rev uint64, t xdstype.Type, fn func(name string)) bool {
 	if rev < v.s.logBase {
 		return false
 	}
@@ -195,7 +166,7 @@ func digestVersion(d uint64) string {
 // versions, the "V" of "N of M proxies at version V".
 func (v View) Version() string {
 	var d uint64
-	for t := range NumTypes {
+	for t := range xdstype.Count {
 		d ^= nameDigest(t.URL(), v.s.types[t].version)
 	}
 	return digestVersion(d)

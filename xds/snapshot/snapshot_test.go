@@ -12,29 +12,32 @@ import (
 
 	"github.com/scopeplane/scopeplane/xds/catalog"
 	"github.com/scopeplane/scopeplane/xds/model"
+	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
 var key = model.Key{Namespace: "shop", Name: "gw"}
 
 func spec() *model.Scope { return &model.Scope{Key: key, Protocol: model.SotW} }
 
-func upsert(t Type, msgs map[string]proto.Message) catalog.Update {
-	return catalog.Update{Key: key, Scope: spec(), Upserted: catalog.Set{t.URL(): msgs}}
+func upsert(t xdstype.Type, msgs map[string]proto.Message) catalog.Update {
+	u := catalog.Update{Key: key, Scope: spec()}
+	u.Upserted[t] = msgs
+	return u
 }
 
-func read(sc *Scope) (rev uint64, versions map[string]string, typeVersions [NumTypes]string) {
+func read(sc *Scope) (rev uint64, versions map[string]string, typeVersions [xdstype.Count]string) {
 	versions = map[string]string{}
 	sc.Read(func(v View) {
 		rev = v.Rev()
-		for t := range NumTypes {
+		for t := range xdstype.Count {
 			typeVersions[t] = v.TypeVersion(t)
-			v.All(t, func(r *Resource) { versions[fmt.Sprint(t, "/", r.Name)] = r.Version })
+			v.All(t, func(r *Resource) { versions[fmt.Sprint(int(t), "/", r.Name)] = r.Version })
 		}
 	})
 	return
 }
 
-func changed(sc *Scope, since uint64, t Type) ([]string, bool) {
+func changed(sc *Scope, since uint64, t xdstype.Type) ([]string, bool) {
 	var out []string
 	var ok bool
 	sc.Read(func(v View) { ok = v.ChangedSince(since, t, func(n string) { out = append(out, n) }) })
@@ -50,8 +53,8 @@ func TestVersionsFollowContentAndEndpointsFollowTheirCluster(t *testing.T) {
 	}
 	c1 := &clusterv3.Cluster{Name: "a", ConnectTimeout: durationpb.New(1e9)}
 	b.Apply([]catalog.Update{{Key: key, Scope: spec(), Reset: true, Upserted: catalog.Set{
-		Clusters.URL():  {"a": c1},
-		Endpoints.URL(): {"a": cla(0)},
+		xdstype.Cluster:  {"a": c1},
+		xdstype.Endpoint: {"a": cla(0)},
 	}}})
 	sc := store.Get(key)
 	rev1, v1, tv1 := read(sc)
@@ -59,7 +62,7 @@ func TestVersionsFollowContentAndEndpointsFollowTheirCluster(t *testing.T) {
 	// The same content again changes nothing: no revision, no wake-up.
 	var wake <-chan struct{}
 	sc.Read(func(v View) { wake = v.Wake() })
-	b.Apply([]catalog.Update{upsert(Clusters, map[string]proto.Message{"a": proto.Clone(c1)})})
+	b.Apply([]catalog.Update{upsert(xdstype.Cluster, map[string]proto.Message{"a": proto.Clone(c1)})})
 	if rev, _, _ := read(sc); rev != rev1 {
 		t.Errorf("an unchanged resource moved the revision from %d to %d", rev1, rev)
 	}
@@ -71,7 +74,7 @@ func TestVersionsFollowContentAndEndpointsFollowTheirCluster(t *testing.T) {
 
 	// A cluster change re-versions its assignment even though the
 	// assignment's content is the same, so Envoy can finish warming.
-	b.Apply([]catalog.Update{upsert(Clusters, map[string]proto.Message{"a": &clusterv3.Cluster{Name: "a", ConnectTimeout: durationpb.New(2e9)}})})
+	b.Apply([]catalog.Update{upsert(xdstype.Cluster, map[string]proto.Message{"a": &clusterv3.Cluster{Name: "a", ConnectTimeout: durationpb.New(2e9)}})})
 	rev2, v2, tv2 := read(sc)
 	select {
 	case <-wake:
@@ -81,27 +84,27 @@ func TestVersionsFollowContentAndEndpointsFollowTheirCluster(t *testing.T) {
 	if rev2 != rev1+1 || v2["0/a"] == v1["0/a"] || v2["1/a"] == v1["1/a"] {
 		t.Errorf("after a cluster change: rev %d→%d, cluster %s→%s, assignment %s→%s", rev1, rev2, v1["0/a"], v2["0/a"], v1["1/a"], v2["1/a"])
 	}
-	if tv2[Clusters] == tv1[Clusters] || tv2[Endpoints] == tv1[Endpoints] || tv2[Listeners] != tv1[Listeners] {
+	if tv2[xdstype.Cluster] == tv1[xdstype.Cluster] || tv2[xdstype.Endpoint] == tv1[xdstype.Endpoint] || tv2[xdstype.Listener] != tv1[xdstype.Listener] {
 		t.Errorf("type versions %v → %v: want clusters and endpoints changed, listeners not", tv1, tv2)
 	}
-	if names, ok := changed(sc, rev1, Endpoints); !ok || fmt.Sprint(names) != "[a]" {
+	if names, ok := changed(sc, rev1, xdstype.Endpoint); !ok || fmt.Sprint(names) != "[a]" {
 		t.Errorf("endpoints changed since rev %d: %v %v", rev1, names, ok)
 	}
-	if names, _ := changed(sc, rev1, Listeners); len(names) != 0 {
+	if names, _ := changed(sc, rev1, xdstype.Listener); len(names) != 0 {
 		t.Errorf("listeners changed since rev %d: %v", rev1, names)
 	}
 
 	// An endpoint change re-versions the assignment only.
-	b.Apply([]catalog.Update{upsert(Endpoints, map[string]proto.Message{"a": cla(1)})})
+	b.Apply([]catalog.Update{upsert(xdstype.Endpoint, map[string]proto.Message{"a": cla(1)})})
 	_, v3, tv3 := read(sc)
-	if v3["0/a"] != v2["0/a"] || v3["1/a"] == v2["1/a"] || tv3[Clusters] != tv2[Clusters] {
+	if v3["0/a"] != v2["0/a"] || v3["1/a"] == v2["1/a"] || tv3[xdstype.Cluster] != tv2[xdstype.Cluster] {
 		t.Errorf("an endpoint change moved %v → %v", v2, v3)
 	}
 
 	// Removal and deletion.
-	b.Apply([]catalog.Update{{Key: key, Scope: spec(), Removed: map[string][]string{Endpoints.URL(): {"a"}}}})
-	if _, v4, tv4 := read(sc); v4["1/a"] != "" || tv4[Endpoints] != emptyVersion {
-		t.Errorf("after removing the assignment: %v, type version %q", v4, tv4[Endpoints])
+	b.Apply([]catalog.Update{{Key: key, Scope: spec(), Removed: [xdstype.Count][]string{xdstype.Endpoint: {"a"}}}})
+	if _, v4, tv4 := read(sc); v4["1/a"] != "" || tv4[xdstype.Endpoint] != emptyVersion {
+		t.Errorf("after removing the assignment: %v, type version %q", v4, tv4[xdstype.Endpoint])
 	}
 	sc.Read(func(v View) { wake = v.Wake() })
 	b.Apply([]catalog.Update{{Key: key}})
@@ -121,7 +124,7 @@ func TestTypeVersionIsOrderIndependentAndResetRemovesTheRest(t *testing.T) {
 		store := NewStore()
 		b := NewBuilder(catalog.New(), store, 0)
 		for _, n := range names {
-			b.Apply([]catalog.Update{upsert(Clusters, map[string]proto.Message{n: &clusterv3.Cluster{Name: n}})})
+			b.Apply([]catalog.Update{upsert(xdstype.Cluster, map[string]proto.Message{n: &clusterv3.Cluster{Name: n}})})
 		}
 		return store, b
 	}
@@ -129,10 +132,10 @@ func TestTypeVersionIsOrderIndependentAndResetRemovesTheRest(t *testing.T) {
 	s2, b2 := build("c", "a", "b")
 	_, _, tv1 := read(s1.Get(key))
 	_, _, tv2 := read(s2.Get(key))
-	if tv1[Clusters] != tv2[Clusters] {
-		t.Errorf("the same set in another order has another version: %s vs %s", tv1[Clusters], tv2[Clusters])
+	if tv1[xdstype.Cluster] != tv2[xdstype.Cluster] {
+		t.Errorf("the same set in another order has another version: %s vs %s", tv1[xdstype.Cluster], tv2[xdstype.Cluster])
 	}
-	b2.Apply([]catalog.Update{{Key: key, Scope: spec(), Reset: true, Upserted: catalog.Set{Clusters.URL(): {"a": &clusterv3.Cluster{Name: "a"}}}}})
+	b2.Apply([]catalog.Update{{Key: key, Scope: spec(), Reset: true, Upserted: catalog.Set{xdstype.Cluster: {"a": &clusterv3.Cluster{Name: "a"}}}}})
 	if _, v, _ := read(s2.Get(key)); fmt.Sprint(v) != fmt.Sprint(map[string]string{"0/a": v["0/a"]}) {
 		t.Errorf("after a reset to {a}: %v", v)
 	}
@@ -141,17 +144,17 @@ func TestTypeVersionIsOrderIndependentAndResetRemovesTheRest(t *testing.T) {
 func TestLogTrimmingFallsBackToFullComparison(t *testing.T) {
 	store := NewStore()
 	b := NewBuilder(catalog.New(), store, 0)
-	b.Apply([]catalog.Update{upsert(Clusters, map[string]proto.Message{"a": &clusterv3.Cluster{Name: "a"}})})
+	b.Apply([]catalog.Update{upsert(xdstype.Cluster, map[string]proto.Message{"a": &clusterv3.Cluster{Name: "a"}})})
 	sc := store.Get(key)
 	rev0, _, _ := read(sc)
 	for i := range 3000 {
-		b.Apply([]catalog.Update{upsert(Endpoints, map[string]proto.Message{"a": &endpointv3.ClusterLoadAssignment{ClusterName: fmt.Sprint(i)}})})
+		b.Apply([]catalog.Update{upsert(xdstype.Endpoint, map[string]proto.Message{"a": &endpointv3.ClusterLoadAssignment{ClusterName: fmt.Sprint(i)}})})
 	}
-	if _, ok := changed(sc, rev0, Endpoints); ok {
+	if _, ok := changed(sc, rev0, xdstype.Endpoint); ok {
 		t.Error("a stream 3000 revisions behind was told the log still reaches it")
 	}
 	rev, _, _ := read(sc)
-	if names, ok := changed(sc, rev-1, Endpoints); !ok || fmt.Sprint(names) != "[a]" {
+	if names, ok := changed(sc, rev-1, xdstype.Endpoint); !ok || fmt.Sprint(names) != "[a]" {
 		t.Errorf("one revision behind: %v %v", names, ok)
 	}
 }

@@ -29,15 +29,15 @@ func benchService(ns, name string, n int) *model.Service {
 
 var modes = []model.ListenerMode{model.ListenerEnvoy, model.ListenerProxylessGRPC}
 
-// BenchmarkTranslateService measures the work after one Service changes:
+// BenchmarkService measures the work after one Service changes:
 // one Service with 10 endpoints.
-func BenchmarkTranslateService(b *testing.B) {
+func BenchmarkService(b *testing.B) {
 	svc := benchService("shop", "web", 10)
 	for _, mode := range modes {
 		b.Run(string(mode), func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
-				_ = TranslateService(svc, mode)
+				_ = Service(svc, mode)
 			}
 		})
 	}
@@ -56,9 +56,9 @@ func BenchmarkAssembleScope(b *testing.B) {
 	for _, mode := range modes {
 		for _, n := range []int{1000, 10000} {
 			scope := &model.Scope{Key: model.Key{Namespace: "ns0", Name: "s"}, Listener: model.Listener{Mode: mode, Port: 8080}}
-			fragments := make([]*ServiceResources, n)
+			fragments := make([]*Fragment, n)
 			for i := range fragments {
-				f := TranslateService(benchService(fmt.Sprintf("ns%d", i%50), fmt.Sprintf("svc-%d", i), 3), mode)
+				f := Service(benchService(fmt.Sprintf("ns%d", i%50), fmt.Sprintf("svc-%d", i), 3), mode)
 				fragments[i] = &f
 			}
 			b.Run(fmt.Sprintf("%s/services=%d", mode, n), func(b *testing.B) {

@@ -14,7 +14,7 @@ import (
 )
 
 // Endpoints returns the ClusterLoadAssignments of a Service, one per EDS
-// cluster, sorted by cluster name. It is the part of TranslateService that an
+// cluster, sorted by cluster name. It is the part of Service that an
 // endpoint-only change invalidates, exported so such a change can redo only
 // these; it does not depend on the listener mode. ExternalName Services have
 // none.

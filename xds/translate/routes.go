@@ -127,7 +127,7 @@ func httpListener(port int32) *listenerv3.Listener {
 // forms) can be claimed twice, because the number of dots tells the other
 // forms apart; so only those are counted, which keeps this linear and cheap
 // at ten thousand Services. Should any key contain a dot, every domain is.
-func httpRouteConfig(scope *model.Scope, port int32, fragments []*ServiceResources) *routev3.RouteConfiguration {
+func httpRouteConfig(scope *model.Scope, port int32, fragments []*Fragment) *routev3.RouteConfiguration {
 	all := false
 	for _, f := range fragments {
 		if strings.Contains(f.Service.Name, ".") || strings.Contains(f.Service.Namespace, ".") {

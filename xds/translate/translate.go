@@ -3,14 +3,14 @@
 // RouteConfigurations.
 //
 // Every function here is pure — no client, no clock, no mutable globals, no
-// goroutines — so that the snapshot builder can cache one Service's fragment
+// goroutines — so that the catalog can cache one Service's fragment
 // and re-translate only the Services that changed, and so that the output can
 // be golden-tested, fuzzed and content-hashed. Equal input gives equal output,
 // byte-equal when marshalled deterministically: every list is sorted and no
 // map iteration order leaks into a message.
 //
-// Translation happens in two steps. TranslateService turns ONE Service into a
-// ServiceResources fragment, which depends only on that Service and the
+// Translation happens in two steps. Service turns ONE Service into a
+// Fragment, which depends only on that Service and the
 // scope's listener mode, so a change to one Service re-translates one
 // fragment. AssembleScope merges the fragments selected by a scope into the
 // scope's complete resource set, adding the scope-wide HTTP listener and
@@ -30,37 +30,33 @@ import (
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/scopeplane/scopeplane/xds/model"
+	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
-// ServiceResources is the fragment of xDS resources that one Service
+// Fragment is the part of a scope's xDS resources that one Service
 // contributes to every scope that selects it. It is cached per Service so
 // that a change to one Service re-translates only that Service.
-type ServiceResources struct {
+type Fragment struct {
 	// Service is the translated Service's key. AssembleScope uses its
 	// namespace to decide which Service keeps a short host name that two
 	// Services of different namespaces both claim.
 	Service model.Key
-	// Clusters holds one Cluster per translatable Service port, sorted by name.
-	Clusters []*clusterv3.Cluster
-	// Endpoints holds one ClusterLoadAssignment per EDS cluster, sorted by
-	// cluster name; ExternalName Services have none (their clusters resolve
-	// DNS themselves).
-	Endpoints []*endpointv3.ClusterLoadAssignment
+	// Resources holds one Cluster per translatable Service port and one
+	// ClusterLoadAssignment per EDS cluster (ExternalName Services have none:
+	// their clusters resolve DNS themselves); in ProxylessGRPC mode also the
+	// two gRPC API listeners and one RouteConfiguration per port. Envoy-mode
+	// listeners and routes are scope-wide: AssembleScope builds them.
+	Resources
 	// VirtualHosts holds one VirtualHost per Service port in Envoy mode,
 	// sorted by name, for the scope's single route configuration.
 	VirtualHosts []*routev3.VirtualHost
-	// Listeners holds the two gRPC API listeners per Service port in
-	// ProxylessGRPC mode, sorted by name.
-	Listeners []*listenerv3.Listener
-	// Routes holds one RouteConfiguration per Service port in ProxylessGRPC
-	// mode, sorted by name.
-	Routes []*routev3.RouteConfiguration
 }
 
-// Resources is the complete set of xDS resources of one scope, each type
-// sorted by resource name, ready to be versioned and served.
+// Resources is a set of xDS resources, each type sorted by resource name:
+// a scope's complete set, ready to be versioned and served, or a fragment's part.
 type Resources struct {
 	Clusters  []*clusterv3.Cluster
 	Endpoints []*endpointv3.ClusterLoadAssignment
@@ -68,19 +64,34 @@ type Resources struct {
 	Routes    []*routev3.RouteConfiguration
 }
 
-// TranslateService translates one Service into the fragment it contributes
-// to a scope of the given listener mode. It does not modify svc.
+// Each calls fn for every resource, type by type in ADS order. It is the
+// one place that maps the typed fields to the table of types in xdstype.
+func (r *Resources) Each(fn func(t xdstype.Type, m proto.Message)) {
+	for _, m := range r.Clusters {
+		fn(xdstype.Cluster, m)
+	}
+	for _, m := range r.Endpoints {
+		fn(xdstype.Endpoint, m)
+	}
+	for _, m := range r.Listeners {
+		fn(xdstype.Listener, m)
+	}
+	for _, m := range r.Routes {
+		fn(xdstype.Route, m)
+	}
+}
+
+// Service translates one Service into the fragment it contributes to a
+// scope of the given listener mode. It does not modify svc.
 //
 // Only TCP ports (protocol TCP or unset) with a number in 1..65535 are
 // translated: HTTP and gRPC routing, the only thing a scope's listener does,
 // cannot carry UDP or SCTP, and a port Envoy cannot address would get the
 // whole response rejected.
-func TranslateService(svc *model.Service, mode model.ListenerMode) ServiceResources { //nolint:revive // xds/catalog calls it by this name; a rename to Service is its owner's call
+func Service(svc *model.Service, mode model.ListenerMode) Fragment {
 	ports := tcpPorts(svc)
-	out := ServiceResources{
-		Service:  svc.Key,
-		Clusters: make([]*clusterv3.Cluster, 0, len(ports)),
-	}
+	out := Fragment{Service: svc.Key}
+	out.Clusters = make([]*clusterv3.Cluster, 0, len(ports))
 	for i := range ports {
 		out.Clusters = append(out.Clusters, cluster(svc, &ports[i], mode))
 	}
@@ -114,7 +125,7 @@ func TranslateService(svc *model.Service, mode model.ListenerMode) ServiceResour
 // because Envoy would bind a random port for 0 and reject anything larger.
 // In ProxylessGRPC mode it concatenates the fragments' API listeners and
 // route configurations. The fragments are not modified.
-func AssembleScope(scope *model.Scope, fragments []*ServiceResources) Resources {
+func AssembleScope(scope *model.Scope, fragments []*Fragment) Resources {
 	var nClusters, nEndpoints, nListeners, nRoutes int
 	for _, f := range fragments {
 		nClusters += len(f.Clusters)
@@ -155,9 +166,9 @@ func AssembleScope(scope *model.Scope, fragments []*ServiceResources) Resources 
 // is the one-call form used by golden tests, fuzzing and callers that cache
 // nothing; services must be distinct.
 func Translate(scope *model.Scope, services []*model.Service) Resources {
-	fragments := make([]*ServiceResources, len(services))
+	fragments := make([]*Fragment, len(services))
 	for i, svc := range services {
-		f := TranslateService(svc, scope.Listener.Mode)
+		f := Service(svc, scope.Listener.Mode)
 		fragments[i] = &f
 	}
 	return AssembleScope(scope, fragments)
