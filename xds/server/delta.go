@@ -15,106 +15,132 @@ import (
 
 type deltaStream = grpc.BidiStreamingServer[discoveryv3.DeltaDiscoveryRequest, discoveryv3.DeltaDiscoveryResponse]
 
-// deltaType is a stream's state for one resource type.
+// deltaType is a delta stream's state for one type: the shared
+// subscription plus the responses awaiting an answer.
 type deltaType struct {
-	requested bool
-	wildcard  bool
-	names     map[string]struct{}
-	// held is what the proxy holds, name → version, as far as the server
-	// knows: seeded from initial_resource_versions, updated on every send,
-	// and rolled back when the proxy NACKs.
-	held map[string]string
-	// inflight holds, per unanswered nonce, the versions its response
-	// replaced ("" for absent), to undo them on a NACK.
-	inflight map[string]map[string]string
-	version  map[string]string // nonce → system_version_info
-	nacked   bool
-	// retry holds the names a rejected response carried; they are sent
-	// again with the next change of the type, never alone (that would loop).
-	retry map[string]struct{}
+	subscription
+	// inflight holds, per unanswered nonce, what its response changed, to
+	// undo it on a NACK.
+	inflight map[string]inflight
 }
 
-func (ts *deltaType) subscribed(name string) bool {
-	if ts.wildcard {
-		return true
-	}
-	_, ok := ts.names[name]
-	return ok
+// inflight is one unanswered delta response: its system_version_info and,
+// per name it carried, what the proxy held before (nil for nothing).
+type inflight struct {
+	version string
+	undo    map[string]*snapshot.Resource
 }
 
 // maxInflight bounds the unanswered responses remembered per type.
 const maxInflight = 128
 
 type delta struct {
-	stream
+	*stream
 	grpc  deltaStream
 	types [xdstype.Count]*deltaType
 }
 
-func (st *delta) base() *stream { return &st.stream }
-
-type deltaResponse struct {
-	t       xdstype.Type
-	version string
-	res     []*snapshot.Resource
-	removed []string
-}
-
 // DeltaAggregatedResources serves one delta (incremental) ADS stream.
 func (s *Server) DeltaAggregatedResources(g deltaStream) error {
-	return serve(s, model.Delta, g, func(base stream) handler[*discoveryv3.DeltaDiscoveryRequest] {
+	return serve(s, model.Delta, g, func(base *stream) handler[*discoveryv3.DeltaDiscoveryRequest] {
 		return &delta{stream: base, grpc: g}
 	})
 }
 
+// handle answers one request: it takes the ACK or NACK it carries, then
+// the subscription changes (and, on a stream's first request, what the
+// proxy already holds), and sends what those changes make the proxy lack.
 func (st *delta) handle(req *discoveryv3.DeltaDiscoveryRequest) error {
-	t, ok := xdstype.ByURL(req.GetTypeUrl())
-	if !ok {
-		return unknownType(req.GetTypeUrl())
-	}
-	if n := len(req.GetResourceNamesSubscribe()) + len(req.GetResourceNamesUnsubscribe()) + len(req.GetInitialResourceVersions()); n > st.srv.opts.MaxNamesPerRequest {
-		return tooManyNames(n, st.srv.opts.MaxNamesPerRequest)
+	t, err := st.requestedType(req.GetTypeUrl(),
+		len(req.GetResourceNamesSubscribe())+len(req.GetResourceNamesUnsubscribe())+len(req.GetInitialResourceVersions()))
+	if err != nil {
+		return err
 	}
 	ts := st.types[t]
 	if ts == nil {
-		ts = &deltaType{names: map[string]struct{}{}, held: map[string]string{}, inflight: map[string]map[string]string{}, version: map[string]string{}, retry: map[string]struct{}{}}
+		ts = &deltaType{subscription: newSubscription(t), inflight: map[string]inflight{}}
 		st.types[t] = ts
 	}
 	if nonce := req.GetResponseNonce(); nonce != "" {
-		if undo, ok := ts.inflight[nonce]; ok {
-			delete(ts.inflight, nonce)
-			version := ts.version[nonce]
-			delete(ts.version, nonce)
-			if d := req.GetErrorDetail(); d != nil {
-				// The proxy keeps what it had: roll back what this response
-				// changed, and send nothing again until a newer version exists.
-				for name, prev := range undo {
-					if prev == "" {
-						delete(ts.held, name)
-					} else {
-						ts.held[name] = prev
-					}
-					ts.retry[name] = struct{}{}
-				}
-				ts.nacked = true
-				st.srv.fb.NACKed(st.key, st.id, t.URL(), version, d.GetMessage())
-			} else {
-				// Rejected resources not yet sent again keep the proxy short
-				// of the scope's configuration: it stays counted as rejecting.
-				ts.nacked = len(ts.retry) > 0
-				st.srv.fb.ACK(st.key, st.id, t.URL(), version, !ts.nacked)
-			}
-		}
+		st.answer(ts, nonce, req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil)
 	}
-
 	first := !ts.requested
-	ts.requested = true
-	var candidates []string
-	if first {
-		for name, version := range req.GetInitialResourceVersions() {
-			ts.held[name] = version
-			candidates = append(candidates, name)
+	candidates, newlyWildcard := st.resubscribe(ts, req, first)
+	if len(candidates) == 0 && !newlyWildcard && !first {
+		st.reportSynced(st.settled)
+		return nil
+	}
+	var resp *response
+	st.sc.Read(func(v snapshot.View) {
+		resp = &response{t: t, version: v.TypeVersion(t)}
+		seen := map[string]struct{}{}
+		consider := func(name string, announceMissing bool) {
+			if _, dup := seen[name]; dup {
+				return
+			}
+			seen[name] = struct{}{}
+			st.diff(v, ts, name, resp, announceMissing)
 		}
+		if newlyWildcard {
+			v.All(t, func(r *snapshot.Resource) { consider(r.Name, false) })
+		}
+		for _, name := range candidates {
+			// A name subscribed explicitly that does not exist is announced
+			// as removed, so the proxy does not wait for it.
+			_, explicit := ts.names[name]
+			consider(name, explicit)
+		}
+	})
+	if len(resp.res) > 0 || len(resp.removed) > 0 || first {
+		return sendAll(st.stream, []*response{resp}, st.send, st.settled)
+	}
+	st.reportSynced(st.settled)
+	return nil
+}
+
+// answer takes the proxy's answer to the response of nonce. On a NACK the
+// proxy keeps what it had: what the response changed is rolled back, and
+// nothing is sent again until a newer version exists.
+func (st *delta) answer(ts *deltaType, nonce, detail string, nack bool) {
+	in, ok := ts.inflight[nonce]
+	if !ok {
+		return
+	}
+	delete(ts.inflight, nonce)
+	if !nack {
+		st.accepted(&ts.subscription, in.version)
+		return
+	}
+	owed := make([]string, 0, len(in.undo))
+	for name, prev := range in.undo {
+		if prev == nil {
+			delete(ts.held, name)
+		} else {
+			ts.held[name] = prev
+		}
+		owed = append(owed, name)
+	}
+	st.rejected(&ts.subscription, in.version, detail, owed)
+}
+
+// resubscribe applies a request's subscription changes and, on the first
+// request of the type, the versions the proxy declares it holds. It returns
+// the names to compare with the scope, and whether the type just became a
+// wildcard subscription (every resource is then a candidate).
+func (st *delta) resubscribe(ts *deltaType, req *discoveryv3.DeltaDiscoveryRequest, first bool) (candidates []string, newlyWildcard bool) {
+	ts.requested = true
+	if first {
+		st.sc.Read(func(v snapshot.View) {
+			for name, version := range req.GetInitialResourceVersions() {
+				// Share the served resource where the claim matches it.
+				if r := v.Get(ts.t, name); r != nil && r.Version == version {
+					ts.held[name] = r
+				} else {
+					ts.held[name] = &snapshot.Resource{Name: name, Version: version}
+				}
+				candidates = append(candidates, name)
+			}
+		})
 		if len(req.GetResourceNamesSubscribe()) == 0 {
 			ts.wildcard = true // legacy wildcard: an empty first subscription
 		}
@@ -136,63 +162,25 @@ func (st *delta) handle(req *discoveryv3.DeltaDiscoveryRequest) error {
 			continue
 		}
 		delete(ts.names, n)
-		if !ts.subscribed(n) {
-			delete(ts.retry, n) // no longer wanted, so no longer owed
-		}
 	}
 	if len(req.GetResourceNamesUnsubscribe()) > 0 || (first && !ts.wildcard) {
-		// The proxy drops what it no longer subscribes to. Only a request
-		// that narrows the subscription can do that; an ACK does not, and
-		// must not cost a pass over everything the proxy holds.
-		for name := range ts.held {
-			if !ts.subscribed(name) {
-				delete(ts.held, name)
-			}
-		}
+		// Only a request that narrows the subscription can drop anything;
+		// an ACK must not cost a pass over everything the proxy holds.
+		ts.forgetUnsubscribed()
 	}
-	newlyWildcard := ts.wildcard && (first || !wasWildcard)
-	if len(candidates) == 0 && !newlyWildcard && !first {
-		st.reportSynced()
-		return nil
-	}
-	var resp *deltaResponse
-	st.sc.Read(func(v snapshot.View) {
-		resp = &deltaResponse{t: t, version: v.TypeVersion(t)}
-		seen := map[string]struct{}{}
-		consider := func(name string, announceMissing bool) {
-			if _, dup := seen[name]; dup {
-				return
-			}
-			seen[name] = struct{}{}
-			st.diff(v, t, ts, name, resp, announceMissing)
-		}
-		if newlyWildcard {
-			v.All(t, func(r *snapshot.Resource) { consider(r.Name, false) })
-		}
-		for _, name := range candidates {
-			// A name subscribed explicitly that does not exist is announced
-			// as removed, so the proxy does not wait for it.
-			_, explicit := ts.names[name]
-			consider(name, explicit)
-		}
-	})
-	if len(resp.res) > 0 || len(resp.removed) > 0 || first {
-		return st.send(resp)
-	}
-	st.reportSynced()
-	return nil
+	return candidates, ts.wildcard && (first || !wasWildcard)
 }
 
 // diff adds to resp what the proxy needs for one name: the resource when it
 // holds another version (or none), or a removal when it holds one that is gone.
-func (st *delta) diff(v snapshot.View, t xdstype.Type, ts *deltaType, name string, resp *deltaResponse, announceMissing bool) {
+func (st *delta) diff(v snapshot.View, ts *deltaType, name string, resp *response, announceMissing bool) {
 	if !ts.subscribed(name) {
 		return
 	}
-	r := v.Get(t, name)
-	held, has := ts.held[name]
+	r := v.Get(ts.t, name)
+	_, has := ts.held[name]
 	switch {
-	case r != nil && (!has || held != r.Version):
+	case r != nil && !ts.holds(r):
 		resp.res = append(resp.res, r)
 	case r == nil && (has || announceMissing):
 		resp.removed = append(resp.removed, name)
@@ -200,86 +188,55 @@ func (st *delta) diff(v snapshot.View, t xdstype.Type, ts *deltaType, name strin
 }
 
 // push sends what changed in the scope since the stream last looked, in ADS
-// order; removed clusters are sent last, after listeners and routes stopped
-// using them.
+// order; removals of clusters and endpoints are sent last, after listeners
+// and routes stopped using them.
 func (st *delta) push() error {
-	var (
-		resps [xdstype.Count]*deltaResponse
-		late  []*deltaResponse
-		err   error
-	)
-	st.sc.Read(func(v snapshot.View) {
-		if err = st.stillServes(v, model.Delta); err != nil {
-			return
-		}
-		for t := range xdstype.Count {
-			ts := st.types[t]
-			if ts == nil {
-				continue
-			}
-			resp := &deltaResponse{t: t, version: v.TypeVersion(t)}
-			seen := map[string]struct{}{}
-			consider := func(name string) {
-				if _, dup := seen[name]; !dup {
-					seen[name] = struct{}{}
-					st.diff(v, t, ts, name, resp, false)
-				}
-			}
-			if !v.ChangedSince(st.rev, t, consider) {
-				for name := range ts.held {
-					consider(name)
-				}
-				if ts.wildcard {
-					v.All(t, func(r *snapshot.Resource) { consider(r.Name) })
-				} else {
-					for name := range ts.names {
-						consider(name)
-					}
-				}
-			}
-			if len(resp.res) > 0 || len(resp.removed) > 0 {
-				for name := range ts.retry {
-					consider(name)
-				}
-				clear(ts.retry)
-				resps[t] = resp
-			}
-		}
-		if resps[xdstype.Listener] != nil || resps[xdstype.Route] != nil {
-			// Make before break: clusters and their endpoints go away only
-			// after the listeners and routes that used them changed.
-			for _, t := range []xdstype.Type{xdstype.Cluster, xdstype.Endpoint} {
-				if r := resps[t]; r != nil && len(r.removed) > 0 {
-					late = append(late, &deltaResponse{t: t, version: r.version, removed: r.removed})
-					r.removed = nil
-					if len(r.res) == 0 {
-						resps[t] = nil
-					}
-				}
-			}
-		}
-		st.caughtUp(v)
-	})
+	resps, err := catchUp(st.stream, model.Delta, st.plan)
 	if err != nil {
 		return err
 	}
-	for t := range xdstype.Count {
-		if resps[t] != nil {
-			if err := st.send(resps[t]); err != nil {
-				return err
-			}
-		}
-	}
-	for _, r := range late {
-		if err := st.send(r); err != nil {
-			return err
-		}
-	}
-	st.reportSynced()
-	return nil
+	return sendAll(st.stream, resps, st.send, st.settled)
 }
 
-func (st *delta) send(r *deltaResponse) error {
+// plan returns the responses of one push, in the order they are sent.
+func (st *delta) plan(v snapshot.View) []*response {
+	var byType [xdstype.Count]*response
+	for t, ts := range st.types {
+		if ts == nil {
+			continue
+		}
+		resp := &response{t: ts.t, version: v.TypeVersion(ts.t)}
+		once := ts.eachChange(v, st.rev, func(name string) { st.diff(v, ts, name, resp, false) })
+		if len(resp.res) > 0 || len(resp.removed) > 0 {
+			ts.sendOwed(once)
+			byType[t] = resp
+		}
+	}
+	removesLater := false
+	for _, r := range byType {
+		if r != nil && !r.t.Info().RemovedLast {
+			removesLater = true
+		}
+	}
+	var out, late []*response
+	for _, r := range byType {
+		if r == nil {
+			continue
+		}
+		if removesLater && r.t.Info().RemovedLast && len(r.removed) > 0 {
+			// Make before break: the removal waits for the listeners and
+			// routes that used what it removes.
+			late = append(late, &response{t: r.t, version: r.version, removed: r.removed})
+			if r.removed = nil; len(r.res) == 0 {
+				continue
+			}
+		}
+		out = append(out, r)
+	}
+	return append(out, late...)
+}
+
+func (st *delta) send(r *response) error {
 	ts := st.types[r.t]
 	st.nonce++
 	nonce := strconv.FormatUint(st.nonce, 10)
@@ -297,36 +254,32 @@ func (st *delta) send(r *deltaResponse) error {
 	if err := st.grpc.Send(resp); err != nil {
 		return err
 	}
-	undo := make(map[string]string, len(r.res)+len(r.removed))
+	undo := make(map[string]*snapshot.Resource, len(r.res)+len(r.removed))
 	for _, res := range r.res {
 		undo[res.Name] = ts.held[res.Name]
-		ts.held[res.Name] = res.Version
-		delete(ts.retry, res.Name) // sent again: no longer owed
+		ts.sent(res)
 	}
 	for _, name := range r.removed {
 		undo[name] = ts.held[name]
 		delete(ts.held, name)
-		delete(ts.retry, name)
+		delete(ts.owed, name)
 	}
 	if len(ts.inflight) >= maxInflight {
 		// A proxy that never answers: forget the oldest bookkeeping rather
 		// than grow without bound.
 		clear(ts.inflight)
-		clear(ts.version)
 	}
-	ts.inflight[nonce] = undo
-	ts.version[nonce] = r.version
+	ts.inflight[nonce] = inflight{version: r.version, undo: undo}
 	st.srv.fb.Sent(st.key, model.Delta, r.t.URL(), len(r.res), proto.Size(resp))
 	return nil
 }
 
-// reportSynced tells feedback the proxy is at the stream's scope version
-// once every response was answered and none was rejected.
-func (st *delta) reportSynced() {
+// settled reports whether every response was answered and none rejected.
+func (st *delta) settled() bool {
 	for _, ts := range st.types {
-		if ts != nil && (len(ts.inflight) > 0 || ts.nacked) {
-			return
+		if ts != nil && (len(ts.inflight) > 0 || ts.rejecting) {
+			return false
 		}
 	}
-	st.srv.fb.AtVersion(st.key, st.id, st.ver, st.revTime)
+	return true
 }

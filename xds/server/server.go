@@ -177,7 +177,6 @@ type handler[Req any] interface {
 	handle(Req) error
 	// push sends what changed in the scope since the stream caught up.
 	push() error
-	base() *stream
 }
 
 // request is what serve needs of either protocol's requests.
@@ -189,7 +188,7 @@ type request interface{ GetNode() *corev3.Node }
 func serve[Req request](s *Server, p model.Protocol, srv interface {
 	Context() context.Context
 	Recv() (Req, error)
-}, open func(stream) handler[Req]) error {
+}, open func(*stream) handler[Req]) error {
 	select {
 	case <-s.drain:
 		return s.draining()
@@ -210,11 +209,10 @@ func serve[Req request](s *Server, p model.Protocol, srv interface {
 	if err != nil {
 		return err
 	}
-	base := stream{srv: s, key: key, sc: sc, id: s.fb.Connect(key, first.GetNode().GetId(), p)}
-	defer s.fb.Disconnect(key, base.id)
-	sc.Read(base.caughtUp)
-	h := open(base)
-	st := h.base()
+	st := &stream{srv: s, key: key, sc: sc, id: s.fb.Connect(key, first.GetNode().GetId(), p)}
+	defer s.fb.Disconnect(key, st.id)
+	sc.Read(st.caughtUp)
+	h := open(st)
 	if err := h.handle(first); err != nil {
 		return err
 	}

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"maps"
 	"strconv"
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
@@ -15,68 +16,43 @@ import (
 
 type sotwStream = grpc.BidiStreamingServer[discoveryv3.DiscoveryRequest, discoveryv3.DiscoveryResponse]
 
-// sotwType is a stream's state for one resource type.
+// sotwType is a SotW stream's state for one type: the shared subscription
+// plus the one response that may be awaiting an answer.
 type sotwType struct {
-	requested bool
-	wildcard  bool
-	names     map[string]struct{}
+	subscription
 	// nonce and version of the last response sent; pending until answered.
 	nonce   string
 	version string
 	pending bool
-	nacked  bool
-	// last lists the resources of the last response; retry, the names of
-	// a rejected Endpoints or Routes response, sent again with the next
-	// change of the type (never alone: that would loop on the rejection).
-	last  []*snapshot.Resource
-	retry map[string]struct{}
-	// held is what the proxy holds from us: the last full set for
-	// Clusters and Listeners, every resource sent for Endpoints and Routes.
-	held map[string]*snapshot.Resource
-}
-
-func (ts *sotwType) subscribed(name string) bool {
-	if ts.wildcard {
-		return true
-	}
-	_, ok := ts.names[name]
-	return ok
+	// last lists the resources of the last response, owed again if it is
+	// rejected (by-name types only: a full-state type is resent whole).
+	last []*snapshot.Resource
 }
 
 type sotw struct {
-	stream
+	*stream
 	grpc  sotwStream
 	types [xdstype.Count]*sotwType
 }
 
-func (st *sotw) base() *stream { return &st.stream }
-
-type sotwResponse struct {
-	t       xdstype.Type
-	version string
-	res     []*snapshot.Resource
-	// full marks a full-state response, which replaces what the proxy holds.
-	full bool
-}
-
 // StreamAggregatedResources serves one State-of-the-World ADS stream.
 func (s *Server) StreamAggregatedResources(g sotwStream) error {
-	return serve(s, model.SotW, g, func(base stream) handler[*discoveryv3.DiscoveryRequest] {
+	return serve(s, model.SotW, g, func(base *stream) handler[*discoveryv3.DiscoveryRequest] {
 		return &sotw{stream: base, grpc: g}
 	})
 }
 
+// handle answers one request: it takes the ACK or NACK it carries, then
+// the subscription it states, and responds when the subscription changed or
+// the proxy waits for a first response.
 func (st *sotw) handle(req *discoveryv3.DiscoveryRequest) error {
-	t, ok := xdstype.ByURL(req.GetTypeUrl())
-	if !ok {
-		return unknownType(req.GetTypeUrl())
-	}
-	if n := len(req.GetResourceNames()); n > st.srv.opts.MaxNamesPerRequest {
-		return tooManyNames(n, st.srv.opts.MaxNamesPerRequest)
+	t, err := st.requestedType(req.GetTypeUrl(), len(req.GetResourceNames()))
+	if err != nil {
+		return err
 	}
 	ts := st.types[t]
 	if ts == nil {
-		ts = &sotwType{held: map[string]*snapshot.Resource{}, retry: map[string]struct{}{}}
+		ts = &sotwType{subscription: newSubscription(t)}
 		st.types[t] = ts
 	}
 	nonce := req.GetResponseNonce()
@@ -84,98 +60,102 @@ func (st *sotw) handle(req *discoveryv3.DiscoveryRequest) error {
 		return nil // an answer to a response that was superseded: ignored
 	}
 	if nonce != "" && ts.pending {
-		ts.pending = false
-		if d := req.GetErrorDetail(); d != nil {
-			// The proxy keeps its last good configuration; the rejected
-			// version is not sent again, only a newer one will be.
-			ts.nacked = true
-			if !t.FullState() {
-				for _, r := range ts.last {
-					if ts.held[r.Name] == r {
-						delete(ts.held, r.Name)
-						ts.retry[r.Name] = struct{}{}
-					}
-				}
-			}
-			st.srv.fb.NACKed(st.key, st.id, t.URL(), ts.version, d.GetMessage())
-		} else {
-			// Rejected resources not yet sent again keep the proxy short
-			// of the scope's configuration: it stays counted as rejecting.
-			ts.nacked = len(ts.retry) > 0
-			st.srv.fb.ACK(st.key, st.id, t.URL(), ts.version, !ts.nacked)
-		}
+		st.answer(ts, req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil)
 	}
-
-	// Most requests are ACKs that repeat the subscription: check that
-	// without building anything before parsing it anew.
-	changed := !ts.requested || !sameSubscription(req.GetResourceNames(), ts)
-	if changed {
-		wildcard, names := false, make(map[string]struct{}, len(req.GetResourceNames()))
-		for _, n := range req.GetResourceNames() {
-			if n == "*" {
-				wildcard = true
-			} else {
-				names[n] = struct{}{}
-			}
-		}
-		if len(names) == 0 && (!ts.requested || ts.wildcard) {
-			wildcard = true // legacy wildcard: an empty first request, kept while empty
-		}
-		changed = !ts.requested || wildcard != ts.wildcard || !sameKeys(names, ts.names)
-		ts.wildcard, ts.names = wildcard, names
-		for name := range ts.retry {
-			if !ts.subscribed(name) {
-				delete(ts.retry, name) // no longer wanted, so no longer owed
-			}
-		}
-	}
-	fresh := nonce == "" // a first request, or a reconnect: the proxy waits for a response
-	ts.requested = true
-	if !changed && !fresh {
-		st.reportSynced()
+	changed := st.resubscribe(ts, req.GetResourceNames())
+	awaiting := nonce == "" // a first request, or a reconnect: the proxy waits for a response
+	if !changed && !awaiting {
+		st.reportSynced(st.settled)
 		return nil
 	}
-	if fresh {
+	if awaiting {
 		clear(ts.held) // what the proxy holds is unknown to this stream
 	}
-	var resp *sotwResponse
-	st.sc.Read(func(v snapshot.View) {
-		if t.FullState() {
-			resp = st.fullResponse(v, t, ts, true)
-			return
-		}
-		for name := range ts.held {
-			if !ts.subscribed(name) {
-				delete(ts.held, name)
-			}
-		}
-		var res []*snapshot.Resource
-		add := func(name string) {
-			if r := v.Get(t, name); r != nil && ts.held[name] != r {
-				res = append(res, r)
-			}
-		}
-		if ts.wildcard {
-			v.All(t, func(r *snapshot.Resource) { add(r.Name) })
-		} else {
-			for name := range ts.names {
-				add(name)
-			}
-		}
-		if len(res) > 0 || fresh {
-			resp = &sotwResponse{t: t, version: v.TypeVersion(t), res: res}
-		}
-	})
+	var resp *response
+	st.sc.Read(func(v snapshot.View) { resp = st.respond(v, ts, awaiting) })
 	if resp != nil {
-		return st.send(resp)
+		return sendAll(st.stream, []*response{resp}, st.send, st.settled)
 	}
-	st.reportSynced()
+	st.reportSynced(st.settled)
+	return nil
+}
+
+// answer takes the proxy's answer to the pending response. On a NACK the
+// proxy keeps its last good configuration; the rejected version is not sent
+// again, only a newer one will be, with the rejected by-name resources.
+func (st *sotw) answer(ts *sotwType, detail string, nack bool) {
+	ts.pending = false
+	if !nack {
+		st.accepted(&ts.subscription, ts.version)
+		return
+	}
+	var owed []string
+	if !ts.t.FullState() {
+		for _, r := range ts.last {
+			if ts.held[r.Name] == r {
+				delete(ts.held, r.Name)
+				owed = append(owed, r.Name)
+			}
+		}
+	}
+	st.rejected(&ts.subscription, ts.version, detail, owed)
+}
+
+// resubscribe makes the subscription what the request's names state and
+// reports whether it changed. Most requests are ACKs repeating the
+// subscription: that is checked without building anything.
+func (st *sotw) resubscribe(ts *sotwType, requested []string) bool {
+	if ts.requested && sameSubscription(requested, ts) {
+		return false
+	}
+	wildcard, names := false, make(map[string]struct{}, len(requested))
+	for _, n := range requested {
+		if n == "*" {
+			wildcard = true
+		} else {
+			names[n] = struct{}{}
+		}
+	}
+	if len(names) == 0 && (!ts.requested || ts.wildcard) {
+		wildcard = true // legacy wildcard: an empty first request, kept while empty
+	}
+	changed := !ts.requested || wildcard != ts.wildcard || !maps.Equal(names, ts.names)
+	ts.requested, ts.wildcard, ts.names = true, wildcard, names
+	ts.forgetUnsubscribed()
+	return changed
+}
+
+// respond returns what a changed subscription (or a proxy awaiting its
+// first response, force) must receive: the full set of a full-state type,
+// the subscribed resources the proxy lacks of a by-name type.
+func (st *sotw) respond(v snapshot.View, ts *sotwType, force bool) *response {
+	t := ts.t
+	if t.FullState() {
+		return st.fullResponse(v, ts, true)
+	}
+	var res []*snapshot.Resource
+	add := func(name string) {
+		if r := v.Get(t, name); r != nil && !ts.holds(r) {
+			res = append(res, r)
+		}
+	}
+	if ts.wildcard {
+		v.All(t, func(r *snapshot.Resource) { add(r.Name) })
+	} else {
+		for name := range ts.names {
+			add(name)
+		}
+	}
+	if len(res) > 0 || force {
+		return &response{t: t, version: v.TypeVersion(t), res: res}
+	}
 	return nil
 }
 
 // fullResponse returns the complete set of a Clusters or Listeners
 // subscription, or nil when the proxy already holds exactly that (unless force).
-func (st *sotw) fullResponse(v snapshot.View, t xdstype.Type, ts *sotwType, force bool) *sotwResponse {
+func (st *sotw) fullResponse(v snapshot.View, ts *sotwType, force bool) *response {
+	t := ts.t
 	var res []*snapshot.Resource
 	if ts.wildcard {
 		res = make([]*snapshot.Resource, 0, v.Len(t))
@@ -190,7 +170,7 @@ func (st *sotw) fullResponse(v snapshot.View, t xdstype.Type, ts *sotwType, forc
 	if !force && len(res) == len(ts.held) {
 		same := true
 		for _, r := range res {
-			if ts.held[r.Name] != r {
+			if !ts.holds(r) {
 				same = false
 				break
 			}
@@ -199,7 +179,7 @@ func (st *sotw) fullResponse(v snapshot.View, t xdstype.Type, ts *sotwType, forc
 			return nil
 		}
 	}
-	return &sotwResponse{t: t, version: v.TypeVersion(t), res: res, full: true}
+	return &response{t: t, version: v.TypeVersion(t), res: res, full: true}
 }
 
 // push sends what changed in the scope since the stream last looked, in ADS
@@ -207,89 +187,79 @@ func (st *sotw) fullResponse(v snapshot.View, t xdstype.Type, ts *sotwType, forc
 // routes change, the clusters are first sent with the departing ones still
 // in, and removed only after the listeners and routes stopped using them.
 func (st *sotw) push() error {
-	var (
-		resps [xdstype.Count]*sotwResponse
-		early *sotwResponse
-		err   error
-	)
-	st.sc.Read(func(v snapshot.View) {
-		if err = st.stillServes(v, model.SotW); err != nil {
-			return
-		}
-		for t := range xdstype.Count {
-			ts := st.types[t]
-			if ts == nil {
-				continue
-			}
-			if t.FullState() {
-				touched := false
-				if !v.ChangedSince(st.rev, t, func(name string) { touched = touched || ts.subscribed(name) }) {
-					touched = true
-				}
-				if touched {
-					resps[t] = st.fullResponse(v, t, ts, false)
-				}
-				continue
-			}
-			var res []*snapshot.Resource
-			seen := map[string]struct{}{}
-			consider := func(name string) {
-				if _, dup := seen[name]; dup || !ts.subscribed(name) {
-					return
-				}
-				seen[name] = struct{}{}
-				r := v.Get(t, name)
-				if r == nil {
-					delete(ts.held, name)
-				} else if ts.held[name] != r {
-					res = append(res, r)
-				}
-			}
-			if !v.ChangedSince(st.rev, t, consider) {
-				for name := range ts.held {
-					consider(name)
-				}
-				v.All(t, func(r *snapshot.Resource) { consider(r.Name) })
-			}
-			if len(res) > 0 {
-				for name := range ts.retry {
-					consider(name)
-				}
-				clear(ts.retry)
-				resps[t] = &sotwResponse{t: t, version: v.TypeVersion(t), res: res}
-			}
-		}
-		if c := resps[xdstype.Cluster]; c != nil && (resps[xdstype.Listener] != nil || resps[xdstype.Route] != nil) {
-			early = makeBeforeBreak(c, st.types[xdstype.Cluster].held)
-		}
-		st.caughtUp(v)
-	})
+	resps, err := catchUp(st.stream, model.SotW, st.plan)
 	if err != nil {
 		return err
 	}
-	var final *sotwResponse
-	if early != nil {
-		final, resps[xdstype.Cluster] = resps[xdstype.Cluster], early
-	}
-	for t := range xdstype.Count {
-		if resps[t] != nil {
-			if err := st.send(resps[t]); err != nil {
-				return err
-			}
-		}
-	}
-	if final != nil {
-		if err := st.send(final); err != nil {
-			return err
-		}
-	}
-	st.reportSynced()
-	return nil
+	return sendAll(st.stream, resps, st.send, st.settled)
 }
 
-// makeBeforeBreak returns a clusters response that keeps the held clusters
-// the final one drops, or nil when nothing is dropped.
-func makeBeforeBreak(final *sotwResponse, held map[string]*snapshot.Resource) *sotwResponse {
+// plan returns the responses of one push, in the order they are sent.
+func (st *sotw) plan(v snapshot.View) []*response {
+	var byType [xdstype.Count]*response
+	for t, ts := range st.types {
+		if ts != nil {
+			byType[t] = st.changes(v, ts)
+		}
+	}
+	var out, late []*response
+	removesLater := false
+	for _, r := range byType {
+		if r != nil && !r.t.Info().RemovedLast {
+			removesLater = true
+		}
+	}
+	for _, r := range byType {
+		if r == nil {
+			continue
+		}
+		if removesLater && r.full && r.t.Info().RemovedLast {
+			if early := makeBeforeBreak(r, st.types[r.t].held); early != nil {
+				out = append(out, early)
+				late = append(late, r)
+				continue
+			}
+		}
+		out = append(out, r)
+	}
+	return append(out, late...)
+}
+
+// changes returns the response that brings one type up to date, or nil.
+func (st *sotw) changes(v snapshot.View, ts *sotwType) *response {
+	t := ts.t
+	if t.FullState() {
+		touched := false
+		if !v.ChangedSince(st.rev, t, func(name string) { touched = touched || ts.subscribed(name) }) {
+			touched = true
+		}
+		if touched {
+			return st.fullResponse(v, ts, false)
+		}
+		return nil
+	}
+	var res []*snapshot.Resource
+	once := ts.eachChange(v, st.rev, func(name string) {
+		if !ts.subscribed(name) {
+			return
+		}
+		r := v.Get(t, name)
+		if r == nil {
+			delete(ts.held, name)
+		} else if !ts.holds(r) {
+			res = append(res, r)
+		}
+	})
+	if len(res) == 0 {
+		return nil
+	}
+	ts.sendOwed(once)
+	return &response{t: t, version: v.TypeVersion(t), res: res}
+}
+
+// makeBeforeBreak returns a full-state response that keeps the held
+// resources the final one drops, or nil when nothing is dropped.
+func makeBeforeBreak(final *response, held map[string]*snapshot.Resource) *response {
 	keep := make(map[string]struct{}, len(final.res))
 	for _, r := range final.res {
 		keep[r.Name] = struct{}{}
@@ -303,10 +273,10 @@ func makeBeforeBreak(final *sotwResponse, held map[string]*snapshot.Resource) *s
 	if len(union) == len(final.res) {
 		return nil
 	}
-	return &sotwResponse{t: final.t, version: final.version + "-draining", res: union, full: true}
+	return &response{t: final.t, version: final.version + "-draining", res: union, full: true}
 }
 
-func (st *sotw) send(r *sotwResponse) error {
+func (st *sotw) send(r *response) error {
 	ts := st.types[r.t]
 	st.nonce++
 	resp := &discoveryv3.DiscoveryResponse{
@@ -326,22 +296,20 @@ func (st *sotw) send(r *sotwResponse) error {
 		clear(ts.held)
 	}
 	for _, res := range r.res {
-		ts.held[res.Name] = res
-		delete(ts.retry, res.Name) // sent again: no longer owed
+		ts.sent(res)
 	}
 	st.srv.fb.Sent(st.key, model.SotW, r.t.URL(), len(r.res), proto.Size(resp))
 	return nil
 }
 
-// reportSynced tells feedback the proxy is at the stream's scope version
-// once every response was answered and none was rejected.
-func (st *sotw) reportSynced() {
+// settled reports whether every response was answered and none rejected.
+func (st *sotw) settled() bool {
 	for _, ts := range st.types {
-		if ts != nil && (ts.pending || ts.nacked) {
-			return
+		if ts != nil && (ts.pending || ts.rejecting) {
+			return false
 		}
 	}
-	st.srv.fb.AtVersion(st.key, st.id, st.ver, st.revTime)
+	return true
 }
 
 // sameSubscription reports whether a request's resource names are the
@@ -364,16 +332,4 @@ func sameSubscription(names []string, ts *sotwType) bool {
 	// Duplicates in the request would make n overcount; a mismatch is only
 	// a slower path, never a wrong answer.
 	return n == len(ts.names) && star == ts.wildcard
-}
-
-func sameKeys(a, b map[string]struct{}) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k := range a {
-		if _, ok := b[k]; !ok {
-			return false
-		}
-	}
-	return true
 }

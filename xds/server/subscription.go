@@ -1,0 +1,180 @@
+package server
+
+import (
+	"github.com/scopeplane/scopeplane/xds/model"
+	"github.com/scopeplane/scopeplane/xds/snapshot"
+	"github.com/scopeplane/scopeplane/xds/xdstype"
+)
+
+// subscription is what a stream keeps per resource type in either protocol
+// (go-control-plane's stream.Subscription is the anchor): what the proxy
+// asked for, what the server knows it holds, and what a rejection left
+// owed. The protocols differ only in how requests change it and how
+// responses are framed; the steps below are shared.
+type subscription struct {
+	t         xdstype.Type
+	requested bool
+	wildcard  bool
+	names     map[string]struct{}
+	// held is what the proxy holds from this stream, as far as the server
+	// knows: for a SotW full-state type the last full set sent; otherwise
+	// every resource sent (in delta seeded from initial_resource_versions
+	// and rolled back on a NACK). A claimed version the server does not
+	// serve is held as a Resource without a body.
+	held map[string]*snapshot.Resource
+	// owed holds the names a rejected response carried: they are sent
+	// again with the next change of the type, never alone (that would loop
+	// on the rejection, go-control-plane #962).
+	owed map[string]struct{}
+	// rejecting is set while the proxy's last answer was a NACK, or names
+	// it rejected are still owed: the proxy lacks part of the scope.
+	rejecting bool
+}
+
+func newSubscription(t xdstype.Type) subscription {
+	return subscription{t: t, names: map[string]struct{}{}, held: map[string]*snapshot.Resource{}, owed: map[string]struct{}{}}
+}
+
+func (s *subscription) subscribed(name string) bool {
+	if s.wildcard {
+		return true
+	}
+	_, ok := s.names[name]
+	return ok
+}
+
+// holds reports whether the proxy holds exactly r. Versions are content
+// hashes, so an equal version is the same resource.
+func (s *subscription) holds(r *snapshot.Resource) bool {
+	h := s.held[r.Name]
+	return h != nil && (h == r || h.Version == r.Version)
+}
+
+// forgetUnsubscribed drops what the proxy no longer subscribes to: it drops
+// those resources itself, and they are no longer owed.
+func (s *subscription) forgetUnsubscribed() {
+	for name := range s.held {
+		if !s.subscribed(name) {
+			delete(s.held, name)
+		}
+	}
+	for name := range s.owed {
+		if !s.subscribed(name) {
+			delete(s.owed, name)
+		}
+	}
+}
+
+// sent records that a response carried r: the proxy holds it, and it is
+// no longer owed.
+func (s *subscription) sent(r *snapshot.Resource) {
+	s.held[r.Name] = r
+	delete(s.owed, r.Name)
+}
+
+// rejected records a NACK of the response of version whose names are now
+// owed, and reports it with the proxy's error detail.
+func (st *stream) rejected(s *subscription, version, detail string, owed []string) {
+	for _, name := range owed {
+		s.owed[name] = struct{}{}
+	}
+	s.rejecting = true
+	st.srv.fb.NACKed(st.key, st.id, s.t.URL(), version, detail)
+}
+
+// accepted records an ACK of version. Rejected resources not yet sent again
+// keep the proxy short of the scope: it stays counted as rejecting.
+func (st *stream) accepted(s *subscription, version string) {
+	s.rejecting = len(s.owed) > 0
+	st.srv.fb.ACK(st.key, st.id, s.t.URL(), version, !s.rejecting)
+}
+
+// eachChange calls fn once for every name of the type that may differ for
+// the stream since it caught up: the names the scope's change log lists, or
+// every name held or served when the log no longer reaches back. It returns
+// the deduplicated fn, for the owed names that follow (sendOwed).
+func (s *subscription) eachChange(v snapshot.View, since uint64, fn func(name string)) (once func(name string)) {
+	seen := map[string]struct{}{}
+	once = func(name string) {
+		if _, dup := seen[name]; !dup {
+			seen[name] = struct{}{}
+			fn(name)
+		}
+	}
+	if !v.ChangedSince(since, s.t, once) {
+		for name := range s.held {
+			once(name)
+		}
+		v.All(s.t, func(r *snapshot.Resource) { once(r.Name) })
+	}
+	return once
+}
+
+// sendOwed hands the owed names to once when a push sends the type anyway.
+func (s *subscription) sendOwed(once func(name string)) {
+	for name := range s.owed {
+		once(name)
+	}
+	clear(s.owed)
+}
+
+// response is one planned response of either protocol.
+type response struct {
+	t       xdstype.Type
+	version string
+	res     []*snapshot.Resource
+	// removed names resources the proxy must drop (delta only).
+	removed []string
+	// full marks a SotW full-state response, which replaces what the proxy holds.
+	full bool
+}
+
+// requestedType resolves a request's type URL and checks its name count.
+func (st *stream) requestedType(url string, names int) (xdstype.Type, error) {
+	t, ok := xdstype.ByURL(url)
+	if !ok {
+		return 0, unknownType(url)
+	}
+	if names > st.srv.opts.MaxNamesPerRequest {
+		return 0, tooManyNames(names, st.srv.opts.MaxNamesPerRequest)
+	}
+	return t, nil
+}
+
+// catchUp reads the scope once: it ends the stream when the scope no
+// longer serves protocol p, else plans the responses that bring the proxy
+// to the current revision and marks the stream caught up with it.
+func catchUp[R any](st *stream, p model.Protocol, plan func(v snapshot.View) []R) ([]R, error) {
+	var (
+		out []R
+		err error
+	)
+	st.sc.Read(func(v snapshot.View) {
+		if err = st.stillServes(v, p); err != nil {
+			return
+		}
+		out = plan(v)
+		st.caughtUp(v)
+	})
+	return out, err
+}
+
+// sendAll sends planned responses in order and then reports whether the
+// proxy is in sync.
+func sendAll[R any](st *stream, resps []R, send func(R) error, settled func() bool) error {
+	for _, r := range resps {
+		if err := send(r); err != nil {
+			return err
+		}
+	}
+	st.reportSynced(settled)
+	return nil
+}
+
+// reportSynced tells feedback the proxy is at the stream's scope version
+// once every response was answered and none was rejected (settled).
+func (st *stream) reportSynced(settled func() bool) {
+	if settled() {
+		st.srv.fb.AtVersion(st.key, st.id, st.ver, st.revTime)
+	}
+}
