@@ -23,6 +23,7 @@ import (
 	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
 	"github.com/scopeplane/scopeplane/controllers"
 	"github.com/scopeplane/scopeplane/internal/localapi"
+	"github.com/scopeplane/scopeplane/internal/testkit"
 	"github.com/scopeplane/scopeplane/xds/catalog"
 	"github.com/scopeplane/scopeplane/xds/model"
 	"github.com/scopeplane/scopeplane/xds/xdstype"
@@ -178,25 +179,9 @@ func cutKey(s string) (string, string, bool) {
 	return "", s, false
 }
 
-// eventually polls cond until it holds or 20 seconds pass.
-func eventually(t *testing.T, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		ok, state := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not reached; last state: %s", what, state)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 func expectClusters(t *testing.T, scope string, want ...string) {
 	t.Helper()
-	eventually(t, "clusters of "+scope, func() (bool, string) {
+	testkit.Eventually(t, "clusters of "+scope, func() (bool, string) {
 		got := clusters(scope)
 		return slices.Equal(got, want), fmt.Sprintf("got %v, want %v", got, want)
 	})
@@ -288,7 +273,7 @@ func TestScopesConvergeAndOnlyAffectedScopesChange(t *testing.T) {
 		if err := env.Client.Update(ctx, s); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, "the new checkout endpoint", func() (bool, string) {
+		testkit.Eventually(t, "the new checkout endpoint", func() (bool, string) {
 			res, _ := cat.Resources(model.Key{Namespace: "shop", Name: "grpc"})
 			cla, _ := res[xdstype.Endpoint]["shop/checkout:9090"].(*endpointv3.ClusterLoadAssignment)
 			n := 0
@@ -349,7 +334,7 @@ func TestScopesConvergeAndOnlyAffectedScopesChange(t *testing.T) {
 		if err := env.Client.Delete(ctx, &xdsv1alpha1.ProxyScope{ObjectMeta: metav1.ObjectMeta{Namespace: "mesh", Name: "shared"}}); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, "mesh/shared gone", func() (bool, string) {
+		testkit.Eventually(t, "mesh/shared gone", func() (bool, string) {
 			_, ok := cat.Resources(model.Key{Namespace: "mesh", Name: "shared"})
 			return !ok, "still there"
 		})

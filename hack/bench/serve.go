@@ -25,14 +25,11 @@ import (
 	sotwv3 "github.com/envoyproxy/go-control-plane/pkg/server/sotw/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 
-	"github.com/scopeplane/scopeplane/xds/catalog"
-	"github.com/scopeplane/scopeplane/xds/feedback"
 	"github.com/scopeplane/scopeplane/xds/model"
+	"github.com/scopeplane/scopeplane/xds/pipeline"
 	"github.com/scopeplane/scopeplane/xds/server"
-	"github.com/scopeplane/scopeplane/xds/snapshot"
 	"github.com/scopeplane/scopeplane/xds/translate"
 )
 
@@ -231,51 +228,36 @@ func cpuNanos() int64 {
 	return ru.Utime.Nano() + ru.Stime.Nano()
 }
 
-// grpcOptions are the server options of both implementations, so neither
-// wins by transport settings: scopeplane's own (server.GRPCServer).
-func grpcOptions() []grpc.ServerOption {
-	return []grpc.ServerOption{
-		grpc.MaxRecvMsgSize(server.MaxRecvMsgSize),
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
-		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
-	}
-}
-
 // scopeplaneCP is the real pipeline minus Kubernetes: catalog → snapshot
 // builder (coalescing window) → scopeplane's ADS server, with feedback.
-type scopeplaneCP struct {
-	cat *catalog.Catalog
-	srv *server.Server
-}
+type scopeplaneCP struct{ *pipeline.Pipeline }
 
 func newScopeplane(ctx context.Context, w *World, window time.Duration) *scopeplaneCP {
-	cat := catalog.New()
+	p := pipeline.New(pipeline.Options{CoalesceWindow: window})
 	for _, svc := range w.Services {
-		cat.UpsertService(svc)
+		p.Catalog.UpsertService(svc)
 	}
 	for _, sc := range w.Scopes {
-		cat.UpsertScope(sc)
+		p.Catalog.UpsertScope(sc)
 	}
-	store := snapshot.NewStore()
-	b := snapshot.NewBuilder(cat, store, window)
 	synced := make(chan struct{})
 	close(synced)
-	go func() { _ = b.Run(ctx, synced) }()
-	<-b.Built()
-	return &scopeplaneCP{cat: cat, srv: server.New(store, feedback.New(), server.Options{})}
+	go func() { _ = p.Run(ctx, synced) }()
+	<-p.Builder.Built()
+	return &scopeplaneCP{p}
 }
 
 func (s *scopeplaneCP) Apply(ch Change) {
 	for _, svc := range ch.Upserted {
-		s.cat.UpsertService(svc)
+		s.Catalog.UpsertService(svc)
 	}
 	for _, k := range ch.Deleted {
-		s.cat.DeleteService(k)
+		s.Catalog.DeleteService(k)
 	}
 }
 
 func (s *scopeplaneCP) Serve(ctx context.Context, lis net.Listener) error {
-	return s.srv.ServeListener(ctx, lis)
+	return s.Server.ServeListener(ctx, lis)
 }
 
 // baselineCP is how most control planes use stock go-control-plane v0.14.0:
@@ -377,7 +359,7 @@ func (b *baselineCP) Apply(Change) {
 func (b *baselineCP) Serve(ctx context.Context, lis net.Listener) error {
 	cb := baselineCallbacks{b}
 	srv := &baselineADS{sotw: sotwv3.NewServer(ctx, b.cache, cb), delta: deltav3.NewServer(ctx, b.cache, cb)}
-	g := grpc.NewServer(grpcOptions()...)
+	g := grpc.NewServer(server.ServerOptions()...)
 	discoveryv3.RegisterAggregatedDiscoveryServiceServer(g, srv)
 	errc := make(chan error, 1)
 	go func() { errc <- g.Serve(lis) }()

@@ -18,10 +18,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"github.com/scopeplane/scopeplane/controllers"
-	"github.com/scopeplane/scopeplane/xds/catalog"
-	"github.com/scopeplane/scopeplane/xds/feedback"
+	"github.com/scopeplane/scopeplane/xds/pipeline"
 	"github.com/scopeplane/scopeplane/xds/server"
-	"github.com/scopeplane/scopeplane/xds/snapshot"
 )
 
 // Options configure the control plane.
@@ -50,15 +48,11 @@ func CacheOptions() cache.Options {
 	}}
 }
 
-// ControlPlane is the running pipeline.
+// ControlPlane is the running pipeline, fed by the reconcilers.
 type ControlPlane struct {
-	Catalog  *catalog.Catalog
-	Store    *snapshot.Store
-	Feedback *feedback.Tracker
-	Server   *server.Server
-	Sync     *controllers.InitialSync
-	Builder  *snapshot.Builder
-	opts     Options
+	*pipeline.Pipeline
+	Sync *controllers.InitialSync
+	opts Options
 }
 
 // Setup adds the whole pipeline to mgr. Every part runs on every replica,
@@ -66,17 +60,13 @@ type ControlPlane struct {
 // election decides only who writes. mgr should be built with CacheOptions.
 func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) (*ControlPlane, error) {
 	cp := &ControlPlane{
-		Catalog:  catalog.New(),
-		Store:    snapshot.NewStore(),
-		Feedback: feedback.New(),
+		Pipeline: pipeline.New(pipeline.Options{CoalesceWindow: opts.CoalesceWindow, Server: opts.Server}),
 		opts:     opts,
 	}
 	var err error
 	if cp.Sync, err = controllers.Setup(ctx, mgr, cp.Catalog); err != nil {
 		return nil, err
 	}
-	cp.Builder = snapshot.NewBuilder(cp.Catalog, cp.Store, opts.CoalesceWindow)
-	cp.Server = server.New(cp.Store, cp.Feedback, opts.Server)
 	if err := (&controllers.BootstrapReconciler{Client: mgr.GetClient(), XDSServer: opts.XDSServerAddress}).SetupWithManager(mgr); err != nil {
 		return nil, err
 	}
@@ -91,7 +81,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) (*ControlPlane, 
 		Recorder: mgr.GetEventRecorder("scopeplane"), Window: opts.StatusWindow, Resync: opts.StatusResync,
 	}
 	for _, r := range []manager.Runnable{
-		everyReplica(func(ctx context.Context) error { return cp.Builder.Run(ctx, cp.Sync.Synced()) }),
+		everyReplica(func(ctx context.Context) error { return cp.Run(ctx, cp.Sync.Synced()) }),
 		everyReplica(cp.serve),
 		status,
 	} {

@@ -25,6 +25,7 @@ import (
 	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
 	"github.com/scopeplane/scopeplane/internal/controlplane"
 	"github.com/scopeplane/scopeplane/internal/localapi"
+	"github.com/scopeplane/scopeplane/internal/testkit"
 	"github.com/scopeplane/scopeplane/internal/whoami"
 	"github.com/scopeplane/scopeplane/xds/bootstrap"
 )
@@ -121,29 +122,13 @@ func mutate[T client.Object](t *testing.T, obj T, fn func(T)) {
 func bootstrapOf(t *testing.T, ns, scope, key string) []byte {
 	t.Helper()
 	var data string
-	eventually(t, "the bootstrap ConfigMap of "+scope, func() (bool, string) {
+	testkit.Eventually(t, "the bootstrap ConfigMap of "+scope, func() (bool, string) {
 		cm := &corev1.ConfigMap{}
 		err := env.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: bootstrap.ConfigMapName(scope)}, cm)
 		data = cm.Data[key]
 		return data != "", fmt.Sprint(err)
 	})
 	return []byte(data)
-}
-
-// eventually polls cond until it holds or 30 seconds pass.
-func eventually(t *testing.T, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		ok, state := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not reached; last: %s", what, state)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }
 
 func call(conn *grpc.ClientConn) (string, error) {
@@ -198,7 +183,7 @@ func TestGRPCClientRoutesThroughProxylessScope(t *testing.T) {
 	}
 	defer func() { _ = conn.Close() }()
 
-	eventually(t, "an RPC routed to backend-a", func() (bool, string) {
+	testkit.Eventually(t, "an RPC routed to backend-a", func() (bool, string) {
 		got, err := call(conn)
 		return got == "backend-a", fmt.Sprintf("%q, %v", got, err)
 	})
@@ -207,7 +192,7 @@ func TestGRPCClientRoutesThroughProxylessScope(t *testing.T) {
 	mutate(t, &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: "e2e", Name: "whoami-1"}}, func(s *discoveryv1.EndpointSlice) {
 		s.Ports[0].Port = ptr.To(int32(b.Port))
 	})
-	eventually(t, "RPCs moved to backend-b", func() (bool, string) {
+	testkit.Eventually(t, "RPCs moved to backend-b", func() (bool, string) {
 		got, err := call(conn)
 		return got == "backend-b", fmt.Sprintf("%q, %v", got, err)
 	})
@@ -218,7 +203,7 @@ func TestGRPCClientRoutesThroughProxylessScope(t *testing.T) {
 		ps.Spec.Services = []xdsv1alpha1.ServiceSelection{{Names: []xdsv1alpha1.DNSLabel{"other"}}}
 	})
 	var last error
-	eventually(t, "the RPC failing with an xDS error", func() (bool, string) {
+	testkit.Eventually(t, "the RPC failing with an xDS error", func() (bool, string) {
 		got, err := call(conn)
 		last = err
 		return err != nil && strings.Contains(err.Error(), "has been removed"), fmt.Sprintf("%q, %v", got, err)

@@ -13,6 +13,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/scopeplane/scopeplane/internal/localapi"
+	"github.com/scopeplane/scopeplane/internal/testkit"
 	"github.com/scopeplane/scopeplane/xds/adsclient"
 	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
@@ -47,7 +48,7 @@ func TestKubectlWorkflow(t *testing.T) {
 	)
 
 	conn := dialXDS(t)
-	proxy(t, conn, adsclient.Delta, node("payments-1", "default/payments"), nil)
+	proxy(t, conn, adsclient.Delta, testkit.Node("payments-1", "default/payments"), nil)
 	kubectl(t, "wait", "--for=condition=Ready", "proxyscope/payments", "--timeout=30s")
 
 	out := kubectl(t, "get", "ps")
@@ -63,7 +64,7 @@ func TestKubectlWorkflow(t *testing.T) {
 		}
 		return ""
 	}
-	proxy(t, conn, adsclient.SotW, node("edge-7", "default/storefront"), picky)
+	proxy(t, conn, adsclient.SotW, testkit.Node("edge-7", "default/storefront"), picky)
 	expectCondition(t, "default", "storefront", "Degraded", "True", "ProxyNACKed")
 	yaml := kubectl(t, "get", "ps", "storefront", "-o", "yaml")
 	t.Logf("kubectl get ps storefront -o yaml:\n%s", yaml)
@@ -72,7 +73,7 @@ func TestKubectlWorkflow(t *testing.T) {
 			t.Errorf("kubectl get ps storefront -o yaml lacks %q:\n%s", want, yaml)
 		}
 	}
-	eventually(t, "kubectl describe shows the conditions and the NACK event", func() (bool, string) {
+	testkit.Eventually(t, "kubectl describe shows the conditions and the NACK event", func() (bool, string) {
 		out := kubectl(t, "describe", "ps", "storefront")
 		return strings.Contains(out, "Conditions:") && regexp.MustCompile(`Warning\s+ProxyNACKed`).MatchString(out), out
 	})

@@ -10,6 +10,7 @@ import (
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
+	"github.com/scopeplane/scopeplane/internal/testkit"
 	"github.com/scopeplane/scopeplane/xds/adsclient"
 	"github.com/scopeplane/scopeplane/xds/metrics"
 	"github.com/scopeplane/scopeplane/xds/xdstype"
@@ -38,7 +39,7 @@ func TestMetricsAfterScriptedSequence(t *testing.T) {
 	convergedBefore := histogramCount(t, "SotW")
 
 	conn := dialXDS(t)
-	c, _ := proxy(t, conn, adsclient.SotW, node("m-1", scope), rejectFirst(xdstype.Route.URL()))
+	c, _ := proxy(t, conn, adsclient.SotW, testkit.Node("m-1", scope), rejectFirst(xdstype.Route.URL()))
 	expectCondition(t, "metrics", "m", xdsv1alpha1.ConditionDegraded, metav1.ConditionTrue, xdsv1alpha1.ReasonProxyNACKed)
 
 	for _, tc := range []struct {
@@ -70,7 +71,7 @@ func TestMetricsAfterScriptedSequence(t *testing.T) {
 		t.Errorf("CDS pushes after the change: %v, want 2", got)
 	}
 	addPort("debug", 9001)
-	eventually(t, "a new version, synced", func() (bool, string) {
+	testkit.Eventually(t, "a new version, synced", func() (bool, string) {
 		cur := getScope(t, "metrics", "m")
 		return cur.Status.Version != ps.Status.Version && cur.Status.SyncedProxies == 1, cur.Status.Version
 	})
@@ -79,7 +80,7 @@ func TestMetricsAfterScriptedSequence(t *testing.T) {
 	}
 
 	// A delta proxy on this SotW scope is refused and counted.
-	_, done := proxy(t, conn, adsclient.Delta, node("m-2", scope), nil)
+	_, done := proxy(t, conn, adsclient.Delta, testkit.Node("m-2", scope), nil)
 	if err := <-done; err == nil {
 		t.Error("a delta stream on a SotW scope was not refused")
 	}

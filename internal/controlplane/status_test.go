@@ -14,7 +14,6 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/anypb"
-	"google.golang.org/protobuf/types/known/structpb"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -22,18 +21,12 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
+	"github.com/scopeplane/scopeplane/internal/testkit"
 	"github.com/scopeplane/scopeplane/xds/adsclient"
 	"github.com/scopeplane/scopeplane/xds/bootstrap"
 	"github.com/scopeplane/scopeplane/xds/metrics"
-	"github.com/scopeplane/scopeplane/xds/model"
 	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
-
-func node(id, scope string) *corev3.Node {
-	return &corev3.Node{Id: id, Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{
-		model.ScopeMetadataKey: structpb.NewStringValue(scope),
-	}}}
-}
 
 func dialXDS(t *testing.T) *grpc.ClientConn {
 	t.Helper()
@@ -48,11 +41,9 @@ func dialXDS(t *testing.T) *grpc.ClientConn {
 // proxy runs an ADS client that subscribes to everything, until the test ends.
 func proxy(t *testing.T, conn *grpc.ClientConn, p adsclient.Protocol, n *corev3.Node, reject func(string, []*anypb.Any, []string) string) (*adsclient.Client, <-chan error) {
 	t.Helper()
-	c := adsclient.New(adsclient.Config{
-		Protocol: p, Node: n, Reject: reject, RecordEvents: true,
-		Types:    xdstype.URLs(),
-		Wildcard: map[string]bool{xdstype.Cluster.URL(): true, xdstype.Listener.URL(): true, xdstype.Endpoint.URL(): true, xdstype.Route.URL(): true},
-	})
+	cfg := testkit.WildcardClient(p, n)
+	cfg.Reject = reject
+	c := adsclient.New(cfg)
 	ctx, cancel := context.WithCancel(context.Background())
 	done, finished := make(chan error, 1), make(chan struct{})
 	go func() { done <- c.Run(ctx, conn); close(finished) }()
@@ -73,7 +64,7 @@ func getScope(t *testing.T, ns, name string) *xdsv1alpha1.ProxyScope {
 func expectCondition(t *testing.T, ns, name, typ string, st metav1.ConditionStatus, reason string) *xdsv1alpha1.ProxyScope {
 	t.Helper()
 	var ps *xdsv1alpha1.ProxyScope
-	eventually(t, fmt.Sprintf("%s/%s %s=%s (%s)", ns, name, typ, st, reason), func() (bool, string) {
+	testkit.Eventually(t, fmt.Sprintf("%s/%s %s=%s (%s)", ns, name, typ, st, reason), func() (bool, string) {
 		ps = getScope(t, ns, name)
 		c := meta.FindStatusCondition(ps.Status.Conditions, typ)
 		if c == nil {
@@ -124,7 +115,7 @@ func TestStatusConditionsAreReachedAndCleared(t *testing.T) {
 
 	// A proxy connects and ACKs everything: Ready.
 	conn := dialXDS(t)
-	good, _ := proxy(t, conn, adsclient.SotW, node("good", "status/web"), nil)
+	good, _ := proxy(t, conn, adsclient.SotW, testkit.Node("good", "status/web"), nil)
 	_ = good
 	ps = expectCondition(t, "status", "web", xdsv1alpha1.ConditionReady, metav1.ConditionTrue, xdsv1alpha1.ReasonSynced)
 	if c := meta.FindStatusCondition(ps.Status.Conditions, xdsv1alpha1.ConditionReady); c.Message != "1 of 1 proxies at version "+ps.Status.Version {
@@ -141,7 +132,7 @@ func TestStatusConditionsAreReachedAndCleared(t *testing.T) {
 		}
 		return ""
 	}
-	bad, _ := proxy(t, conn, adsclient.SotW, node("picky", "status/web"), reject)
+	bad, _ := proxy(t, conn, adsclient.SotW, testkit.Node("picky", "status/web"), reject)
 	start := time.Now()
 	ps = expectCondition(t, "status", "web", xdsv1alpha1.ConditionDegraded, metav1.ConditionTrue, xdsv1alpha1.ReasonProxyNACKed)
 	t.Logf("the NACK reached the CRD %v after the proxy connected", time.Since(start).Round(time.Millisecond))
@@ -178,7 +169,7 @@ func TestStatusConditionsAreReachedAndCleared(t *testing.T) {
 	}
 
 	// A delta proxy knocks on a SotW scope: refused, and the scope says why.
-	_, done := proxy(t, conn, adsclient.Delta, node("wrong", "status/web"), nil)
+	_, done := proxy(t, conn, adsclient.Delta, testkit.Node("wrong", "status/web"), nil)
 	err := <-done
 	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "set api_type: GRPC") {
 		t.Errorf("a delta stream on a SotW scope ended with %v", err)
@@ -191,11 +182,11 @@ func TestStatusConditionsAreReachedAndCleared(t *testing.T) {
 	// Switching the scope to delta rewrites its bootstrap and closes the SotW streams.
 	envoyBefore := string(bootstrapOf(t, "status", "web", bootstrap.EnvoyKey))
 	mutate(t, ps, func(ps *xdsv1alpha1.ProxyScope) { ps.Spec.Protocol = xdsv1alpha1.ProtocolDelta })
-	eventually(t, "the Envoy bootstrap switched to DELTA_GRPC", func() (bool, string) {
+	testkit.Eventually(t, "the Envoy bootstrap switched to DELTA_GRPC", func() (bool, string) {
 		cur := string(bootstrapOf(t, "status", "web", bootstrap.EnvoyKey))
 		return cur != envoyBefore && strings.Contains(cur, "api_type: DELTA_GRPC"), cur
 	})
-	eventually(t, "the SotW streams closed with FailedPrecondition", func() (bool, string) {
+	testkit.Eventually(t, "the SotW streams closed with FailedPrecondition", func() (bool, string) {
 		return !good.Running(), fmt.Sprint(good.Err())
 	})
 	if status.Code(good.Err()) != codes.FailedPrecondition {

@@ -8,6 +8,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/scopeplane/scopeplane/internal/testkit"
 	"github.com/scopeplane/scopeplane/xds/adsclient"
 	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
@@ -21,17 +22,17 @@ func TestEndpointChangeBytesAt1000Services(t *testing.T) {
 		t.Run(pr.name, func(t *testing.T) {
 			p := newPlane(t)
 			for i := range 1000 {
-				p.cat.UpsertService(service("shop", fmt.Sprintf("svc-%04d", i), "10.0.0.1", "10.0.0.2", "10.0.0.3"))
+				p.Catalog.UpsertService(testkit.Service("shop", fmt.Sprintf("svc-%04d", i), "10.0.0.1", "10.0.0.2", "10.0.0.3"))
 			}
-			p.cat.UpsertScope(envoyScope("shop", "gw", pr.scope))
-			p.sync()
-			px := p.connect(wildcard(pr.client, node("envoy-1", "shop/gw")))
+			p.Catalog.UpsertScope(envoyScope("shop", "gw", pr.scope))
+			p.Sync()
+			px := p.connect(testkit.WildcardClient(pr.client, testkit.Node("envoy-1", "shop/gw")))
 			px.wait("1,000 clusters", func(c *adsclient.Client) bool { return len(c.State(xdstype.Endpoint.URL())) == 1000 })
 			initial := px.Stats().Bytes
 			before := len(px.settled())
 
-			p.cat.UpsertService(service("shop", "svc-0500", "10.0.0.1", "10.0.0.2", "10.0.0.9"))
-			p.sync()
+			p.Catalog.UpsertService(testkit.Service("shop", "svc-0500", "10.0.0.1", "10.0.0.2", "10.0.0.9"))
+			p.Sync()
 			px.wait("the change", func(c *adsclient.Client) bool { return len(c.Events()) > before })
 			evs := px.settled()[before:]
 			if len(evs) != 1 || len(evs[0].Names) != 1 {
@@ -48,8 +49,8 @@ func TestEndpointChangeBytesAt1000Services(t *testing.T) {
 
 			// A Service added: SotW resends every cluster, delta sends one.
 			before = len(evs) + before
-			p.cat.UpsertService(service("shop", "svc-new", "10.0.0.1"))
-			p.sync()
+			p.Catalog.UpsertService(testkit.Service("shop", "svc-new", "10.0.0.1"))
+			p.Sync()
 			px.wait("the new Service", func(c *adsclient.Client) bool { return len(c.State(xdstype.Cluster.URL())) == 1001 })
 			added, resources := 0, 0
 			for _, e := range px.settled()[before:] {

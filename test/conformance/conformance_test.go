@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/scopeplane/scopeplane/internal/testkit"
 	"github.com/scopeplane/scopeplane/xds/adsclient"
 	"github.com/scopeplane/scopeplane/xds/model"
 	"github.com/scopeplane/scopeplane/xds/xdstype"
@@ -24,10 +25,10 @@ var protocols = []struct {
 func world(t *testing.T, protocol model.Protocol) *plane {
 	p := newPlane(t)
 	for _, name := range []string{"a", "b", "c"} {
-		p.cat.UpsertService(service("shop", name, "10.0.0.1", "10.0.0.2"))
+		p.Catalog.UpsertService(testkit.Service("shop", name, "10.0.0.1", "10.0.0.2"))
 	}
-	p.cat.UpsertScope(envoyScope("shop", "gw", protocol))
-	p.sync()
+	p.Catalog.UpsertScope(envoyScope("shop", "gw", protocol))
+	p.Sync()
 	return p
 }
 
@@ -56,7 +57,7 @@ func TestInitialSyncInADSOrder(t *testing.T) {
 	for _, pr := range protocols {
 		t.Run(pr.name, func(t *testing.T) {
 			p := world(t, pr.scope)
-			px := p.connect(wildcard(pr.client, node("envoy-1", "shop/gw")))
+			px := p.connect(testkit.WildcardClient(pr.client, testkit.Node("envoy-1", "shop/gw")))
 			synced(px, "shop/a:80", "shop/b:80", "shop/c:80")
 			got := summary(px.settled())
 			want := []string{"CDS[shop/a:80 shop/b:80 shop/c:80]", "EDS[shop/a:80 shop/b:80 shop/c:80]", "LDS[http-10080]", "RDS[http-10080]"}
@@ -101,11 +102,11 @@ func TestOneEndpointChangeSendsOneAssignment(t *testing.T) {
 	for _, pr := range protocols {
 		t.Run(pr.name, func(t *testing.T) {
 			p := world(t, pr.scope)
-			px := p.connect(wildcard(pr.client, node("envoy-1", "shop/gw")))
+			px := p.connect(testkit.WildcardClient(pr.client, testkit.Node("envoy-1", "shop/gw")))
 			synced(px, "shop/a:80", "shop/b:80", "shop/c:80")
 			before := len(px.settled())
-			p.cat.UpsertService(service("shop", "b", "10.0.0.1", "10.0.0.9"))
-			p.sync()
+			p.Catalog.UpsertService(testkit.Service("shop", "b", "10.0.0.1", "10.0.0.9"))
+			p.Sync()
 			px.wait("the new endpoint", func(c *adsclient.Client) bool {
 				return strings.Contains(c.State(xdstype.Endpoint.URL())["shop/b:80"].Resource.String(), "10.0.0.9")
 			})
@@ -121,12 +122,12 @@ func TestServiceAddedAndRemoved(t *testing.T) {
 	for _, pr := range protocols {
 		t.Run(pr.name, func(t *testing.T) {
 			p := world(t, pr.scope)
-			px := p.connect(wildcard(pr.client, node("envoy-1", "shop/gw")))
+			px := p.connect(testkit.WildcardClient(pr.client, testkit.Node("envoy-1", "shop/gw")))
 			synced(px, "shop/a:80", "shop/b:80", "shop/c:80")
 
 			before := len(px.settled())
-			p.cat.UpsertService(service("shop", "d", "10.0.0.4"))
-			p.sync()
+			p.Catalog.UpsertService(testkit.Service("shop", "d", "10.0.0.4"))
+			p.Sync()
 			synced(px, "shop/a:80", "shop/b:80", "shop/c:80", "shop/d:80")
 			got := sortNames(summary(px.settled()[before:]))
 			want := []string{"CDS[shop/d:80]", "EDS[shop/d:80]", "RDS[http-10080]"}
@@ -138,8 +139,8 @@ func TestServiceAddedAndRemoved(t *testing.T) {
 			}
 
 			before = len(px.Events())
-			p.cat.DeleteService(model.Key{Namespace: "shop", Name: "a"})
-			p.sync()
+			p.Catalog.DeleteService(model.Key{Namespace: "shop", Name: "a"})
+			p.Sync()
 			synced(px, "shop/b:80", "shop/c:80", "shop/d:80")
 			got = summary(px.settled()[before:])
 			// Make before break: the route stops using the cluster before the
@@ -184,7 +185,7 @@ func normalizeRemoval(evs []string, p adsclient.Protocol) []string {
 func TestDeltaSubscribeAndUnsubscribe(t *testing.T) {
 	p := world(t, model.Delta)
 	px := p.connect(adsclient.Config{
-		Protocol: adsclient.Delta, Node: node("envoy-1", "shop/gw"), RecordEvents: true,
+		Protocol: adsclient.Delta, Node: testkit.Node("envoy-1", "shop/gw"), RecordEvents: true,
 		Types: []string{xdstype.Endpoint.URL()}, Names: map[string][]string{xdstype.Endpoint.URL(): {"shop/a:80"}},
 	})
 	px.wait("the subscribed assignment", holds(xdstype.Endpoint.URL(), "shop/a:80"))
@@ -202,8 +203,8 @@ func TestDeltaSubscribeAndUnsubscribe(t *testing.T) {
 	}
 	px.wait("a dropped", holds(xdstype.Endpoint.URL(), "shop/b:80"))
 	before := len(px.settled())
-	p.cat.UpsertService(service("shop", "a", "10.0.0.7"))
-	p.sync()
+	p.Catalog.UpsertService(testkit.Service("shop", "a", "10.0.0.7"))
+	p.Sync()
 	if got := px.settled()[before:]; len(got) != 0 {
 		t.Errorf("an unsubscribed resource was still pushed: %v", summary(got))
 	}
@@ -211,7 +212,7 @@ func TestDeltaSubscribeAndUnsubscribe(t *testing.T) {
 
 func TestDeltaReconnectSendsOnlyDifferences(t *testing.T) {
 	p := world(t, model.Delta)
-	c := adsclient.New(wildcard(adsclient.Delta, node("envoy-1", "shop/gw")))
+	c := adsclient.New(testkit.WildcardClient(adsclient.Delta, testkit.Node("envoy-1", "shop/gw")))
 	px := p.run(c, adsclient.Delta)
 	synced(px, "shop/a:80", "shop/b:80", "shop/c:80")
 	px.stop()
@@ -228,10 +229,10 @@ func TestDeltaReconnectSendsOnlyDifferences(t *testing.T) {
 	px.stop()
 
 	// While disconnected: b's endpoints change, c goes away, d appears.
-	p.cat.UpsertService(service("shop", "b", "10.0.0.8"))
-	p.cat.DeleteService(model.Key{Namespace: "shop", Name: "c"})
-	p.cat.UpsertService(service("shop", "d", "10.0.0.4"))
-	p.sync()
+	p.Catalog.UpsertService(testkit.Service("shop", "b", "10.0.0.8"))
+	p.Catalog.DeleteService(model.Key{Namespace: "shop", Name: "c"})
+	p.Catalog.UpsertService(testkit.Service("shop", "d", "10.0.0.4"))
+	p.Sync()
 	before = len(c.Events())
 	px = p.run(c, adsclient.Delta)
 	synced(px, "shop/a:80", "shop/b:80", "shop/d:80")
@@ -246,18 +247,18 @@ func TestDeltaReconnectWithInventedVersions(t *testing.T) {
 	p := world(t, model.Delta)
 	// A proxy that claims a resource that never existed and a wrong version
 	// of one that does: the first is removed, the second resent.
-	cfg := wildcard(adsclient.Delta, node("envoy-1", "shop/gw"))
+	cfg := testkit.WildcardClient(adsclient.Delta, testkit.Node("envoy-1", "shop/gw"))
 	cfg.Types = []string{xdstype.Cluster.URL()}
 	cfg.Wildcard = map[string]bool{xdstype.Cluster.URL(): true}
 	c := adsclient.New(cfg)
 	px := p.run(c, adsclient.Delta)
 	px.wait("clusters", holds(xdstype.Cluster.URL(), "shop/a:80", "shop/b:80", "shop/c:80"))
 	px.stop()
-	p.cat.DeleteService(model.Key{Namespace: "shop", Name: "c"})
-	p.cat.UpsertService(service("shop", "ghost", "10.0.0.5"))
-	p.sync()
-	p.cat.DeleteService(model.Key{Namespace: "shop", Name: "ghost"})
-	p.sync()
+	p.Catalog.DeleteService(model.Key{Namespace: "shop", Name: "c"})
+	p.Catalog.UpsertService(testkit.Service("shop", "ghost", "10.0.0.5"))
+	p.Sync()
+	p.Catalog.DeleteService(model.Key{Namespace: "shop", Name: "ghost"})
+	p.Sync()
 	before := len(c.Events())
 	px = p.run(c, adsclient.Delta)
 	px.wait("c removed", holds(xdstype.Cluster.URL(), "shop/a:80", "shop/b:80"))
@@ -271,7 +272,7 @@ func TestNACKIsNotResentUntilANewVersion(t *testing.T) {
 	for _, pr := range protocols {
 		t.Run(pr.name, func(t *testing.T) {
 			p := world(t, pr.scope)
-			cfg := wildcard(pr.client, node("picky", "shop/gw"))
+			cfg := testkit.WildcardClient(pr.client, testkit.Node("picky", "shop/gw"))
 			cfg.Reject = rejectOnce(xdstype.Cluster.URL(), "cluster shop/a:80: bad timeout")
 			px := p.connect(cfg)
 			px.wait("the NACK", func(c *adsclient.Client) bool { return c.Stats().NACKs == 1 })
@@ -285,17 +286,17 @@ func TestNACKIsNotResentUntilANewVersion(t *testing.T) {
 			if cds != 1 {
 				t.Errorf("after a NACK the server sent %d cluster responses, want 1 (no resend loop):\n%s", cds, describe(evs))
 			}
-			fb := p.fb.Get(model.Key{Namespace: "shop", Name: "gw"})
+			fb := p.Feedback.Get(model.Key{Namespace: "shop", Name: "gw"})
 			if len(fb.NACKs) != 1 || fb.NACKs[0].Node != "picky" || fb.NACKs[0].Detail != "cluster shop/a:80: bad timeout" {
 				t.Errorf("feedback NACKs: %+v", fb.NACKs)
 			}
 			// A new version of the clusters is sent and accepted, and with
 			// it the rejected clusters the proxy still lacks.
-			p.cat.UpsertService(service("shop", "d", "10.0.0.4"))
-			p.sync()
+			p.Catalog.UpsertService(testkit.Service("shop", "d", "10.0.0.4"))
+			p.Sync()
 			px.wait("the fixed version", holds(xdstype.Cluster.URL(), "shop/a:80", "shop/b:80", "shop/c:80", "shop/d:80"))
 			px.settled()
-			for _, pxy := range p.fb.Get(model.Key{Namespace: "shop", Name: "gw"}).Proxies {
+			for _, pxy := range p.Feedback.Get(model.Key{Namespace: "shop", Name: "gw"}).Proxies {
 				if len(pxy.Nacked) != 0 {
 					t.Errorf("the proxy still counts as NACKing after accepting a new version: %v", pxy.Nacked)
 				}
@@ -320,19 +321,19 @@ func TestRefusals(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			px := p.connect(wildcard(tc.protocol, node("knocker", tc.scope)))
+			px := p.connect(testkit.WildcardClient(tc.protocol, testkit.Node("knocker", tc.scope)))
 			err := <-px.done
 			if status.Code(err) != tc.code || !strings.Contains(status.Convert(err).Message(), tc.says) {
 				t.Errorf("got %v\nwant %v containing %q", err, tc.code, tc.says)
 			}
 		})
 	}
-	if got := p.fb.Get(model.Key{Namespace: "shop", Name: "gw"}).Refused; got["WrongProtocol"] != 1 {
+	if got := p.Feedback.Get(model.Key{Namespace: "shop", Name: "gw"}).Refused; got["WrongProtocol"] != 1 {
 		t.Errorf("refusals counted for shop/gw: %v", got)
 	}
 
 	t.Run("unknown type URL", func(t *testing.T) {
-		cfg := wildcard(adsclient.SotW, node("odd", "shop/gw"))
+		cfg := testkit.WildcardClient(adsclient.SotW, testkit.Node("odd", "shop/gw"))
 		cfg.Types = append(cfg.Types, "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret")
 		cfg.Wildcard["type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret"] = true
 		px := p.connect(cfg)
@@ -347,7 +348,7 @@ func TestGracefulStopSendsProxiesElsewhere(t *testing.T) {
 	for _, pr := range protocols {
 		t.Run(pr.name, func(t *testing.T) {
 			p := world(t, pr.scope)
-			px := p.connect(wildcard(pr.client, node("envoy-1", "shop/gw")))
+			px := p.connect(testkit.WildcardClient(pr.client, testkit.Node("envoy-1", "shop/gw")))
 			synced(px, "shop/a:80", "shop/b:80", "shop/c:80")
 			p.stop()
 			err := <-px.done

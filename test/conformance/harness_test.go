@@ -14,19 +14,15 @@ import (
 	"testing"
 	"time"
 
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/anypb"
-	"google.golang.org/protobuf/types/known/structpb"
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/scopeplane/scopeplane/xds/adsclient"
-	"github.com/scopeplane/scopeplane/xds/catalog"
-	"github.com/scopeplane/scopeplane/xds/feedback"
 	"github.com/scopeplane/scopeplane/xds/model"
+	"github.com/scopeplane/scopeplane/xds/pipeline"
 	"github.com/scopeplane/scopeplane/xds/server"
-	"github.com/scopeplane/scopeplane/xds/snapshot"
 	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
@@ -36,20 +32,16 @@ var allTypes = xdstype.URLs()
 // and are versioned synchronously by sync, so a test knows when a change
 // is served.
 type plane struct {
-	t       *testing.T
-	stop    func() // stops the server gracefully, once
-	cat     *catalog.Catalog
-	builder *snapshot.Builder
-	fb      *feedback.Tracker
-	conn    *grpc.ClientConn
+	*pipeline.Pipeline
+	t    *testing.T
+	stop func() // stops the server gracefully, once
+	conn *grpc.ClientConn
 }
 
 func newPlane(t *testing.T) *plane {
 	t.Helper()
-	p := &plane{t: t, cat: catalog.New(), fb: feedback.New()}
-	store := snapshot.NewStore()
-	p.builder = snapshot.NewBuilder(p.cat, store, 0)
-	srv := server.New(store, p.fb, server.Options{MaxNamesPerRequest: 1000})
+	p := &plane{t: t, Pipeline: pipeline.New(pipeline.Options{Server: server.Options{MaxNamesPerRequest: 1000}})}
+	srv := p.Server
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -77,23 +69,6 @@ func newPlane(t *testing.T) *plane {
 	return p
 }
 
-// sync versions every recorded change, as the builder does after its window.
-func (p *plane) sync() { p.builder.Apply(p.cat.Take()) }
-
-func service(ns, name string, addrs ...string) *model.Service {
-	svc := &model.Service{
-		Key:   model.Key{Namespace: ns, Name: name},
-		Ports: []model.ServicePort{{Name: "http", Port: 80, Protocol: model.ProtocolTCP, TargetPort: 8080}},
-	}
-	for _, a := range addrs {
-		svc.Endpoints = append(svc.Endpoints, model.Endpoint{
-			Address: a, Family: model.IPv4, Ready: true, Serving: true,
-			Ports: []model.EndpointPort{{Name: "http", Port: 8080, Protocol: model.ProtocolTCP}},
-		})
-	}
-	return svc
-}
-
 // envoyScope selects every Service of namespace ns for Envoy proxies.
 func envoyScope(ns, name string, protocol model.Protocol) *model.Scope {
 	return &model.Scope{
@@ -103,14 +78,6 @@ func envoyScope(ns, name string, protocol model.Protocol) *model.Scope {
 	}
 }
 
-func node(id, scope string) *corev3.Node {
-	n := &corev3.Node{Id: id}
-	if scope != "" {
-		n.Metadata = &structpb.Struct{Fields: map[string]*structpb.Value{model.ScopeMetadataKey: structpb.NewStringValue(scope)}}
-	}
-	return n
-}
-
 // proxy is a running client.
 type proxy struct {
 	*adsclient.Client
@@ -118,14 +85,6 @@ type proxy struct {
 	protocol adsclient.Protocol
 	cancel   context.CancelFunc
 	done     chan error
-}
-
-// wildcard returns a config subscribing to every type as a wildcard.
-func wildcard(p adsclient.Protocol, n *corev3.Node) adsclient.Config {
-	return adsclient.Config{
-		Protocol: p, Node: n, Types: allTypes, RecordEvents: true, Validate: true,
-		Wildcard: map[string]bool{xdstype.Cluster.URL(): true, xdstype.Endpoint.URL(): true, xdstype.Listener.URL(): true, xdstype.Route.URL(): true},
-	}
 }
 
 func (p *plane) connect(cfg adsclient.Config) *proxy {

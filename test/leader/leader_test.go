@@ -10,11 +10,9 @@ import (
 	"testing"
 	"time"
 
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	"github.com/go-logr/logr"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/protobuf/types/known/structpb"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -26,8 +24,8 @@ import (
 	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
 	"github.com/scopeplane/scopeplane/internal/controlplane"
 	"github.com/scopeplane/scopeplane/internal/localapi"
+	"github.com/scopeplane/scopeplane/internal/testkit"
 	"github.com/scopeplane/scopeplane/xds/adsclient"
-	"github.com/scopeplane/scopeplane/xds/model"
 	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
@@ -99,9 +97,7 @@ func connect(t *testing.T, r *replica, n int) []*adsclient.Client {
 	var out []*adsclient.Client
 	for i := range n {
 		c := adsclient.New(adsclient.Config{
-			Node: &corev3.Node{Id: fmt.Sprintf("%s-proxy-%d", r.name, i), Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{
-				model.ScopeMetadataKey: structpb.NewStringValue("default/ha"),
-			}}},
+			Node:     testkit.Node(fmt.Sprintf("%s-proxy-%d", r.name, i), "default/ha"),
 			Types:    []string{xdstype.Cluster.URL(), xdstype.Listener.URL()},
 			Wildcard: map[string]bool{xdstype.Cluster.URL(): true, xdstype.Listener.URL(): true},
 		})
@@ -121,21 +117,6 @@ func connect(t *testing.T, r *replica, n int) []*adsclient.Client {
 		out = append(out, c)
 	}
 	return out
-}
-
-func eventually(t *testing.T, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		ok, state := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not reached; last: %s", what, state)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
 }
 
 func TestOnlyTheLeaderWritesStatusAndAnotherTakesOver(t *testing.T) {
@@ -162,14 +143,14 @@ func TestOnlyTheLeaderWritesStatusAndAnotherTakesOver(t *testing.T) {
 	proxies := map[*replica][]*adsclient.Client{a: connect(t, a, 1), b: connect(t, b, 2)}
 	for r, ps := range proxies {
 		for _, c := range ps {
-			eventually(t, "a proxy of replica "+r.name+" configured", func() (bool, string) {
+			testkit.Eventually(t, "a proxy of replica "+r.name+" configured", func() (bool, string) {
 				return len(c.State(xdstype.Cluster.URL())) == 1, fmt.Sprint(c.Err())
 			})
 		}
 	}
 
 	var leader, other *replica
-	eventually(t, "a leader", func() (bool, string) {
+	testkit.Eventually(t, "a leader", func() (bool, string) {
 		switch {
 		case a.leads() && !b.leads():
 			leader, other = a, b
@@ -190,7 +171,7 @@ func TestOnlyTheLeaderWritesStatusAndAnotherTakesOver(t *testing.T) {
 		return ps.Status.ConnectedProxies
 	}
 	want := int32(len(proxies[leader]))
-	eventually(t, "status written by the leader "+leader.name, func() (bool, string) {
+	testkit.Eventually(t, "status written by the leader "+leader.name, func() (bool, string) {
 		return connected() == want, fmt.Sprint(connected())
 	})
 	for range 20 {
@@ -203,7 +184,7 @@ func TestOnlyTheLeaderWritesStatusAndAnotherTakesOver(t *testing.T) {
 	// The leader goes away; the other replica takes over the status.
 	leader.stop()
 	want = int32(len(proxies[other]))
-	eventually(t, "replica "+other.name+" leading and writing status", func() (bool, string) {
+	testkit.Eventually(t, "replica "+other.name+" leading and writing status", func() (bool, string) {
 		return other.leads() && connected() == want, fmt.Sprintf("leads %v, connectedProxies %d", other.leads(), connected())
 	})
 }

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"k8s.io/apimachinery/pkg/labels"
 
+	"github.com/scopeplane/scopeplane/internal/testkit"
 	"github.com/scopeplane/scopeplane/xds/model"
 	"github.com/scopeplane/scopeplane/xds/translate"
 	"github.com/scopeplane/scopeplane/xds/xdstype"
@@ -22,17 +23,8 @@ var (
 )
 
 func service(ns, name string, lbls map[string]string, addrs ...string) *model.Service {
-	svc := &model.Service{
-		Key:    model.Key{Namespace: ns, Name: name},
-		Labels: lbls,
-		Ports:  []model.ServicePort{{Name: "http", Port: 80, Protocol: model.ProtocolTCP, TargetPort: 8080}},
-	}
-	for _, a := range addrs {
-		svc.Endpoints = append(svc.Endpoints, model.Endpoint{
-			Address: a, Family: model.IPv4, Ready: true, Serving: true,
-			Ports: []model.EndpointPort{{Name: "http", Port: 8080, Protocol: model.ProtocolTCP}},
-		})
-	}
+	svc := testkit.Service(ns, name, addrs...)
+	svc.Labels = lbls
 	return svc
 }
 

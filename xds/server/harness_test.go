@@ -14,7 +14,6 @@ import (
 	"time"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
@@ -24,12 +23,12 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
-	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/scopeplane/scopeplane/internal/testkit"
 	"github.com/scopeplane/scopeplane/xds/adsclient"
-	"github.com/scopeplane/scopeplane/xds/catalog"
 	"github.com/scopeplane/scopeplane/xds/feedback"
 	"github.com/scopeplane/scopeplane/xds/model"
+	"github.com/scopeplane/scopeplane/xds/pipeline"
 	"github.com/scopeplane/scopeplane/xds/server"
 	"github.com/scopeplane/scopeplane/xds/snapshot"
 	"github.com/scopeplane/scopeplane/xds/translate"
@@ -110,15 +109,11 @@ func (w *world) truthOf(key model.Key) (truth, error) {
 // controlPlane is one incarnation of the control plane: catalog, builder,
 // store, feedback and ADS server, served on its own loopback listener.
 type controlPlane struct {
-	cat     *catalog.Catalog
-	builder *snapshot.Builder
-	store   *snapshot.Store
-	fb      *feedback.Tracker
-	srv     *server.Server
-	cancel  context.CancelFunc
-	served  chan error
-	conn    *grpc.ClientConn
-	recvs   *recvCounter
+	*pipeline.Pipeline
+	cancel context.CancelFunc
+	served chan error
+	conn   *grpc.ClientConn
+	recvs  *recvCounter
 }
 
 // recvCounter is a stream interceptor that counts, per node, the requests
@@ -208,19 +203,17 @@ func (cs *countingStream) RecvMsg(m any) error {
 // startControlPlane builds a control plane from the world, as a restarted
 // operator does from its informers' initial lists, and serves it.
 func startControlPlane(w *world, opts server.Options) (*controlPlane, error) {
-	cp := &controlPlane{cat: catalog.New(), store: snapshot.NewStore(), fb: feedback.New()}
+	cp := &controlPlane{Pipeline: pipeline.New(pipeline.Options{Server: opts})}
 	for _, name := range slices.Sorted(maps.Keys(w.namespaces)) {
-		cp.cat.UpsertNamespace(name, w.namespaces[name])
+		cp.Catalog.UpsertNamespace(name, w.namespaces[name])
 	}
 	for _, svc := range w.services {
-		cp.cat.UpsertService(svc)
+		cp.Catalog.UpsertService(svc)
 	}
 	for _, sc := range w.scopes {
-		cp.cat.UpsertScope(sc)
+		cp.Catalog.UpsertScope(sc)
 	}
-	cp.builder = snapshot.NewBuilder(cp.cat, cp.store, 0)
-	cp.builder.Apply(cp.cat.Take())
-	cp.srv = server.New(cp.store, cp.fb, opts)
+	cp.Sync()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
@@ -229,7 +222,9 @@ func startControlPlane(w *world, opts server.Options) (*controlPlane, error) {
 	cp.cancel = cancel
 	cp.served = make(chan error, 1)
 	cp.recvs = newRecvCounter()
-	go func() { cp.served <- cp.srv.ServeListener(ctx, lis, grpc.ChainStreamInterceptor(cp.recvs.intercept)) }()
+	go func() {
+		cp.served <- cp.Server.ServeListener(ctx, lis, grpc.ChainStreamInterceptor(cp.recvs.intercept))
+	}()
 	cp.conn, err = grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		cancel()
@@ -250,13 +245,9 @@ func (cp *controlPlane) stop() error {
 	}
 }
 
-// apply hands the catalog's changes to the builder synchronously, so that
-// the store is current when it returns.
-func (cp *controlPlane) apply() { cp.builder.Apply(cp.cat.Take()) }
-
 // scopeVersion returns the served version of a scope, and whether it exists.
 func (cp *controlPlane) scopeVersion(key model.Key) (string, bool) {
-	sc := cp.store.Get(key)
+	sc := cp.Store.Get(key)
 	if sc == nil {
 		return "", false
 	}
@@ -338,12 +329,8 @@ func newProxy(id, ref string, proto model.Protocol) *proxy {
 		subs:     map[string]map[string]struct{}{xdstype.Endpoint.URL(): {}, xdstype.Route.URL(): {}},
 		subMarks: map[string][]int{},
 	}
-	node := &corev3.Node{Id: id, Cluster: "model"}
-	if ref != "" {
-		node.Metadata = &structpb.Struct{Fields: map[string]*structpb.Value{
-			model.ScopeMetadataKey: structpb.NewStringValue(ref),
-		}}
-	}
+	node := testkit.Node(id, ref)
+	node.Cluster = "model"
 	cfg := adsclient.Config{
 		Node:         node,
 		Types:        allTypes,
@@ -628,7 +615,7 @@ func (p *proxy) mismatch(tr truth, cp *controlPlane, key model.Key, strict bool)
 			fmt.Fprintf(&b, "  %s: no response yet on the current stream\n", shortType(t))
 		}
 	}
-	sc := cp.store.Get(key)
+	sc := cp.Store.Get(key)
 	for _, t := range allTypes {
 		held := p.c.State(t)
 		want := tr[t]
@@ -741,7 +728,7 @@ func serverSynced(cp *controlPlane, key model.Key, node string) (bool, string) {
 		return false, "scope not served"
 	}
 	var newest *feedback.Proxy
-	for _, fp := range cp.fb.Get(key).Proxies {
+	for _, fp := range cp.Feedback.Get(key).Proxies {
 		if fp.Node == node && (newest == nil || fp.ID > newest.ID) {
 			newest = fp
 		}

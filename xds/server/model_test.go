@@ -421,7 +421,7 @@ func (h *harness) worldChange(s *step) {
 	applyToWorld(h.w, s)
 	var feed func(s *step)
 	feed = func(s *step) {
-		cat := h.cp.cat
+		cat := h.cp.Catalog
 		switch s.kind {
 		case kUpsertService:
 			cat.UpsertService(s.svc)
@@ -482,7 +482,7 @@ func (h *harness) do(s *step) error {
 	switch s.kind {
 	case kUpsertService, kDeleteService, kUpsertNamespace, kDeleteNamespace, kUpsertScope, kDeleteScope, kBatch:
 		h.worldChange(s)
-		h.cp.apply()
+		h.cp.Sync()
 		if err := h.markContentChanges(); err != nil {
 			return err
 		}
@@ -753,7 +753,7 @@ func (h *harness) waitSynced(p *proxy) error {
 				return fmt.Errorf("%s holds the truth but the server does not count it in sync: %s\n%s", describe(), why, p.trace())
 			}
 			select {
-			case <-h.cp.fb.Changed():
+			case <-h.cp.Feedback.Changed():
 			case <-time.After(20 * time.Millisecond):
 			}
 		}

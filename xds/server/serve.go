@@ -22,14 +22,19 @@ const MaxRecvMsgSize = 32 << 20
 // pinging more than every 10 seconds is disconnected), dead connections are
 // detected, and requests are bounded in size.
 func (s *Server) GRPCServer(extra ...grpc.ServerOption) *grpc.Server {
-	opts := append([]grpc.ServerOption{
+	g := grpc.NewServer(append(ServerOptions(), extra...)...)
+	s.Register(g)
+	return g
+}
+
+// ServerOptions are the transport limits GRPCServer applies; the benchmark
+// gives its baseline the same, so neither wins by transport settings.
+func ServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(MaxRecvMsgSize),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
-	}, extra...)
-	g := grpc.NewServer(opts...)
-	s.Register(g)
-	return g
+	}
 }
 
 // Drain ends every open stream with Unavailable, so proxies reconnect (to
