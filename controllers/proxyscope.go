@@ -27,9 +27,10 @@ type ProxyScopeReconciler struct {
 }
 
 // Reconcile records the scope's spec, or its deletion. A spec whose selector
-// cannot be parsed removes the scope from the catalog: its proxies get
-// nothing rather than a guess, and retrying cannot fix it, so no error is
-// returned; the next edit of the spec reconciles it again.
+// cannot be parsed is recorded as rejected, with the reason its status
+// shows: its proxies get nothing rather than a guess, and retrying cannot
+// fix it, so no error is returned; the next edit of the spec reconciles it
+// again.
 func (r *ProxyScopeReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	key := model.Key{Namespace: req.Namespace, Name: req.Name}
 	ps := &xdsv1alpha1.ProxyScope{}
@@ -44,7 +45,7 @@ func (r *ProxyScopeReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 	scope, err := convert.Scope(ps)
 	if err != nil {
 		log.FromContext(ctx).Info("ProxyScope has an invalid selector; serving nothing for it", "error", err.Error())
-		r.Catalog.DeleteScope(key)
+		r.Catalog.RejectScope(key, ps.Generation, err.Error())
 	} else {
 		start := time.Now()
 		r.Catalog.UpsertScope(scope)

@@ -158,6 +158,14 @@ func addressFamily(t discoveryv1.AddressType) (model.AddressFamily, bool) {
 	}
 }
 
+// Protocol converts spec.protocol; anything but Delta is the default, SotW.
+func Protocol(p xdsv1alpha1.Protocol) model.Protocol {
+	if p == xdsv1alpha1.ProtocolDelta {
+		return model.Delta
+	}
+	return model.SotW
+}
+
 // Scope converts a ProxyScope into a model.Scope. It fails only when a label
 // selector cannot be parsed (the CRD schema cannot catch an unknown operator);
 // the error names the selection.
@@ -165,11 +173,8 @@ func Scope(ps *xdsv1alpha1.ProxyScope) (*model.Scope, error) {
 	out := &model.Scope{
 		Key:        model.Key{Namespace: ps.Namespace, Name: ps.Name},
 		Generation: ps.Generation,
-		Protocol:   model.SotW,
+		Protocol:   Protocol(ps.Spec.Protocol),
 		Listener:   model.Listener{Mode: model.ListenerMode(ps.Spec.Listener.Mode)},
-	}
-	if ps.Spec.Protocol == xdsv1alpha1.ProtocolDelta {
-		out.Protocol = model.Delta
 	}
 	if ps.Spec.Listener.Port != nil {
 		out.Listener.Port = *ps.Spec.Listener.Port

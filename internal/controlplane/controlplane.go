@@ -18,6 +18,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"github.com/scopeplane/scopeplane/controllers"
+	"github.com/scopeplane/scopeplane/controllers/bootstrapconfig"
+	"github.com/scopeplane/scopeplane/controllers/status"
 	"github.com/scopeplane/scopeplane/xds/pipeline"
 	"github.com/scopeplane/scopeplane/xds/server"
 )
@@ -34,17 +36,15 @@ type Options struct {
 	// XDSServerAddress is the host:port written into bootstrap ConfigMaps:
 	// how proxies reach this control plane (its Service, in a cluster).
 	XDSServerAddress string
-	// StatusWindow coalesces proxy feedback into status writes; StatusResync
-	// rewrites every status this often regardless.
+	// StatusWindow coalesces changes into status writes, per burst.
 	StatusWindow time.Duration
-	StatusResync time.Duration
 }
 
 // CacheOptions restricts the manager's cache to what the control plane
 // reads: of ConfigMaps, only those it writes.
 func CacheOptions() cache.Options {
 	return cache.Options{ByObject: map[client.Object]cache.ByObject{
-		&corev1.ConfigMap{}: {Label: labels.SelectorFromSet(labels.Set{controllers.ManagedByLabel: controllers.ManagedBy})},
+		&corev1.ConfigMap{}: {Label: labels.SelectorFromSet(labels.Set{bootstrapconfig.ManagedByLabel: bootstrapconfig.ManagedBy})},
 	}}
 }
 
@@ -67,23 +67,21 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) (*ControlPlane, 
 	if cp.Sync, err = controllers.Setup(ctx, mgr, cp.Catalog); err != nil {
 		return nil, err
 	}
-	if err := (&controllers.BootstrapReconciler{Client: mgr.GetClient(), XDSServer: opts.XDSServerAddress}).SetupWithManager(mgr); err != nil {
+	if err := (&bootstrapconfig.Reconciler{Client: mgr.GetClient(), XDSServer: opts.XDSServerAddress}).SetupWithManager(mgr); err != nil {
 		return nil, err
 	}
 	if opts.StatusWindow <= 0 {
 		opts.StatusWindow = 200 * time.Millisecond
 	}
-	if opts.StatusResync <= 0 {
-		opts.StatusResync = 30 * time.Second
-	}
-	status := &controllers.StatusWriter{
-		Client: mgr.GetClient(), Catalog: cp.Catalog, Store: cp.Store, Feedback: cp.Feedback,
-		Recorder: mgr.GetEventRecorder("scopeplane"), Window: opts.StatusWindow, Resync: opts.StatusResync,
+	if err := (&status.Reconciler{
+		Client: mgr.GetClient(), Store: cp.Store, Feedback: cp.Feedback,
+		Recorder: mgr.GetEventRecorder("scopeplane"), Window: opts.StatusWindow,
+	}).SetupWithManager(mgr); err != nil {
+		return nil, err
 	}
 	for _, r := range []manager.Runnable{
 		everyReplica(func(ctx context.Context) error { return cp.Run(ctx, cp.Sync.Synced()) }),
 		everyReplica(cp.serve),
-		status,
 	} {
 		if err := mgr.Add(r); err != nil {
 			return nil, err

@@ -57,7 +57,7 @@ func startReplica(t *testing.T, env *localapi.Env, name string) *replica {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	if _, err := controlplane.Setup(ctx, mgr, controlplane.Options{
-		XDSListener: lis, XDSServerAddress: lis.Addr().String(), StatusWindow: 50 * time.Millisecond, StatusResync: time.Second,
+		XDSListener: lis, XDSServerAddress: lis.Addr().String(), StatusWindow: 50 * time.Millisecond,
 	}); err != nil {
 		t.Fatal(err)
 	}

@@ -16,6 +16,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/scopeplane/scopeplane/xds/keyset"
 	"github.com/scopeplane/scopeplane/xds/model"
 	"github.com/scopeplane/scopeplane/xds/translate"
 	"github.com/scopeplane/scopeplane/xds/xdstype"
@@ -25,11 +26,32 @@ import (
 // resources are shared and read-only.
 type Set [xdstype.Count]map[string]proto.Message
 
+// Resolution is what a scope's spec resolved to when its update was taken:
+// the record of inputs that travels with the scope's resources to the
+// snapshot, so that its status describes what is served, not what the
+// catalog holds a coalescing window ahead of it.
+type Resolution struct {
+	// Generation is the ProxyScope generation the resources were built from.
+	Generation int64
+	// Invalid says why the spec could not be converted (a label selector
+	// that does not parse); the scope then serves nothing.
+	Invalid          string
+	SelectedServices int
+	Clusters         int
+	Endpoints        int
+	// MissingNamespaces lists namespaces that selections name and that do
+	// not exist, sorted.
+	MissingNamespaces []string
+}
+
 // Update is what changed in one scope since the previous Take.
 type Update struct {
 	Key model.Key
-	// Scope is the scope's current spec; nil when the scope was deleted.
+	// Scope is the scope's current spec; nil when the scope was deleted or
+	// its spec rejected (Resolution.Invalid then says why).
 	Scope *model.Scope
+	// Resolution is what the spec resolved to.
+	Resolution Resolution
 	// Reset says the scope is new (or was deleted and created again since
 	// the previous Take): Upserted is its complete set and anything held for
 	// an earlier scope of that name must be dropped.
@@ -48,9 +70,10 @@ type Catalog struct {
 	byNS       map[string]map[model.Key]*serviceEntry
 	namespaces map[string]map[string]string
 	scopes     map[model.Key]*scopeEntry
-	deleted    map[model.Key]struct{}
-	dirty      map[model.Key]struct{}
-	notify     chan struct{}
+	// deleted holds scopes deleted (zero Resolution) or rejected since the
+	// previous Take.
+	deleted map[model.Key]Resolution
+	dirty   *keyset.Set
 }
 
 type serviceEntry struct {
@@ -71,6 +94,8 @@ type scopeEntry struct {
 	touched bool
 	// created records that the scope was created since the last Take.
 	created bool
+	// endpoints counts the endpoints of the scope's assignments.
+	endpoints int
 	// routesStale records, in Envoy mode, that the set of virtual hosts
 	// changed and the listener and route configuration must be re-assembled.
 	routesStale bool
@@ -83,23 +108,16 @@ func New() *Catalog {
 		byNS:       map[string]map[model.Key]*serviceEntry{},
 		namespaces: map[string]map[string]string{},
 		scopes:     map[model.Key]*scopeEntry{},
-		deleted:    map[model.Key]struct{}{},
-		dirty:      map[model.Key]struct{}{},
-		notify:     make(chan struct{}, 1),
+		deleted:    map[model.Key]Resolution{},
+		dirty:      keyset.New(),
 	}
 }
 
 // Changed receives a value after changes were recorded and not yet taken.
 // Several changes may be signalled once, which is how they coalesce.
-func (c *Catalog) Changed() <-chan struct{} { return c.notify }
+func (c *Catalog) Changed() <-chan struct{} { return c.dirty.Changed() }
 
-func (c *Catalog) markDirty(k model.Key) {
-	c.dirty[k] = struct{}{}
-	select {
-	case c.notify <- struct{}{}:
-	default:
-	}
-}
+func (c *Catalog) markDirty(k model.Key) { c.dirty.Add(k) }
 
 func (e *serviceEntry) fragment(mode model.ListenerMode) *translate.Fragment {
 	if f, ok := e.frags[mode]; ok {
@@ -177,11 +195,12 @@ func (c *Catalog) DeleteService(key model.Key) {
 func (c *Catalog) UpsertNamespace(name string, labels map[string]string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if old, ok := c.namespaces[name]; ok && mapsEqual(old, labels) {
+	old, known := c.namespaces[name]
+	if known && mapsEqual(old, labels) {
 		return
 	}
 	c.namespaces[name] = labels
-	c.reselectNamespace(name)
+	c.reselectNamespace(name, !known)
 }
 
 // DeleteNamespace forgets a namespace; namespace selectors no longer match it.
@@ -192,12 +211,18 @@ func (c *Catalog) DeleteNamespace(name string) {
 		return
 	}
 	delete(c.namespaces, name)
-	c.reselectNamespace(name)
+	c.reselectNamespace(name, true)
 }
 
-func (c *Catalog) reselectNamespace(name string) {
+// reselectNamespace re-evaluates the scopes a namespace change can affect;
+// existenceChanged says the namespace was created or deleted, which changes the
+// resolution of scopes that name it.
+func (c *Catalog) reselectNamespace(name string, existenceChanged bool) {
 	nsLabels, nsKnown := c.namespaces[name]
 	for key, sc := range c.scopes {
+		if existenceChanged && namesNamespace(sc.scope, name) {
+			c.markDirty(key)
+		}
 		if !selectsByNamespaceLabels(sc.scope) {
 			continue
 		}
@@ -262,7 +287,24 @@ func (c *Catalog) DeleteScope(key model.Key) {
 		delete(e.scopes, key)
 	}
 	delete(c.scopes, key)
-	c.deleted[key] = struct{}{}
+	c.deleted[key] = Resolution{}
+	c.markDirty(key)
+}
+
+// RejectScope records that a scope's spec of generation could not be
+// converted, and why: the scope serves nothing until a later generation is
+// upserted, and the next Take reports it like a deletion that carries the
+// reason.
+func (c *Catalog) RejectScope(key model.Key, generation int64, reason string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if sc, ok := c.scopes[key]; ok {
+		for _, e := range sc.services {
+			delete(e.scopes, key)
+		}
+		delete(c.scopes, key)
+	}
+	c.deleted[key] = Resolution{Generation: generation, Invalid: reason}
 	c.markDirty(key)
 }
 
@@ -271,15 +313,16 @@ func (c *Catalog) DeleteScope(key model.Key) {
 func (c *Catalog) Take() []Update {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	out := make([]Update, 0, len(c.dirty))
-	for key := range c.dirty {
-		if _, gone := c.deleted[key]; gone {
-			out = append(out, Update{Key: key})
+	keys := c.dirty.Take()
+	out := make([]Update, 0, len(keys))
+	for _, key := range keys {
+		if res, gone := c.deleted[key]; gone {
+			out = append(out, Update{Key: key, Resolution: res})
 			delete(c.deleted, key)
 			continue
 		}
 		sc := c.scopes[key]
-		u := Update{Key: key, Scope: sc.scope, Reset: sc.created}
+		u := Update{Key: key, Scope: sc.scope, Reset: sc.created, Resolution: c.resolution(sc)}
 		sc.created = false
 		for t, names := range sc.changed {
 			for name := range names {
@@ -297,7 +340,6 @@ func (c *Catalog) Take() []Update {
 		sc.changed = [xdstype.Count]map[string]struct{}{}
 		out = append(out, u)
 	}
-	clear(c.dirty)
 	slices.SortFunc(out, func(a, b Update) int { return a.Key.Compare(b.Key) })
 	return out
 }
@@ -318,42 +360,25 @@ func (c *Catalog) Resources(key model.Key) (Set, bool) {
 	return out, true
 }
 
-// Stats is the size of a scope's configuration, for its status.
-type Stats struct {
-	SelectedServices int
-	Clusters         int
-	Endpoints        int
-	// MissingNamespaces lists namespaces that selections name and that do not exist.
-	MissingNamespaces []string
-}
-
-// Stats returns the size of a scope's configuration, and whether the scope exists.
-func (c *Catalog) Stats(key model.Key) (Stats, bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	sc, ok := c.scopes[key]
-	if !ok {
-		return Stats{}, false
-	}
-	st := Stats{SelectedServices: len(sc.services), Clusters: len(sc.res[xdstype.Cluster])}
-	for _, e := range sc.services {
-		for _, cla := range e.fragment(sc.scope.Listener.Mode).Endpoints {
-			for _, l := range cla.GetEndpoints() {
-				st.Endpoints += len(l.GetLbEndpoints())
-			}
-		}
+// resolution is what the scope's spec resolves to now.
+func (c *Catalog) resolution(sc *scopeEntry) Resolution {
+	r := Resolution{
+		Generation:       sc.scope.Generation,
+		SelectedServices: len(sc.services),
+		Clusters:         len(sc.res[xdstype.Cluster]),
+		Endpoints:        sc.endpoints,
 	}
 	for i := range sc.scope.Selections {
 		s := &sc.scope.Selections[i]
 		if s.NamespaceSelector != nil {
 			continue
 		}
-		if _, ok := c.namespaces[s.Namespace]; !ok && !slices.Contains(st.MissingNamespaces, s.Namespace) {
-			st.MissingNamespaces = append(st.MissingNamespaces, s.Namespace)
+		if _, ok := c.namespaces[s.Namespace]; !ok && !slices.Contains(r.MissingNamespaces, s.Namespace) {
+			r.MissingNamespaces = append(r.MissingNamespaces, s.Namespace)
 		}
 	}
-	slices.Sort(st.MissingNamespaces)
-	return st, true
+	slices.Sort(r.MissingNamespaces)
+	return r
 }
 
 func mapsEqual(a, b map[string]string) bool {

@@ -194,17 +194,54 @@ func TestScopeChangeRecomputesOnlyThatScope(t *testing.T) {
 	}
 }
 
-func TestStatsCountSelectionAndMissingNamespaces(t *testing.T) {
+// TestResolutionTravelsWithTheUpdate checks the record of inputs Take hands
+// on: counts kept incrementally, missing namespaces that clear when the
+// namespace appears, and a rejected spec reported with its reason.
+func TestResolutionTravelsWithTheUpdate(t *testing.T) {
 	c := New()
+	key := model.Key{Namespace: "shop", Name: "gw"}
 	c.UpsertNamespace("shop", nil)
 	c.UpsertService(service("shop", "cart", nil, "10.0.0.1", "10.0.0.2"))
-	c.UpsertScope(scope("shop", "gw", model.ListenerEnvoy,
+	sc := scope("shop", "gw", model.ListenerEnvoy,
 		model.Selection{Namespace: "shop", Selector: labels.Everything()},
-		model.Selection{Namespace: "ghost", Names: names("x")}))
-	st, ok := c.Stats(model.Key{Namespace: "shop", Name: "gw"})
-	want := Stats{SelectedServices: 1, Clusters: 1, Endpoints: 2, MissingNamespaces: []string{"ghost"}}
-	if !ok || fmt.Sprint(st) != fmt.Sprint(want) {
-		t.Errorf("stats: got %+v, want %+v", st, want)
+		model.Selection{Namespace: "ghost", Names: names("x")})
+	sc.Generation = 3
+	c.UpsertScope(sc)
+	resolution := func(what string) Resolution {
+		t.Helper()
+		us := c.Take()
+		if len(us) != 1 || us[0].Key != key {
+			t.Fatalf("%s: want one update of %s, got %v", what, key, us)
+		}
+		return us[0].Resolution
+	}
+	want := Resolution{Generation: 3, SelectedServices: 1, Clusters: 1, Endpoints: 2, MissingNamespaces: []string{"ghost"}}
+	if got := resolution("upsert"); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("after the upsert: got %+v, want %+v", got, want)
+	}
+	c.UpsertService(service("shop", "cart", nil, "10.0.0.1", "10.0.0.2", "10.0.0.3"))
+	c.UpsertService(service("shop", "till", nil))
+	want.SelectedServices, want.Clusters, want.Endpoints = 2, 2, 3
+	if got := resolution("endpoint and Service added"); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("after an endpoint and a Service were added: got %+v, want %+v", got, want)
+	}
+	c.UpsertNamespace("ghost", nil)
+	want.MissingNamespaces = nil
+	if got := resolution("namespace created"); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("after the namespace appeared: got %+v, want %+v", got, want)
+	}
+	c.DeleteService(model.Key{Namespace: "shop", Name: "cart"})
+	want.SelectedServices, want.Clusters, want.Endpoints = 1, 1, 0
+	if got := resolution("Service deleted"); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("after a Service was deleted: got %+v, want %+v", got, want)
+	}
+	c.RejectScope(key, 4, "spec.services[0].selector: bad operator")
+	us := c.Take()
+	if len(us) != 1 || us[0].Scope != nil || fmt.Sprint(us[0].Resolution) != fmt.Sprint(Resolution{Generation: 4, Invalid: "spec.services[0].selector: bad operator"}) {
+		t.Errorf("a rejected spec: got %+v", us)
+	}
+	if _, ok := c.Resources(key); ok {
+		t.Error("a rejected scope still has resources")
 	}
 }
 

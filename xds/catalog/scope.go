@@ -1,6 +1,7 @@
 package catalog
 
 import (
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/scopeplane/scopeplane/xds/model"
@@ -19,6 +20,30 @@ func selectsByNamespaceLabels(s *model.Scope) bool {
 	return false
 }
 
+// namesNamespace reports whether a selection of the scope names the
+// namespace explicitly (rather than by labels).
+func namesNamespace(s *model.Scope, ns string) bool {
+	for i := range s.Selections {
+		if s.Selections[i].NamespaceSelector == nil && s.Selections[i].Namespace == ns {
+			return true
+		}
+	}
+	return false
+}
+
+// endpointCount is how many endpoints a resource adds to the scope's count.
+func endpointCount(t xdstype.Type, r proto.Message) int {
+	cla, ok := r.(*endpointv3.ClusterLoadAssignment)
+	if t != xdstype.Endpoint || !ok {
+		return 0
+	}
+	n := 0
+	for _, l := range cla.GetEndpoints() {
+		n += len(l.GetLbEndpoints())
+	}
+	return n
+}
+
 // set stores a resource unless an equal one is already stored, so that an
 // unchanged resource keeps its identity and is not reported downstream.
 func (sc *scopeEntry) set(t xdstype.Type, name string, r proto.Message) {
@@ -27,17 +52,24 @@ func (sc *scopeEntry) set(t xdstype.Type, name string, r proto.Message) {
 		byName = map[string]proto.Message{}
 		sc.res[t] = byName
 	}
-	if old, ok := byName[name]; ok && (old == r || proto.Equal(old, r)) {
+	old, ok := byName[name]
+	if ok && (old == r || proto.Equal(old, r)) {
 		return
 	}
+	if ok {
+		sc.endpoints -= endpointCount(t, old)
+	}
+	sc.endpoints += endpointCount(t, r)
 	byName[name] = r
 	sc.mark(t, name)
 }
 
 func (sc *scopeEntry) remove(t xdstype.Type, name string) {
-	if _, ok := sc.res[t][name]; !ok {
+	old, ok := sc.res[t][name]
+	if !ok {
 		return
 	}
+	sc.endpoints -= endpointCount(t, old)
 	delete(sc.res[t], name)
 	sc.mark(t, name)
 }

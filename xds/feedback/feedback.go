@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/scopeplane/scopeplane/xds/keyset"
 	"github.com/scopeplane/scopeplane/xds/metrics"
 	"github.com/scopeplane/scopeplane/xds/model"
 )
@@ -70,19 +71,19 @@ type Counters struct {
 type Tracker struct {
 	mu     sync.Mutex
 	nextID uint64
-	scopes map[model.Key]*Scope
-	notify chan struct{}
-	now    func() time.Time
+	scopes  map[model.Key]*Scope
+	changed *keyset.Set
+	now     func() time.Time
 }
 
 // New returns an empty tracker.
 func New() *Tracker {
-	return &Tracker{scopes: map[model.Key]*Scope{}, notify: make(chan struct{}, 1), now: time.Now}
+	return &Tracker{scopes: map[model.Key]*Scope{}, changed: keyset.New(), now: time.Now}
 }
 
-// Changed receives a value after something was recorded; several records
-// may be signalled once.
-func (t *Tracker) Changed() <-chan struct{} { return t.notify }
+// Changes holds the scopes something was recorded for; the status writer
+// takes them.
+func (t *Tracker) Changes() *keyset.Set { return t.changed }
 
 func (t *Tracker) scopeLocked(key model.Key) *Scope {
 	s := t.scopes[key]
@@ -93,13 +94,6 @@ func (t *Tracker) scopeLocked(key model.Key) *Scope {
 	return s
 }
 
-func (t *Tracker) signal() {
-	select {
-	case t.notify <- struct{}{}:
-	default:
-	}
-}
-
 // Connect records a new stream and returns its id.
 func (t *Tracker) Connect(key model.Key, node string, p model.Protocol) uint64 {
 	t.mu.Lock()
@@ -107,7 +101,7 @@ func (t *Tracker) Connect(key model.Key, node string, p model.Protocol) uint64 {
 	t.nextID++
 	t.scopeLocked(key).Proxies[t.nextID] = &Proxy{ID: t.nextID, Node: node, Protocol: p, Acked: map[string]string{}, Nacked: map[string]bool{}}
 	metrics.ConnectedProxies.WithLabelValues(key.String(), string(p)).Inc()
-	t.signal()
+	t.changed.Add(key)
 	return t.nextID
 }
 
@@ -122,7 +116,7 @@ func (t *Tracker) Disconnect(key model.Key, id uint64) {
 		}
 		delete(s.Proxies, id)
 	}
-	t.signal()
+	t.changed.Add(key)
 }
 
 // ACK records that a proxy accepted a version of a type. clean is false
@@ -137,7 +131,7 @@ func (t *Tracker) ACK(key model.Key, id uint64, typeURL, version string, clean b
 			delete(p.Nacked, typeURL)
 		}
 	}
-	t.signal()
+	t.changed.Add(key)
 }
 
 // AtVersion records that a proxy accepted everything of the scope at
@@ -154,7 +148,7 @@ func (t *Tracker) AtVersion(key model.Key, id uint64, version string, observed t
 		if moved && !observed.IsZero() {
 			metrics.Convergence.WithLabelValues(string(p.Protocol)).Observe(t.now().Sub(observed).Seconds())
 		}
-		t.signal()
+		t.changed.Add(key)
 	}
 }
 
@@ -178,7 +172,7 @@ func (t *Tracker) NACKed(key model.Key, id uint64, typeURL, version, detail stri
 	if len(s.NACKs) > MaxNACKs {
 		s.NACKs = s.NACKs[:MaxNACKs]
 	}
-	t.signal()
+	t.changed.Add(key)
 }
 
 // Refuse counts a refused stream for a scope (the zero Key when the proxy
@@ -195,7 +189,7 @@ func (t *Tracker) Refuse(key model.Key, reason string) {
 		scope = key.String()
 	}
 	metrics.Refusals.WithLabelValues(scope, reason).Inc()
-	t.signal()
+	t.changed.Add(key)
 }
 
 // Sent counts one response sent to a proxy of the scope.

@@ -753,7 +753,7 @@ func (h *harness) waitSynced(p *proxy) error {
 				return fmt.Errorf("%s holds the truth but the server does not count it in sync: %s\n%s", describe(), why, p.trace())
 			}
 			select {
-			case <-h.cp.Feedback.Changed():
+			case <-h.cp.Feedback.Changes().Changed():
 			case <-time.After(20 * time.Millisecond):
 			}
 		}

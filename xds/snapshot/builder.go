@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/scopeplane/scopeplane/xds/catalog"
+	"github.com/scopeplane/scopeplane/xds/keyset"
 	"github.com/scopeplane/scopeplane/xds/metrics"
 	"github.com/scopeplane/scopeplane/xds/model"
 	"github.com/scopeplane/scopeplane/xds/xdstype"
@@ -20,17 +21,17 @@ import (
 
 // Store holds the served state of every scope.
 type Store struct {
-	mu     sync.RWMutex
-	scopes map[model.Key]*Scope
-	notify chan struct{}
+	mu      sync.RWMutex
+	scopes  map[model.Key]*Scope
+	changed *keyset.Set
 }
 
 // NewStore returns an empty store.
-func NewStore() *Store { return &Store{scopes: map[model.Key]*Scope{}, notify: make(chan struct{}, 1)} }
+func NewStore() *Store { return &Store{scopes: map[model.Key]*Scope{}, changed: keyset.New()} }
 
-// Changed receives a value after a batch changed some scope; several
-// batches may be signalled once. The status writer waits on it.
-func (st *Store) Changed() <-chan struct{} { return st.notify }
+// Changes holds the scopes whose served state or resolution changed; the
+// status writer takes them.
+func (st *Store) Changes() *keyset.Set { return st.changed }
 
 // Get returns the scope, or nil when it does not exist (yet).
 func (st *Store) Get(key model.Key) *Scope {
@@ -107,11 +108,8 @@ func (b *Builder) apply(updates []catalog.Update, observed time.Time) {
 		b.applyScope(&updates[i], observed)
 	}
 	metrics.SnapshotBuild.Observe(time.Since(start).Seconds())
-	if len(updates) > 0 {
-		select {
-		case b.store.notify <- struct{}{}:
-		default:
-		}
+	for i := range updates {
+		b.store.changed.Add(updates[i].Key)
 	}
 }
 
@@ -126,6 +124,14 @@ func (b *Builder) applyScope(u *catalog.Update, observed time.Time) {
 	sc := b.store.scopes[u.Key]
 	if u.Scope == nil {
 		delete(b.store.scopes, u.Key)
+		if u.Resolution.Invalid != "" {
+			// A rejected spec serves nothing, but its resolution is kept
+			// for the status: a scope without a spec, which the server
+			// refuses as it refuses one that does not exist.
+			placeholder := newScope(u.Key)
+			placeholder.resolution = u.Resolution
+			b.store.scopes[u.Key] = placeholder
+		}
 		b.store.mu.Unlock()
 		if sc != nil {
 			sc.mu.Lock()
@@ -159,6 +165,7 @@ func (b *Builder) applyScope(u *catalog.Update, observed time.Time) {
 	defer sc.mu.Unlock()
 	specChanged := !reflect.DeepEqual(sc.spec, u.Scope)
 	sc.spec = u.Scope
+	sc.resolution = u.Resolution
 	next := sc.rev + 1
 	var changes []logEntry
 	touched := [xdstype.Count]map[string]struct{}{}

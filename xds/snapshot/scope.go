@@ -19,6 +19,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/scopeplane/scopeplane/xds/catalog"
 	"github.com/scopeplane/scopeplane/xds/model"
 	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
@@ -48,15 +49,17 @@ type logEntry struct {
 type Scope struct {
 	Key model.Key
 
-	mu      sync.RWMutex
-	spec    *model.Scope
-	rev     uint64
-	revTime time.Time // when the change that made rev was observed
-	types   [xdstype.Count]typeState
-	log     []logEntry
-	logBase uint64 // the log holds every change with a revision > logBase
-	wake    chan struct{}
-	deleted bool
+	mu   sync.RWMutex
+	spec *model.Scope
+	// resolution is the record of inputs the served state was built from.
+	resolution catalog.Resolution
+	rev        uint64
+	revTime    time.Time // when the change that made rev was observed
+	types      [xdstype.Count]typeState
+	log        []logEntry
+	logBase    uint64 // the log holds every change with a revision > logBase
+	wake       chan struct{}
+	deleted    bool
 }
 
 func newScope(key model.Key) *Scope {
@@ -88,6 +91,10 @@ func (v View) Spec() *model.Scope {
 	}
 	return v.s.spec
 }
+
+// Resolution is what the served spec resolved to (generation, counts,
+// missing namespaces, or why the spec was rejected), for the status.
+func (v View) Resolution() catalog.Resolution { return v.s.resolution }
 
 // Wake returns a channel that is closed when the scope changes after this
 // view (a new revision, a spec change, or deletion). Taking it from the same

@@ -1,4 +1,8 @@
-package controllers
+// Package bootstrapconfig writes, for every ProxyScope, the ConfigMap that
+// holds the bootstraps its proxies mount (rendered by package xds/bootstrap).
+// It runs on the leader only; it is an output of the control plane, like
+// the status, and feeds nothing back into the pipeline.
+package bootstrapconfig
 
 import (
 	"context"
@@ -15,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
+	"github.com/scopeplane/scopeplane/controllers/convert"
 	"github.com/scopeplane/scopeplane/xds/bootstrap"
 	"github.com/scopeplane/scopeplane/xds/model"
 )
@@ -26,28 +31,24 @@ const ManagedByLabel = "app.kubernetes.io/managed-by"
 // ManagedBy is the value of ManagedByLabel on scopeplane's objects.
 const ManagedBy = "scopeplane"
 
-// BootstrapReconciler writes, for every ProxyScope, a ConfigMap holding an
+// Reconciler writes, for every ProxyScope, a ConfigMap holding an
 // Envoy bootstrap and a gRPC xDS bootstrap that join the scope. The
 // ConfigMap is owned by the ProxyScope, so it is garbage-collected with it,
 // and rewritten when the protocol changes. It runs on the leader only.
-type BootstrapReconciler struct {
+type Reconciler struct {
 	Client client.Client
 	// XDSServer is the host:port proxies dial to reach the ADS server.
 	XDSServer string
 }
 
 // Reconcile renders the scope's bootstraps into its ConfigMap.
-func (r *BootstrapReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	ps := &xdsv1alpha1.ProxyScope{}
 	if err := r.Client.Get(ctx, req.NamespacedName, ps); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	key := model.Key{Namespace: ps.Namespace, Name: ps.Name}
-	protocol := model.SotW
-	if ps.Spec.Protocol == xdsv1alpha1.ProtocolDelta {
-		protocol = model.Delta
-	}
-	envoy, err := bootstrap.Envoy(key, protocol, r.XDSServer)
+	envoy, err := bootstrap.Envoy(key, convert.Protocol(ps.Spec.Protocol), r.XDSServer)
 	if err != nil {
 		return ctrl.Result{}, reconcile.TerminalError(err)
 	}
@@ -74,7 +75,7 @@ func (r *BootstrapReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 }
 
 // SetupWithManager watches ProxyScopes and the ConfigMaps they own.
-func (r *BootstrapReconciler) SetupWithManager(mgr ctrl.Manager) error {
+func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("bootstrap").
 		For(&xdsv1alpha1.ProxyScope{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).

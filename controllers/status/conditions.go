@@ -1,0 +1,185 @@
+package status
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
+	"github.com/scopeplane/scopeplane/xds/bootstrap"
+	"github.com/scopeplane/scopeplane/xds/catalog"
+	"github.com/scopeplane/scopeplane/xds/feedback"
+	"github.com/scopeplane/scopeplane/xds/model"
+)
+
+// wrongProtocolMemory is how long a wrong-protocol refusal keeps a scope
+// Degraded: proxies that keep knocking keep it there, one that was fixed
+// lets it clear.
+const wrongProtocolMemory = 2 * time.Minute
+
+// Inputs is everything a scope's status is computed from: the pipeline's
+// record of what it serves for the scope, joined with the proxies' feedback.
+type Inputs struct {
+	// Name, Generation and Protocol are the ProxyScope's.
+	Name       string
+	Generation int64
+	Protocol   model.Protocol
+	// Built says the snapshot store holds a record for the scope; Resolution
+	// is that record, and Version and RevTime its served version and when
+	// the change that made it was observed.
+	Built      bool
+	Resolution catalog.Resolution
+	Version    string
+	RevTime    time.Time
+	Feedback   feedback.Scope
+	Now        time.Time
+}
+
+// current reports whether the served state was built from this generation.
+func (in *Inputs) current() bool {
+	return in.Built && in.Resolution.Generation == in.Generation && in.Resolution.Invalid == ""
+}
+
+// rejected reports whether this generation's spec was refused.
+func (in *Inputs) rejected() bool {
+	return in.Built && in.Resolution.Generation == in.Generation && in.Resolution.Invalid != ""
+}
+
+// condition is a condition's computed status, reason and message.
+type condition struct {
+	status  metav1.ConditionStatus
+	reason  string
+	message string
+}
+
+// accepted says whether the spec was valid and its selections resolved.
+func accepted(in *Inputs) condition {
+	r := &in.Resolution
+	switch {
+	case in.rejected():
+		return condition{metav1.ConditionFalse, xdsv1alpha1.ReasonInvalidSelector, r.Invalid + "; the scope serves nothing until it is fixed"}
+	case !in.current():
+		return condition{metav1.ConditionUnknown, xdsv1alpha1.ReasonSnapshotNotBuilt, fmt.Sprintf("generation %d is not processed yet", in.Generation)}
+	case len(r.MissingNamespaces) > 0:
+		return condition{metav1.ConditionFalse, xdsv1alpha1.ReasonNamespaceNotFound,
+			"spec.services names namespaces that do not exist: " + strings.Join(r.MissingNamespaces, ", ")}
+	case r.SelectedServices == 0:
+		return condition{metav1.ConditionFalse, xdsv1alpha1.ReasonNoMatchingServices,
+			"the selections match no Service; the scope's proxies receive an empty configuration"}
+	}
+	return condition{metav1.ConditionTrue, xdsv1alpha1.ReasonResolved,
+		fmt.Sprintf("%d Services selected: %d clusters, %d endpoints", r.SelectedServices, r.Clusters, r.Endpoints)}
+}
+
+// proxyCounts are the connected proxies and those at the served version.
+func proxyCounts(in *Inputs) (connected, synced int) {
+	for _, p := range in.Feedback.Proxies {
+		connected++
+		if p.AtVersion == in.Version {
+			synced++
+		}
+	}
+	return connected, synced
+}
+
+// ready says whether every connected proxy ACKed the served version of
+// this generation.
+func ready(in *Inputs) condition {
+	if !in.current() {
+		return condition{metav1.ConditionFalse, xdsv1alpha1.ReasonSnapshotNotBuilt, fmt.Sprintf("the snapshot of generation %d is not built yet", in.Generation)}
+	}
+	connected, synced := proxyCounts(in)
+	msg := fmt.Sprintf("%d of %d proxies at version %s", synced, connected, in.Version)
+	switch {
+	case connected == 0:
+		return condition{metav1.ConditionUnknown, xdsv1alpha1.ReasonNoProxies, fmt.Sprintf("version %s is built; no proxy is connected to confirm it", in.Version)}
+	case synced == connected:
+		return condition{metav1.ConditionTrue, xdsv1alpha1.ReasonSynced, msg}
+	}
+	return condition{metav1.ConditionFalse, xdsv1alpha1.ReasonPending, msg}
+}
+
+// degraded says whether a proxy rejects the configuration or proxies keep
+// knocking with the other protocol; the second value is how long until a
+// WrongProtocol verdict expires (0 when none applies), for a re-check.
+func degraded(in *Inputs) (condition, time.Duration) {
+	var nacking []*feedback.Proxy
+	for _, p := range in.Feedback.Proxies {
+		if len(p.Nacked) > 0 {
+			nacking = append(nacking, p)
+		}
+	}
+	if len(nacking) > 0 {
+		return condition{metav1.ConditionTrue, xdsv1alpha1.ReasonProxyNACKed, nackMessage(in.Feedback.NACKs, nacking)}, 0
+	}
+	if last := in.Feedback.LastRefused[feedback.RefusedWrongProto]; !last.IsZero() {
+		if left := wrongProtocolMemory - in.Now.Sub(last); left > 0 {
+			return condition{metav1.ConditionTrue, xdsv1alpha1.ReasonWrongProtocol,
+				fmt.Sprintf("%d streams refused so far: proxies naming this scope use the other protocol; set api_type: %s in their ADS config (spec.protocol is %s)",
+					in.Feedback.Refused[feedback.RefusedWrongProto], in.Protocol.APIType(), in.Protocol)}, left
+		}
+	}
+	return condition{metav1.ConditionFalse, xdsv1alpha1.ReasonAsExpected, "no proxy rejects the configuration"}, 0
+}
+
+// nackMessage names the newest rejection of a proxy that is still NACKing.
+func nackMessage(nacks []feedback.NACK, nacking []*feedback.Proxy) string {
+	nodes := map[string]bool{}
+	for _, p := range nacking {
+		nodes[p.Node] = true
+	}
+	for _, n := range nacks { // newest first
+		if nodes[n.Node] {
+			msg := fmt.Sprintf("proxy %s rejected %s version %s: %s", n.Node, n.TypeURL, n.Version, n.Detail)
+			if len(nacking) > 1 {
+				msg += fmt.Sprintf(" (%d proxies are rejecting configuration)", len(nacking))
+			}
+			return msg
+		}
+	}
+	return fmt.Sprintf("%d proxies are rejecting configuration", len(nacking))
+}
+
+// compute returns the status a scope should have, starting from prev; the
+// duration is when to compute it again even if nothing signals (0: never).
+// It is a pure function of its arguments.
+func compute(prev *xdsv1alpha1.ProxyScopeStatus, in *Inputs) (xdsv1alpha1.ProxyScopeStatus, time.Duration) {
+	st := *prev.DeepCopy()
+	st.BootstrapConfigMap = bootstrap.ConfigMapName(in.Name)
+	set := func(typ string, c condition) {
+		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: typ, Status: c.status, Reason: c.reason, Message: c.message, ObservedGeneration: in.Generation})
+	}
+	set(xdsv1alpha1.ConditionAccepted, accepted(in))
+	set(xdsv1alpha1.ConditionReady, ready(in))
+	if in.rejected() || in.current() {
+		st.ObservedGeneration = in.Generation
+	}
+	if !in.current() {
+		return st, 0
+	}
+	r := &in.Resolution
+	st.SelectedServices, st.Clusters, st.Endpoints = int32(r.SelectedServices), int32(r.Clusters), int32(r.Endpoints)
+	st.Version = in.Version
+	if !in.RevTime.IsZero() {
+		t := metav1.NewTime(in.RevTime.Truncate(time.Second))
+		st.LastPushTime = &t
+	}
+	connected, synced := proxyCounts(in)
+	st.ConnectedProxies, st.SyncedProxies = int32(connected), int32(synced)
+	st.RefusedStreams = 0
+	for _, n := range in.Feedback.Refused {
+		st.RefusedStreams += n
+	}
+	st.RecentNACKs = nil
+	for _, n := range in.Feedback.NACKs {
+		st.RecentNACKs = append(st.RecentNACKs, xdsv1alpha1.ProxyNACK{
+			Node: n.Node, TypeURL: n.TypeURL, Version: n.Version, Detail: n.Detail, Time: metav1.NewTime(n.Time.Truncate(time.Second)),
+		})
+	}
+	d, recheck := degraded(in)
+	set(xdsv1alpha1.ConditionDegraded, d)
+	return st, recheck
+}

@@ -1,0 +1,129 @@
+package status
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
+	"github.com/scopeplane/scopeplane/xds/catalog"
+	"github.com/scopeplane/scopeplane/xds/feedback"
+	"github.com/scopeplane/scopeplane/xds/model"
+)
+
+var now = time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
+
+// served is a scope of generation 2 built and served at version v1, with
+// one Service selected and the given proxies.
+func served(proxies ...*feedback.Proxy) *Inputs {
+	in := &Inputs{
+		Name: "web", Generation: 2, Protocol: model.SotW, Built: true, Version: "v1", Now: now,
+		Resolution: catalog.Resolution{Generation: 2, SelectedServices: 1, Clusters: 1, Endpoints: 3},
+		Feedback:   feedback.Scope{Proxies: map[uint64]*feedback.Proxy{}, Refused: map[string]int64{}, LastRefused: map[string]time.Time{}},
+	}
+	for i, p := range proxies {
+		in.Feedback.Proxies[uint64(i)] = p
+	}
+	return in
+}
+
+func at(version string) *feedback.Proxy { return &feedback.Proxy{Node: "p-" + version, AtVersion: version} }
+
+// TestConditions covers every reason in api/v1alpha1/conditions.go.
+func TestConditions(t *testing.T) {
+	cases := []struct {
+		name   string
+		in     *Inputs
+		check  func(*Inputs) condition
+		status metav1.ConditionStatus
+		reason string
+		msg    string // a part of the message
+	}{
+		{"resolved", served(), accepted, metav1.ConditionTrue, xdsv1alpha1.ReasonResolved, "1 Services selected: 1 clusters, 3 endpoints"},
+		{"no matching services", func() *Inputs { in := served(); in.Resolution.SelectedServices = 0; return in }(), accepted,
+			metav1.ConditionFalse, xdsv1alpha1.ReasonNoMatchingServices, "match no Service"},
+		{"namespace not found", func() *Inputs { in := served(); in.Resolution.MissingNamespaces = []string{"a", "b"}; return in }(), accepted,
+			metav1.ConditionFalse, xdsv1alpha1.ReasonNamespaceNotFound, "do not exist: a, b"},
+		{"invalid selector", func() *Inputs {
+			in := served()
+			in.Resolution = catalog.Resolution{Generation: 2, Invalid: "spec.services[1].selector: bad"}
+			return in
+		}(), accepted, metav1.ConditionFalse, xdsv1alpha1.ReasonInvalidSelector, "spec.services[1].selector: bad; the scope serves nothing"},
+		{"not built", &Inputs{Generation: 1}, accepted, metav1.ConditionUnknown, xdsv1alpha1.ReasonSnapshotNotBuilt, "generation 1 is not processed"},
+		{"older generation served", func() *Inputs { in := served(); in.Generation = 3; return in }(), accepted,
+			metav1.ConditionUnknown, xdsv1alpha1.ReasonSnapshotNotBuilt, "generation 3"},
+		{"an old rejection does not describe a new generation", func() *Inputs {
+			in := served()
+			in.Resolution = catalog.Resolution{Generation: 1, Invalid: "bad"}
+			return in
+		}(), accepted, metav1.ConditionUnknown, xdsv1alpha1.ReasonSnapshotNotBuilt, "generation 2"},
+
+		{"ready not built", &Inputs{Generation: 1}, ready, metav1.ConditionFalse, xdsv1alpha1.ReasonSnapshotNotBuilt, "generation 1 is not built"},
+		{"no proxies", served(), ready, metav1.ConditionUnknown, xdsv1alpha1.ReasonNoProxies, "version v1 is built"},
+		{"synced", served(at("v1"), at("v1")), ready, metav1.ConditionTrue, xdsv1alpha1.ReasonSynced, "2 of 2 proxies at version v1"},
+		{"pending", served(at("v1"), at("v0")), ready, metav1.ConditionFalse, xdsv1alpha1.ReasonPending, "1 of 2 proxies at version v1"},
+
+		{"as expected", served(at("v1")), first(degraded), metav1.ConditionFalse, xdsv1alpha1.ReasonAsExpected, "no proxy rejects"},
+		{"nacked", func() *Inputs {
+			p := at("")
+			p.Nacked = map[string]bool{"t": true}
+			in := served(p)
+			in.Feedback.NACKs = []feedback.NACK{{Node: p.Node, TypeURL: "t", Version: "v1", Detail: "bad route"}}
+			return in
+		}(), first(degraded), metav1.ConditionTrue, xdsv1alpha1.ReasonProxyNACKed, "proxy p- rejected t version v1: bad route"},
+		{"wrong protocol", func() *Inputs {
+			in := served()
+			in.Protocol = model.Delta
+			in.Feedback.Refused[feedback.RefusedWrongProto] = 4
+			in.Feedback.LastRefused[feedback.RefusedWrongProto] = now.Add(-time.Minute)
+			return in
+		}(), first(degraded), metav1.ConditionTrue, xdsv1alpha1.ReasonWrongProtocol, "4 streams refused so far"},
+		{"wrong protocol forgotten", func() *Inputs {
+			in := served()
+			in.Feedback.LastRefused[feedback.RefusedWrongProto] = now.Add(-wrongProtocolMemory)
+			return in
+		}(), first(degraded), metav1.ConditionFalse, xdsv1alpha1.ReasonAsExpected, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := tc.check(tc.in)
+			if c.status != tc.status || c.reason != tc.reason || !strings.Contains(c.message, tc.msg) {
+				t.Errorf("got %s %s %q, want %s %s containing %q", c.status, c.reason, c.message, tc.status, tc.reason, tc.msg)
+			}
+		})
+	}
+}
+
+func first(f func(*Inputs) (condition, time.Duration)) func(*Inputs) condition {
+	return func(in *Inputs) condition { c, _ := f(in); return c }
+}
+
+// TestComputeStampsOnlyWhatIsServed checks observedGeneration and the counts:
+// they describe the served snapshot, never a generation not yet built.
+func TestComputeStampsOnlyWhatIsServed(t *testing.T) {
+	prev := &xdsv1alpha1.ProxyScopeStatus{ObservedGeneration: 1, SelectedServices: 7}
+	in := served(at("v1"))
+	in.Generation = 3 // generation 2 is served
+	st, _ := compute(prev, in)
+	if st.ObservedGeneration != 1 || st.SelectedServices != 7 {
+		t.Errorf("an unbuilt generation changed observedGeneration or counts: %+v", st)
+	}
+	in.Generation = 2
+	in.RevTime = now.Add(1500 * time.Millisecond)
+	st, recheck := compute(prev, in)
+	if st.ObservedGeneration != 2 || st.SelectedServices != 1 || st.Endpoints != 3 || st.ConnectedProxies != 1 || st.SyncedProxies != 1 ||
+		st.Version != "v1" || st.LastPushTime == nil || !st.LastPushTime.Time.Equal(now.Add(time.Second)) || st.BootstrapConfigMap != "web-xds-bootstrap" || recheck != 0 {
+		t.Errorf("served generation: %+v, recheck %v", st, recheck)
+	}
+	for _, c := range st.Conditions {
+		if c.ObservedGeneration != 2 {
+			t.Errorf("condition %s stamped with generation %d", c.Type, c.ObservedGeneration)
+		}
+	}
+	in.Feedback.LastRefused[feedback.RefusedWrongProto] = now.Add(-30 * time.Second)
+	if _, recheck := compute(prev, in); recheck != wrongProtocolMemory-30*time.Second {
+		t.Errorf("a WrongProtocol verdict must be re-checked when it expires, got %v", recheck)
+	}
+}

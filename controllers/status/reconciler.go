@@ -1,0 +1,164 @@
+// Package status writes each ProxyScope's status. It does not compute
+// anything the pipeline already knows: the snapshot store keeps, with each
+// scope's served state, the record of what its spec resolved to (package
+// catalog's Resolution), and the feedback tracker what the proxies said;
+// the conditions are pure functions joining the two (conditions.go).
+//
+// It runs on the leader only, so replicas never fight over status; every
+// replica still serves xDS. Feedback is per replica: the leader reports the
+// proxies connected to it.
+package status
+
+import (
+	"context"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/events"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+
+	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
+	"github.com/scopeplane/scopeplane/controllers/convert"
+	"github.com/scopeplane/scopeplane/xds/feedback"
+	"github.com/scopeplane/scopeplane/xds/keyset"
+	"github.com/scopeplane/scopeplane/xds/model"
+	"github.com/scopeplane/scopeplane/xds/snapshot"
+)
+
+// Reconciler writes a ProxyScope's status from the store's record of the
+// scope and its proxies' feedback, patching only when it changed.
+type Reconciler struct {
+	Client   client.Client
+	Store    *snapshot.Store
+	Feedback *feedback.Tracker
+	Recorder events.EventRecorder
+	// Window coalesces bursts of changes into one write per scope.
+	Window time.Duration
+}
+
+// Reconcile computes the scope's status and patches it when it changed.
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	ps := &xdsv1alpha1.ProxyScope{}
+	if err := r.Client.Get(ctx, req.NamespacedName, ps); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	next, recheck := compute(&ps.Status, r.inputs(ps))
+	if !equality.Semantic.DeepEqual(ps.Status, next) {
+		before := ps.DeepCopy()
+		ps.Status = next
+		if err := r.Client.Status().Patch(ctx, ps, client.MergeFrom(before)); err != nil {
+			return ctrl.Result{}, err
+		}
+		r.recordTransitions(ps, before.Status.Conditions)
+	}
+	return ctrl.Result{RequeueAfter: recheck}, nil
+}
+
+// inputs reads what the pipeline serves for the scope and what its proxies said.
+func (r *Reconciler) inputs(ps *xdsv1alpha1.ProxyScope) *Inputs {
+	key := model.Key{Namespace: ps.Namespace, Name: ps.Name}
+	in := &Inputs{Name: ps.Name, Generation: ps.Generation, Protocol: convert.Protocol(ps.Spec.Protocol), Now: time.Now()}
+	if sc := r.Store.Get(key); sc != nil {
+		sc.Read(func(v snapshot.View) {
+			in.Built, in.Resolution, in.Version, in.RevTime = true, v.Resolution(), v.Version(), v.RevTime()
+		})
+	}
+	in.Feedback = r.Feedback.Get(key)
+	return in
+}
+
+// recordTransitions emits an Event for every condition that changed status
+// or reason, except the Synced/Pending cycle every push goes through.
+func (r *Reconciler) recordTransitions(ps *xdsv1alpha1.ProxyScope, before []metav1.Condition) {
+	for _, c := range ps.Status.Conditions {
+		old := meta.FindStatusCondition(before, c.Type)
+		if old != nil && old.Status == c.Status && old.Reason == c.Reason {
+			continue
+		}
+		if old != nil && c.Type == xdsv1alpha1.ConditionReady && routine(old.Reason) && routine(c.Reason) {
+			continue
+		}
+		kind := corev1.EventTypeNormal
+		if bad := c.Status == metav1.ConditionTrue; (c.Type == xdsv1alpha1.ConditionDegraded) == bad && c.Status != metav1.ConditionUnknown {
+			kind = corev1.EventTypeWarning // Degraded=True, or Accepted/Ready=False
+		}
+		r.Recorder.Eventf(ps, nil, kind, c.Reason, c.Type+"="+string(c.Status), "%s", c.Message)
+	}
+}
+
+// routine reports whether a Ready reason is part of every push's cycle.
+func routine(reason string) bool {
+	return reason == xdsv1alpha1.ReasonSynced || reason == xdsv1alpha1.ReasonPending
+}
+
+// SetupWithManager runs the reconciler on the leader for every ProxyScope
+// whose spec changed, and for every scope the store or the feedback says
+// changed: the workqueue dedups them and retries failed patches with backoff.
+func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
+	changes := make(chan event.TypedGenericEvent[*xdsv1alpha1.ProxyScope])
+	if err := mgr.Add(&feeder{served: r.Store.Changes(), proxies: r.Feedback.Changes(), window: r.Window, out: changes}); err != nil {
+		return err
+	}
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("status").
+		For(&xdsv1alpha1.ProxyScope{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		WatchesRawSource(source.Channel(changes, &handler.TypedEnqueueRequestForObject[*xdsv1alpha1.ProxyScope]{})).
+		Complete(r)
+}
+
+// feeder turns the pipeline's changed-scope sets into events for the status
+// controller, at most once per window per burst.
+type feeder struct {
+	// served and proxies are the scopes whose served state or whose
+	// proxies' feedback changed.
+	served, proxies *keyset.Set
+	window          time.Duration
+	out             chan<- event.TypedGenericEvent[*xdsv1alpha1.ProxyScope]
+}
+
+var _ manager.LeaderElectionRunnable = (*feeder)(nil)
+
+// NeedLeaderElection is true: it feeds the leader-only status controller.
+func (f *feeder) NeedLeaderElection() bool { return true }
+
+// Start feeds changes until ctx ends.
+func (f *feeder) Start(ctx context.Context) error {
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-f.served.Changed():
+		case <-f.proxies.Changed():
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(f.window):
+		}
+		seen := map[model.Key]struct{}{}
+		for _, s := range []*keyset.Set{f.served, f.proxies} {
+			for _, k := range s.Take() {
+				if _, dup := seen[k]; dup || k == (model.Key{}) {
+					continue // the zero key counts refusals that name no scope
+				}
+				seen[k] = struct{}{}
+				ps := &xdsv1alpha1.ProxyScope{ObjectMeta: metav1.ObjectMeta{Namespace: k.Namespace, Name: k.Name}}
+				select {
+				case f.out <- event.TypedGenericEvent[*xdsv1alpha1.ProxyScope]{Object: ps}:
+				case <-ctx.Done():
+					return nil
+				}
+			}
+		}
+	}
+}
