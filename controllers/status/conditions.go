@@ -34,7 +34,7 @@ type Inputs struct {
 	Resolution catalog.Resolution
 	Version    string
 	RevTime    time.Time
-	Feedback   feedback.Scope
+	Feedback   feedback.Report
 	Now        time.Time
 }
 

@@ -21,7 +21,7 @@ func served(proxies ...*feedback.Proxy) *Inputs {
 	in := &Inputs{
 		Name: "web", Generation: 2, Protocol: model.SotW, Built: true, Version: "v1", Now: now,
 		Resolution: catalog.Resolution{Generation: 2, SelectedServices: 1, Clusters: 1, Endpoints: 3},
-		Feedback:   feedback.Scope{Proxies: map[uint64]*feedback.Proxy{}, Refused: map[string]int64{}, LastRefused: map[string]time.Time{}},
+		Feedback:   feedback.Report{Proxies: map[uint64]*feedback.Proxy{}, Refused: map[string]int64{}, LastRefused: map[string]time.Time{}},
 	}
 	for i, p := range proxies {
 		in.Feedback.Proxies[uint64(i)] = p
@@ -29,7 +29,9 @@ func served(proxies ...*feedback.Proxy) *Inputs {
 	return in
 }
 
-func at(version string) *feedback.Proxy { return &feedback.Proxy{Node: "p-" + version, AtVersion: version} }
+func at(version string) *feedback.Proxy {
+	return &feedback.Proxy{Node: "p-" + version, AtVersion: version}
+}
 
 // TestConditions covers every reason in api/v1alpha1/conditions.go.
 func TestConditions(t *testing.T) {

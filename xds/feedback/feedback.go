@@ -49,8 +49,8 @@ type Proxy struct {
 	AtVersion string
 }
 
-// Scope is what is known about the proxies of one scope.
-type Scope struct {
+// Report is what is known about the proxies of one scope.
+type Report struct {
 	Proxies map[uint64]*Proxy
 	Refused map[string]int64
 	// LastRefused is when a stream was last refused, by reason.
@@ -69,26 +69,26 @@ type Counters struct {
 
 // Tracker is safe for concurrent use.
 type Tracker struct {
-	mu     sync.Mutex
-	nextID uint64
-	scopes  map[model.Key]*Scope
+	mu      sync.Mutex
+	nextID  uint64
+	scopes  map[model.Key]*Report
 	changed *keyset.Set
 	now     func() time.Time
 }
 
 // New returns an empty tracker.
 func New() *Tracker {
-	return &Tracker{scopes: map[model.Key]*Scope{}, changed: keyset.New(), now: time.Now}
+	return &Tracker{scopes: map[model.Key]*Report{}, changed: keyset.New(), now: time.Now}
 }
 
 // Changes holds the scopes something was recorded for; the status writer
 // takes them.
 func (t *Tracker) Changes() *keyset.Set { return t.changed }
 
-func (t *Tracker) scopeLocked(key model.Key) *Scope {
+func (t *Tracker) scopeLocked(key model.Key) *Report {
 	s := t.scopes[key]
 	if s == nil {
-		s = &Scope{Proxies: map[uint64]*Proxy{}, Refused: map[string]int64{}, LastRefused: map[string]time.Time{}}
+		s = &Report{Proxies: map[uint64]*Proxy{}, Refused: map[string]int64{}, LastRefused: map[string]time.Time{}}
 		t.scopes[key] = s
 	}
 	return s
@@ -208,14 +208,14 @@ func (t *Tracker) Sent(key model.Key, p model.Protocol, typeURL string, resource
 }
 
 // Get returns a copy of what is known about a scope.
-func (t *Tracker) Get(key model.Key) Scope {
+func (t *Tracker) Get(key model.Key) Report {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	s := t.scopes[key]
 	if s == nil {
-		return Scope{Proxies: map[uint64]*Proxy{}, Refused: map[string]int64{}, LastRefused: map[string]time.Time{}}
+		return Report{Proxies: map[uint64]*Proxy{}, Refused: map[string]int64{}, LastRefused: map[string]time.Time{}}
 	}
-	out := Scope{Proxies: make(map[uint64]*Proxy, len(s.Proxies)), Refused: make(map[string]int64, len(s.Refused)),
+	out := Report{Proxies: make(map[uint64]*Proxy, len(s.Proxies)), Refused: make(map[string]int64, len(s.Refused)),
 		LastRefused: make(map[string]time.Time, len(s.LastRefused)),
 		NACKs:       append([]NACK(nil), s.NACKs...), Sent: s.Sent, LastPush: s.LastPush}
 	for id, p := range s.Proxies {

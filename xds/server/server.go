@@ -69,7 +69,7 @@ func (s *Server) Register(g *grpc.Server) {
 }
 
 // resolve binds a stream to the scope its node names, or refuses it.
-func (s *Server) resolve(node *corev3.Node, p model.Protocol) (model.Key, *snapshot.Scope, error) {
+func (s *Server) resolve(node *corev3.Node, p model.Protocol) (model.Key, *snapshot.Snapshot, error) {
 	value := node.GetMetadata().GetFields()[model.ScopeMetadataKey].GetStringValue()
 	if value == "" {
 		s.fb.Refuse(model.Key{}, feedback.RefusedNoScope)
@@ -144,7 +144,7 @@ func tooManyNames(n, limit int) error {
 type stream struct {
 	srv     *Server
 	key     model.Key
-	sc      *snapshot.Scope
+	sc      *snapshot.Snapshot
 	id      uint64
 	rev     uint64
 	ver     string

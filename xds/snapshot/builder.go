@@ -22,19 +22,19 @@ import (
 // Store holds the served state of every scope.
 type Store struct {
 	mu      sync.RWMutex
-	scopes  map[model.Key]*Scope
+	scopes  map[model.Key]*Snapshot
 	changed *keyset.Set
 }
 
 // NewStore returns an empty store.
-func NewStore() *Store { return &Store{scopes: map[model.Key]*Scope{}, changed: keyset.New()} }
+func NewStore() *Store { return &Store{scopes: map[model.Key]*Snapshot{}, changed: keyset.New()} }
 
 // Changes holds the scopes whose served state or resolution changed; the
 // status writer takes them.
 func (st *Store) Changes() *keyset.Set { return st.changed }
 
 // Get returns the scope, or nil when it does not exist (yet).
-func (st *Store) Get(key model.Key) *Scope {
+func (st *Store) Get(key model.Key) *Snapshot {
 	st.mu.RLock()
 	defer st.mu.RUnlock()
 	return st.scopes[key]
@@ -128,7 +128,7 @@ func (b *Builder) applyScope(u *catalog.Update, observed time.Time) {
 			// A rejected spec serves nothing, but its resolution is kept
 			// for the status: a scope without a spec, which the server
 			// refuses as it refuses one that does not exist.
-			placeholder := newScope(u.Key)
+			placeholder := newSnapshot(u.Key)
 			placeholder.resolution = u.Resolution
 			b.store.scopes[u.Key] = placeholder
 		}
@@ -142,7 +142,7 @@ func (b *Builder) applyScope(u *catalog.Update, observed time.Time) {
 		return
 	}
 	if sc == nil {
-		sc = newScope(u.Key)
+		sc = newSnapshot(u.Key)
 		b.store.scopes[u.Key] = sc
 	}
 	b.store.mu.Unlock()
@@ -247,7 +247,7 @@ func (b *Builder) applyScope(u *catalog.Update, observed time.Time) {
 
 // trimLogLocked keeps the change log at most about twice the size of the
 // scope: a stream further behind than that compares everything instead.
-func (s *Scope) trimLogLocked() {
+func (s *Snapshot) trimLogLocked() {
 	limit := 1024
 	for t := range xdstype.Count {
 		limit += 2 * len(s.types[t].res)
@@ -264,7 +264,7 @@ func (s *Scope) trimLogLocked() {
 	s.log = append([]logEntry(nil), s.log[cut:]...)
 }
 
-func (s *Scope) wakeLocked() {
+func (s *Snapshot) wakeLocked() {
 	close(s.wake)
 	s.wake = make(chan struct{})
 }

@@ -25,7 +25,7 @@ func upsert(t xdstype.Type, msgs map[string]proto.Message) catalog.Update {
 	return u
 }
 
-func read(sc *Scope) (rev uint64, versions map[string]string, typeVersions [xdstype.Count]string) {
+func read(sc *Snapshot) (rev uint64, versions map[string]string, typeVersions [xdstype.Count]string) {
 	versions = map[string]string{}
 	sc.Read(func(v View) {
 		rev = v.Rev()
@@ -37,7 +37,7 @@ func read(sc *Scope) (rev uint64, versions map[string]string, typeVersions [xdst
 	return
 }
 
-func changed(sc *Scope, since uint64, t xdstype.Type) ([]string, bool) {
+func changed(sc *Snapshot, since uint64, t xdstype.Type) ([]string, bool) {
 	var out []string
 	var ok bool
 	sc.Read(func(v View) { ok = v.ChangedSince(since, t, func(n string) { out = append(out, n) }) })

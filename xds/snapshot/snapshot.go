@@ -44,9 +44,9 @@ type logEntry struct {
 	name string
 }
 
-// Scope is the served state of one ProxyScope. Streams read it under its
+// Snapshot is the served state of one ProxyScope. Streams read it under its
 // read lock through View; the builder writes it.
-type Scope struct {
+type Snapshot struct {
 	Key model.Key
 
 	mu   sync.RWMutex
@@ -62,8 +62,8 @@ type Scope struct {
 	deleted    bool
 }
 
-func newScope(key model.Key) *Scope {
-	s := &Scope{Key: key, wake: make(chan struct{})}
+func newSnapshot(key model.Key) *Snapshot {
+	s := &Snapshot{Key: key, wake: make(chan struct{})}
 	for t := range s.types {
 		s.types[t].res = map[string]*Resource{}
 		s.types[t].version = emptyVersion
@@ -75,10 +75,10 @@ func newScope(key model.Key) *Scope {
 const emptyVersion = "0"
 
 // View is a consistent read of a scope, valid only inside Scope.Read.
-type View struct{ s *Scope }
+type View struct{ s *Snapshot }
 
 // Read calls fn with a consistent view of the scope.
-func (s *Scope) Read(fn func(v View)) {
+func (s *Snapshot) Read(fn func(v View)) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	fn(View{s})
