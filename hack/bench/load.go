@@ -109,7 +109,10 @@ func newProxy(idx, scope int, key model.Key, p adsclient.Protocol, tr *tracker) 
 // notes the digests of the resources the phase waits for and, in SotW, the
 // names the clusters and listeners reference.
 func (p *proxy) judge(typeURL string, resources []*anypb.Any, _ []string) string {
-	t, _ := xdstype.ByURL(typeURL)
+	t, ok := xdstype.ByURL(typeURL)
+	if !ok {
+		return ""
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.stash = p.stash[:0]
@@ -144,8 +147,8 @@ func (p *proxy) judge(typeURL string, resources []*anypb.Any, _ []string) string
 func (p *proxy) onEvent(ev adsclient.Event) {
 	now := time.Now()
 	p.tr.lastEvent.Store(now.UnixNano())
-	t, _ := xdstype.ByURL(ev.TypeURL)
-	if t < 0 {
+	t, ok := xdstype.ByURL(ev.TypeURL)
+	if !ok {
 		return
 	}
 	p.mu.Lock()

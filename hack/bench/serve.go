@@ -359,7 +359,7 @@ func (b *baselineCP) Apply(Change) {
 func (b *baselineCP) Serve(ctx context.Context, lis net.Listener) error {
 	cb := baselineCallbacks{b}
 	srv := &baselineADS{sotw: sotwv3.NewServer(ctx, b.cache, cb), delta: deltav3.NewServer(ctx, b.cache, cb)}
-	g := grpc.NewServer(server.ServerOptions()...)
+	g := grpc.NewServer(server.GRPCOptions()...)
 	discoveryv3.RegisterAggregatedDiscoveryServiceServer(g, srv)
 	errc := make(chan error, 1)
 	go func() { errc <- g.Serve(lis) }()

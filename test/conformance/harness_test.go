@@ -26,8 +26,6 @@ import (
 	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
-var allTypes = xdstype.URLs()
-
 // plane is a control plane without Kubernetes: changes go into the catalog
 // and are versioned synchronously by sync, so a test knows when a change
 // is served.

@@ -22,14 +22,14 @@ const MaxRecvMsgSize = 32 << 20
 // pinging more than every 10 seconds is disconnected), dead connections are
 // detected, and requests are bounded in size.
 func (s *Server) GRPCServer(extra ...grpc.ServerOption) *grpc.Server {
-	g := grpc.NewServer(append(ServerOptions(), extra...)...)
+	g := grpc.NewServer(append(GRPCOptions(), extra...)...)
 	s.Register(g)
 	return g
 }
 
-// ServerOptions are the transport limits GRPCServer applies; the benchmark
+// GRPCOptions are the transport limits GRPCServer applies; the benchmark
 // gives its baseline the same, so neither wins by transport settings.
-func ServerOptions() []grpc.ServerOption {
+func GRPCOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(MaxRecvMsgSize),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
