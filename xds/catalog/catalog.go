@@ -73,7 +73,10 @@ type Catalog struct {
 	// deleted holds scopes deleted (zero Resolution) or rejected since the
 	// previous Take.
 	deleted map[model.Key]Resolution
-	dirty   *keyset.Set
+	// rejected holds the scopes whose latest spec was rejected: downstream
+	// keeps their resolution, so their deletion must be handed on too.
+	rejected map[model.Key]struct{}
+	dirty    *keyset.Set
 }
 
 type serviceEntry struct {
@@ -109,6 +112,7 @@ func New() *Catalog {
 		namespaces: map[string]map[string]string{},
 		scopes:     map[model.Key]*scopeEntry{},
 		deleted:    map[model.Key]Resolution{},
+		rejected:   map[model.Key]struct{}{},
 		dirty:      keyset.New(),
 	}
 }
@@ -255,6 +259,7 @@ func (c *Catalog) UpsertScope(scope *model.Scope) {
 		sc = &scopeEntry{created: true}
 		c.scopes[scope.Key] = sc
 		delete(c.deleted, scope.Key)
+		delete(c.rejected, scope.Key)
 	}
 	for _, e := range sc.services {
 		delete(e.scopes, scope.Key)
@@ -280,13 +285,17 @@ func (c *Catalog) DeleteScope(key model.Key) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	sc, ok := c.scopes[key]
-	if !ok {
+	_, wasRejected := c.rejected[key]
+	if !ok && !wasRejected {
 		return
 	}
-	for _, e := range sc.services {
-		delete(e.scopes, key)
+	if ok {
+		for _, e := range sc.services {
+			delete(e.scopes, key)
+		}
+		delete(c.scopes, key)
 	}
-	delete(c.scopes, key)
+	delete(c.rejected, key)
 	c.deleted[key] = Resolution{}
 	c.markDirty(key)
 }
@@ -304,6 +313,7 @@ func (c *Catalog) RejectScope(key model.Key, generation int64, reason string) {
 		}
 		delete(c.scopes, key)
 	}
+	c.rejected[key] = struct{}{}
 	c.deleted[key] = Resolution{Generation: generation, Invalid: reason}
 	c.markDirty(key)
 }

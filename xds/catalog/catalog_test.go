@@ -243,6 +243,12 @@ func TestResolutionTravelsWithTheUpdate(t *testing.T) {
 	if _, ok := c.Resources(key); ok {
 		t.Error("a rejected scope still has resources")
 	}
+	// Downstream keeps a rejected scope's resolution: its deletion is
+	// handed on as well.
+	c.DeleteScope(key)
+	if us := c.Take(); len(us) != 1 || us[0].Scope != nil || us[0].Resolution.Invalid != "" {
+		t.Errorf("deleting a rejected scope: got %+v", us)
+	}
 }
 
 func assertClusters(t *testing.T, c *Catalog, scope string, want ...string) {

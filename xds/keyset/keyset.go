@@ -6,6 +6,8 @@
 package keyset
 
 import (
+	"maps"
+	"slices"
 	"sync"
 
 	"github.com/scopeplane/scopeplane/xds/model"
@@ -40,10 +42,7 @@ func (s *Set) Changed() <-chan struct{} { return s.notify }
 func (s *Set) Take() []model.Key {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make([]model.Key, 0, len(s.keys))
-	for k := range s.keys {
-		out = append(out, k)
-	}
+	out := slices.Collect(maps.Keys(s.keys))
 	clear(s.keys)
 	return out
 }

@@ -40,16 +40,6 @@ func (st *Store) Get(key model.Key) *Snapshot {
 	return st.scopes[key]
 }
 
-// Keys returns the keys of every scope.
-func (st *Store) Keys() []model.Key {
-	st.mu.RLock()
-	defer st.mu.RUnlock()
-	out := make([]model.Key, 0, len(st.scopes))
-	for k := range st.scopes {
-		out = append(out, k)
-	}
-	return out
-}
 
 // Builder applies the catalog's changes to the store: it is the only writer
 // of every Scope.

@@ -158,3 +158,30 @@ func TestLogTrimmingFallsBackToFullComparison(t *testing.T) {
 		t.Errorf("one revision behind: %v %v", names, ok)
 	}
 }
+
+// TestRejectedScopeKeepsItsResolutionAndServesNothing checks the record a
+// rejected spec leaves for the status, and that its deletion removes it.
+func TestRejectedScopeKeepsItsResolutionAndServesNothing(t *testing.T) {
+	b := NewBuilder(catalog.New(), NewStore(), 0)
+	b.Apply([]catalog.Update{upsert(xdstype.Cluster, map[string]proto.Message{"a": &clusterv3.Cluster{Name: "a"}})})
+	served := b.store.Get(key)
+	b.Apply([]catalog.Update{{Key: key, Resolution: catalog.Resolution{Generation: 2, Invalid: "bad selector"}}})
+	sc := b.store.Get(key)
+	if sc == nil || sc == served {
+		t.Fatal("a rejected scope must leave a fresh record in the store")
+	}
+	sc.Read(func(v View) {
+		if v.Spec() != nil || v.Len(xdstype.Cluster) != 0 || v.Resolution().Invalid != "bad selector" || v.Resolution().Generation != 2 {
+			t.Errorf("rejected scope: spec %v, %d clusters, resolution %+v", v.Spec(), v.Len(xdstype.Cluster), v.Resolution())
+		}
+	})
+	served.Read(func(v View) {
+		if v.Spec() != nil {
+			t.Error("the previously served state still has a spec: its streams would go on")
+		}
+	})
+	b.Apply([]catalog.Update{{Key: key}})
+	if b.store.Get(key) != nil {
+		t.Error("deleting a rejected scope left its record")
+	}
+}
