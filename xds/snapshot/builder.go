@@ -40,7 +40,6 @@ func (st *Store) Get(key model.Key) *Snapshot {
 	return st.scopes[key]
 }
 
-
 // Builder applies the catalog's changes to the store: it is the only writer
 // of every Scope.
 type Builder struct {
