@@ -6,14 +6,22 @@ const (
 	// ConditionAccepted is True when the spec is valid and every selection
 	// resolved against the cluster's Services and namespaces.
 	ConditionAccepted = "Accepted"
-	// ConditionReady is True when the scope's snapshot is built and every
-	// connected proxy ACKed its current version. Its message reads
-	// "N of M proxies at version V". It is Unknown while no proxy is connected.
+	// ConditionReady is True when the spec is accepted, the snapshot of the
+	// current generation is built and served, and every connected proxy (if
+	// any) ACKed its current version. Its message reads "N of M proxies at
+	// version V". It is never True while Accepted is not.
 	ConditionReady = "Ready"
 	// ConditionDegraded is True while a proxy's last response to the current
 	// configuration was a NACK, or proxies keep connecting with the wrong
 	// protocol or without a scope.
 	ConditionDegraded = "Degraded"
+	// ConditionStalled is True when the scope cannot make progress without a
+	// change: its spec is invalid, or a proxy rejects the configuration it
+	// is served. It is the abnormal-true condition kstatus (and so Flux, and
+	// kubectl-style waiters built on it) reads as Failed; with Ready, it
+	// makes every state map to one kstatus result: Ready=True is Current,
+	// Stalled=True is Failed, anything else is InProgress.
+	ConditionStalled = "Stalled"
 )
 
 // Reasons of the Accepted condition.
@@ -39,12 +47,15 @@ const (
 	// ReasonPending (Ready=False): some connected proxies have not ACKed the
 	// current version yet.
 	ReasonPending = "Pending"
-	// ReasonNoProxies (Ready=Unknown): the snapshot is built but no proxy is
-	// connected, so nothing can confirm it.
+	// ReasonNoProxies (Ready=True): the snapshot is built and served and no
+	// proxy is connected yet; a scope is healthy before its proxies start.
 	ReasonNoProxies = "NoProxiesConnected"
-	// ReasonSnapshotNotBuilt (Ready=False): the control plane has not built
-	// the scope's snapshot yet (informers syncing, or the spec not accepted).
+	// ReasonSnapshotNotBuilt (Ready=False; Accepted=Unknown): the control
+	// plane has not built the snapshot of the current generation yet
+	// (informers syncing, or the change still on its way).
 	ReasonSnapshotNotBuilt = "SnapshotNotBuilt"
+	// ReasonNotAccepted (Ready=False): Accepted is False; its reason says why.
+	ReasonNotAccepted = "NotAccepted"
 )
 
 // Reasons of the Degraded condition.
@@ -61,3 +72,7 @@ const (
 	// ads_config.api_type must match spec.protocol.
 	ReasonWrongProtocol = "WrongProtocol"
 )
+
+// The Stalled condition is True with ReasonInvalidSelector (the spec must
+// be fixed) or ReasonProxyNACKed (a proxy rejects what it is served), and
+// False with ReasonAsExpected.

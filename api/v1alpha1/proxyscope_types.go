@@ -151,9 +151,12 @@ type ProxyScopeStatus struct {
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 
 	// conditions are Accepted (the spec is valid and its selections resolved),
-	// Ready (a snapshot is built and every connected proxy ACKed its current
-	// version) and Degraded (a proxy NACKed, or proxies connect with the wrong
-	// protocol). Reasons are the Reason* constants of this API.
+	// Ready (the accepted spec is built and served and every connected proxy
+	// ACKed its current version), Degraded (a proxy NACKed, or proxies
+	// connect with the wrong protocol) and Stalled (nothing will change
+	// without an edit: an invalid spec, a rejected configuration). Ready=True
+	// is kstatus Current, Stalled=True Failed, anything else InProgress.
+	// Reasons are the Reason* constants of this API.
 	// +listType=map
 	// +listMapKey=type
 	// +patchStrategy=merge
@@ -174,9 +177,11 @@ type ProxyScopeStatus struct {
 	// +optional
 	Endpoints int32 `json:"endpoints,omitempty"`
 
-	// connectedProxies counts the proxies with an open stream of the scope's protocol.
+	// connectedProxies counts the proxies with an open stream of the scope's
+	// protocol. It is set (0 included, which the Proxies column then shows)
+	// once the scope is served, and absent before.
 	// +optional
-	ConnectedProxies int32 `json:"connectedProxies,omitempty"`
+	ConnectedProxies *int32 `json:"connectedProxies,omitempty"`
 
 	// syncedProxies counts the connected proxies that ACKed the current version of every type.
 	// +optional
@@ -219,6 +224,7 @@ type ProxyScopeStatus struct {
 // +kubebuilder:resource:shortName=ps,categories=scopeplane
 // +kubebuilder:printcolumn:name="Protocol",type=string,JSONPath=`.spec.protocol`
 // +kubebuilder:printcolumn:name="Mode",type=string,JSONPath=`.spec.listener.mode`
+// +kubebuilder:printcolumn:name="Accepted",type=string,JSONPath=`.status.conditions[?(@.type=="Accepted")].status`
 // +kubebuilder:printcolumn:name="Services",type=integer,JSONPath=`.status.selectedServices`
 // +kubebuilder:printcolumn:name="Proxies",type=integer,JSONPath=`.status.connectedProxies`
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`

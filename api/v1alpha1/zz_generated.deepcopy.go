@@ -143,6 +143,11 @@ func (in *ProxyScopeStatus) DeepCopyInto(out *ProxyScopeStatus) {
 			(*in)[i].DeepCopyInto(&(*out)[i])
 		}
 	}
+	if in.ConnectedProxies != nil {
+		in, out := &in.ConnectedProxies, &out.ConnectedProxies
+		*out = new(int32)
+		**out = **in
+	}
 	if in.LastPushTime != nil {
 		in, out := &in.LastPushTime, &out.LastPushTime
 		*out = (*in).DeepCopy()

@@ -7,6 +7,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
 	"github.com/scopeplane/scopeplane/xds/bootstrap"
@@ -85,9 +86,13 @@ func proxyCounts(in *Inputs) (connected, synced int) {
 	return connected, synced
 }
 
-// ready says whether every connected proxy ACKed the served version of
-// this generation.
+// ready says whether the accepted spec of this generation is served and
+// every connected proxy, if any, ACKed it. It is never True while Accepted
+// is not: kstatus reads Ready=True as Current.
 func ready(in *Inputs) condition {
+	if a := accepted(in); a.status == metav1.ConditionFalse {
+		return condition{metav1.ConditionFalse, xdsv1alpha1.ReasonNotAccepted, fmt.Sprintf("Accepted is False (%s): %s", a.reason, a.message)}
+	}
 	if !in.current() {
 		return condition{metav1.ConditionFalse, xdsv1alpha1.ReasonSnapshotNotBuilt, fmt.Sprintf("the snapshot of generation %d is not built yet", in.Generation)}
 	}
@@ -95,7 +100,7 @@ func ready(in *Inputs) condition {
 	msg := fmt.Sprintf("%d of %d proxies at version %s", synced, connected, in.Version)
 	switch {
 	case connected == 0:
-		return condition{metav1.ConditionUnknown, xdsv1alpha1.ReasonNoProxies, fmt.Sprintf("version %s is built; no proxy is connected to confirm it", in.Version)}
+		return condition{metav1.ConditionTrue, xdsv1alpha1.ReasonNoProxies, fmt.Sprintf("version %s is built and served; no proxy is connected yet", in.Version)}
 	case synced == connected:
 		return condition{metav1.ConditionTrue, xdsv1alpha1.ReasonSynced, msg}
 	}
@@ -123,6 +128,22 @@ func degraded(in *Inputs) (condition, time.Duration) {
 		}
 	}
 	return condition{metav1.ConditionFalse, xdsv1alpha1.ReasonAsExpected, "no proxy rejects the configuration"}, 0
+}
+
+// stalled says whether the scope cannot make progress without a change:
+// kstatus reads Stalled=True as Failed. An invalid spec must be edited; a
+// proxy that rejects what it is served keeps rejecting until the
+// configuration (or the proxy) changes. Everything else that is not Ready
+// is progress under way (InProgress): a generation being built, proxies
+// catching up, a namespace or Services that do not exist yet.
+func stalled(in *Inputs, nacked condition) condition {
+	if a := accepted(in); a.reason == xdsv1alpha1.ReasonInvalidSelector {
+		return condition{metav1.ConditionTrue, a.reason, a.message}
+	}
+	if nacked.reason == xdsv1alpha1.ReasonProxyNACKed {
+		return condition{metav1.ConditionTrue, nacked.reason, nacked.message}
+	}
+	return condition{metav1.ConditionFalse, xdsv1alpha1.ReasonAsExpected, "the scope is served or on its way"}
 }
 
 // nackMessage names the newest rejection of a proxy that is still NACKing.
@@ -158,6 +179,7 @@ func compute(prev *xdsv1alpha1.ProxyScopeStatus, in *Inputs) (xdsv1alpha1.ProxyS
 		st.ObservedGeneration = in.Generation
 	}
 	if !in.current() {
+		set(xdsv1alpha1.ConditionStalled, stalled(in, condition{}))
 		return st, 0
 	}
 	r := &in.Resolution
@@ -168,7 +190,7 @@ func compute(prev *xdsv1alpha1.ProxyScopeStatus, in *Inputs) (xdsv1alpha1.ProxyS
 		st.LastPushTime = &t
 	}
 	connected, synced := proxyCounts(in)
-	st.ConnectedProxies, st.SyncedProxies = int32(connected), int32(synced)
+	st.ConnectedProxies, st.SyncedProxies = ptr.To(int32(connected)), int32(synced)
 	st.RefusedStreams = 0
 	for _, n := range in.Feedback.Refused {
 		st.RefusedStreams += n
@@ -181,5 +203,6 @@ func compute(prev *xdsv1alpha1.ProxyScopeStatus, in *Inputs) (xdsv1alpha1.ProxyS
 	}
 	d, recheck := degraded(in)
 	set(xdsv1alpha1.ConditionDegraded, d)
+	set(xdsv1alpha1.ConditionStalled, stalled(in, d))
 	return st, recheck
 }

@@ -6,6 +6,10 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/utils/ptr"
+	kstatus "sigs.k8s.io/cli-utils/pkg/kstatus/status"
 
 	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
 	"github.com/scopeplane/scopeplane/xds/catalog"
@@ -63,7 +67,14 @@ func TestConditions(t *testing.T) {
 		}(), accepted, metav1.ConditionUnknown, xdsv1alpha1.ReasonSnapshotNotBuilt, "generation 2"},
 
 		{"ready not built", &Inputs{Generation: 1}, ready, metav1.ConditionFalse, xdsv1alpha1.ReasonSnapshotNotBuilt, "generation 1 is not built"},
-		{"no proxies", served(), ready, metav1.ConditionUnknown, xdsv1alpha1.ReasonNoProxies, "version v1 is built"},
+		{"no proxies", served(), ready, metav1.ConditionTrue, xdsv1alpha1.ReasonNoProxies, "version v1 is built and served; no proxy is connected yet"},
+		{"not accepted", func() *Inputs { in := served(at("v1")); in.Resolution.SelectedServices = 0; return in }(), ready,
+			metav1.ConditionFalse, xdsv1alpha1.ReasonNotAccepted, "Accepted is False (NoMatchingServices)"},
+		{"rejected is not ready", func() *Inputs {
+			in := served()
+			in.Resolution = catalog.Resolution{Generation: 2, Invalid: "bad"}
+			return in
+		}(), ready, metav1.ConditionFalse, xdsv1alpha1.ReasonNotAccepted, "InvalidSelector"},
 		{"synced", served(at("v1"), at("v1")), ready, metav1.ConditionTrue, xdsv1alpha1.ReasonSynced, "2 of 2 proxies at version v1"},
 		{"pending", served(at("v1"), at("v0")), ready, metav1.ConditionFalse, xdsv1alpha1.ReasonPending, "1 of 2 proxies at version v1"},
 
@@ -115,7 +126,7 @@ func TestComputeStampsOnlyWhatIsServed(t *testing.T) {
 	in.Generation = 2
 	in.RevTime = now.Add(1500 * time.Millisecond)
 	st, recheck := compute(prev, in)
-	if st.ObservedGeneration != 2 || st.SelectedServices != 1 || st.Endpoints != 3 || st.ConnectedProxies != 1 || st.SyncedProxies != 1 ||
+	if st.ObservedGeneration != 2 || st.SelectedServices != 1 || st.Endpoints != 3 || ptr.Deref(st.ConnectedProxies, -1) != 1 || st.SyncedProxies != 1 ||
 		st.Version != "v1" || st.LastPushTime == nil || !st.LastPushTime.Time.Equal(now.Add(time.Second)) || st.BootstrapConfigMap != "web-xds-bootstrap" || recheck != 0 {
 		t.Errorf("served generation: %+v, recheck %v", st, recheck)
 	}
@@ -127,5 +138,69 @@ func TestComputeStampsOnlyWhatIsServed(t *testing.T) {
 	in.Feedback.LastRefused[feedback.RefusedWrongProto] = now.Add(-30 * time.Second)
 	if _, recheck := compute(prev, in); recheck != wrongProtocolMemory-30*time.Second {
 		t.Errorf("a WrongProtocol verdict must be re-checked when it expires, got %v", recheck)
+	}
+}
+
+// nacking is a served scope with one proxy that rejects its routes.
+func nacking() *Inputs {
+	p := at("")
+	p.Nacked = map[string]bool{"t": true}
+	in := served(p)
+	in.Feedback.NACKs = []feedback.NACK{{Node: p.Node, TypeURL: "t", Version: "v1", Detail: "bad route"}}
+	return in
+}
+
+// TestKstatus maps every state to what kstatus computes from the status the
+// control plane writes: Current for a healthy scope with or without proxies,
+// Failed where only an edit helps, InProgress for the rest.
+func TestKstatus(t *testing.T) {
+	cases := []struct {
+		name string
+		in   *Inputs
+		want kstatus.Status
+	}{
+		{"not built (SnapshotNotBuilt)", &Inputs{Name: "web", Generation: 2}, kstatus.InProgressStatus},
+		{"older generation served", func() *Inputs { in := served(); in.Generation = 3; return in }(), kstatus.InProgressStatus},
+		{"served without proxies (NoProxiesConnected)", served(), kstatus.CurrentStatus},
+		{"every proxy synced (Synced)", served(at("v1"), at("v1")), kstatus.CurrentStatus},
+		{"proxies catching up (Pending)", served(at("v1"), at("v0")), kstatus.InProgressStatus},
+		{"no Service selected (NoMatchingServices)", func() *Inputs { in := served(); in.Resolution.SelectedServices = 0; return in }(), kstatus.InProgressStatus},
+		{"a namespace missing (NamespaceNotFound)", func() *Inputs { in := served(); in.Resolution.MissingNamespaces = []string{"x"}; return in }(), kstatus.InProgressStatus},
+		{"invalid selector (InvalidSelector)", func() *Inputs {
+			in := served()
+			in.Resolution = catalog.Resolution{Generation: 2, Invalid: "bad"}
+			return in
+		}(), kstatus.FailedStatus},
+		{"a proxy rejects (ProxyNACKed)", nacking(), kstatus.FailedStatus},
+		{"wrong-protocol proxies knocking (WrongProtocol)", func() *Inputs {
+			in := served(at("v1"))
+			in.Feedback.LastRefused[feedback.RefusedWrongProto] = now
+			return in
+		}(), kstatus.CurrentStatus},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			st, _ := compute(&xdsv1alpha1.ProxyScopeStatus{}, tc.in)
+			ps := &xdsv1alpha1.ProxyScope{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "shop", Generation: tc.in.Generation}, Status: st}
+			ps.SetGroupVersionKind(xdsv1alpha1.GroupVersion.WithKind("ProxyScope"))
+			obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(ps)
+			if err != nil {
+				t.Fatal(err)
+			}
+			res, err := kstatus.Compute(&unstructured.Unstructured{Object: obj})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Status != tc.want {
+				t.Errorf("kstatus %s (%s), want %s; conditions %+v", res.Status, res.Message, tc.want, st.Conditions)
+			}
+			for _, c := range st.Conditions {
+				if c.Type == xdsv1alpha1.ConditionReady && c.Status == metav1.ConditionTrue {
+					if a := accepted(tc.in); a.status != metav1.ConditionTrue {
+						t.Errorf("Ready is True while Accepted is %s", a.status)
+					}
+				}
+			}
+		})
 	}
 }

@@ -50,11 +50,15 @@ func TestKubectlWorkflow(t *testing.T) {
 	conn := dialXDS(t)
 	proxy(t, conn, adsclient.Delta, testkit.Node("payments-1", "default/payments"), nil)
 	kubectl(t, "wait", "--for=condition=Ready", "proxyscope/payments", "--timeout=30s")
+	// A correct scope is Ready before any proxy connects: waiting on it in CI
+	// or GitOps returns.
+	kubectl(t, "wait", "--for=condition=Ready", "proxyscope/storefront", "--timeout=30s")
 
 	out := kubectl(t, "get", "ps")
-	header := regexp.MustCompile(`NAME\s+PROTOCOL\s+MODE\s+SERVICES\s+PROXIES\s+READY\s+AGE`)
-	row := regexp.MustCompile(`payments\s+Delta\s+ProxylessGRPC\s+1\s+1\s+True\s+\S+`)
-	if !header.MatchString(out) || !row.MatchString(out) {
+	header := regexp.MustCompile(`NAME\s+PROTOCOL\s+MODE\s+ACCEPTED\s+SERVICES\s+PROXIES\s+READY\s+AGE`)
+	row := regexp.MustCompile(`payments\s+Delta\s+ProxylessGRPC\s+True\s+1\s+1\s+True\s+\S+`)
+	idle := regexp.MustCompile(`storefront\s+SotW\s+Envoy\s+True\s+1\s+0\s+True\s+\S+`)
+	if !header.MatchString(out) || !row.MatchString(out) || !idle.MatchString(out) {
 		t.Errorf("kubectl get ps does not show the printcolumns:\n%s", out)
 	}
 

@@ -17,7 +17,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/utils/ptr"
+	kstatus "sigs.k8s.io/cli-utils/pkg/kstatus/status"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
@@ -75,6 +77,24 @@ func expectCondition(t *testing.T, ns, name, typ string, st metav1.ConditionStat
 	return ps
 }
 
+// expectKstatus reads the scope from the API server as GitOps tools do
+// (unstructured) and checks what kstatus computes from it.
+func expectKstatus(t *testing.T, ns, name string, want kstatus.Status) {
+	t.Helper()
+	u := &unstructured.Unstructured{}
+	u.SetGroupVersionKind(xdsv1alpha1.GroupVersion.WithKind("ProxyScope"))
+	if err := env.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, u); err != nil {
+		t.Fatal(err)
+	}
+	res, err := kstatus.Compute(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Status != want {
+		t.Errorf("kstatus of %s/%s: %s (%s), want %s", ns, name, res.Status, res.Message, want)
+	}
+}
+
 func TestStatusConditionsAreReachedAndCleared(t *testing.T) {
 	create(t,
 		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "status"}},
@@ -87,14 +107,16 @@ func TestStatusConditionsAreReachedAndCleared(t *testing.T) {
 		},
 	)
 	expectCondition(t, "status", "web", xdsv1alpha1.ConditionAccepted, metav1.ConditionFalse, xdsv1alpha1.ReasonNamespaceNotFound)
-	ps := expectCondition(t, "status", "web", xdsv1alpha1.ConditionReady, metav1.ConditionUnknown, xdsv1alpha1.ReasonNoProxies)
+	ps := expectCondition(t, "status", "web", xdsv1alpha1.ConditionReady, metav1.ConditionFalse, xdsv1alpha1.ReasonNotAccepted)
 	if ps.Status.BootstrapConfigMap != bootstrap.ConfigMapName("web") || ps.Status.ObservedGeneration != ps.Generation || ps.Status.Version == "" {
 		t.Errorf("status fields: %+v", ps.Status)
 	}
+	expectKstatus(t, "status", "web", kstatus.InProgressStatus) // the namespace may yet appear
 
 	// Drop the missing namespace: nothing matches yet.
 	mutate(t, ps, func(ps *xdsv1alpha1.ProxyScope) { ps.Spec.Services = ps.Spec.Services[:1] })
 	expectCondition(t, "status", "web", xdsv1alpha1.ConditionAccepted, metav1.ConditionFalse, xdsv1alpha1.ReasonNoMatchingServices)
+	expectKstatus(t, "status", "web", kstatus.InProgressStatus)
 
 	// A selector the schema cannot reject but the control plane cannot parse.
 	mutate(t, ps, func(ps *xdsv1alpha1.ProxyScope) {
@@ -106,12 +128,22 @@ func TestStatusConditionsAreReachedAndCleared(t *testing.T) {
 	if c := meta.FindStatusCondition(ps.Status.Conditions, xdsv1alpha1.ConditionAccepted); !strings.Contains(c.Message, "spec.services[1].selector") {
 		t.Errorf("the InvalidSelector message does not name the selection: %s", c.Message)
 	}
+	expectCondition(t, "status", "web", xdsv1alpha1.ConditionStalled, metav1.ConditionTrue, xdsv1alpha1.ReasonInvalidSelector)
+	expectKstatus(t, "status", "web", kstatus.FailedStatus)
 	mutate(t, ps, func(ps *xdsv1alpha1.ProxyScope) { ps.Spec.Services = ps.Spec.Services[:1] })
 	create(t, &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "status", Name: "web"},
 		Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 80}}},
 	})
 	expectCondition(t, "status", "web", xdsv1alpha1.ConditionAccepted, metav1.ConditionTrue, xdsv1alpha1.ReasonResolved)
+
+	// Served before any proxy connects: healthy, and kstatus says Current.
+	ps = expectCondition(t, "status", "web", xdsv1alpha1.ConditionReady, metav1.ConditionTrue, xdsv1alpha1.ReasonNoProxies)
+	if ps.Status.ConnectedProxies == nil || *ps.Status.ConnectedProxies != 0 {
+		t.Errorf("connectedProxies = %v, want 0", ps.Status.ConnectedProxies)
+	}
+	expectCondition(t, "status", "web", xdsv1alpha1.ConditionStalled, metav1.ConditionFalse, xdsv1alpha1.ReasonAsExpected)
+	expectKstatus(t, "status", "web", kstatus.CurrentStatus)
 
 	// A proxy connects and ACKs everything: Ready.
 	conn := dialXDS(t)
@@ -122,6 +154,7 @@ func TestStatusConditionsAreReachedAndCleared(t *testing.T) {
 		t.Errorf("Ready message: %q", c.Message)
 	}
 	expectCondition(t, "status", "web", xdsv1alpha1.ConditionDegraded, metav1.ConditionFalse, xdsv1alpha1.ReasonAsExpected)
+	expectKstatus(t, "status", "web", kstatus.CurrentStatus)
 
 	// A second proxy rejects the routes: Degraded, with its error on the CRD.
 	nacksBefore := testutil.ToFloat64(metrics.NACKs.WithLabelValues("status/web", xdstype.Route.URL()))
@@ -144,6 +177,8 @@ func TestStatusConditionsAreReachedAndCleared(t *testing.T) {
 		t.Errorf("recentNACKs: %+v", ps.Status.RecentNACKs)
 	}
 	expectCondition(t, "status", "web", xdsv1alpha1.ConditionReady, metav1.ConditionFalse, xdsv1alpha1.ReasonPending)
+	expectCondition(t, "status", "web", xdsv1alpha1.ConditionStalled, metav1.ConditionTrue, xdsv1alpha1.ReasonProxyNACKed)
+	expectKstatus(t, "status", "web", kstatus.FailedStatus)
 	if got := testutil.ToFloat64(metrics.NACKs.WithLabelValues("status/web", xdstype.Route.URL())) - nacksBefore; got != 1 {
 		t.Errorf("scopeplane_xds_nacks_total grew by %v, want 1 (a NACK is not answered by a resend)", got)
 	}
@@ -164,9 +199,11 @@ func TestStatusConditionsAreReachedAndCleared(t *testing.T) {
 	})
 	expectCondition(t, "status", "web", xdsv1alpha1.ConditionDegraded, metav1.ConditionFalse, xdsv1alpha1.ReasonAsExpected)
 	ps = expectCondition(t, "status", "web", xdsv1alpha1.ConditionReady, metav1.ConditionTrue, xdsv1alpha1.ReasonSynced)
-	if ps.Status.ConnectedProxies != 2 || ps.Status.SyncedProxies != 2 || ps.Status.Clusters != 2 {
-		t.Errorf("counts: connected %d synced %d clusters %d", ps.Status.ConnectedProxies, ps.Status.SyncedProxies, ps.Status.Clusters)
+	if ptr.Deref(ps.Status.ConnectedProxies, -1) != 2 || ps.Status.SyncedProxies != 2 || ps.Status.Clusters != 2 {
+		t.Errorf("counts: connected %v synced %d clusters %d", ps.Status.ConnectedProxies, ps.Status.SyncedProxies, ps.Status.Clusters)
 	}
+	expectCondition(t, "status", "web", xdsv1alpha1.ConditionStalled, metav1.ConditionFalse, xdsv1alpha1.ReasonAsExpected)
+	expectKstatus(t, "status", "web", kstatus.CurrentStatus)
 
 	// A delta proxy knocks on a SotW scope: refused, and the scope says why.
 	_, done := proxy(t, conn, adsclient.Delta, testkit.Node("wrong", "status/web"), nil)
@@ -178,6 +215,7 @@ func TestStatusConditionsAreReachedAndCleared(t *testing.T) {
 	if ps.Status.RefusedStreams < 1 {
 		t.Errorf("refusedStreams = %d", ps.Status.RefusedStreams)
 	}
+	expectKstatus(t, "status", "web", kstatus.CurrentStatus) // its own proxies are served; the knocking ones are misconfigured
 
 	// Switching the scope to delta rewrites its bootstrap and closes the SotW streams.
 	envoyBefore := string(bootstrapOf(t, "status", "web", bootstrap.EnvoyKey))

@@ -168,7 +168,7 @@ func TestOnlyTheLeaderWritesStatusAndAnotherTakesOver(t *testing.T) {
 		if err := env.Client.Get(ctx, client.ObjectKey{Namespace: "default", Name: "ha"}, ps); err != nil {
 			t.Fatal(err)
 		}
-		return ps.Status.ConnectedProxies
+		return ptr.Deref(ps.Status.ConnectedProxies, 0)
 	}
 	want := int32(len(proxies[leader]))
 	testkit.Eventually(t, "status written by the leader "+leader.name, func() (bool, string) {
