@@ -5,10 +5,12 @@ package main
 
 import (
 	"flag"
+	"fmt"
 	"os"
+	"runtime"
 	"time"
 
-	"k8s.io/apimachinery/pkg/runtime"
+	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -18,6 +20,7 @@ import (
 
 	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
 	"github.com/scopeplane/scopeplane/internal/controlplane"
+	"github.com/scopeplane/scopeplane/xds/metrics"
 )
 
 // version is the binary's version, set at build time from the Helm chart's
@@ -33,6 +36,7 @@ func main() {
 		xdsAddr     string
 		xdsServer   string
 		window      time.Duration
+		showVersion bool
 	)
 	flag.StringVar(&metricsAddr, "metrics-bind-address", ":8080", "Address the Prometheus metrics endpoint binds to; 0 disables it.")
 	flag.StringVar(&probeAddr, "health-probe-bind-address", ":8081", "Address /healthz and /readyz bind to.")
@@ -41,13 +45,18 @@ func main() {
 	flag.StringVar(&xdsAddr, "xds-bind-address", ":18000", "Address the ADS gRPC server (SotW and delta) binds to.")
 	flag.StringVar(&xdsServer, "xds-server-address", "127.0.0.1:18000", "host:port proxies dial to reach this control plane, written into each scope's bootstrap ConfigMap (in a cluster: the xDS Service's DNS name).")
 	flag.DurationVar(&window, "coalesce-window", 10*time.Millisecond, "How long to wait after a change for more changes before pushing them as one version.")
+	flag.BoolVar(&showVersion, "version", false, "Print the version and exit.")
 	opts := zap.Options{}
 	opts.BindFlags(flag.CommandLine)
 	flag.Parse()
+	if showVersion {
+		fmt.Println("scopeplane", version, runtime.Version())
+		return
+	}
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&opts)))
 	log := ctrl.Log.WithName("setup")
 
-	scheme := runtime.NewScheme()
+	scheme := k8sruntime.NewScheme()
 	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
 	utilruntime.Must(xdsv1alpha1.AddToScheme(scheme))
 
@@ -73,6 +82,7 @@ func main() {
 		log.Error(err, "setting up the control plane")
 		os.Exit(1)
 	}
+	metrics.SetBuildInfo(version)
 	log.Info("starting scopeplane", "version", version)
 	if err := mgr.Start(ctx); err != nil {
 		log.Error(err, "running the manager")

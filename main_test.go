@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -80,14 +81,21 @@ func TestBinaryServesProbesMetricsAndXDS(t *testing.T) {
 	if code, _ := get("http://" + probes + "/healthz"); code != http.StatusOK {
 		t.Errorf("/healthz: %d", code)
 	}
-	if _, body := get("http://" + metrics + "/metrics"); !strings.Contains(body, "scopeplane_snapshot_build_duration_seconds") {
+	_, body := get("http://" + metrics + "/metrics")
+	if !strings.Contains(body, "scopeplane_snapshot_build_duration_seconds") {
 		t.Errorf("the metrics endpoint does not serve scopeplane's metrics:\n%.2000s", body)
+	}
+	if !strings.Contains(body, `scopeplane_build_info{goversion="`+runtime.Version()+`",version="test-1"} 1`) {
+		t.Errorf("the metrics endpoint does not serve scopeplane_build_info for version test-1:\n%.2000s", body)
 	}
 	conn, err := net.DialTimeout("tcp", xds, 5*time.Second)
 	if err != nil {
 		t.Fatalf("the xDS port does not accept connections: %v", err)
 	}
 	_ = conn.Close()
+	if out, err := exec.Command(bin, "--version").CombinedOutput(); err != nil || string(out) != "scopeplane test-1 "+runtime.Version()+"\n" {
+		t.Errorf("scopeplane --version: %q, %v", out, err)
+	}
 	if !strings.Contains(logs.String(), `"version": "test-1"`) && !strings.Contains(logs.String(), `"version":"test-1"`) {
 		t.Errorf("the binary did not log its version:\n%s", logs.String())
 	}

@@ -5,6 +5,8 @@
 package metrics
 
 import (
+	"runtime"
+
 	"github.com/prometheus/client_golang/prometheus"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 )
@@ -30,7 +32,7 @@ var (
 
 	// BytesSent counts the serialized size of responses.
 	BytesSent = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "scopeplane_xds_bytes_sent_total",
+		Name: "scopeplane_xds_sent_bytes_total",
 		Help: "Serialized bytes of xDS responses, by scope, type and protocol.",
 	}, []string{"scope", "type", "protocol"})
 
@@ -67,8 +69,21 @@ var (
 		Help:    "Time to version and marshal one batch of changes into the scopes' snapshots.",
 		Buckets: prometheus.ExponentialBuckets(0.00001, 4, 12),
 	})
+
+	// BuildInfo is 1, labelled with the binary's version and Go version, so
+	// that dashboards can show which version each replica runs.
+	BuildInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "scopeplane_build_info",
+		Help: "Always 1; the labels say which scopeplane version and Go version this replica runs.",
+	}, []string{"version", "goversion"})
 )
 
+// SetBuildInfo records the binary's version in BuildInfo.
+func SetBuildInfo(version string) {
+	BuildInfo.Reset()
+	BuildInfo.WithLabelValues(version, runtime.Version()).Set(1)
+}
+
 func init() {
-	ctrlmetrics.Registry.MustRegister(ConnectedProxies, Pushes, ResourcesSent, BytesSent, NACKs, Refusals, Convergence, Translation, SnapshotBuild)
+	ctrlmetrics.Registry.MustRegister(ConnectedProxies, Pushes, ResourcesSent, BytesSent, NACKs, Refusals, Convergence, Translation, SnapshotBuild, BuildInfo)
 }
