@@ -13,8 +13,10 @@ import (
 	"context"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/events"
@@ -31,6 +33,7 @@ import (
 	"github.com/scopeplane/scopeplane/controllers/convert"
 	"github.com/scopeplane/scopeplane/xds/feedback"
 	"github.com/scopeplane/scopeplane/xds/keyset"
+	"github.com/scopeplane/scopeplane/xds/metrics"
 	"github.com/scopeplane/scopeplane/xds/model"
 	"github.com/scopeplane/scopeplane/xds/snapshot"
 )
@@ -50,9 +53,19 @@ type Reconciler struct {
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	ps := &xdsv1alpha1.ProxyScope{}
 	if err := r.Client.Get(ctx, req.NamespacedName, ps); err != nil {
+		if apierrors.IsNotFound(err) {
+			metrics.ScopeCondition.DeletePartialMatch(prometheus.Labels{"scope": req.String()})
+		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	next, recheck := compute(&ps.Status, r.inputs(ps))
+	for _, c := range next.Conditions {
+		v := 0.0
+		if c.Status == metav1.ConditionTrue {
+			v = 1
+		}
+		metrics.ScopeCondition.WithLabelValues(req.String(), c.Type).Set(v)
+	}
 	if !equality.Semantic.DeepEqual(ps.Status, next) {
 		before := ps.DeepCopy()
 		ps.Status = next

@@ -1,13 +1,19 @@
 package controlplane_test
 
 import (
+	"encoding/json"
+	"os"
+	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/prometheus/promql/parser"
 	"google.golang.org/protobuf/types/known/anypb"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+	"sigs.k8s.io/yaml"
 
 	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
 	"github.com/scopeplane/scopeplane/internal/testkit"
@@ -87,6 +93,11 @@ func TestMetricsAfterScriptedSequence(t *testing.T) {
 	if got := testutil.ToFloat64(metrics.Refusals.WithLabelValues(scope, "WrongProtocol")); got != 1 {
 		t.Errorf("refusals: %v, want 1", got)
 	}
+	if got := testutil.ToFloat64(metrics.ScopeCondition.WithLabelValues(scope, xdsv1alpha1.ConditionReady)); got != 1 {
+		t.Errorf("scopeplane_scope_condition{condition=Ready}: %v, want 1", got)
+	}
+	metrics.SetBuildInfo("test") // main sets it; the in-process control plane does not run main
+	checkAlertsAndDashboard(t)
 }
 
 // rejectFirst NACKs the first response of typeURL.
@@ -122,4 +133,81 @@ func histogramCount(t *testing.T, protocol string) uint64 {
 		}
 	}
 	return 0
+}
+
+// checkAlertsAndDashboard parses every expression of the chart's alert rules
+// and dashboard with Prometheus' own parser, and checks that each names only
+// metrics the control plane exports, as gathered from the registry the
+// metrics endpoint serves after the scripted sequence (so every series
+// family has samples).
+func checkAlertsAndDashboard(t *testing.T) {
+	t.Helper()
+	families, err := ctrlmetrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	exported := map[string]bool{}
+	for _, f := range families {
+		exported[f.GetName()] = true
+		if f.GetType() == dto.MetricType_HISTOGRAM {
+			for _, s := range []string{"_bucket", "_sum", "_count"} {
+				exported[f.GetName()+s] = true
+			}
+		}
+	}
+	var exprs []string
+	rules, err := os.ReadFile("../../charts/scopeplane/files/alerts.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var spec struct {
+		Groups []struct {
+			Rules []struct{ Alert, Expr string }
+		}
+	}
+	if err := yaml.Unmarshal(rules, &spec); err != nil {
+		t.Fatalf("files/alerts.yaml: %v", err)
+	}
+	for _, g := range spec.Groups {
+		for _, r := range g.Rules {
+			exprs = append(exprs, r.Expr)
+		}
+	}
+	board, err := os.ReadFile("../../charts/scopeplane/files/dashboard.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dashboard struct {
+		Panels []struct {
+			Title   string
+			Targets []struct{ Expr string }
+		}
+	}
+	if err := json.Unmarshal(board, &dashboard); err != nil {
+		t.Fatalf("files/dashboard.json: %v", err)
+	}
+	// Grafana substitutes its variables before the query reaches Prometheus.
+	grafana := strings.NewReplacer("$__rate_interval", "5m", "$scope", ".*")
+	for _, p := range dashboard.Panels {
+		for _, tg := range p.Targets {
+			exprs = append(exprs, grafana.Replace(tg.Expr))
+		}
+	}
+	promql := parser.NewParser(parser.Options{})
+	if len(exprs) < 10 {
+		t.Fatalf("only %d expressions found in the alerts and the dashboard", len(exprs))
+	}
+	for _, e := range exprs {
+		parsed, err := promql.ParseExpr(e)
+		if err != nil {
+			t.Errorf("%q does not parse: %v", e, err)
+			continue
+		}
+		parser.Inspect(parsed, func(n parser.Node, _ []parser.Node) error {
+			if vs, ok := n.(*parser.VectorSelector); ok && !exported[vs.Name] {
+				t.Errorf("%q names %s, which the control plane does not export", e, vs.Name)
+			}
+			return nil
+		})
+	}
 }

@@ -8,6 +8,7 @@ package chart_test
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -54,7 +55,7 @@ var renderCases = []renderCase{
 				t.Errorf("one replica without leaderElection.enabled must not elect a leader: %q", args)
 			}
 			wantString(t, find(t, objs, "Deployment"), "ghcr.io/scopeplane/scopeplane:0.1.0", "spec", "template", "spec", "containers", "0", "image")
-			for _, kind := range []string{"PodDisruptionBudget", "ServiceMonitor", "Role"} {
+			for _, kind := range []string{"PodDisruptionBudget", "ServiceMonitor", "PrometheusRule", "Role"} {
 				if o := findOptional(objs, kind); o != nil {
 					t.Errorf("the default values must not render a %s", kind)
 				}
@@ -67,6 +68,7 @@ var renderCases = []renderCase{
 			wantArgs(t, containerArgs(t, objs), "--leader-elect")
 			wantString(t, find(t, objs, "PodDisruptionBudget"), "1", "spec", "minAvailable")
 			checkServiceMonitor(t, objs)
+			checkObservability(t, objs)
 		},
 	},
 	{
@@ -538,6 +540,41 @@ func wantArgs(t *testing.T, args []string, want ...string) {
 		if !slices.Contains(args, w) {
 			t.Errorf("the container args %q lack %q", args, w)
 		}
+	}
+}
+
+// checkObservability checks the PrometheusRule (which the API server cannot
+// dry-run) and the dashboard ConfigMap carry the chart's files whole: the
+// files themselves are checked against Prometheus' parser and the exported
+// metrics by internal/controlplane's TestAlertsAndDashboardNameExportedMetrics.
+func checkObservability(t *testing.T, objs []*unstructured.Unstructured) {
+	t.Helper()
+	rule := find(t, objs, "PrometheusRule")
+	wantString(t, rule, "monitoring.coreos.com/v1", "apiVersion")
+	wantString(t, rule, "kube-prometheus-stack", "metadata", "labels", "release")
+	groups, _, _ := unstructured.NestedSlice(rule.Object, "spec", "groups")
+	var alerts int
+	for _, g := range groups {
+		rules, _, _ := unstructured.NestedSlice(g.(map[string]any), "rules")
+		alerts += len(rules)
+	}
+	if alerts != 5 {
+		t.Errorf("the PrometheusRule holds %d alerts, want the 5 of files/alerts.yaml", alerts)
+	}
+	var dashboard *unstructured.Unstructured
+	for _, o := range objs {
+		if o.GetKind() == "ConfigMap" && strings.HasSuffix(o.GetName(), "-dashboard") {
+			dashboard = o
+		}
+	}
+	if dashboard == nil {
+		t.Fatal("no dashboard ConfigMap")
+	}
+	wantString(t, dashboard, "1", "metadata", "labels", "grafana_dashboard")
+	body, _, _ := unstructured.NestedString(dashboard.Object, "data", "scopeplane.json")
+	var d struct{ Panels []any }
+	if err := json.Unmarshal([]byte(body), &d); err != nil || len(d.Panels) == 0 {
+		t.Errorf("the dashboard ConfigMap does not hold the dashboard JSON: %v", err)
 	}
 }
 

@@ -21,8 +21,9 @@ import (
 // TestServerDryRun applies every case's rendered objects to a real
 // kube-apiserver (v1.37, the envtest binaries) with a server-side dry run,
 // in a namespace that enforces the restricted Pod Security Standard, and
-// fails on any error or warning. The ServiceMonitor is left out (envtest has
-// no Prometheus Operator CRDs; checkServiceMonitor checks it instead). It
+// fails on any error or warning. The ServiceMonitor and PrometheusRule are
+// left out (envtest has no Prometheus Operator CRDs; checkServiceMonitor and
+// checkObservability check them instead). It
 // also applies the ProxyScope example NOTES.txt shows.
 func TestServerDryRun(t *testing.T) {
 	kubectl, err := exec.LookPath("kubectl")
@@ -59,7 +60,7 @@ func TestServerDryRun(t *testing.T) {
 			var manifest bytes.Buffer
 			var applied int
 			for _, o := range decode(t, c.render(t)) {
-				if o.GetKind() == "ServiceMonitor" {
+				if o.GetAPIVersion() == "monitoring.coreos.com/v1" { // ServiceMonitor, PrometheusRule
 					continue
 				}
 				data, err := yaml.Marshal(o.Object)

@@ -70,6 +70,13 @@ var (
 		Buckets: prometheus.ExponentialBuckets(0.00001, 4, 12),
 	})
 
+	// ScopeCondition mirrors each ProxyScope's conditions as the leader
+	// writes them, so that alerts can say how long a scope has not been Ready.
+	ScopeCondition = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "scopeplane_scope_condition",
+		Help: "1 while the ProxyScope's condition is True, else 0, by scope and condition (Accepted, Ready, Degraded, Stalled); exported by the leader.",
+	}, []string{"scope", "condition"})
+
 	// BuildInfo is 1, labelled with the binary's version and Go version, so
 	// that dashboards can show which version each replica runs.
 	BuildInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts{
@@ -85,5 +92,5 @@ func SetBuildInfo(version string) {
 }
 
 func init() {
-	ctrlmetrics.Registry.MustRegister(ConnectedProxies, Pushes, ResourcesSent, BytesSent, NACKs, Refusals, Convergence, Translation, SnapshotBuild, BuildInfo)
+	ctrlmetrics.Registry.MustRegister(ConnectedProxies, Pushes, ResourcesSent, BytesSent, NACKs, Refusals, Convergence, Translation, SnapshotBuild, ScopeCondition, BuildInfo)
 }
