@@ -85,6 +85,9 @@ func TestBinaryServesProbesMetricsAndXDS(t *testing.T) {
 	if !strings.Contains(body, "scopeplane_snapshot_build_duration_seconds") {
 		t.Errorf("the metrics endpoint does not serve scopeplane's metrics:\n%.2000s", body)
 	}
+	if !strings.Contains(body, `grpc_server_started_total{grpc_method="StreamAggregatedResources",grpc_service="envoy.service.discovery.v3.AggregatedDiscoveryService",grpc_type="bidi_stream"}`) {
+		t.Errorf("the metrics endpoint does not serve the ADS server's gRPC metrics:\n%.2000s", body)
+	}
 	if !strings.Contains(body, `scopeplane_build_info{goversion="`+runtime.Version()+`",version="test-1"} 1`) {
 		t.Errorf("the metrics endpoint does not serve scopeplane_build_info for version test-1:\n%.2000s", body)
 	}

@@ -96,6 +96,10 @@ func TestMetricsAfterScriptedSequence(t *testing.T) {
 	if got := testutil.ToFloat64(metrics.ScopeCondition.WithLabelValues(scope, xdsv1alpha1.ConditionReady)); got != 1 {
 		t.Errorf("scopeplane_scope_condition{condition=Ready}: %v, want 1", got)
 	}
+	// The gRPC interceptor's standard metrics count the refusal by its code.
+	if got := gathered(t, "grpc_server_handled_total", map[string]string{"grpc_method": "DeltaAggregatedResources", "grpc_code": "FailedPrecondition"}); got < 1 {
+		t.Errorf("grpc_server_handled_total{DeltaAggregatedResources, FailedPrecondition} = %v, want at least 1", got)
+	}
 	metrics.SetBuildInfo("test") // main sets it; the in-process control plane does not run main
 	checkAlertsAndDashboard(t)
 }
@@ -210,4 +214,32 @@ func checkAlertsAndDashboard(t *testing.T) {
 			return nil
 		})
 	}
+}
+
+// gathered returns the value of the counter family name whose labels
+// include want, read from the registry the metrics endpoint serves.
+func gathered(t *testing.T, name string, want map[string]string) float64 {
+	t.Helper()
+	families, err := ctrlmetrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			match := 0
+			for _, l := range m.GetLabel() {
+				if v, ok := want[l.GetName()]; ok && v == l.GetValue() {
+					match++
+				}
+			}
+			if match == len(want) {
+				sum += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return sum
 }

@@ -7,6 +7,7 @@ package metrics
 import (
 	"runtime"
 
+	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
 	"github.com/prometheus/client_golang/prometheus"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 )
@@ -77,6 +78,11 @@ var (
 		Help: "1 while the ProxyScope's condition is True, else 0, by scope and condition (Accepted, Ready, Degraded, Stalled); exported by the leader.",
 	}, []string{"scope", "condition"})
 
+	// GRPC counts the ADS server's streams by method and by the status code
+	// they ended with (refusals included), and the messages each way:
+	// go-grpc-middleware's standard grpc_server_* metrics.
+	GRPC = grpcprom.NewServerMetrics()
+
 	// BuildInfo is 1, labelled with the binary's version and Go version, so
 	// that dashboards can show which version each replica runs.
 	BuildInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts{
@@ -92,5 +98,5 @@ func SetBuildInfo(version string) {
 }
 
 func init() {
-	ctrlmetrics.Registry.MustRegister(ConnectedProxies, Pushes, ResourcesSent, BytesSent, NACKs, Refusals, Convergence, Translation, SnapshotBuild, ScopeCondition, BuildInfo)
+	ctrlmetrics.Registry.MustRegister(ConnectedProxies, Pushes, ResourcesSent, BytesSent, NACKs, Refusals, Convergence, Translation, SnapshotBuild, ScopeCondition, BuildInfo, GRPC)
 }

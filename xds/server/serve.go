@@ -10,6 +10,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
+
+	"github.com/scopeplane/scopeplane/xds/metrics"
 )
 
 // MaxRecvMsgSize bounds one request from a proxy. A reconnecting delta proxy
@@ -24,13 +26,16 @@ const MaxRecvMsgSize = 32 << 20
 func (s *Server) GRPCServer(extra ...grpc.ServerOption) *grpc.Server {
 	g := grpc.NewServer(append(GRPCOptions(), extra...)...)
 	s.Register(g)
+	metrics.GRPC.InitializeMetrics(g)
 	return g
 }
 
-// GRPCOptions are the transport limits GRPCServer applies; the benchmark
-// gives its baseline the same, so neither wins by transport settings.
+// GRPCOptions are the transport limits and the gRPC metrics interceptor
+// GRPCServer applies; the benchmark gives its baseline the same, so neither
+// wins by transport settings or saved bookkeeping.
 func GRPCOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{
+		grpc.ChainStreamInterceptor(metrics.GRPC.StreamServerInterceptor()),
 		grpc.MaxRecvMsgSize(MaxRecvMsgSize),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
