@@ -104,13 +104,15 @@ bench-quick: ## The same benchmark on a small world (S=500, N=50, every cell, un
 ##@ Run
 
 .PHONY: build
-build: ## Build the scopeplane binary into bin/.
+build: ## Build the scopeplane binary and the kubectl-scopeplane plugin into bin/.
 	CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=$(VERSION)" -o bin/scopeplane .
+	CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o bin/kubectl-scopeplane ./cmd/kubectl-scopeplane
 
 .PHONY: demo
 demo: ## Run scopeplane end to end: local API server, operator, backends, scopes, a gRPC xDS client (DEMO_ONCE=1: one pass).
 	assets=$$(hack/envtest.sh); \
-	KUBEBUILDER_ASSETS=$$assets go run ./hack/demo
+	CGO_ENABLED=0 go build -o bin/kubectl-scopeplane ./cmd/kubectl-scopeplane; \
+	PATH=$(CURDIR)/bin:$$PATH KUBEBUILDER_ASSETS=$$assets go run ./hack/demo
 
 ##@ Tools
 

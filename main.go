@@ -36,6 +36,8 @@ func main() {
 		xdsAddr     string
 		xdsServer   string
 		window      time.Duration
+		adminAddr   string
+		pprofAddr   string
 		showVersion bool
 	)
 	flag.StringVar(&metricsAddr, "metrics-bind-address", ":8080", "Address the Prometheus metrics endpoint binds to; 0 disables it.")
@@ -45,6 +47,8 @@ func main() {
 	flag.StringVar(&xdsAddr, "xds-bind-address", ":18000", "Address the ADS gRPC server (SotW and delta) binds to.")
 	flag.StringVar(&xdsServer, "xds-server-address", "127.0.0.1:18000", "host:port proxies dial to reach this control plane, written into each scope's bootstrap ConfigMap (in a cluster: the xDS Service's DNS name).")
 	flag.DurationVar(&window, "coalesce-window", 10*time.Millisecond, "How long to wait after a change for more changes before pushing them as one version.")
+	flag.StringVar(&adminAddr, "admin-bind-address", "127.0.0.1:18001", "Loopback address of the admin gRPC service: Envoy's Client Status Discovery Service (proxy status and config dumps, what kubectl scopeplane reads through port-forward); empty disables it.")
+	flag.StringVar(&pprofAddr, "pprof-bind-address", "", "Address net/http/pprof binds to; empty (the default) disables it.")
 	flag.BoolVar(&showVersion, "version", false, "Print the version and exit.")
 	opts := zap.Options{}
 	opts.BindFlags(flag.CommandLine)
@@ -55,6 +59,12 @@ func main() {
 	}
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&opts)))
 	log := ctrl.Log.WithName("setup")
+	if adminAddr != "" {
+		if err := controlplane.CheckAdminAddress(adminAddr); err != nil {
+			log.Error(err, "--admin-bind-address")
+			os.Exit(2)
+		}
+	}
 
 	scheme := k8sruntime.NewScheme()
 	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
@@ -65,6 +75,7 @@ func main() {
 		Cache:                   controlplane.CacheOptions(),
 		Metrics:                 metricsserver.Options{BindAddress: metricsAddr},
 		HealthProbeBindAddress:  probeAddr,
+		PprofBindAddress:        pprofAddr,
 		LeaderElection:          leaderElect,
 		LeaderElectionID:        "scopeplane.xds.scopeplane.dev",
 		LeaderElectionNamespace: leaderNS,
@@ -78,7 +89,9 @@ func main() {
 		os.Exit(1)
 	}
 	ctx := ctrl.SetupSignalHandler()
-	if _, err := controlplane.Setup(ctx, mgr, controlplane.Options{XDSAddress: xdsAddr, XDSServerAddress: xdsServer, CoalesceWindow: window}); err != nil {
+	if _, err := controlplane.Setup(ctx, mgr, controlplane.Options{
+		XDSAddress: xdsAddr, XDSServerAddress: xdsServer, CoalesceWindow: window, AdminAddress: adminAddr,
+	}); err != nil {
 		log.Error(err, "setting up the control plane")
 		os.Exit(1)
 	}

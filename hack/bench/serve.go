@@ -361,15 +361,7 @@ func (b *baselineCP) Serve(ctx context.Context, lis net.Listener) error {
 	srv := &baselineADS{sotw: sotwv3.NewServer(ctx, b.cache, cb), delta: deltav3.NewServer(ctx, b.cache, cb)}
 	g := grpc.NewServer(server.GRPCOptions()...)
 	discoveryv3.RegisterAggregatedDiscoveryServiceServer(g, srv)
-	errc := make(chan error, 1)
-	go func() { errc <- g.Serve(lis) }()
-	select {
-	case err := <-errc:
-		return err
-	case <-ctx.Done():
-		g.Stop()
-		return nil
-	}
+	return server.ServeUntil(ctx, g, lis, g.Stop)
 }
 
 // baselineADS is go-control-plane's ADS service exactly as pkg/server/v3

@@ -62,6 +62,7 @@ func main() {
 type demo struct {
 	env        *localapi.Env
 	kubeconfig string
+	admin      string // the operator's admin (CSDS) address
 	backends   map[string]*whoami.Backend
 }
 
@@ -97,8 +98,14 @@ func run(ctx context.Context) error {
 	}
 	mgrCtx, cancelMgr := context.WithCancel(ctx)
 	defer cancelMgr()
+	admin, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	d.admin = admin.Addr().String()
 	if _, err := controlplane.Setup(mgrCtx, mgr, controlplane.Options{
 		XDSListener: lis, XDSServerAddress: lis.Addr().String(), CoalesceWindow: 10 * time.Millisecond, StatusWindow: 100 * time.Millisecond,
+		AdminListener: admin,
 	}); err != nil {
 		return err
 	}
@@ -110,7 +117,7 @@ func run(ctx context.Context) error {
 			fmt.Fprintln(os.Stderr, "operator:", err)
 		}
 	}()
-	fmt.Printf("    ADS server on %s\n", lis.Addr())
+	fmt.Printf("    ADS server on %s, admin (CSDS) on %s\n", lis.Addr(), d.admin)
 
 	step("starting gRPC backends on 127.0.0.1")
 	for _, name := range []string{"greeter-a", "greeter-b", "inventory-a"} {
@@ -205,12 +212,27 @@ func run(ctx context.Context) error {
 		return errors.New("the scopes' conditions are not Accepted=True, Ready=True, Degraded=False")
 	}
 
+	step("kubectl scopeplane proxy-status: every proxy, per type, against what its scope serves (CSDS)")
+	if out, err = d.kubectl("", "scopeplane", "proxy-status", "--address", d.admin); err != nil {
+		return err
+	}
+	if strings.Count(out, "SYNCED  SYNCED  SYNCED  SYNCED") != 2 {
+		return errors.New("kubectl scopeplane proxy-status does not show both proxies in sync")
+	}
+	step("kubectl scopeplane explain: why the gRPC client of demo/greeter holds greeter but not inventory")
+	for _, svc := range []string{"demo/greeter", "demo/inventory"} {
+		if _, err = d.kubectl("", "scopeplane", "explain", "greeter-grpc", svc, "--address", d.admin); err != nil {
+			return err
+		}
+	}
+
 	if os.Getenv("DEMO_ONCE") != "" {
 		step("demo passed: every RPC and every condition as expected")
 		return nil
 	}
 	step("everything keeps running; in another shell:")
-	fmt.Printf("    export KUBECONFIG=%s\n    kubectl get ps -A -o wide\n    kubectl describe ps -n demo greeter\n\nPress Ctrl-C to stop.\n", d.kubeconfig)
+	fmt.Printf("    export KUBECONFIG=%s PATH=%s\n    kubectl get ps -A -o wide\n    kubectl describe ps -n demo greeter\n    kubectl scopeplane proxy-status --address %s\n    kubectl scopeplane config-dump demo/greeter --type clusters --address %s\n\nPress Ctrl-C to stop.\n",
+		d.kubeconfig, os.Getenv("PATH"), d.admin, d.admin)
 	select {
 	case <-ctx.Done():
 	case err := <-deltaDone:
@@ -221,7 +243,9 @@ func run(ctx context.Context) error {
 
 func (d *demo) kubectl(stdin string, args ...string) (string, error) {
 	fmt.Printf("    $ kubectl %s\n", strings.Join(args, " "))
-	cmd := exec.Command("kubectl", append([]string{"--kubeconfig", d.kubeconfig}, args...)...)
+	cmd := exec.Command("kubectl", args...)
+	// Through the environment: kubectl refuses flags before a plugin's name.
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+d.kubeconfig)
 	cmd.Stdin = strings.NewReader(stdin)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out

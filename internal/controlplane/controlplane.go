@@ -6,6 +6,7 @@ package controlplane
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"time"
@@ -38,6 +39,25 @@ type Options struct {
 	XDSServerAddress string
 	// StatusWindow coalesces changes into status writes, per burst.
 	StatusWindow time.Duration
+	// AdminListener is where CSDS (proxy status and config dumps) is
+	// served; AdminAddress is used when it is nil, and neither disables it.
+	// It must be a loopback address (see CheckAdminAddress).
+	AdminListener net.Listener
+	AdminAddress  string
+}
+
+// CheckAdminAddress refuses an admin address that is not on a loopback
+// interface: the admin service is unauthenticated and shows every scope's
+// configuration, so it is reached through kubectl port-forward only.
+func CheckAdminAddress(addr string) error {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("admin address %q: %w", addr, err)
+	}
+	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+		return fmt.Errorf("admin address %q is not a loopback address: the admin service is unauthenticated and shows every scope's configuration; bind it to 127.0.0.1 and reach it with kubectl port-forward", addr)
+	}
+	return nil
 }
 
 // CacheOptions restricts the manager's cache to what the control plane
@@ -82,6 +102,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) (*ControlPlane, 
 	for _, r := range []manager.Runnable{
 		everyReplica(func(ctx context.Context) error { return cp.Run(ctx, cp.Sync.Synced()) }),
 		everyReplica(cp.serve),
+		everyReplica(cp.serveAdmin),
 	} {
 		if err := mgr.Add(r); err != nil {
 			return nil, err
@@ -98,6 +119,23 @@ func (cp *ControlPlane) serve(ctx context.Context) error {
 		return cp.Server.ServeListener(ctx, cp.opts.XDSListener)
 	}
 	return cp.Server.Serve(ctx, cp.opts.XDSAddress)
+}
+
+func (cp *ControlPlane) serveAdmin(ctx context.Context) error {
+	lis := cp.opts.AdminListener
+	if lis == nil {
+		if cp.opts.AdminAddress == "" {
+			return nil
+		}
+		if err := CheckAdminAddress(cp.opts.AdminAddress); err != nil {
+			return err
+		}
+		var err error
+		if lis, err = net.Listen("tcp", cp.opts.AdminAddress); err != nil {
+			return fmt.Errorf("admin listener: %w", err)
+		}
+	}
+	return cp.Status.ServeListener(ctx, lis)
 }
 
 // Ready is the readiness check: it passes once every object listed at cache

@@ -31,9 +31,10 @@ import (
 )
 
 var (
-	env     *localapi.Env
-	cp      *controlplane.ControlPlane
-	xdsAddr string
+	env       *localapi.Env
+	cp        *controlplane.ControlPlane
+	xdsAddr   string
+	adminAddr string
 )
 
 func TestMain(m *testing.M) {
@@ -65,8 +66,15 @@ func run(m *testing.M) int {
 		return 1
 	}
 	xdsAddr = lis.Addr().String()
+	admin, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	adminAddr = admin.Addr().String()
 	if cp, err = controlplane.Setup(ctx, mgr, controlplane.Options{
 		XDSListener: lis, XDSServerAddress: lis.Addr().String(), CoalesceWindow: 5 * time.Millisecond, StatusWindow: 50 * time.Millisecond,
+		AdminListener: admin,
 	}); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

@@ -5,8 +5,12 @@
 package feedback
 
 import (
+	"maps"
+	"slices"
 	"sync"
 	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 
 	"github.com/scopeplane/scopeplane/xds/keyset"
 	"github.com/scopeplane/scopeplane/xds/metrics"
@@ -40,10 +44,19 @@ type Proxy struct {
 	ID       uint64
 	Node     string
 	Protocol model.Protocol
+	// Cluster and UserAgent are what the proxy's node says it is (the
+	// user agent as "name version"), kept for the proxy-status view.
+	Cluster   string
+	UserAgent string
+	// Since is when the stream was bound to the scope.
+	Since time.Time
 	// Acked is the last version the proxy ACKed, by type URL.
 	Acked map[string]string
 	// Nacked is set, by type URL, while the proxy's last answer for the type was a NACK.
 	Nacked map[string]bool
+	// LastNACK is the proxy's most recent rejection, by type URL; it stays
+	// after a later ACK, as a record of what went wrong last.
+	LastNACK map[string]NACK
 	// AtVersion is the scope version the proxy has fully ACKed: everything
 	// the scope held at that version was sent to it and accepted.
 	AtVersion string
@@ -94,12 +107,19 @@ func (t *Tracker) scopeLocked(key model.Key) *Report {
 	return s
 }
 
-// Connect records a new stream and returns its id.
-func (t *Tracker) Connect(key model.Key, node string, p model.Protocol) uint64 {
+// Connect records a new stream of node and returns its id.
+func (t *Tracker) Connect(key model.Key, node *corev3.Node, p model.Protocol) uint64 {
+	ua := node.GetUserAgentName()
+	if v := node.GetUserAgentVersion(); v != "" {
+		ua += " " + v
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.nextID++
-	t.scopeLocked(key).Proxies[t.nextID] = &Proxy{ID: t.nextID, Node: node, Protocol: p, Acked: map[string]string{}, Nacked: map[string]bool{}}
+	t.scopeLocked(key).Proxies[t.nextID] = &Proxy{
+		ID: t.nextID, Node: node.GetId(), Protocol: p, Cluster: node.GetCluster(), UserAgent: ua, Since: t.now(),
+		Acked: map[string]string{}, Nacked: map[string]bool{}, LastNACK: map[string]NACK{},
+	}
 	metrics.ConnectedProxies.WithLabelValues(key.String(), string(p)).Inc()
 	t.changed.Add(key)
 	return t.nextID
@@ -168,6 +188,7 @@ func (t *Tracker) NACKed(key model.Key, id uint64, typeURL, version, detail stri
 		detail = detail[:maxDetail]
 	}
 	n := NACK{Node: p.Node, TypeURL: typeURL, Version: version, Detail: detail, Time: t.now()}
+	p.LastNACK[typeURL] = n
 	s.NACKs = append([]NACK{n}, s.NACKs...)
 	if len(s.NACKs) > MaxNACKs {
 		s.NACKs = s.NACKs[:MaxNACKs]
@@ -220,14 +241,9 @@ func (t *Tracker) Get(key model.Key) Report {
 		NACKs:       append([]NACK(nil), s.NACKs...), Sent: s.Sent, LastPush: s.LastPush}
 	for id, p := range s.Proxies {
 		c := *p
-		c.Acked = make(map[string]string, len(p.Acked))
-		for k, v := range p.Acked {
-			c.Acked[k] = v
-		}
-		c.Nacked = make(map[string]bool, len(p.Nacked))
-		for k, v := range p.Nacked {
-			c.Nacked[k] = v
-		}
+		c.Acked = maps.Clone(p.Acked)
+		c.Nacked = maps.Clone(p.Nacked)
+		c.LastNACK = maps.Clone(p.LastNACK)
 		out.Proxies[id] = &c
 	}
 	for k, v := range s.Refused {
@@ -236,5 +252,20 @@ func (t *Tracker) Get(key model.Key) Report {
 	for k, v := range s.LastRefused {
 		out.LastRefused[k] = v
 	}
+	return out
+}
+
+// Connected returns the scopes that have at least one connected proxy, in
+// order.
+func (t *Tracker) Connected() []model.Key {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var out []model.Key
+	for key, s := range t.scopes {
+		if len(s.Proxies) > 0 && key != (model.Key{}) {
+			out = append(out, key)
+		}
+	}
+	slices.SortFunc(out, model.Key.Compare)
 	return out
 }

@@ -10,6 +10,8 @@ package model
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 
 	"k8s.io/apimachinery/pkg/labels"
 )
@@ -173,19 +175,62 @@ type Selection struct {
 // Matches reports whether the Service is selected, given the labels of its
 // namespace (nil when the namespace is unknown).
 func (s *Selection) Matches(svc *Service, nsLabels map[string]string, nsKnown bool) bool {
+	return s.check(svc, nsLabels, nsKnown) == selected
+}
+
+// Why a selection does not select a Service.
+type mismatch int
+
+const (
+	selected mismatch = iota
+	noNamespace
+	namespaceLabels
+	otherNamespace
+	notNamed
+	serviceLabels
+)
+
+// check is the one definition of selection: the catalog applies it through
+// Matches, kubectl scopeplane explain reports it through Mismatch.
+func (s *Selection) check(svc *Service, nsLabels map[string]string, nsKnown bool) mismatch {
 	if s.NamespaceSelector != nil {
-		if !nsKnown || !s.NamespaceSelector.Matches(labels.Set(nsLabels)) {
-			return false
+		if !nsKnown {
+			return noNamespace
+		}
+		if !s.NamespaceSelector.Matches(labels.Set(nsLabels)) {
+			return namespaceLabels
 		}
 	} else if svc.Key.Namespace != s.Namespace {
-		return false
+		return otherNamespace
 	}
 	if s.Names != nil {
 		if _, ok := s.Names[svc.Key.Name]; !ok {
-			return false
+			return notNamed
 		}
 	}
-	return s.Selector == nil || s.Selector.Matches(labels.Set(svc.Labels))
+	if s.Selector != nil && !s.Selector.Matches(labels.Set(svc.Labels)) {
+		return serviceLabels
+	}
+	return selected
+}
+
+// Mismatch says why the selection does not select the Service, or returns
+// "" when it does.
+func (s *Selection) Mismatch(svc *Service, nsLabels map[string]string, nsKnown bool) string {
+	switch s.check(svc, nsLabels, nsKnown) {
+	case noNamespace:
+		return fmt.Sprintf("namespace %q does not exist", svc.Key.Namespace)
+	case namespaceLabels:
+		return fmt.Sprintf("the labels of namespace %q {%s} do not match namespaceSelector {%s}",
+			svc.Key.Namespace, labels.Set(nsLabels), s.NamespaceSelector)
+	case otherNamespace:
+		return fmt.Sprintf("it selects namespace %q, the Service is in %q", s.Namespace, svc.Key.Namespace)
+	case notNamed:
+		return fmt.Sprintf("%q is not among its names %v", svc.Key.Name, slices.Sorted(maps.Keys(s.Names)))
+	case serviceLabels:
+		return fmt.Sprintf("the Service's labels {%s} do not match selector {%s}", labels.Set(svc.Labels), s.Selector)
+	}
+	return ""
 }
 
 // Selects reports whether any selection of the scope matches the Service.

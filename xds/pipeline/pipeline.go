@@ -1,8 +1,9 @@
 // Package pipeline assembles the Kubernetes-free part of scopeplane in one
 // place: catalog → snapshot builder → store → ADS server, with the proxies'
-// feedback. The operator (internal/controlplane) feeds its catalog from
-// reconcilers; the conformance tests, the server's model-based tests and the
-// benchmark feed it directly. All of them build it here, so they test the
+// feedback and the status service (CSDS) that reports it. The operator
+// (internal/controlplane) feeds its catalog from reconcilers; the
+// conformance tests, the server's model-based tests and the benchmark feed
+// it directly. All of them build it here, so they test the
 // wiring that runs in production.
 package pipeline
 
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/scopeplane/scopeplane/xds/catalog"
+	"github.com/scopeplane/scopeplane/xds/csds"
 	"github.com/scopeplane/scopeplane/xds/feedback"
 	"github.com/scopeplane/scopeplane/xds/server"
 	"github.com/scopeplane/scopeplane/xds/snapshot"
@@ -32,6 +34,8 @@ type Pipeline struct {
 	Builder  *snapshot.Builder
 	Feedback *feedback.Tracker
 	Server   *server.Server
+	// Status is the Client Status Discovery Service over the same state.
+	Status *csds.Server
 }
 
 // New returns an empty pipeline.
@@ -39,6 +43,7 @@ func New(opts Options) *Pipeline {
 	p := &Pipeline{Catalog: catalog.New(), Store: snapshot.NewStore(), Feedback: feedback.New()}
 	p.Builder = snapshot.NewBuilder(p.Catalog, p.Store, opts.CoalesceWindow)
 	p.Server = server.New(p.Store, p.Feedback, opts.Server)
+	p.Status = csds.New(p.Store, p.Feedback)
 	return p
 }
 

@@ -66,20 +66,28 @@ func (s *Server) Serve(ctx context.Context, addr string, extra ...grpc.ServerOpt
 // ServeListener is Serve on an existing listener.
 func (s *Server) ServeListener(ctx context.Context, lis net.Listener, extra ...grpc.ServerOption) error {
 	g := s.GRPCServer(extra...)
+	return ServeUntil(ctx, g, lis, func() {
+		s.Drain()
+		stopped := make(chan struct{})
+		go func() { g.GracefulStop(); close(stopped) }()
+		select {
+		case <-stopped:
+		case <-time.After(10 * time.Second):
+			g.Stop()
+		}
+	})
+}
+
+// ServeUntil serves g on lis until ctx ends and then calls stop, or returns
+// the error that ended serving first.
+func ServeUntil(ctx context.Context, g *grpc.Server, lis net.Listener, stop func()) error {
 	errc := make(chan error, 1)
 	go func() { errc <- g.Serve(lis) }()
 	select {
 	case err := <-errc:
 		return err
 	case <-ctx.Done():
+		stop()
+		return nil
 	}
-	s.Drain()
-	stopped := make(chan struct{})
-	go func() { g.GracefulStop(); close(stopped) }()
-	select {
-	case <-stopped:
-	case <-time.After(10 * time.Second):
-		g.Stop()
-	}
-	return nil
 }

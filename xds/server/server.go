@@ -209,7 +209,7 @@ func serve[Req request](s *Server, p model.Protocol, srv interface {
 	if err != nil {
 		return err
 	}
-	st := &stream{srv: s, key: key, sc: sc, id: s.fb.Connect(key, first.GetNode().GetId(), p)}
+	st := &stream{srv: s, key: key, sc: sc, id: s.fb.Connect(key, first.GetNode(), p)}
 	defer s.fb.Disconnect(key, st.id)
 	sc.Read(st.caughtUp)
 	h := open(st)

@@ -5,7 +5,9 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"hash/fnv"
+	"maps"
 	"reflect"
+	"slices"
 	"sync"
 	"time"
 
@@ -38,6 +40,16 @@ func (st *Store) Get(key model.Key) *Snapshot {
 	st.mu.RLock()
 	defer st.mu.RUnlock()
 	return st.scopes[key]
+}
+
+// Keys returns the scopes the store holds, in order (rejected scopes
+// included: their placeholders carry the resolution that says why).
+func (st *Store) Keys() []model.Key {
+	st.mu.RLock()
+	keys := slices.Collect(maps.Keys(st.scopes))
+	st.mu.RUnlock()
+	slices.SortFunc(keys, model.Key.Compare)
+	return keys
 }
 
 // Builder applies the catalog's changes to the store: it is the only writer

@@ -1,0 +1,102 @@
+package controlplane_test
+
+import (
+	"fmt"
+	"maps"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
+	"github.com/scopeplane/scopeplane/internal/localapi"
+	"github.com/scopeplane/scopeplane/internal/testkit"
+	"github.com/scopeplane/scopeplane/xds/adsclient"
+	"github.com/scopeplane/scopeplane/xds/xdstype"
+)
+
+// TestKubectlPlugin builds kubectl-scopeplane, puts it on PATH and runs it
+// as kubectl does, against the operator's admin port and the API server.
+func TestKubectlPlugin(t *testing.T) {
+	bin := t.TempDir()
+	build := exec.Command("go", "build", "-o", filepath.Join(bin, "kubectl-scopeplane"), "./cmd/kubectl-scopeplane")
+	build.Dir = localapi.RepoRoot()
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build ./cmd/kubectl-scopeplane: %v\n%s", err, out)
+	}
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := env.WriteKubeconfig(kubeconfig); err != nil {
+		t.Fatal(err)
+	}
+	plugin := func(args ...string) string {
+		t.Helper()
+		cmd := exec.Command("kubectl", append([]string{"scopeplane"}, append(args, "--address", adminAddr, "--kubeconfig", kubeconfig)...)...)
+		cmd.Env = append(os.Environ(), "PATH="+bin+string(os.PathListSeparator)+os.Getenv("PATH"))
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("kubectl scopeplane %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+		t.Logf("kubectl scopeplane %s\n%s", strings.Join(args, " "), out)
+		return string(out)
+	}
+
+	create(t,
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shelf"}},
+		&corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "shelf", Name: "books", Labels: map[string]string{"app": "shelf"}},
+			Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 80}}},
+		},
+		&corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "shelf", Name: "ledger"},
+			Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 80}}},
+		},
+		&xdsv1alpha1.ProxyScope{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "shelf", Name: "gw"},
+			Spec: xdsv1alpha1.ProxyScopeSpec{
+				Protocol: xdsv1alpha1.ProtocolSotW,
+				Services: []xdsv1alpha1.ServiceSelection{{Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "shelf"}}}},
+				Listener: xdsv1alpha1.ListenerSpec{Mode: xdsv1alpha1.ListenerModeEnvoy, Port: ptr.To(int32(10080))},
+			},
+		},
+	)
+	expectCondition(t, "shelf", "gw", "Accepted", "True", xdsv1alpha1.ReasonResolved)
+	c, _ := proxy(t, dialXDS(t), adsclient.SotW, testkit.Node("shelf-edge", "shelf/gw"), nil)
+	testkit.Eventually(t, "the proxy holds books", func() (bool, string) {
+		held := c.State(xdstype.Cluster.URL())
+		_, ok := held["shelf/books:80"]
+		return ok, fmt.Sprintf("clusters %v, stream error %v", slices.Sorted(maps.Keys(held)), c.Err())
+	})
+	expectCondition(t, "shelf", "gw", "Ready", "True", xdsv1alpha1.ReasonSynced)
+
+	out := plugin("proxy-status", "shelf/gw")
+	if !regexp.MustCompile(`(?m)^shelf-edge\s+shelf/gw\s+SotW\s+SYNCED\s+SYNCED\s+SYNCED\s+SYNCED\s`).MatchString(out) {
+		t.Errorf("proxy-status does not show shelf-edge in sync")
+	}
+	out = plugin("explain", "shelf-edge", "shelf/books")
+	for _, want := range []string{
+		`Proxy "shelf-edge" speaks SotW to replica ` + adminAddr + ` and joins ProxyScope shelf/gw.`,
+		"Service shelf/books is selected by spec.services[0].",
+		"CDS shelf/books:80: served at version ",
+		"RDS http-10080, virtual host shelf/books:80: served at version ",
+		"; the proxy is in sync on this type, so it holds this version",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("explain books lacks %q", want)
+		}
+	}
+	out = plugin("explain", "shelf-edge", "shelf/ledger")
+	if want := "Service shelf/ledger is not selected by ProxyScope shelf/gw, so no proxy of the scope receives it:\n  spec.services[0]: the Service's labels {} do not match selector {app=shelf}"; !strings.Contains(out, want) {
+		t.Errorf("explain ledger lacks %q", want)
+	}
+	out = plugin("explain", "shelf-edge", "shelf/nothing")
+	if !strings.Contains(out, "Service shelf/nothing does not exist") {
+		t.Errorf("explain of a missing Service says nothing useful")
+	}
+}

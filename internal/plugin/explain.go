@@ -1,0 +1,242 @@
+package plugin
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	statusv3 "github.com/envoyproxy/go-control-plane/envoy/service/status/v3"
+	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
+	"google.golang.org/protobuf/proto"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
+	"github.com/scopeplane/scopeplane/controllers/convert"
+	"github.com/scopeplane/scopeplane/internal/localapi"
+	"github.com/scopeplane/scopeplane/xds/csds"
+	"github.com/scopeplane/scopeplane/xds/model"
+	"github.com/scopeplane/scopeplane/xds/translate"
+	"github.com/scopeplane/scopeplane/xds/xdstype"
+)
+
+// explain says why a proxy holds or lacks a Service's resources: whether
+// its scope selects the Service (and if not, which selection rejects it and
+// why, by the same rule the control plane applies), which resources the
+// Service becomes in the scope's listener mode, whether the scope serves
+// them, and whether the proxy holds what is served.
+func (o *options) explain(ctx context.Context, args []string) error {
+	if len(args) != 2 {
+		return usageError("explain takes <proxy node id> <namespace>/<service>")
+	}
+	nodeID, svcArg := args[0], args[1]
+	svcNS, svcName, ok := strings.Cut(svcArg, "/")
+	if !ok || svcNS == "" || svcName == "" {
+		return usageError(fmt.Sprintf("%q is not <namespace>/<service>", svcArg))
+	}
+	replicas, err := o.query(ctx, &statusv3.ClientStatusRequest{
+		NodeMatchers:            []*matcherv3.NodeMatcher{{NodeId: &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: nodeID}}}},
+		ExcludeResourceContents: true,
+	})
+	if err != nil {
+		return err
+	}
+	var proxy *statusv3.ClientConfig
+	var at string
+	streams := 0
+	for _, r := range replicas {
+		for _, cc := range r.resp.GetConfig() {
+			if cc.GetNode() != nil {
+				if proxy == nil {
+					proxy, at = cc, r.name
+				}
+				streams++
+			}
+		}
+	}
+	if proxy == nil {
+		return fmt.Errorf("no proxy with node id %q is connected to any of %d replica(s): kubectl scopeplane proxy-status lists those that are", nodeID, len(replicas))
+	}
+	scopeKey := proxy.GetClientScope()
+	o.printf("Proxy %q speaks %s to replica %s and joins ProxyScope %s.\n", nodeID,
+		proxy.GetNode().GetMetadata().GetFields()[csds.ProtocolKey].GetStringValue(), at, scopeKey)
+	if streams > 1 {
+		o.printf("(%d streams carry this node id; this explains the first.)\n", streams)
+	}
+
+	cl, err := o.client()
+	if err != nil {
+		return err
+	}
+	scopeNS, scopeName, _ := strings.Cut(scopeKey, "/")
+	var ps xdsv1alpha1.ProxyScope
+	if err := cl.Get(ctx, types.NamespacedName{Namespace: scopeNS, Name: scopeName}, &ps); err != nil {
+		return fmt.Errorf("ProxyScope %s: %w", scopeKey, err)
+	}
+	var svc corev1.Service
+	if err := cl.Get(ctx, types.NamespacedName{Namespace: svcNS, Name: svcName}, &svc); apierrors.IsNotFound(err) {
+		o.printf("Service %s does not exist, so no scope serves it.\n", svcArg)
+		return nil
+	} else if err != nil {
+		return fmt.Errorf("reading Service %s: %w", svcArg, err)
+	}
+	var slices discoveryv1.EndpointSliceList
+	if err := cl.List(ctx, &slices, client.InNamespace(svcNS), client.MatchingLabels{discoveryv1.LabelServiceName: svcName}); err != nil {
+		return fmt.Errorf("EndpointSlices of %s: %w", svcArg, err)
+	}
+	var ns corev1.Namespace
+	nsErr := cl.Get(ctx, types.NamespacedName{Name: svcNS}, &ns)
+	if nsErr != nil && !apierrors.IsNotFound(nsErr) {
+		return fmt.Errorf("namespace %s: %w", svcNS, nsErr)
+	}
+
+	scope, err := convert.Scope(&ps)
+	if err != nil {
+		o.printf("The ProxyScope is not accepted: %v.\n", err)
+		return nil
+	}
+	ptrs := make([]*discoveryv1.EndpointSlice, len(slices.Items))
+	for i := range slices.Items {
+		ptrs[i] = &slices.Items[i]
+	}
+	msvc := convert.Service(&svc, ptrs)
+	if !o.explainSelection(scope, msvc, ns.Labels, nsErr == nil) {
+		return nil
+	}
+	if c := meta.FindStatusCondition(ps.Status.Conditions, xdsv1alpha1.ConditionAccepted); c != nil && c.Status != "True" {
+		o.printf("The ProxyScope is not Accepted (%s): %s\n", c.Reason, c.Message)
+	}
+
+	served, err := o.served(ctx, at, scopeKey)
+	if err != nil {
+		return err
+	}
+	frag := translate.Service(msvc, scope.Listener.Mode)
+	state := map[string]*statusv3.ClientConfig_GenericXdsConfig{}
+	for _, g := range proxy.GetGenericXdsConfigs() {
+		state[g.GetTypeUrl()] = g
+	}
+	n := 0
+	frag.Each(func(t xdstype.Type, m proto.Message) {
+		name := t.Info().NameOf(m)
+		o.explainResource(t, name, served[t][name], state[t.URL()])
+		n++
+	})
+	for _, vh := range frag.VirtualHosts {
+		// Envoy mode: the Service's virtual hosts live in the scope-wide
+		// route configuration of the listener port.
+		route := translate.HTTPListenerName(scope.Listener.Port)
+		o.explainVirtualHost(vh.GetName(), route, served[xdstype.Route][route], state[xdstype.Route.URL()])
+		n++
+	}
+	if n == 0 {
+		o.printf("Service %s has no TCP port scopeplane translates, so it becomes no resource.\n", svcArg)
+	}
+	return nil
+}
+
+// explainSelection prints whether the scope selects the Service, and if
+// not, why each selection does not.
+func (o *options) explainSelection(scope *model.Scope, svc *model.Service, nsLabels map[string]string, nsKnown bool) bool {
+	var why []string
+	for i := range scope.Selections {
+		reason := scope.Selections[i].Mismatch(svc, nsLabels, nsKnown)
+		if reason == "" {
+			o.printf("Service %s is selected by spec.services[%d].\n", svc.Key, i)
+			return true
+		}
+		why = append(why, fmt.Sprintf("  spec.services[%d]: %s", i, reason))
+	}
+	o.printf("Service %s is not selected by ProxyScope %s, so no proxy of the scope receives it:\n%s\n",
+		svc.Key, scope.Key, strings.Join(why, "\n"))
+	return false
+}
+
+// servedResource is one resource the scope serves.
+type servedResource struct {
+	version string
+	body    *statusv3.ClientConfig_GenericXdsConfig
+}
+
+// served returns what the scope serves on the proxy's replica, by type and name.
+func (o *options) served(ctx context.Context, replicaName, scopeKey string) ([xdstype.Count]map[string]*servedResource, error) {
+	var out [xdstype.Count]map[string]*servedResource
+	for t := range out {
+		out[t] = map[string]*servedResource{}
+	}
+	replicas, err := o.query(ctx, &statusv3.ClientStatusRequest{NodeMatchers: scopeMatcher(scopeKey)})
+	if err != nil {
+		return out, err
+	}
+	for _, r := range replicas {
+		if r.name != replicaName {
+			continue
+		}
+		for _, cc := range r.resp.GetConfig() {
+			if cc.GetNode() != nil {
+				continue
+			}
+			for _, g := range cc.GetGenericXdsConfigs() {
+				if t, ok := xdstype.ByURL(g.GetTypeUrl()); ok && g.GetName() != "" {
+					out[t][g.GetName()] = &servedResource{version: g.GetVersionInfo(), body: g}
+				}
+			}
+		}
+	}
+	return out, nil
+}
+
+func (o *options) explainResource(t xdstype.Type, name string, s *servedResource, proxy *statusv3.ClientConfig_GenericXdsConfig) {
+	if s == nil {
+		o.printf("  %s %s: not served by the scope yet (its snapshot has not caught up with the Service)\n", t, name)
+		return
+	}
+	o.printf("  %s %s: served at version %s; %s\n", t, name, s.version, proxyHolds(proxy))
+}
+
+func (o *options) explainVirtualHost(vhost, route string, s *servedResource, proxy *statusv3.ClientConfig_GenericXdsConfig) {
+	if s == nil {
+		o.printf("  RDS %s (virtual host %s): the scope serves no route configuration %s\n", route, vhost, route)
+		return
+	}
+	var rc routev3.RouteConfiguration
+	if err := s.body.GetXdsConfig().UnmarshalTo(&rc); err == nil {
+		for _, vh := range rc.GetVirtualHosts() {
+			if vh.GetName() == vhost {
+				o.printf("  RDS %s, virtual host %s: served at version %s; %s\n", route, vhost, s.version, proxyHolds(proxy))
+				return
+			}
+		}
+	}
+	o.printf("  RDS %s: served at version %s without virtual host %s (its snapshot has not caught up with the Service)\n", route, s.version, vhost)
+}
+
+// proxyHolds says whether the proxy holds the served version of a type.
+func proxyHolds(g *statusv3.ClientConfig_GenericXdsConfig) string {
+	if g == nil {
+		return "the proxy reports nothing for this type"
+	}
+	switch g.GetConfigStatus() {
+	case statusv3.ConfigStatus_SYNCED:
+		return "the proxy is in sync on this type, so it holds this version"
+	case statusv3.ConfigStatus_STALE:
+		return fmt.Sprintf("the proxy has not ACKed the type's current version yet (it ACKed %s)", g.GetVersionInfo())
+	case statusv3.ConfigStatus_ERROR:
+		return fmt.Sprintf("the proxy rejects the type: %s", g.GetErrorState().GetDetails())
+	default:
+		return "the proxy has not answered a response of this type yet"
+	}
+}
+
+func (o *options) client() (client.Client, error) {
+	cfg, err := o.restConfig()
+	if err != nil {
+		return nil, err
+	}
+	return client.New(cfg, client.Options{Scheme: localapi.Scheme})
+}

@@ -1,0 +1,206 @@
+package conformance
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net"
+	"regexp"
+	"strings"
+	"testing"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	statusv3 "github.com/envoyproxy/go-control-plane/envoy/service/status/v3"
+	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/scopeplane/scopeplane/internal/plugin"
+	"github.com/scopeplane/scopeplane/internal/testkit"
+	"github.com/scopeplane/scopeplane/xds/adsclient"
+	"github.com/scopeplane/scopeplane/xds/csds"
+	"github.com/scopeplane/scopeplane/xds/model"
+	"github.com/scopeplane/scopeplane/xds/snapshot"
+	"github.com/scopeplane/scopeplane/xds/xdstype"
+)
+
+// serveCSDS serves the plane's status service on a loopback port of its own,
+// as the operator does, and returns its address.
+func (p *plane) serveCSDS() string {
+	p.t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.Status.ServeListener(ctx, lis) }()
+	p.t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			p.t.Errorf("CSDS: %v", err)
+		}
+	})
+	return lis.Addr().String()
+}
+
+func fetchCSDS(t *testing.T, addr string, req *statusv3.ClientStatusRequest) (*statusv3.ClientStatusResponse, error) {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = conn.Close() }()
+	return statusv3.NewClientStatusDiscoveryServiceClient(conn).FetchClientStatus(context.Background(), req)
+}
+
+// alwaysReject NACKs every response of one type.
+func alwaysReject(typeURL, detail string) func(string, []*anypb.Any, []string) string {
+	return func(t string, _ []*anypb.Any, _ []string) string {
+		if t == typeURL {
+			return detail
+		}
+		return ""
+	}
+}
+
+func TestClientStatus(t *testing.T) {
+	for _, pr := range protocols {
+		t.Run(pr.name, func(t *testing.T) {
+			p := world(t, pr.scope)
+			addr := p.serveCSDS()
+			good := p.connect(testkit.WildcardClient(pr.client, testkit.Node("envoy-1", "shop/gw")))
+			synced(good, "shop/a:80", "shop/b:80", "shop/c:80")
+			good.settled()
+			cfg := testkit.WildcardClient(pr.client, testkit.Node("picky", "shop/gw"))
+			cfg.Reject = alwaysReject(xdstype.Cluster.URL(), "cluster shop/a:80: bad timeout")
+			picky := p.connect(cfg)
+			picky.wait("the NACK", func(c *adsclient.Client) bool { return c.Stats().NACKs >= 1 })
+			picky.settled()
+
+			var current [xdstype.Count]string
+			p.Store.Get(model.Key{Namespace: "shop", Name: "gw"}).Read(func(v snapshot.View) {
+				for ty := range xdstype.Count {
+					current[ty] = v.TypeVersion(ty)
+				}
+			})
+
+			resp, err := fetchCSDS(t, addr, &statusv3.ClientStatusRequest{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			byNode := map[string]*statusv3.ClientConfig{}
+			var scope *statusv3.ClientConfig
+			for _, cc := range resp.GetConfig() {
+				if cc.GetClientScope() != "shop/gw" {
+					t.Errorf("client_scope %q, want shop/gw", cc.GetClientScope())
+				}
+				if cc.GetNode() == nil {
+					scope = cc
+					continue
+				}
+				byNode[cc.GetNode().GetId()] = cc
+				if got := cc.GetNode().GetMetadata().GetFields()[csds.ProtocolKey].GetStringValue(); got != pr.name {
+					t.Errorf("%s: protocol %q, want %q", cc.GetNode().GetId(), got, pr.name)
+				}
+			}
+			if len(byNode) != 2 || scope == nil {
+				t.Fatalf("want two proxies and one scope entry, got %v", resp)
+			}
+			for i, g := range byNode["envoy-1"].GetGenericXdsConfigs() {
+				if g.GetConfigStatus() != statusv3.ConfigStatus_SYNCED || g.GetVersionInfo() != current[i] {
+					t.Errorf("envoy-1 %s: %v at %q, want SYNCED at %q", g.GetTypeUrl(), g.GetConfigStatus(), g.GetVersionInfo(), current[i])
+				}
+			}
+			cds := byNode["picky"].GetGenericXdsConfigs()[xdstype.Cluster]
+			if cds.GetConfigStatus() != statusv3.ConfigStatus_ERROR || cds.GetErrorState().GetDetails() != "cluster shop/a:80: bad timeout" ||
+				cds.GetErrorState().GetVersionInfo() != current[xdstype.Cluster] {
+				t.Errorf("picky's CDS: %v", cds)
+			}
+			// The scope: per-type versions, then every resource with its body.
+			names := map[string]bool{}
+			for _, g := range scope.GetGenericXdsConfigs() {
+				ty, _ := xdstype.ByURL(g.GetTypeUrl())
+				switch {
+				case g.GetName() == "" && g.GetVersionInfo() != current[ty]:
+					t.Errorf("scope %s at %q, want %q", ty, g.GetVersionInfo(), current[ty])
+				case g.GetName() != "" && g.GetXdsConfig() == nil:
+					t.Errorf("%s %s has no body", ty, g.GetName())
+				case ty == xdstype.Cluster && g.GetName() != "":
+					var c clusterv3.Cluster
+					if err := g.GetXdsConfig().UnmarshalTo(&c); err != nil || c.GetName() != g.GetName() {
+						t.Errorf("cluster %s: %v, %v", g.GetName(), c.GetName(), err)
+					}
+					names[g.GetName()] = true
+				}
+			}
+			if len(names) != 3 {
+				t.Errorf("scope lists clusters %v, want shop/a:80, shop/b:80, shop/c:80", names)
+			}
+
+			// Matchers: a node id selects that proxy only, a scope its entry
+			// and proxies; unsupported matchers are refused, not ignored.
+			resp, err = fetchCSDS(t, addr, &statusv3.ClientStatusRequest{ExcludeResourceContents: true,
+				NodeMatchers: []*matcherv3.NodeMatcher{{NodeId: &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Prefix{Prefix: "pick"}}}}})
+			if err != nil || len(resp.GetConfig()) != 1 || resp.GetConfig()[0].GetNode().GetId() != "picky" {
+				t.Errorf("node_id prefix \"pick\": %v, %v", resp, err)
+			}
+			resp, err = fetchCSDS(t, addr, &statusv3.ClientStatusRequest{NodeMatchers: []*matcherv3.NodeMatcher{{NodeMetadatas: []*matcherv3.StructMatcher{{
+				Path:  []*matcherv3.StructMatcher_PathSegment{{Segment: &matcherv3.StructMatcher_PathSegment_Key{Key: model.ScopeMetadataKey}}},
+				Value: &matcherv3.ValueMatcher{MatchPattern: &matcherv3.ValueMatcher_StringMatch{StringMatch: &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: "shop/other"}}}},
+			}}}}})
+			if err != nil || len(resp.GetConfig()) != 0 {
+				t.Errorf("another scope's matcher: %v, %v", resp, err)
+			}
+			_, err = fetchCSDS(t, addr, &statusv3.ClientStatusRequest{NodeMatchers: []*matcherv3.NodeMatcher{{NodeMetadatas: []*matcherv3.StructMatcher{{
+				Path:  []*matcherv3.StructMatcher_PathSegment{{Segment: &matcherv3.StructMatcher_PathSegment_Key{Key: model.ScopeMetadataKey}}},
+				Value: &matcherv3.ValueMatcher{MatchPattern: &matcherv3.ValueMatcher_BoolMatch{BoolMatch: true}},
+			}}}}})
+			if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "only string_match and present_match") {
+				t.Errorf("bool_match: %v, want InvalidArgument naming what is supported", err)
+			}
+
+			// The kubectl plugin, at the same address.
+			out := runPlugin(t, "proxy-status", "--address", addr)
+			for _, want := range []string{
+				`(?m)^envoy-1\s+shop/gw\s+` + pr.name + `\s+SYNCED\s+SYNCED\s+SYNCED\s+SYNCED\s+` + regexp.QuoteMeta(addr),
+				`(?m)^picky\s+shop/gw\s+` + pr.name + `\s+NACKED\s`,
+				`NACK: picky CDS rejected version ` + current[xdstype.Cluster] + ` .* ago: cluster shop/a:80: bad timeout`,
+			} {
+				if !regexp.MustCompile(want).MatchString(out) {
+					t.Errorf("proxy-status output lacks %s:\n%s", want, out)
+				}
+			}
+			out = runPlugin(t, "proxy-status", "shop/gw", "-o", "wide", "--address", addr)
+			if !strings.Contains(out, "SYNCED "+current[xdstype.Endpoint]) {
+				t.Errorf("proxy-status -o wide shows no EDS version %s:\n%s", current[xdstype.Endpoint], out)
+			}
+			var d struct {
+				Versions  map[string]string
+				Resources []struct {
+					Type, Name, Version string
+					Resource            map[string]any
+				}
+			}
+			if err := json.Unmarshal([]byte(runPlugin(t, "config-dump", "shop/gw", "--type", "clusters", "--address", addr)), &d); err != nil {
+				t.Fatal(err)
+			}
+			if len(d.Resources) != 3 || d.Versions["CDS"] != current[xdstype.Cluster] || d.Resources[0].Name != "shop/a:80" ||
+				d.Resources[0].Resource["@type"] != xdstype.Cluster.URL() || d.Resources[0].Resource["name"] != "shop/a:80" {
+				t.Errorf("config-dump --type clusters: %+v", d)
+			}
+		})
+	}
+}
+
+func runPlugin(t *testing.T, args ...string) string {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	if code := plugin.Main(context.Background(), args, &out, &errOut); code != 0 {
+		t.Fatalf("kubectl scopeplane %s: exit %d: %s", strings.Join(args, " "), code, errOut.String())
+	}
+	return out.String()
+}

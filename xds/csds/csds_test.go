@@ -1,0 +1,78 @@
+package csds
+
+import (
+	"testing"
+	"time"
+
+	statusv3 "github.com/envoyproxy/go-control-plane/envoy/service/status/v3"
+	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
+
+	"github.com/scopeplane/scopeplane/xds/feedback"
+	"github.com/scopeplane/scopeplane/xds/model"
+	"github.com/scopeplane/scopeplane/xds/xdstype"
+)
+
+func TestProxyConfigStatusPerType(t *testing.T) {
+	cur := [xdstype.Count]string{xdstype.Cluster: "c2", xdstype.Endpoint: "e2", xdstype.Listener: "l1", xdstype.Route: "r1"}
+	p := &feedback.Proxy{
+		Node: "envoy-1", Protocol: model.SotW, Since: time.Unix(1700000000, 0),
+		Acked:    map[string]string{xdstype.Cluster.URL(): "c1", xdstype.Endpoint.URL(): "e2", xdstype.Listener.URL(): "l0"},
+		Nacked:   map[string]bool{xdstype.Listener.URL(): true},
+		LastNACK: map[string]feedback.NACK{xdstype.Listener.URL(): {Version: "l1", Detail: "bad listener"}},
+	}
+	want := [xdstype.Count]statusv3.ConfigStatus{
+		xdstype.Cluster:  statusv3.ConfigStatus_STALE,
+		xdstype.Endpoint: statusv3.ConfigStatus_SYNCED,
+		xdstype.Listener: statusv3.ConfigStatus_ERROR,
+		xdstype.Route:    statusv3.ConfigStatus_NOT_SENT,
+	}
+	cc := proxyConfig(model.Key{Namespace: "ns", Name: "s"}, p, &cur, "v2")
+	for i, g := range cc.GetGenericXdsConfigs() {
+		if g.GetConfigStatus() != want[i] {
+			t.Errorf("%s: %v, want %v", xdstype.Type(i), g.GetConfigStatus(), want[i])
+		}
+	}
+	if e := cc.GetGenericXdsConfigs()[xdstype.Listener].GetErrorState(); e.GetDetails() != "bad listener" || e.GetVersionInfo() != "l1" {
+		t.Errorf("LDS error_state: %v", e)
+	}
+	if got := cc.GetNode().GetMetadata().GetFields()[ConnectedKey].GetStringValue(); got != "2023-11-14T22:13:20Z" {
+		t.Errorf("connected-since %q", got)
+	}
+
+	// A proxy at the scope's version is in sync in every type it ACKed,
+	// even where a type's version moved only in names it does not hold.
+	p.Nacked = map[string]bool{}
+	p.AtVersion = "v2"
+	cc = proxyConfig(model.Key{Namespace: "ns", Name: "s"}, p, &cur, "v2")
+	if got := cc.GetGenericXdsConfigs()[xdstype.Cluster].GetConfigStatus(); got != statusv3.ConfigStatus_SYNCED {
+		t.Errorf("CDS of a proxy at the scope's version: %v", got)
+	}
+}
+
+func TestStringMatchers(t *testing.T) {
+	cases := []struct {
+		m     *matcherv3.StringMatcher
+		value string
+		want  bool
+	}{
+		{&matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: "Envoy-1"}, IgnoreCase: true}, "envoy-1", true},
+		{&matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: "Envoy-1"}}, "envoy-1", false},
+		{&matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Suffix{Suffix: "-1"}}, "envoy-1", true},
+		{&matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Contains{Contains: "voy"}}, "envoy-1", true},
+		{&matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_SafeRegex{SafeRegex: &matcherv3.RegexMatcher{Regex: "envoy-[0-9]"}}}, "envoy-1", true},
+		// safe_regex matches the whole value, as in Envoy.
+		{&matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_SafeRegex{SafeRegex: &matcherv3.RegexMatcher{Regex: "envoy"}}}, "envoy-1", false},
+	}
+	for _, c := range cases {
+		f, err := compileString(c.m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := f(c.value); got != c.want {
+			t.Errorf("%v on %q = %v, want %v", c.m, c.value, got, c.want)
+		}
+	}
+	if _, err := compileString(&matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_SafeRegex{SafeRegex: &matcherv3.RegexMatcher{Regex: "("}}}); err == nil {
+		t.Error("an invalid regex compiled")
+	}
+}
