@@ -1,4 +1,6 @@
-# Build a static scopeplane binary, then run it distroless as non-root.
+# Build a static scopeplane binary, then run it distroless as non-root. For
+# those who build with a container engine; `make image` builds the same image
+# (on a scratch-style base) without one.
 FROM golang:1.26 AS build
 WORKDIR /src
 COPY go.mod go.sum ./
@@ -8,9 +10,11 @@ COPY controllers/ controllers/
 COPY internal/ internal/
 COPY xds/ xds/
 COPY main.go ./
-# VERSION is the chart's appVersion (make build passes the same).
-ARG VERSION=dev
-RUN CGO_ENABLED=0 GOOS=linux go build -trimpath -ldflags="-s -w -X main.version=${VERSION}" -o /out/scopeplane .
+COPY charts/scopeplane/Chart.yaml charts/scopeplane/
+# VERSION defaults to the chart's appVersion, as in make build and make image.
+ARG VERSION=
+RUN v="${VERSION:-$(awk '/^appVersion:/ { gsub(/"/, "", $2); print $2 }' charts/scopeplane/Chart.yaml)}" && \
+    CGO_ENABLED=0 GOOS=linux go build -trimpath -ldflags="-s -w -X main.version=${v}" -o /out/scopeplane .
 
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/scopeplane /scopeplane

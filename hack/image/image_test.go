@@ -1,0 +1,221 @@
+package main
+
+import (
+	"archive/tar"
+	"bytes"
+	"crypto/x509"
+	"debug/elf"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+)
+
+// TestImage builds the release image as make image does, unpacks the
+// archive and checks what a container runtime would use: the index names
+// the tag, each platform's config (entrypoint, user, architecture), the
+// binary's ELF machine, the base files, and that the binary for this
+// machine prints the version.
+func TestImage(t *testing.T) {
+	const version = "0.0.0-test"
+	dir := t.TempDir()
+	archive := filepath.Join(dir, "image.tar")
+	o := options{version: version, repository: "example.test/scopeplane", out: archive,
+		platforms: []string{"linux/amd64", "linux/arm64"}, src: "../.."}
+	if err := build(o); err != nil {
+		t.Fatal(err)
+	}
+	root := filepath.Join(dir, "unpacked")
+	untar(t, archive, root)
+
+	var index struct {
+		Manifests []struct {
+			MediaType   string            `json:"mediaType"`
+			Annotations map[string]string `json:"annotations"`
+		} `json:"manifests"`
+	}
+	readJSON(t, filepath.Join(root, "index.json"), &index)
+	if len(index.Manifests) != 1 || index.Manifests[0].MediaType != string(types.OCIImageIndex) ||
+		index.Manifests[0].Annotations["io.containerd.image.name"] != "example.test/scopeplane:"+version ||
+		index.Manifests[0].Annotations["org.opencontainers.image.ref.name"] != version {
+		t.Fatalf("index.json does not name one image index with the tag: %+v", index)
+	}
+
+	lp, err := layout.FromPath(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	outer, err := lp.ImageIndex()
+	if err != nil {
+		t.Fatal(err)
+	}
+	im, _ := outer.IndexManifest()
+	idx, err := outer.ImageIndex(im.Manifests[0].Digest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	list, err := idx.IndexManifest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, m := range list.Manifests {
+		arch := m.Platform.Architecture
+		got = append(got, m.Platform.OS+"/"+arch)
+		img, err := idx.Image(m.Digest)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cf, err := img.ConfigFile()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cf.Architecture != arch || cf.OS != "linux" || cf.Config.User != "65532:65532" ||
+			strings.Join(cf.Config.Entrypoint, " ") != "/scopeplane" || cf.Config.Labels["org.opencontainers.image.version"] != version {
+			t.Errorf("%s config: arch %s, os %s, user %q, entrypoint %q, labels %v", arch, cf.Architecture, cf.OS,
+				cf.Config.User, cf.Config.Entrypoint, cf.Config.Labels)
+		}
+		files := flatten(t, img)
+		checkBase(t, arch, files)
+		bin := files["scopeplane"]
+		f, err := elf.NewFile(bytes.NewReader(bin))
+		if err != nil {
+			t.Fatalf("%s /scopeplane: %v", arch, err)
+		}
+		want := map[string]elf.Machine{"amd64": elf.EM_X86_64, "arm64": elf.EM_AARCH64}[arch]
+		if f.Machine != want {
+			t.Errorf("%s /scopeplane is built for %v", arch, f.Machine)
+		}
+		if arch == runtime.GOARCH {
+			path := filepath.Join(dir, "scopeplane-"+arch)
+			if err := os.WriteFile(path, bin, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			out, err := exec.Command(path, "--version").CombinedOutput()
+			if err != nil || !strings.HasPrefix(string(out), "scopeplane "+version+" ") {
+				t.Errorf("/scopeplane --version: %q, %v", out, err)
+			}
+		}
+	}
+	if strings.Join(got, ",") != "linux/amd64,linux/arm64" {
+		t.Errorf("platforms %v", got)
+	}
+
+	// The same inputs make the same archive, byte for byte.
+	again := filepath.Join(dir, "again.tar")
+	o.out = again
+	if err := build(o); err != nil {
+		t.Fatal(err)
+	}
+	a, _ := os.ReadFile(archive)
+	b, _ := os.ReadFile(again)
+	if !bytes.Equal(a, b) {
+		t.Error("two builds of the same source differ: the image is not reproducible")
+	}
+}
+
+func checkBase(t *testing.T, arch string, files map[string][]byte) {
+	t.Helper()
+	if !strings.Contains(string(files["etc/passwd"]), "nonroot:x:65532:65532:") || !strings.Contains(string(files["etc/group"]), "nonroot:x:65532:") {
+		t.Errorf("%s: no passwd or group entry for 65532", arch)
+	}
+	n := 0
+	for rest := files["etc/ssl/certs/ca-certificates.crt"]; ; n++ {
+		var block *pem.Block
+		if block, rest = pem.Decode(rest); block == nil {
+			break
+		}
+		if _, err := x509.ParseCertificate(block.Bytes); err != nil {
+			t.Fatalf("%s CA bundle: %v", arch, err)
+		}
+	}
+	if n < 100 {
+		t.Errorf("%s CA bundle holds %d certificates", arch, n)
+	}
+}
+
+// flatten applies the image's layers in order and returns its regular files.
+func flatten(t *testing.T, img v1.Image) map[string][]byte {
+	t.Helper()
+	layers, err := img.Layers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := map[string][]byte{}
+	for _, l := range layers {
+		rc, err := l.Uncompressed()
+		if err != nil {
+			t.Fatal(err)
+		}
+		tr := tar.NewReader(rc)
+		for {
+			h, err := tr.Next()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if h.Typeflag == tar.TypeReg {
+				b, _ := io.ReadAll(tr)
+				files[h.Name] = b
+			}
+		}
+		_ = rc.Close()
+	}
+	return files
+}
+
+func untar(t *testing.T, archive, dir string) {
+	t.Helper()
+	f, err := os.Open(archive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = f.Close() }()
+	tr := tar.NewReader(f)
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			return
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		path := filepath.Join(dir, filepath.FromSlash(h.Name))
+		if h.Typeflag == tar.TypeDir {
+			if err := os.MkdirAll(path, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		b, _ := io.ReadAll(tr)
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func readJSON(t *testing.T, path string, v any) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		t.Fatal(err)
+	}
+}
