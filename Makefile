@@ -111,6 +111,15 @@ build: ## Build the scopeplane binary and the kubectl-scopeplane plugin into bin
 	go build -trimpath -ldflags "-s -w -X main.version=$(VERSION)" -o bin/scopeplane .
 	go build -trimpath -ldflags "-s -w" -o bin/kubectl-scopeplane ./cmd/kubectl-scopeplane
 
+.PHONY: image
+image: ## Build the multi-arch (linux/amd64, linux/arm64) OCI image archive dist/scopeplane-<version>.oci.tar, no container engine needed.
+	go run ./hack/image -version $(VERSION) -out dist/scopeplane-$(VERSION).oci.tar
+	@echo "dist/scopeplane-$(VERSION).oci.tar: docker load -i, or kind load image-archive"
+
+.PHONY: dist
+dist: ## Write the packaged chart and install.yaml (the chart rendered with its defaults) into dist/.
+	HELM=$$(hack/helm.sh) hack/dist.sh dist
+
 .PHONY: demo
 demo: ## Run scopeplane end to end: local API server, operator, backends, scopes, a gRPC xDS client (DEMO_ONCE=1: one pass).
 	assets=$$(hack/envtest.sh); \
