@@ -14,6 +14,7 @@ import (
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	ctrl "sigs.k8s.io/controller-runtime"
+	clientconfig "sigs.k8s.io/controller-runtime/pkg/client/config"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -27,40 +28,53 @@ import (
 // appVersion (make build, the Dockerfile), so the chart and the binary agree.
 var version = "dev"
 
+// config is the command line.
+type config struct {
+	metricsAddr string
+	probeAddr   string
+	leaderElect bool
+	leaderNS    string
+	xdsAddr     string
+	xdsServer   string
+	window      time.Duration
+	adminAddr   string
+	pprofAddr   string
+	showVersion bool
+	zap         zap.Options
+}
+
+// bindFlags defines every flag on fs: main's command line, and the flags
+// reference in docs/flags.md, which a test renders from the same set.
+func bindFlags(fs *flag.FlagSet) *config {
+	c := &config{}
+	fs.StringVar(&c.metricsAddr, "metrics-bind-address", ":8080", "Address the Prometheus metrics endpoint binds to; 0 disables it.")
+	fs.StringVar(&c.probeAddr, "health-probe-bind-address", ":8081", "Address /healthz and /readyz bind to.")
+	fs.BoolVar(&c.leaderElect, "leader-elect", false, "Elect a leader among replicas; only the leader writes ProxyScope status, every replica serves xDS.")
+	fs.StringVar(&c.leaderNS, "leader-election-namespace", "", "Namespace of the leader election Lease (default: the pod's namespace).")
+	fs.StringVar(&c.xdsAddr, "xds-bind-address", ":18000", "Address the ADS gRPC server (SotW and delta) binds to.")
+	fs.StringVar(&c.xdsServer, "xds-server-address", "127.0.0.1:18000", "host:port proxies dial to reach this control plane, written into each scope's bootstrap ConfigMap (in a cluster: the xDS Service's DNS name).")
+	fs.DurationVar(&c.window, "coalesce-window", 10*time.Millisecond, "How long to wait after a change for more changes before pushing them as one version.")
+	fs.StringVar(&c.adminAddr, "admin-bind-address", "127.0.0.1:18001", "Loopback address of the admin gRPC service: Envoy's Client Status Discovery Service (proxy status and config dumps, what kubectl scopeplane reads through port-forward); empty disables it.")
+	fs.StringVar(&c.pprofAddr, "pprof-bind-address", "", "Address net/http/pprof binds to; empty (the default) disables it.")
+	fs.BoolVar(&c.showVersion, "version", false, "Print the version and exit.")
+	c.zap.BindFlags(fs)
+	// --kubeconfig, which controller-runtime registers on the command line
+	// itself (a no-op there), so that the reference lists it too.
+	clientconfig.RegisterFlags(fs)
+	return c
+}
+
 func main() {
-	var (
-		metricsAddr string
-		probeAddr   string
-		leaderElect bool
-		leaderNS    string
-		xdsAddr     string
-		xdsServer   string
-		window      time.Duration
-		adminAddr   string
-		pprofAddr   string
-		showVersion bool
-	)
-	flag.StringVar(&metricsAddr, "metrics-bind-address", ":8080", "Address the Prometheus metrics endpoint binds to; 0 disables it.")
-	flag.StringVar(&probeAddr, "health-probe-bind-address", ":8081", "Address /healthz and /readyz bind to.")
-	flag.BoolVar(&leaderElect, "leader-elect", false, "Elect a leader among replicas; only the leader writes ProxyScope status, every replica serves xDS.")
-	flag.StringVar(&leaderNS, "leader-election-namespace", "", "Namespace of the leader election Lease (default: the pod's namespace).")
-	flag.StringVar(&xdsAddr, "xds-bind-address", ":18000", "Address the ADS gRPC server (SotW and delta) binds to.")
-	flag.StringVar(&xdsServer, "xds-server-address", "127.0.0.1:18000", "host:port proxies dial to reach this control plane, written into each scope's bootstrap ConfigMap (in a cluster: the xDS Service's DNS name).")
-	flag.DurationVar(&window, "coalesce-window", 10*time.Millisecond, "How long to wait after a change for more changes before pushing them as one version.")
-	flag.StringVar(&adminAddr, "admin-bind-address", "127.0.0.1:18001", "Loopback address of the admin gRPC service: Envoy's Client Status Discovery Service (proxy status and config dumps, what kubectl scopeplane reads through port-forward); empty disables it.")
-	flag.StringVar(&pprofAddr, "pprof-bind-address", "", "Address net/http/pprof binds to; empty (the default) disables it.")
-	flag.BoolVar(&showVersion, "version", false, "Print the version and exit.")
-	opts := zap.Options{}
-	opts.BindFlags(flag.CommandLine)
+	c := bindFlags(flag.CommandLine)
 	flag.Parse()
-	if showVersion {
+	if c.showVersion {
 		fmt.Println("scopeplane", version, runtime.Version())
 		return
 	}
-	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&opts)))
+	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&c.zap)))
 	log := ctrl.Log.WithName("setup")
-	if adminAddr != "" {
-		if err := controlplane.CheckAdminAddress(adminAddr); err != nil {
+	if c.adminAddr != "" {
+		if err := controlplane.CheckAdminAddress(c.adminAddr); err != nil {
 			log.Error(err, "--admin-bind-address")
 			os.Exit(2)
 		}
@@ -73,12 +87,12 @@ func main() {
 	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
 		Scheme:                  scheme,
 		Cache:                   controlplane.CacheOptions(),
-		Metrics:                 metricsserver.Options{BindAddress: metricsAddr},
-		HealthProbeBindAddress:  probeAddr,
-		PprofBindAddress:        pprofAddr,
-		LeaderElection:          leaderElect,
+		Metrics:                 metricsserver.Options{BindAddress: c.metricsAddr},
+		HealthProbeBindAddress:  c.probeAddr,
+		PprofBindAddress:        c.pprofAddr,
+		LeaderElection:          c.leaderElect,
 		LeaderElectionID:        "scopeplane.xds.scopeplane.dev",
-		LeaderElectionNamespace: leaderNS,
+		LeaderElectionNamespace: c.leaderNS,
 	})
 	if err != nil {
 		log.Error(err, "creating the manager")
@@ -90,7 +104,7 @@ func main() {
 	}
 	ctx := ctrl.SetupSignalHandler()
 	if _, err := controlplane.Setup(ctx, mgr, controlplane.Options{
-		XDSAddress: xdsAddr, XDSServerAddress: xdsServer, CoalesceWindow: window, AdminAddress: adminAddr,
+		XDSAddress: c.xdsAddr, XDSServerAddress: c.xdsServer, CoalesceWindow: c.window, AdminAddress: c.adminAddr,
 	}); err != nil {
 		log.Error(err, "setting up the control plane")
 		os.Exit(1)

@@ -1,6 +1,9 @@
 package main
 
 import (
+	"context"
+	"flag"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -11,6 +14,10 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	statusv3 "github.com/envoyproxy/go-control-plane/envoy/service/status/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/scopeplane/scopeplane/internal/localapi"
 )
@@ -44,9 +51,9 @@ func TestBinaryServesProbesMetricsAndXDS(t *testing.T) {
 	if out, err := exec.Command("go", "build", "-ldflags", "-X main.version=test-1", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
-	metrics, probes, xds := freePort(t), freePort(t), freePort(t)
+	metrics, probes, xds, admin := freePort(t), freePort(t), freePort(t), freePort(t)
 	cmd := exec.Command(bin, "--metrics-bind-address="+metrics, "--health-probe-bind-address="+probes,
-		"--xds-bind-address="+xds, "--xds-server-address=scopeplane.test.svc:18000")
+		"--xds-bind-address="+xds, "--xds-server-address=scopeplane.test.svc:18000", "--admin-bind-address="+admin)
 	cmd.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig)
 	var logs strings.Builder
 	cmd.Stdout, cmd.Stderr = &logs, &logs
@@ -96,6 +103,19 @@ func TestBinaryServesProbesMetricsAndXDS(t *testing.T) {
 		t.Fatalf("the xDS port does not accept connections: %v", err)
 	}
 	_ = conn.Close()
+	cc, err := grpc.NewClient(admin, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cc.Close() }()
+	if _, err := statusv3.NewClientStatusDiscoveryServiceClient(cc).FetchClientStatus(context.Background(), &statusv3.ClientStatusRequest{}); err != nil {
+		t.Errorf("the admin port does not serve CSDS: %v", err)
+	}
+	// The admin service is unauthenticated: the binary refuses to expose it.
+	out, err := exec.Command(bin, "--admin-bind-address=0.0.0.0:18001").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "is not a loopback address") {
+		t.Errorf("--admin-bind-address=0.0.0.0:18001: %v\n%s", err, out)
+	}
 	if out, err := exec.Command(bin, "--version").CombinedOutput(); err != nil || string(out) != "scopeplane test-1 "+runtime.Version()+"\n" {
 		t.Errorf("scopeplane --version: %q, %v", out, err)
 	}
@@ -103,3 +123,45 @@ func TestBinaryServesProbesMetricsAndXDS(t *testing.T) {
 		t.Errorf("the binary did not log its version:\n%s", logs.String())
 	}
 }
+
+var update = flag.Bool("update", false, "rewrite docs/flags.md from the binary's flags")
+
+// TestFlagsReference keeps docs/flags.md equal to the flags the binary
+// defines (run go test . -update after changing one).
+func TestFlagsReference(t *testing.T) {
+	fs := flag.NewFlagSet("scopeplane", flag.ContinueOnError)
+	bindFlags(fs)
+	var b strings.Builder
+	b.WriteString(flagsHeader)
+	fs.VisitAll(func(f *flag.Flag) {
+		def := "`" + f.DefValue + "`"
+		if f.DefValue == "" {
+			def = "(empty)"
+		}
+		fmt.Fprintf(&b, "| `--%s` | %s | %s |\n", f.Name, def, strings.ReplaceAll(strings.ReplaceAll(f.Usage, "|", `\|`), "\n", " "))
+	})
+	path := filepath.Join("docs", "flags.md")
+	if *update {
+		if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(got) != b.String() {
+		t.Errorf("docs/flags.md is stale: run go test . -run TestFlagsReference -update\nwant:\n%s", b.String())
+	}
+}
+
+const flagsHeader = `# Command-line flags
+
+Every flag of the scopeplane binary (` + "`scopeplane --help`" + `), generated from the binary's own
+flag definitions by ` + "`go test . -run TestFlagsReference -update`" + `; the test fails when this page is stale.
+The Helm chart sets the addresses and ` + "`--leader-elect`" + ` (see [install.md](install.md));
+` + "`extraArgs`" + ` passes any other.
+
+| Flag | Default | Description |
+|---|---|---|
+`
