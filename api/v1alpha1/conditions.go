@@ -71,6 +71,11 @@ const (
 	// streams of the other protocol and are refused; their bootstrap's
 	// ads_config.api_type must match spec.protocol.
 	ReasonWrongProtocol = "WrongProtocol"
+	// ReasonBootstrapConfigMapConflict (Degraded=True): a ConfigMap that
+	// scopeplane does not own already has the name of the scope's bootstrap
+	// ConfigMap, so the bootstraps are not written (status.bootstrapConfigMap
+	// is empty); the scope itself is served.
+	ReasonBootstrapConfigMapConflict = "BootstrapConfigMapConflict"
 )
 
 // The Stalled condition is True with ReasonInvalidSelector (the spec must

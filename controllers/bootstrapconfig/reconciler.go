@@ -7,6 +7,8 @@ package bootstrapconfig
 import (
 	"context"
 	"fmt"
+	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -21,6 +23,7 @@ import (
 	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
 	"github.com/scopeplane/scopeplane/controllers/convert"
 	"github.com/scopeplane/scopeplane/xds/bootstrap"
+	"github.com/scopeplane/scopeplane/xds/keyset"
 	"github.com/scopeplane/scopeplane/xds/model"
 )
 
@@ -39,15 +42,63 @@ type Reconciler struct {
 	Client client.Client
 	// XDSServer is the host:port proxies dial to reach the ADS server.
 	XDSServer string
+	// Conflicts records the scopes whose ConfigMap name is taken, for the
+	// status.
+	Conflicts *Conflicts
+}
+
+// conflictRecheck is how often a scope whose ConfigMap name is taken is
+// tried again: the ConfigMap in the way is not cached (it lacks the label),
+// so its deletion raises no event.
+const conflictRecheck = 10 * time.Second
+
+// Conflicts holds, per scope, why its bootstrap ConfigMap cannot be
+// written. It is safe for concurrent use.
+type Conflicts struct {
+	mu      sync.Mutex
+	reasons map[model.Key]string
+	changed *keyset.Set
+}
+
+// NewConflicts returns an empty record.
+func NewConflicts() *Conflicts {
+	return &Conflicts{reasons: map[model.Key]string{}, changed: keyset.New()}
+}
+
+// Changes holds the scopes whose conflict appeared or cleared.
+func (c *Conflicts) Changes() *keyset.Set { return c.changed }
+
+// Get returns why the scope's ConfigMap cannot be written, or "".
+func (c *Conflicts) Get(key model.Key) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.reasons[key]
+}
+
+func (c *Conflicts) set(key model.Key, reason string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.reasons[key] == reason {
+		return
+	}
+	if reason == "" {
+		delete(c.reasons, key)
+	} else {
+		c.reasons[key] = reason
+	}
+	c.changed.Add(key)
 }
 
 // Reconcile renders the scope's bootstraps into its ConfigMap.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	key := model.Key{Namespace: req.Namespace, Name: req.Name}
 	ps := &xdsv1alpha1.ProxyScope{}
 	if err := r.Client.Get(ctx, req.NamespacedName, ps); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.Conflicts.set(key, "")
+		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
-	key := model.Key{Namespace: ps.Namespace, Name: ps.Name}
 	envoy, err := bootstrap.Envoy(key, convert.Protocol(ps.Spec.Protocol), r.XDSServer)
 	if err != nil {
 		return ctrl.Result{}, reconcile.TerminalError(err)
@@ -57,8 +108,14 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		return ctrl.Result{}, reconcile.TerminalError(err)
 	}
 	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ps.Namespace, Name: bootstrap.ConfigMapName(ps.Name)}}
+	taken := fmt.Sprintf("ConfigMap %s/%s already exists and is not owned by this ProxyScope, so its bootstraps are not written: rename or delete that ConfigMap",
+		cm.Namespace, cm.Name)
+	// The cache holds only ConfigMaps labelled as scopeplane's: one found
+	// there but controlled by another owner, or one the create finds in
+	// the way, belongs to someone else and is never overwritten.
 	if err := r.Client.Get(ctx, client.ObjectKeyFromObject(cm), cm); err == nil && !metav1.IsControlledBy(cm, ps) {
-		return ctrl.Result{}, reconcile.TerminalError(fmt.Errorf("ConfigMap %s/%s exists and is not owned by ProxyScope %s: rename or delete it", cm.Namespace, cm.Name, key))
+		r.Conflicts.set(key, taken)
+		return ctrl.Result{RequeueAfter: conflictRecheck}, nil
 	} else if err != nil && !apierrors.IsNotFound(err) {
 		return ctrl.Result{}, err
 	}
@@ -71,6 +128,13 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		cm.Data = map[string]string{bootstrap.EnvoyKey: string(envoy), bootstrap.GRPCKey: string(grpc)}
 		return controllerutil.SetControllerReference(ps, cm, r.Client.Scheme())
 	})
+	if apierrors.IsAlreadyExists(err) {
+		r.Conflicts.set(key, taken)
+		return ctrl.Result{RequeueAfter: conflictRecheck}, nil
+	}
+	if err == nil {
+		r.Conflicts.set(key, "")
+	}
 	return ctrl.Result{}, err
 }
 

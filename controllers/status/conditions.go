@@ -36,7 +36,10 @@ type Inputs struct {
 	Version    string
 	RevTime    time.Time
 	Feedback   feedback.Report
-	Now        time.Time
+	// BootstrapConflict says why the scope's bootstrap ConfigMap cannot be
+	// written ("" when it is).
+	BootstrapConflict string
+	Now               time.Time
 }
 
 // current reports whether the served state was built from this generation.
@@ -107,8 +110,9 @@ func ready(in *Inputs) condition {
 	return condition{metav1.ConditionFalse, xdsv1alpha1.ReasonPending, msg}
 }
 
-// degraded says whether a proxy rejects the configuration or proxies keep
-// knocking with the other protocol; the second value is how long until a
+// degraded says whether a proxy rejects the configuration, the bootstrap
+// ConfigMap's name is taken, or proxies keep knocking with the other
+// protocol, in that order; the second value is how long until a
 // WrongProtocol verdict expires (0 when none applies), for a re-check.
 func degraded(in *Inputs) (condition, time.Duration) {
 	var nacking []*feedback.Proxy
@@ -119,6 +123,9 @@ func degraded(in *Inputs) (condition, time.Duration) {
 	}
 	if len(nacking) > 0 {
 		return condition{metav1.ConditionTrue, xdsv1alpha1.ReasonProxyNACKed, nackMessage(in.Feedback.NACKs, nacking)}, 0
+	}
+	if in.BootstrapConflict != "" {
+		return condition{metav1.ConditionTrue, xdsv1alpha1.ReasonBootstrapConfigMapConflict, in.BootstrapConflict}, 0
 	}
 	if last := in.Feedback.LastRefused[feedback.RefusedWrongProto]; !last.IsZero() {
 		if left := wrongProtocolMemory - in.Now.Sub(last); left > 0 {
@@ -170,6 +177,9 @@ func nackMessage(nacks []feedback.NACK, nacking []*feedback.Proxy) string {
 func compute(prev *xdsv1alpha1.ProxyScopeStatus, in *Inputs) (xdsv1alpha1.ProxyScopeStatus, time.Duration) {
 	st := *prev.DeepCopy()
 	st.BootstrapConfigMap = bootstrap.ConfigMapName(in.Name)
+	if in.BootstrapConflict != "" {
+		st.BootstrapConfigMap = ""
+	}
 	set := func(typ string, c condition) {
 		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: typ, Status: c.status, Reason: c.reason, Message: c.message, ObservedGeneration: in.Generation})
 	}

@@ -93,6 +93,11 @@ func TestConditions(t *testing.T) {
 			in.Feedback.LastRefused[feedback.RefusedWrongProto] = now.Add(-time.Minute)
 			return in
 		}(), first(degraded), metav1.ConditionTrue, xdsv1alpha1.ReasonWrongProtocol, "4 streams refused so far"},
+		{"bootstrap ConfigMap name taken", func() *Inputs {
+			in := served(at("v1"))
+			in.BootstrapConflict = "ConfigMap ns/web-xds-bootstrap already exists"
+			return in
+		}(), first(degraded), metav1.ConditionTrue, xdsv1alpha1.ReasonBootstrapConfigMapConflict, "web-xds-bootstrap already exists"},
 		{"wrong protocol forgotten", func() *Inputs {
 			in := served()
 			in.Feedback.LastRefused[feedback.RefusedWrongProto] = now.Add(-wrongProtocolMemory)
@@ -175,6 +180,11 @@ func TestKstatus(t *testing.T) {
 		{"wrong-protocol proxies knocking (WrongProtocol)", func() *Inputs {
 			in := served(at("v1"))
 			in.Feedback.LastRefused[feedback.RefusedWrongProto] = now
+			return in
+		}(), kstatus.CurrentStatus},
+		{"bootstrap ConfigMap name taken (BootstrapConfigMapConflict)", func() *Inputs {
+			in := served(at("v1"))
+			in.BootstrapConflict = "taken"
 			return in
 		}(), kstatus.CurrentStatus},
 	}

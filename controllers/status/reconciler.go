@@ -30,6 +30,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
+	"github.com/scopeplane/scopeplane/controllers/bootstrapconfig"
 	"github.com/scopeplane/scopeplane/controllers/convert"
 	"github.com/scopeplane/scopeplane/xds/feedback"
 	"github.com/scopeplane/scopeplane/xds/keyset"
@@ -44,7 +45,9 @@ type Reconciler struct {
 	Client   client.Client
 	Store    *snapshot.Store
 	Feedback *feedback.Tracker
-	Recorder events.EventRecorder
+	// Bootstrap says which scopes' bootstrap ConfigMaps cannot be written.
+	Bootstrap *bootstrapconfig.Conflicts
+	Recorder  events.EventRecorder
 	// Window coalesces bursts of changes into one write per scope.
 	Window time.Duration
 }
@@ -87,6 +90,7 @@ func (r *Reconciler) inputs(ps *xdsv1alpha1.ProxyScope) *Inputs {
 		})
 	}
 	in.Feedback = r.Feedback.Get(key)
+	in.BootstrapConflict = r.Bootstrap.Get(key)
 	return in
 }
 
@@ -119,7 +123,7 @@ func routine(reason string) bool {
 // changed: the workqueue dedups them and retries failed patches with backoff.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	changes := make(chan event.TypedGenericEvent[*xdsv1alpha1.ProxyScope])
-	if err := mgr.Add(&feeder{served: r.Store.Changes(), proxies: r.Feedback.Changes(), window: r.Window, out: changes}); err != nil {
+	if err := mgr.Add(&feeder{served: r.Store.Changes(), proxies: r.Feedback.Changes(), bootstrap: r.Bootstrap.Changes(), window: r.Window, out: changes}); err != nil {
 		return err
 	}
 	return ctrl.NewControllerManagedBy(mgr).
@@ -132,11 +136,11 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 // feeder turns the pipeline's changed-scope sets into events for the status
 // controller, at most once per window per burst.
 type feeder struct {
-	// served and proxies are the scopes whose served state or whose
-	// proxies' feedback changed.
-	served, proxies *keyset.Set
-	window          time.Duration
-	out             chan<- event.TypedGenericEvent[*xdsv1alpha1.ProxyScope]
+	// served, proxies and bootstrap are the scopes whose served state,
+	// proxies' feedback or bootstrap ConfigMap conflict changed.
+	served, proxies, bootstrap *keyset.Set
+	window                     time.Duration
+	out                        chan<- event.TypedGenericEvent[*xdsv1alpha1.ProxyScope]
 }
 
 var _ manager.LeaderElectionRunnable = (*feeder)(nil)
@@ -152,6 +156,7 @@ func (f *feeder) Start(ctx context.Context) error {
 			return nil
 		case <-f.served.Changed():
 		case <-f.proxies.Changed():
+		case <-f.bootstrap.Changed():
 		}
 		select {
 		case <-ctx.Done():
@@ -159,7 +164,7 @@ func (f *feeder) Start(ctx context.Context) error {
 		case <-time.After(f.window):
 		}
 		seen := map[model.Key]struct{}{}
-		for _, s := range []*keyset.Set{f.served, f.proxies} {
+		for _, s := range []*keyset.Set{f.served, f.proxies, f.bootstrap} {
 			for _, k := range s.Take() {
 				if _, dup := seen[k]; dup || k == (model.Key{}) {
 					continue // the zero key counts refusals that name no scope

@@ -87,14 +87,15 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) (*ControlPlane, 
 	if cp.Sync, err = controllers.Setup(ctx, mgr, cp.Catalog); err != nil {
 		return nil, err
 	}
-	if err := (&bootstrapconfig.Reconciler{Client: mgr.GetClient(), XDSServer: opts.XDSServerAddress}).SetupWithManager(mgr); err != nil {
+	conflicts := bootstrapconfig.NewConflicts()
+	if err := (&bootstrapconfig.Reconciler{Client: mgr.GetClient(), XDSServer: opts.XDSServerAddress, Conflicts: conflicts}).SetupWithManager(mgr); err != nil {
 		return nil, err
 	}
 	if opts.StatusWindow <= 0 {
 		opts.StatusWindow = 200 * time.Millisecond
 	}
 	if err := (&status.Reconciler{
-		Client: mgr.GetClient(), Store: cp.Store, Feedback: cp.Feedback,
+		Client: mgr.GetClient(), Store: cp.Store, Feedback: cp.Feedback, Bootstrap: conflicts,
 		Recorder: mgr.GetEventRecorder("scopeplane"), Window: opts.StatusWindow,
 	}).SetupWithManager(mgr); err != nil {
 		return nil, err

@@ -231,3 +231,46 @@ func TestStatusConditionsAreReachedAndCleared(t *testing.T) {
 		t.Errorf("a SotW stream after the switch to delta ended with %v", good.Err())
 	}
 }
+
+// TestBootstrapConfigMapConflict: a ConfigMap someone else made under the
+// bootstrap's name is never overwritten; the scope says so on its status
+// until the ConfigMap is gone, and then gets its bootstraps.
+func TestBootstrapConfigMapConflict(t *testing.T) {
+	theirs := &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "clash", Name: bootstrap.ConfigMapName("edge")},
+		Data:       map[string]string{"envoy.yaml": "someone else's"},
+	}
+	create(t,
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "clash"}},
+		theirs,
+		&xdsv1alpha1.ProxyScope{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "clash", Name: "edge"},
+			Spec: xdsv1alpha1.ProxyScopeSpec{
+				Services: []xdsv1alpha1.ServiceSelection{{Selector: &metav1.LabelSelector{}}},
+				Listener: xdsv1alpha1.ListenerSpec{Mode: xdsv1alpha1.ListenerModeEnvoy, Port: ptr.To[int32](10080)},
+			},
+		},
+	)
+	ps := expectCondition(t, "clash", "edge", xdsv1alpha1.ConditionDegraded, metav1.ConditionTrue, xdsv1alpha1.ReasonBootstrapConfigMapConflict)
+	if c := meta.FindStatusCondition(ps.Status.Conditions, xdsv1alpha1.ConditionDegraded); !strings.Contains(c.Message, "ConfigMap clash/edge-xds-bootstrap already exists and is not owned by this ProxyScope") {
+		t.Errorf("the conflict message: %s", c.Message)
+	}
+	if ps.Status.BootstrapConfigMap != "" {
+		t.Errorf("status.bootstrapConfigMap names a ConfigMap scopeplane did not write: %q", ps.Status.BootstrapConfigMap)
+	}
+	got := &corev1.ConfigMap{}
+	if err := env.Client.Get(context.Background(), client.ObjectKeyFromObject(theirs), got); err != nil || got.Data["envoy.yaml"] != "someone else's" {
+		t.Errorf("the other ConfigMap was changed: %v %v", got.Data, err)
+	}
+
+	if err := env.Client.Delete(context.Background(), theirs); err != nil {
+		t.Fatal(err)
+	}
+	expectCondition(t, "clash", "edge", xdsv1alpha1.ConditionDegraded, metav1.ConditionFalse, xdsv1alpha1.ReasonAsExpected)
+	if !strings.Contains(string(bootstrapOf(t, "clash", "edge", "envoy.yaml")), "clash/edge") {
+		t.Error("the bootstrap was not written once the name was free")
+	}
+	if ps = getScope(t, "clash", "edge"); ps.Status.BootstrapConfigMap != bootstrap.ConfigMapName("edge") {
+		t.Errorf("status.bootstrapConfigMap: %q", ps.Status.BootstrapConfigMap)
+	}
+}
