@@ -71,6 +71,12 @@ type Report struct {
 	NACKs       []NACK
 	Sent        Counters
 	LastPush    time.Time
+	// Cost is what the scope's proxies were sent over the cost window,
+	// priced in both protocols (in Get's copy only); Total since the
+	// control plane started.
+	Cost  CostWindow
+	Total Cost
+	cost  costRing
 }
 
 // Counters accumulate what was sent to a scope's proxies.
@@ -172,8 +178,13 @@ func (t *Tracker) AtVersion(key model.Key, id uint64, version string, observed t
 	}
 }
 
+// HeldBack is what a rejected response kept from the proxy: how many
+// resources it carried, and how many the other protocol's response for the
+// same change would have (its blast radius there).
+type HeldBack struct{ Resources, OtherResources int }
+
 // NACKed records that a proxy rejected a version of a type.
-func (t *Tracker) NACKed(key model.Key, id uint64, typeURL, version, detail string) {
+func (t *Tracker) NACKed(key model.Key, id uint64, typeURL, version, detail string, held HeldBack) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	s := t.scopeLocked(key)
@@ -189,6 +200,11 @@ func (t *Tracker) NACKed(key model.Key, id uint64, typeURL, version, detail stri
 	}
 	n := NACK{Node: p.Node, TypeURL: typeURL, Version: version, Detail: detail, Time: t.now()}
 	p.LastNACK[typeURL] = n
+	c := Cost{NACKs: 1, HeldBack: int64(held.Resources), OtherHeldBack: int64(held.OtherResources)}
+	s.cost.at(n.Time).add(&c)
+	s.Total.add(&c)
+	metrics.HeldBack.WithLabelValues(key.String(), string(p.Protocol)).Add(float64(held.Resources))
+	metrics.OtherProtocolHeldBack.WithLabelValues(key.String(), string(p.Protocol)).Add(float64(held.OtherResources))
 	s.NACKs = append([]NACK{n}, s.NACKs...)
 	if len(s.NACKs) > MaxNACKs {
 		s.NACKs = s.NACKs[:MaxNACKs]
@@ -213,19 +229,41 @@ func (t *Tracker) Refuse(key model.Key, reason string) {
 	t.changed.Add(key)
 }
 
-// Sent counts one response sent to a proxy of the scope.
-func (t *Tracker) Sent(key model.Key, p model.Protocol, typeURL string, resources, bytes int) {
+// Sent counts one response sent to a proxy of the scope, and what the
+// other protocol would have sent instead.
+func (t *Tracker) Sent(key model.Key, p model.Protocol, typeURL string, push Push) {
 	scope := key.String()
-	metrics.Pushes.WithLabelValues(scope, typeURL, string(p)).Inc()
-	metrics.ResourcesSent.WithLabelValues(scope, typeURL, string(p)).Add(float64(resources))
-	metrics.BytesSent.WithLabelValues(scope, typeURL, string(p)).Add(float64(bytes))
+	metrics.OtherProtocolBytes.WithLabelValues(scope, typeURL, string(p)).Add(float64(push.OtherBytes))
+	if push.Connect {
+		metrics.ConnectBytes.WithLabelValues(scope, string(p)).Add(float64(push.Bytes))
+		metrics.ConnectOtherProtocolBytes.WithLabelValues(scope, string(p)).Add(float64(push.OtherBytes))
+	}
+	sent := push.Bytes > 0
+	if sent {
+		metrics.Pushes.WithLabelValues(scope, typeURL, string(p)).Inc()
+		metrics.ResourcesSent.WithLabelValues(scope, typeURL, string(p)).Add(float64(push.Resources))
+		metrics.BytesSent.WithLabelValues(scope, typeURL, string(p)).Add(float64(push.Bytes))
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	s := t.scopeLocked(key)
+	now := t.now()
+	c := Cost{Bytes: int64(push.Bytes), OtherBytes: int64(push.OtherBytes)}
+	if push.Connect {
+		c.Connects, c.ConnectBytes, c.ConnectOtherBytes = 1, int64(push.Bytes), int64(push.OtherBytes)
+	}
+	if sent {
+		c.Pushes = 1
+	}
+	s.cost.at(now).add(&c)
+	s.Total.add(&c)
+	if !sent {
+		return
+	}
 	s.Sent.Responses++
-	s.Sent.Resources += int64(resources)
-	s.Sent.Bytes += int64(bytes)
-	s.LastPush = t.now()
+	s.Sent.Resources += int64(push.Resources)
+	s.Sent.Bytes += int64(push.Bytes)
+	s.LastPush = now
 }
 
 // Get returns a copy of what is known about a scope.
@@ -238,7 +276,7 @@ func (t *Tracker) Get(key model.Key) Report {
 	}
 	out := Report{Proxies: make(map[uint64]*Proxy, len(s.Proxies)), Refused: make(map[string]int64, len(s.Refused)),
 		LastRefused: make(map[string]time.Time, len(s.LastRefused)),
-		NACKs:       append([]NACK(nil), s.NACKs...), Sent: s.Sent, LastPush: s.LastPush}
+		NACKs:       append([]NACK(nil), s.NACKs...), Sent: s.Sent, LastPush: s.LastPush, Cost: s.cost.window(t.now()), Total: s.Total}
 	for id, p := range s.Proxies {
 		c := *p
 		c.Acked = maps.Clone(p.Acked)

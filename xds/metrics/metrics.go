@@ -37,6 +37,36 @@ var (
 		Help: "Serialized bytes of xDS responses, by scope, type and protocol.",
 	}, []string{"scope", "type", "protocol"})
 
+	// OtherProtocolBytes counts what the other protocol would have sent for
+	// the same changes to the same proxies (package cost prices it).
+	OtherProtocolBytes = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "scopeplane_xds_other_protocol_bytes_total",
+		Help: "Serialized bytes the other xDS protocol would have sent for the same changes to the same proxies, by scope, type and the protocol actually used.",
+	}, []string{"scope", "type", "protocol"})
+
+	// ConnectBytes and ConnectOtherProtocolBytes count the part of the
+	// above spent on streams' first responses (initial syncs and reconnects).
+	ConnectBytes = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "scopeplane_xds_connect_sent_bytes_total",
+		Help: "Serialized bytes of streams' first responses per type (initial syncs and reconnects), by scope and protocol.",
+	}, []string{"scope", "protocol"})
+	ConnectOtherProtocolBytes = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "scopeplane_xds_connect_other_protocol_bytes_total",
+		Help: "What the other xDS protocol would have sent as those first responses, by scope and the protocol actually used.",
+	}, []string{"scope", "protocol"})
+
+	// HeldBack and OtherProtocolHeldBack count the resources rejected
+	// responses kept from proxies: a NACK's blast radius, here and in the
+	// other protocol.
+	HeldBack = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "scopeplane_xds_nack_held_back_resources_total",
+		Help: "Resources carried by responses proxies rejected, by scope and protocol.",
+	}, []string{"scope", "protocol"})
+	OtherProtocolHeldBack = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "scopeplane_xds_nack_other_protocol_held_back_resources_total",
+		Help: "Resources the other xDS protocol's responses for the same changes would have carried, by scope and the protocol actually used.",
+	}, []string{"scope", "protocol"})
+
 	// NACKs counts rejected responses.
 	NACKs = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "scopeplane_xds_nacks_total",
@@ -98,5 +128,6 @@ func SetBuildInfo(version string) {
 }
 
 func init() {
-	ctrlmetrics.Registry.MustRegister(ConnectedProxies, Pushes, ResourcesSent, BytesSent, NACKs, Refusals, Convergence, Translation, SnapshotBuild, ScopeCondition, BuildInfo, GRPC)
+	ctrlmetrics.Registry.MustRegister(ConnectedProxies, Pushes, ResourcesSent, BytesSent, OtherProtocolBytes,
+		ConnectBytes, ConnectOtherProtocolBytes, HeldBack, OtherProtocolHeldBack, NACKs, Refusals, Convergence, Translation, SnapshotBuild, ScopeCondition, BuildInfo, GRPC)
 }

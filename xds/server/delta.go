@@ -8,6 +8,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/scopeplane/scopeplane/xds/cost"
+	"github.com/scopeplane/scopeplane/xds/feedback"
 	"github.com/scopeplane/scopeplane/xds/model"
 	"github.com/scopeplane/scopeplane/xds/snapshot"
 	"github.com/scopeplane/scopeplane/xds/xdstype"
@@ -29,6 +31,9 @@ type deltaType struct {
 type inflight struct {
 	version string
 	undo    map[string]*snapshot.Resource
+	// other is how many resources the SotW response would have carried:
+	// what a rejection holds back there.
+	other int
 }
 
 // maxInflight bounds the unanswered responses remembered per type.
@@ -90,6 +95,8 @@ func (st *delta) handle(req *discoveryv3.DeltaDiscoveryRequest) error {
 			_, explicit := ts.names[name]
 			consider(name, explicit)
 		}
+		resp.connect = first
+		resp.other, resp.priced = priceSotW(v, ts, resp, first), true
 	})
 	if len(resp.res) > 0 || len(resp.removed) > 0 || first {
 		return sendAll(st.stream, []*response{resp}, st.send, st.settled)
@@ -120,7 +127,7 @@ func (st *delta) answer(ts *deltaType, nonce, detail string, nack bool) {
 		}
 		owed = append(owed, name)
 	}
-	st.rejected(&ts.subscription, in.version, detail, owed)
+	st.rejected(&ts.subscription, in.version, detail, owed, feedback.HeldBack{Resources: len(in.undo), OtherResources: in.other})
 }
 
 // resubscribe applies a request's subscription changes and, on the first
@@ -209,6 +216,7 @@ func (st *delta) plan(v snapshot.View) []*response {
 		once := ts.eachChange(v, st.rev, func(name string) { st.diff(v, ts, name, resp, false) })
 		if len(resp.res) > 0 || len(resp.removed) > 0 {
 			ts.sendOwed(once)
+			resp.other, resp.priced = priceSotW(v, ts, resp, false), true
 			byType[t] = resp
 		}
 	}
@@ -225,9 +233,22 @@ func (st *delta) plan(v snapshot.View) []*response {
 		}
 		if removesLater && r.t.Info().RemovedLast && len(r.removed) > 0 {
 			// Make before break: the removal waits for the listeners and
-			// routes that used what it removes.
-			late = append(late, &response{t: r.t, version: r.version, removed: r.removed})
+			// routes that used what it removes. SotW makes before breaking
+			// too, with a full set that still holds the departing resources
+			// and then the final one; for a by-name type it sends nothing.
+			l := &response{t: r.t, version: r.version, removed: r.removed, priced: true}
+			if r.t.FullState() {
+				l.other = r.other
+				r.other.entries += departing(st.types[r.t], r.removed)
+				r.other.drains = 1
+			}
+			late = append(late, l)
 			if r.removed = nil; len(r.res) == 0 {
+				// The SotW full set that keeps the departing resources
+				// has no delta counterpart here: price it with the removal.
+				l.other.entries += r.other.entries
+				l.other.responses += r.other.responses
+				l.other.drains += r.other.drains
 				continue
 			}
 		}
@@ -269,9 +290,55 @@ func (st *delta) send(r *response) error {
 		// than grow without bound.
 		clear(ts.inflight)
 	}
-	ts.inflight[nonce] = inflight{version: r.version, undo: undo}
-	st.srv.fb.Sent(st.key, model.Delta, r.t.URL(), len(r.res), proto.Size(resp))
+	ts.inflight[nonce] = inflight{version: r.version, undo: undo, other: r.other.resources}
+	st.srv.fb.Sent(st.key, model.Delta, r.t.URL(), feedback.Push{
+		Resources: len(r.res), Bytes: proto.Size(resp), Connect: r.connect,
+		OtherBytes: r.other.price(r.version, r.t.URL(), nonce),
+	})
 	return nil
+}
+
+// priceSotW is the SotW response that would have carried the same change
+// to the proxy: the whole subscribed set of a full-state type whenever it
+// changed, the changed resources of a by-name type (nothing for a removal:
+// SotW drops those with their parent), and every subscribed resource when
+// the stream connects (all: SotW resends the world).
+func priceSotW(v snapshot.View, ts *deltaType, r *response, all bool) otherResponse {
+	if ts.t.FullState() || all {
+		o := otherResponse{responses: 1}
+		if ts.wildcard {
+			o.entries, o.resources = v.SotWBytes(ts.t), v.Len(ts.t)
+			return o
+		}
+		for name := range ts.names {
+			if res := v.Get(ts.t, name); res != nil {
+				o.entries += cost.SotWEntry(res.Size)
+				o.resources++
+			}
+		}
+		return o
+	}
+	var o otherResponse
+	for _, res := range r.res {
+		o.entries += cost.SotWEntry(res.Size)
+		o.resources++
+	}
+	if o.resources > 0 {
+		o.responses = 1
+	}
+	return o
+}
+
+// departing is what the resources a removal takes away, as the proxy holds
+// them, add to a SotW response.
+func departing(ts *deltaType, removed []string) int {
+	n := 0
+	for _, name := range removed {
+		if h := ts.held[name]; h != nil {
+			n += cost.SotWEntry(h.Size)
+		}
+	}
+	return n
 }
 
 // settled reports whether every response was answered and none rejected.

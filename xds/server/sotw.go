@@ -3,12 +3,15 @@ package server
 import (
 	"maps"
 	"strconv"
+	"strings"
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/scopeplane/scopeplane/xds/cost"
+	"github.com/scopeplane/scopeplane/xds/feedback"
 	"github.com/scopeplane/scopeplane/xds/model"
 	"github.com/scopeplane/scopeplane/xds/snapshot"
 	"github.com/scopeplane/scopeplane/xds/xdstype"
@@ -27,6 +30,9 @@ type sotwType struct {
 	// last lists the resources of the last response, owed again if it is
 	// rejected (by-name types only: a full-state type is resent whole).
 	last []*snapshot.Resource
+	// lastOther is how many resources the delta response that last one
+	// stands for would have carried: what a rejection holds back there.
+	lastOther int
 }
 
 type sotw struct {
@@ -72,7 +78,16 @@ func (st *sotw) handle(req *discoveryv3.DiscoveryRequest) error {
 		clear(ts.held) // what the proxy holds is unknown to this stream
 	}
 	var resp *response
-	st.sc.Read(func(v snapshot.View) { resp = st.respond(v, ts, awaiting) })
+	st.sc.Read(func(v snapshot.View) {
+		if resp = st.respond(v, ts, awaiting); resp != nil && awaiting {
+			resp.connect = true
+			// A reconnecting proxy that names the served version holds it
+			// all: a delta proxy would have claimed it and received nothing.
+			if claimed := req.GetVersionInfo(); claimed != "" && claimed == v.TypeVersion(t) {
+				resp.other, resp.priced = otherResponse{responses: 1}, true
+			}
+		}
+	})
 	if resp != nil {
 		return sendAll(st.stream, []*response{resp}, st.send, st.settled)
 	}
@@ -98,7 +113,7 @@ func (st *sotw) answer(ts *sotwType, detail string, nack bool) {
 			}
 		}
 	}
-	st.rejected(&ts.subscription, ts.version, detail, owed)
+	st.rejected(&ts.subscription, ts.version, detail, owed, feedback.HeldBack{Resources: len(ts.last), OtherResources: ts.lastOther})
 }
 
 // resubscribe makes the subscription what the request's names state and
@@ -205,7 +220,7 @@ func (st *sotw) plan(v snapshot.View) []*response {
 	var out, late []*response
 	removesLater := false
 	for _, r := range byType {
-		if r != nil && !r.t.Info().RemovedLast {
+		if r != nil && !r.silent && !r.t.Info().RemovedLast {
 			removesLater = true
 		}
 	}
@@ -238,23 +253,34 @@ func (st *sotw) changes(v snapshot.View, ts *sotwType) *response {
 		}
 		return nil
 	}
-	var res []*snapshot.Resource
+	var (
+		res  []*snapshot.Resource
+		gone []string
+	)
 	once := ts.eachChange(v, st.rev, func(name string) {
 		if !ts.subscribed(name) {
 			return
 		}
 		r := v.Get(t, name)
 		if r == nil {
-			delete(ts.held, name)
+			if _, held := ts.held[name]; held {
+				delete(ts.held, name)
+				gone = append(gone, name)
+			}
 		} else if !ts.holds(r) {
 			res = append(res, r)
 		}
 	})
 	if len(res) == 0 {
+		if len(gone) > 0 {
+			// SotW drops these with their cluster or listener; delta
+			// would have sent the removal.
+			return &response{t: t, version: v.TypeVersion(t), removed: gone, silent: true}
+		}
 		return nil
 	}
 	ts.sendOwed(once)
-	return &response{t: t, version: v.TypeVersion(t), res: res}
+	return &response{t: t, version: v.TypeVersion(t), res: res, removed: gone}
 }
 
 // makeBeforeBreak returns a full-state response that keeps the held
@@ -273,11 +299,26 @@ func makeBeforeBreak(final *response, held map[string]*snapshot.Resource) *respo
 	if len(union) == len(final.res) {
 		return nil
 	}
-	return &response{t: final.t, version: final.version + "-draining", res: union, full: true}
+	return &response{t: final.t, version: final.version + draining, res: union, full: true}
 }
+
+// draining marks the version of a make-before-break response.
+const draining = "-draining"
 
 func (st *sotw) send(r *response) error {
 	ts := st.types[r.t]
+	if !r.priced {
+		r.other = priceDelta(ts, r)
+	}
+	// The delta response would have had the served version, not a
+	// make-before-break step's.
+	otherVersion := strings.TrimSuffix(r.version, draining)
+	if r.silent {
+		st.srv.fb.Sent(st.key, model.SotW, r.t.URL(), feedback.Push{
+			OtherBytes: r.other.price(otherVersion, r.t.URL(), strconv.FormatUint(st.nonce+1, 10)),
+		})
+		return nil
+	}
 	st.nonce++
 	resp := &discoveryv3.DiscoveryResponse{
 		VersionInfo: r.version,
@@ -291,15 +332,52 @@ func (st *sotw) send(r *response) error {
 	if err := st.grpc.Send(resp); err != nil {
 		return err
 	}
-	ts.nonce, ts.version, ts.pending, ts.last = resp.GetNonce(), r.version, true, r.res
+	ts.nonce, ts.version, ts.pending, ts.last, ts.lastOther = resp.GetNonce(), r.version, true, r.res, r.other.resources
 	if r.full {
 		clear(ts.held)
 	}
 	for _, res := range r.res {
 		ts.sent(res)
 	}
-	st.srv.fb.Sent(st.key, model.SotW, r.t.URL(), len(r.res), proto.Size(resp))
+	st.srv.fb.Sent(st.key, model.SotW, r.t.URL(), feedback.Push{
+		Resources: len(r.res), Bytes: proto.Size(resp), Connect: r.connect,
+		OtherBytes: r.other.price(otherVersion, r.t.URL(), resp.GetNonce()),
+	})
 	return nil
+}
+
+// priceDelta is the delta response that would have brought the proxy what
+// r brings, from what the stream knows it holds before r: the resources it
+// lacks, and the removals of what a full set drops or a by-name change
+// removed. A delta proxy answers a first request even when nothing differs.
+func priceDelta(ts *sotwType, r *response) otherResponse {
+	var o otherResponse
+	for _, res := range r.res {
+		if !ts.holds(res) {
+			o.entries += cost.DeltaEntry(res.Name, res.Version, res.Size)
+			o.resources++
+		}
+	}
+	removed := len(r.removed)
+	for _, name := range r.removed {
+		o.entries += cost.Removed(name)
+	}
+	if r.full {
+		keep := make(map[string]struct{}, len(r.res))
+		for _, res := range r.res {
+			keep[res.Name] = struct{}{}
+		}
+		for name := range ts.held {
+			if _, ok := keep[name]; !ok {
+				o.entries += cost.Removed(name)
+				removed++
+			}
+		}
+	}
+	if o.resources > 0 || removed > 0 || r.connect {
+		o.responses = 1
+	}
+	return o
 }
 
 // settled reports whether every response was answered and none rejected.

@@ -1,6 +1,8 @@
 package server
 
 import (
+	"github.com/scopeplane/scopeplane/xds/cost"
+	"github.com/scopeplane/scopeplane/xds/feedback"
 	"github.com/scopeplane/scopeplane/xds/model"
 	"github.com/scopeplane/scopeplane/xds/snapshot"
 	"github.com/scopeplane/scopeplane/xds/xdstype"
@@ -73,13 +75,14 @@ func (s *subscription) sent(r *snapshot.Resource) {
 }
 
 // rejected records a NACK of the response of version whose names are now
-// owed, and reports it with the proxy's error detail.
-func (st *stream) rejected(s *subscription, version, detail string, owed []string) {
+// owed, and reports it with the proxy's error detail and what the rejection
+// held back, here and in the other protocol.
+func (st *stream) rejected(s *subscription, version, detail string, owed []string, held feedback.HeldBack) {
 	for _, name := range owed {
 		s.owed[name] = struct{}{}
 	}
 	s.rejecting = true
-	st.srv.fb.NACKed(st.key, st.id, s.t.URL(), version, detail)
+	st.srv.fb.NACKed(st.key, st.id, s.t.URL(), version, detail, held)
 }
 
 // accepted records an ACK of version. Rejected resources not yet sent again
@@ -123,10 +126,40 @@ type response struct {
 	t       xdstype.Type
 	version string
 	res     []*snapshot.Resource
-	// removed names resources the proxy must drop (delta only).
+	// removed names resources the proxy must drop: sent in delta; in SotW
+	// only priced, as what a delta response would have removed.
 	removed []string
 	// full marks a SotW full-state response, which replaces what the proxy holds.
 	full bool
+	// connect marks the stream's first response of the type.
+	connect bool
+	// silent marks a change the other protocol would send and this one
+	// does not (a by-name removal in SotW): it is priced, never sent.
+	silent bool
+	// other prices the response in the other protocol, once priced is
+	// set: delta prices SotW while planning, inside the scope's view; SotW
+	// prices delta when sending, from what the proxy held before.
+	other  otherResponse
+	priced bool
+}
+
+// otherResponse is what the other protocol would have sent for a
+// response: the bytes its resources and removals add, how many resources,
+// and in how many responses (0: it would have sent nothing).
+type otherResponse struct {
+	entries   int
+	resources int
+	responses int
+	// drains counts the responses among them that SotW sends as a
+	// make-before-break step, whose version carries the draining suffix.
+	drains int
+}
+
+// price is the other protocol's responses in bytes, each with the header
+// this response's version, type and nonce would have had there.
+func (o otherResponse) price(version, typeURL, nonce string) int {
+	return o.entries + o.responses*cost.Header(version, typeURL, nonce) +
+		o.drains*(cost.Header(version+draining, typeURL, nonce)-cost.Header(version, typeURL, nonce))
 }
 
 // requestedType resolves a request's type URL and checks its name count.

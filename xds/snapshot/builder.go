@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/scopeplane/scopeplane/xds/catalog"
+	"github.com/scopeplane/scopeplane/xds/cost"
 	"github.com/scopeplane/scopeplane/xds/keyset"
 	"github.com/scopeplane/scopeplane/xds/metrics"
 	"github.com/scopeplane/scopeplane/xds/model"
@@ -181,9 +182,12 @@ func (b *Builder) applyScope(u *catalog.Update, observed time.Time) {
 		}
 		if old != nil {
 			ts.digest ^= nameDigest(name, old.Version)
+			ts.sotwBytes -= cost.SotWEntry(old.Size)
 		}
-		ts.res[name] = &Resource{Name: name, Version: version, Body: body}
+		r := &Resource{Name: name, Version: version, Body: body, Size: proto.Size(body)}
+		ts.res[name] = r
 		ts.digest ^= nameDigest(name, version)
+		ts.sotwBytes += cost.SotWEntry(r.Size)
 		touched[t][name] = struct{}{}
 		changes = append(changes, logEntry{rev: next, typ: t, name: name})
 	}
@@ -194,6 +198,7 @@ func (b *Builder) applyScope(u *catalog.Update, observed time.Time) {
 			return
 		}
 		ts.digest ^= nameDigest(name, old.Version)
+		ts.sotwBytes -= cost.SotWEntry(old.Size)
 		delete(ts.res, name)
 		changes = append(changes, logEntry{rev: next, typ: t, name: name})
 	}

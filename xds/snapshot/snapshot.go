@@ -30,12 +30,16 @@ type Resource struct {
 	Name    string
 	Version string
 	Body    *anypb.Any
+	// Size is the encoded size of Body, for pricing responses (package cost).
+	Size int
 }
 
 type typeState struct {
 	res     map[string]*Resource
 	digest  uint64
 	version string
+	// sotwBytes is what all of the type's resources add to a SotW response.
+	sotwBytes int
 }
 
 type logEntry struct {
@@ -113,6 +117,10 @@ func (v View) TypeVersion(t xdstype.Type) string { return v.s.types[t].version }
 
 // Get returns the current resource of that type and name, or nil.
 func (v View) Get(t xdstype.Type, name string) *Resource { return v.s.types[t].res[name] }
+
+// SotWBytes is what every resource of the type adds to a SotW response: a
+// wildcard full-state response is Header plus this.
+func (v View) SotWBytes(t xdstype.Type) int { return v.s.types[t].sotwBytes }
 
 // Len returns how many resources of the type the scope holds.
 func (v View) Len(t xdstype.Type) int { return len(v.s.types[t].res) }

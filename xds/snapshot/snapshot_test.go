@@ -7,7 +7,9 @@ import (
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/scopeplane/scopeplane/xds/catalog"
@@ -184,4 +186,36 @@ func TestRejectedScopeKeepsItsResolutionAndServesNothing(t *testing.T) {
 	if b.store.Get(key) != nil {
 		t.Error("deleting a rejected scope left its record")
 	}
+}
+
+// TestSotWBytesFollowsTheResources keeps the running total a full-state
+// response is priced from equal to the sum over the resources it holds.
+func TestSotWBytesFollowsTheResources(t *testing.T) {
+	store := NewStore()
+	b := NewBuilder(catalog.New(), store, 0)
+	check := func(when string) {
+		t.Helper()
+		store.Get(key).Read(func(v View) {
+			want := 0
+			v.All(xdstype.Cluster, func(r *Resource) {
+				if r.Size != proto.Size(r.Body) {
+					t.Errorf("%s: %s Size %d, encoded %d", when, r.Name, r.Size, proto.Size(r.Body))
+				}
+				want += proto.Size(&discoveryv3.DiscoveryResponse{Resources: []*anypb.Any{r.Body}})
+			})
+			if got := v.SotWBytes(xdstype.Cluster); got != want {
+				t.Errorf("%s: SotWBytes %d, sum of entries %d", when, got, want)
+			}
+		})
+	}
+	b.Apply([]catalog.Update{upsert(xdstype.Cluster, map[string]proto.Message{
+		"a": &clusterv3.Cluster{Name: "a"}, "b": &clusterv3.Cluster{Name: "b", ConnectTimeout: durationpb.New(3)},
+	})})
+	check("after adding a and b")
+	b.Apply([]catalog.Update{upsert(xdstype.Cluster, map[string]proto.Message{"a": &clusterv3.Cluster{Name: "a", AltStatName: "longer now"}})})
+	check("after changing a")
+	u := catalog.Update{Key: key, Scope: spec()}
+	u.Removed[xdstype.Cluster] = []string{"b"}
+	b.Apply([]catalog.Update{u})
+	check("after removing b")
 }

@@ -1,0 +1,49 @@
+package feedback
+
+import (
+	"testing"
+	"time"
+
+	"github.com/scopeplane/scopeplane/xds/model"
+)
+
+// The window reports complete buckets only, covers at most an hour, and
+// forgets what is older.
+func TestCostWindow(t *testing.T) {
+	key := model.Key{Namespace: "shop", Name: "gw"}
+	start := time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)
+	clock := start
+	tr := New()
+	tr.now = func() time.Time { return clock }
+	at := func(d time.Duration) { clock = start.Add(d) }
+	push := func(bytes, other int) {
+		tr.Sent(key, model.SotW, "t", Push{Resources: 1, Bytes: bytes, OtherBytes: other})
+	}
+
+	at(10 * time.Second)
+	tr.Sent(key, model.SotW, "t", Push{Resources: 3, Bytes: 300, OtherBytes: 290, Connect: true})
+	push(100, 10)
+	if w := tr.Get(key).Cost; w.Pushes != 0 || w.Span != 0 {
+		t.Errorf("the current bucket is reported before it is complete: %+v", w)
+	}
+	at(90 * time.Second)
+	push(100, 10)
+	tr.Sent(key, model.SotW, "t", Push{OtherBytes: 7}) // only the other protocol sends this one
+	at(2*time.Minute + time.Second)
+	w := tr.Get(key).Cost
+	want := Cost{Pushes: 3, Bytes: 500, OtherBytes: 317, Connects: 1, ConnectBytes: 300, ConnectOtherBytes: 290}
+	if w.Cost != want || w.Span != 2*time.Minute {
+		t.Errorf("after two minutes: %+v, want %+v over 2m", w, want)
+	}
+
+	// After an hour the first minute has left the window.
+	at(61*time.Minute + time.Second)
+	w = tr.Get(key).Cost
+	if w.Pushes != 1 || w.Bytes != 100 || w.OtherBytes != 17 || w.Span != time.Hour {
+		t.Errorf("an hour later: %+v", w)
+	}
+	at(3 * time.Hour)
+	if w = tr.Get(key).Cost; w.Pushes != 0 || w.Span != time.Hour {
+		t.Errorf("hours later: %+v", w)
+	}
+}
