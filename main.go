@@ -37,6 +37,7 @@ type config struct {
 	xdsAddr     string
 	xdsServer   string
 	window      time.Duration
+	costBucket  time.Duration
 	adminAddr   string
 	pprofAddr   string
 	showVersion bool
@@ -54,6 +55,7 @@ func bindFlags(fs *flag.FlagSet) *config {
 	fs.StringVar(&c.xdsAddr, "xds-bind-address", ":18000", "Address the ADS gRPC server (SotW and delta) binds to.")
 	fs.StringVar(&c.xdsServer, "xds-server-address", "127.0.0.1:18000", "host:port proxies dial to reach this control plane, written into each scope's bootstrap ConfigMap (in a cluster: the xDS Service's DNS name).")
 	fs.DurationVar(&c.window, "coalesce-window", 10*time.Millisecond, "How long to wait after a change for more changes before pushing them as one version.")
+	fs.DurationVar(&c.costBucket, "cost-bucket", time.Minute, "Width of one of the 60 buckets of each ProxyScope's status.cost window (what was sent, and what the other protocol would have sent): a minute gives the last hour.")
 	fs.StringVar(&c.adminAddr, "admin-bind-address", "127.0.0.1:18001", "Loopback address of the admin gRPC service: Envoy's Client Status Discovery Service (proxy status and config dumps, what kubectl scopeplane reads through port-forward); empty disables it.")
 	fs.StringVar(&c.pprofAddr, "pprof-bind-address", "", "Address net/http/pprof binds to; empty (the default) disables it.")
 	fs.BoolVar(&c.showVersion, "version", false, "Print the version and exit.")
@@ -105,6 +107,7 @@ func main() {
 	ctx := ctrl.SetupSignalHandler()
 	if _, err := controlplane.Setup(ctx, mgr, controlplane.Options{
 		XDSAddress: c.xdsAddr, XDSServerAddress: c.xdsServer, CoalesceWindow: c.window, AdminAddress: c.adminAddr,
+		CostBucket: c.costBucket,
 	}); err != nil {
 		log.Error(err, "setting up the control plane")
 		os.Exit(1)

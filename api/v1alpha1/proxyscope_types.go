@@ -213,6 +213,72 @@ type ProxyScopeStatus struct {
 	// +listType=atomic
 	// +optional
 	RecentNACKs []ProxyNACK `json:"recentNACKs,omitempty"`
+
+	// cost is what this replica sent the scope's proxies over the last hour
+	// and what the other xDS protocol would have sent them for the same
+	// changes, with the advice that follows.
+	// +optional
+	Cost *ProtocolCost `json:"cost,omitempty"`
+}
+
+// Recommendation is what the cost figures advise.
+// +kubebuilder:validation:Enum=Keep;Switch;NotEnoughData
+type Recommendation string
+
+// Recommendations of status.cost.
+const (
+	// RecommendationKeep: the protocol in use costs less, or not enough more
+	// to be worth a switch.
+	RecommendationKeep Recommendation = "Keep"
+	// RecommendationSwitch: the other protocol would have sent markedly
+	// fewer bytes, and the scope's proxies can speak it.
+	RecommendationSwitch Recommendation = "Switch"
+	// RecommendationNotEnoughData: the window is too short or too quiet.
+	RecommendationNotEnoughData Recommendation = "NotEnoughData"
+)
+
+// ProtocolCost prices a scope's traffic in both xDS protocols over a
+// rolling window of complete minutes, at most the last hour. Sizes are of
+// the serialized responses; the other protocol's are computed from the same
+// shared snapshot, response by response, for the same proxies.
+type ProtocolCost struct {
+	// window is how much time the figures cover.
+	Window metav1.Duration `json:"window"`
+
+	// pushes is how many responses were sent.
+	Pushes int64 `json:"pushes"`
+
+	// sentBytes is what they weighed.
+	SentBytes int64 `json:"sentBytes"`
+
+	// otherProtocolBytes is what the other protocol would have sent.
+	OtherProtocolBytes int64 `json:"otherProtocolBytes"`
+
+	// otherProtocolRatio is otherProtocolBytes / sentBytes with two
+	// decimals ("0.04": the other protocol would have sent 4% of the bytes).
+	// +kubebuilder:validation:MaxLength=32
+	// +optional
+	OtherProtocolRatio string `json:"otherProtocolRatio,omitempty"`
+
+	// connects counts streams' first responses per type (initial syncs and
+	// reconnects); connectSentBytes and connectOtherProtocolBytes are their
+	// share of the bytes above.
+	Connects                  int64 `json:"connects"`
+	ConnectSentBytes          int64 `json:"connectSentBytes"`
+	ConnectOtherProtocolBytes int64 `json:"connectOtherProtocolBytes"`
+
+	// heldBackResources counts the resources carried by responses proxies
+	// rejected; otherProtocolHeldBackResources those the other protocol's
+	// responses would have carried (a NACK's blast radius there).
+	HeldBackResources              int64 `json:"heldBackResources"`
+	OtherProtocolHeldBackResources int64 `json:"otherProtocolHeldBackResources"`
+
+	// recommendation is what the figures advise.
+	Recommendation Recommendation `json:"recommendation"`
+
+	// advice says it in a sentence that names the numbers.
+	// +kubebuilder:validation:MaxLength=1024
+	Advice string `json:"advice"`
 }
 
 // ProxyScope is a group of xDS proxies that share one scoped snapshot: the
@@ -230,6 +296,8 @@ type ProxyScopeStatus struct {
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Degraded",type=string,priority=1,JSONPath=`.status.conditions[?(@.type=="Degraded")].status`
 // +kubebuilder:printcolumn:name="Version",type=string,priority=1,JSONPath=`.status.version`
+// +kubebuilder:printcolumn:name="Other-Protocol",type=string,priority=1,JSONPath=`.status.cost.otherProtocolRatio`,description="The other protocol's bytes per byte sent over the last hour"
+// +kubebuilder:printcolumn:name="Advice",type=string,priority=1,JSONPath=`.status.cost.recommendation`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type ProxyScope struct {
 	metav1.TypeMeta   `json:",inline"`

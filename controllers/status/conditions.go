@@ -28,6 +28,7 @@ type Inputs struct {
 	Name       string
 	Generation int64
 	Protocol   model.Protocol
+	Mode       model.ListenerMode
 	// Built says the snapshot store holds a record for the scope; Resolution
 	// is that record, and Version and RevTime its served version and when
 	// the change that made it was observed.
@@ -214,5 +215,10 @@ func compute(prev *xdsv1alpha1.ProxyScopeStatus, in *Inputs) (xdsv1alpha1.ProxyS
 	d, recheck := degraded(in)
 	set(xdsv1alpha1.ConditionDegraded, d)
 	set(xdsv1alpha1.ConditionStalled, stalled(in, d))
+	var roll time.Duration
+	st.Cost, roll = cost(prev.Cost, in)
+	if roll > 0 && (recheck == 0 || roll < recheck) {
+		recheck = roll
+	}
 	return st, recheck
 }

@@ -76,6 +76,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 			return ctrl.Result{}, err
 		}
 		r.recordTransitions(ps, before.Status.Conditions)
+		r.recordAdvice(ps, before.Status.Cost)
 	}
 	return ctrl.Result{RequeueAfter: recheck}, nil
 }
@@ -83,7 +84,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 // inputs reads what the pipeline serves for the scope and what its proxies said.
 func (r *Reconciler) inputs(ps *xdsv1alpha1.ProxyScope) *Inputs {
 	key := model.Key{Namespace: ps.Namespace, Name: ps.Name}
-	in := &Inputs{Name: ps.Name, Generation: ps.Generation, Protocol: convert.Protocol(ps.Spec.Protocol), Now: time.Now()}
+	in := &Inputs{Name: ps.Name, Generation: ps.Generation, Protocol: convert.Protocol(ps.Spec.Protocol),
+		Mode: model.ListenerMode(ps.Spec.Listener.Mode), Now: time.Now()}
 	if sc := r.Store.Get(key); sc != nil {
 		sc.Read(func(v snapshot.View) {
 			in.Built, in.Resolution, in.Version, in.RevTime = true, v.Resolution(), v.Version(), v.RevTime()
@@ -111,6 +113,18 @@ func (r *Reconciler) recordTransitions(ps *xdsv1alpha1.ProxyScope, before []meta
 		}
 		r.Recorder.Eventf(ps, nil, kind, c.Reason, c.Type+"="+string(c.Status), "%s", c.Message)
 	}
+}
+
+// recordAdvice emits an Event when the cost advice becomes decisive or
+// changes direction (Keep, Switch); NotEnoughData only says the window is
+// young or quiet.
+func (r *Reconciler) recordAdvice(ps *xdsv1alpha1.ProxyScope, before *xdsv1alpha1.ProtocolCost) {
+	now := ps.Status.Cost
+	if now == nil || now.Recommendation == xdsv1alpha1.RecommendationNotEnoughData ||
+		(before != nil && before.Recommendation == now.Recommendation) {
+		return
+	}
+	r.Recorder.Eventf(ps, nil, corev1.EventTypeNormal, "ProtocolAdvice"+string(now.Recommendation), "Advise", "%s", now.Advice)
 }
 
 // routine reports whether a Ready reason is part of every push's cycle.

@@ -39,6 +39,9 @@ type Options struct {
 	XDSServerAddress string
 	// StatusWindow coalesces changes into status writes, per burst.
 	StatusWindow time.Duration
+	// CostBucket is the width of one of the 60 buckets of status.cost's
+	// rolling window (a minute when zero).
+	CostBucket time.Duration
 	// AdminListener is where CSDS (proxy status and config dumps) is
 	// served; AdminAddress is used when it is nil, and neither disables it.
 	// It must be a loopback address (see CheckAdminAddress).
@@ -80,7 +83,7 @@ type ControlPlane struct {
 // election decides only who writes. mgr should be built with CacheOptions.
 func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) (*ControlPlane, error) {
 	cp := &ControlPlane{
-		Pipeline: pipeline.New(pipeline.Options{CoalesceWindow: opts.CoalesceWindow, Server: opts.Server}),
+		Pipeline: pipeline.New(pipeline.Options{CoalesceWindow: opts.CoalesceWindow, Server: opts.Server, CostBucket: opts.CostBucket}),
 		opts:     opts,
 	}
 	var err error

@@ -58,6 +58,11 @@ func TestMetricsAfterScriptedSequence(t *testing.T) {
 		{"RDS NACKs", testutil.ToFloat64(metrics.NACKs.WithLabelValues(scope, xdstype.Route.URL())), 1},
 		{"EDS bytes match what the proxy received", testutil.ToFloat64(metrics.BytesSent.WithLabelValues(scope, xdstype.Endpoint.URL(), "SotW")),
 			float64(c.Stats().ByType[xdstype.Endpoint.URL()].Bytes)},
+		// The first sync is all connects, and the RDS NACK held back the
+		// one route configuration in either protocol.
+		{"connect bytes are the bytes sent so far", testutil.ToFloat64(metrics.ConnectBytes.WithLabelValues(scope, "SotW")), float64(c.Stats().Bytes)},
+		{"RDS resources held back by the NACK", testutil.ToFloat64(metrics.HeldBack.WithLabelValues(scope, "SotW")), 1},
+		{"and in delta", testutil.ToFloat64(metrics.OtherProtocolHeldBack.WithLabelValues(scope, "SotW")), 1},
 	} {
 		if tc.got != tc.want {
 			t.Errorf("%s: %v, want %v", tc.name, tc.got, tc.want)
@@ -81,6 +86,9 @@ func TestMetricsAfterScriptedSequence(t *testing.T) {
 		cur := getScope(t, "metrics", "m")
 		return cur.Status.Version != ps.Status.Version && cur.Status.SyncedProxies == 1, cur.Status.Version
 	})
+	if got := testutil.ToFloat64(metrics.OtherProtocolBytes.WithLabelValues(scope, xdstype.Cluster.URL(), "SotW")); got <= 0 {
+		t.Errorf("scopeplane_xds_other_protocol_bytes_total for CDS: %v, want the delta responses priced", got)
+	}
 	if got := histogramCount(t, "SotW"); got <= convergedBefore {
 		t.Errorf("convergence observations for SotW: %d, want more than %d", got, convergedBefore)
 	}

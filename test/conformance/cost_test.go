@@ -148,6 +148,6 @@ func diff(after, before feedback.Cost) feedback.Cost {
 		Pushes: after.Pushes - before.Pushes, Bytes: after.Bytes - before.Bytes, OtherBytes: after.OtherBytes - before.OtherBytes,
 		Connects: after.Connects - before.Connects, ConnectBytes: after.ConnectBytes - before.ConnectBytes,
 		ConnectOtherBytes: after.ConnectOtherBytes - before.ConnectOtherBytes,
-		NACKs: after.NACKs - before.NACKs, HeldBack: after.HeldBack - before.HeldBack, OtherHeldBack: after.OtherHeldBack - before.OtherHeldBack,
+		NACKs:             after.NACKs - before.NACKs, HeldBack: after.HeldBack - before.HeldBack, OtherHeldBack: after.OtherHeldBack - before.OtherHeldBack,
 	}
 }

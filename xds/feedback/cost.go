@@ -4,11 +4,12 @@ import "time"
 
 // The cost window: what a scope's proxies were sent, and what the other
 // protocol would have sent them, over the last CostBuckets complete
-// buckets of CostBucket each (one hour in minutes). Only complete buckets
-// are reported, so the figures move once a bucket, not with every push.
+// buckets (by default of DefaultCostBucket: one hour in minutes). Only
+// complete buckets are reported, so the figures move once a bucket, not
+// with every push.
 const (
-	CostBucket  = time.Minute
-	CostBuckets = 60
+	DefaultCostBucket = time.Minute
+	CostBuckets       = 60
 )
 
 // Push is one response sent to a proxy, priced in both protocols.
@@ -55,10 +56,13 @@ type CostWindow struct {
 	// Span is how much time the figures cover: complete buckets since the
 	// scope was first served to a proxy, at most CostBuckets of them.
 	Span time.Duration
+	// Bucket is the width of one bucket: the figures move once a Bucket.
+	Bucket time.Duration
 }
 
 // costRing is a scope's buckets, indexed by bucket number modulo their count.
 type costRing struct {
+	width   time.Duration
 	buckets [CostBuckets]struct {
 		n int64 // the bucket's number (time / CostBucket); 0: unused
 		Cost
@@ -66,11 +70,11 @@ type costRing struct {
 	first int64 // the first bucket anything was recorded in
 }
 
-func bucketOf(t time.Time) int64 { return t.UnixNano() / int64(CostBucket) }
+func (r *costRing) bucketOf(t time.Time) int64 { return t.UnixNano() / int64(r.width) }
 
 // at returns the bucket of time t, emptied when it last held an older one.
 func (r *costRing) at(t time.Time) *Cost {
-	n := bucketOf(t)
+	n := r.bucketOf(t)
 	b := &r.buckets[n%CostBuckets]
 	if b.n != n {
 		b.n, b.Cost = n, Cost{}
@@ -83,16 +87,16 @@ func (r *costRing) at(t time.Time) *Cost {
 
 // window sums the complete buckets of the last CostBuckets before now.
 func (r *costRing) window(now time.Time) CostWindow {
-	var w CostWindow
+	w := CostWindow{Bucket: r.width}
 	if r.first == 0 {
 		return w
 	}
-	cur := bucketOf(now)
+	cur := r.bucketOf(now)
 	for i := range r.buckets {
 		if b := &r.buckets[i]; b.n >= cur-CostBuckets && b.n < cur {
 			w.add(&b.Cost)
 		}
 	}
-	w.Span = time.Duration(min(cur-r.first, CostBuckets)) * CostBucket
+	w.Span = time.Duration(min(cur-r.first, CostBuckets)) * r.width
 	return w
 }

@@ -13,7 +13,7 @@ func TestCostWindow(t *testing.T) {
 	key := model.Key{Namespace: "shop", Name: "gw"}
 	start := time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)
 	clock := start
-	tr := New()
+	tr := New(0)
 	tr.now = func() time.Time { return clock }
 	at := func(d time.Duration) { clock = start.Add(d) }
 	push := func(bytes, other int) {
@@ -32,7 +32,7 @@ func TestCostWindow(t *testing.T) {
 	at(2*time.Minute + time.Second)
 	w := tr.Get(key).Cost
 	want := Cost{Pushes: 3, Bytes: 500, OtherBytes: 317, Connects: 1, ConnectBytes: 300, ConnectOtherBytes: 290}
-	if w.Cost != want || w.Span != 2*time.Minute {
+	if w.Cost != want || w.Span != 2*time.Minute || w.Bucket != time.Minute {
 		t.Errorf("after two minutes: %+v, want %+v over 2m", w, want)
 	}
 

@@ -88,6 +88,7 @@ type Counters struct {
 
 // Tracker is safe for concurrent use.
 type Tracker struct {
+	bucket  time.Duration
 	mu      sync.Mutex
 	nextID  uint64
 	scopes  map[model.Key]*Report
@@ -95,9 +96,13 @@ type Tracker struct {
 	now     func() time.Time
 }
 
-// New returns an empty tracker.
-func New() *Tracker {
-	return &Tracker{scopes: map[model.Key]*Report{}, changed: keyset.New(), now: time.Now}
+// New returns an empty tracker whose cost window has buckets of
+// costBucket (DefaultCostBucket when zero).
+func New(costBucket time.Duration) *Tracker {
+	if costBucket <= 0 {
+		costBucket = DefaultCostBucket
+	}
+	return &Tracker{bucket: costBucket, scopes: map[model.Key]*Report{}, changed: keyset.New(), now: time.Now}
 }
 
 // Changes holds the scopes something was recorded for; the status writer
@@ -108,6 +113,7 @@ func (t *Tracker) scopeLocked(key model.Key) *Report {
 	s := t.scopes[key]
 	if s == nil {
 		s = &Report{Proxies: map[uint64]*Proxy{}, Refused: map[string]int64{}, LastRefused: map[string]time.Time{}}
+		s.cost.width = t.bucket
 		t.scopes[key] = s
 	}
 	return s
@@ -272,7 +278,8 @@ func (t *Tracker) Get(key model.Key) Report {
 	defer t.mu.Unlock()
 	s := t.scopes[key]
 	if s == nil {
-		return Report{Proxies: map[uint64]*Proxy{}, Refused: map[string]int64{}, LastRefused: map[string]time.Time{}}
+		return Report{Proxies: map[uint64]*Proxy{}, Refused: map[string]int64{}, LastRefused: map[string]time.Time{},
+			Cost: CostWindow{Bucket: t.bucket}}
 	}
 	out := Report{Proxies: make(map[uint64]*Proxy, len(s.Proxies)), Refused: make(map[string]int64, len(s.Refused)),
 		LastRefused: make(map[string]time.Time, len(s.LastRefused)),

@@ -44,24 +44,27 @@ var (
 		Help: "Serialized bytes the other xDS protocol would have sent for the same changes to the same proxies, by scope, type and the protocol actually used.",
 	}, []string{"scope", "type", "protocol"})
 
-	// ConnectBytes and ConnectOtherProtocolBytes count the part of the
-	// above spent on streams' first responses (initial syncs and reconnects).
+	// ConnectBytes counts the part of the bytes sent that were streams'
+	// first responses (initial syncs and reconnects).
 	ConnectBytes = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "scopeplane_xds_connect_sent_bytes_total",
 		Help: "Serialized bytes of streams' first responses per type (initial syncs and reconnects), by scope and protocol.",
 	}, []string{"scope", "protocol"})
+	// ConnectOtherProtocolBytes counts what the other protocol would have
+	// sent as those first responses.
 	ConnectOtherProtocolBytes = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "scopeplane_xds_connect_other_protocol_bytes_total",
 		Help: "What the other xDS protocol would have sent as those first responses, by scope and the protocol actually used.",
 	}, []string{"scope", "protocol"})
 
-	// HeldBack and OtherProtocolHeldBack count the resources rejected
-	// responses kept from proxies: a NACK's blast radius, here and in the
-	// other protocol.
+	// HeldBack counts the resources rejected responses kept from proxies:
+	// a NACK's blast radius.
 	HeldBack = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "scopeplane_xds_nack_held_back_resources_total",
 		Help: "Resources carried by responses proxies rejected, by scope and protocol.",
 	}, []string{"scope", "protocol"})
+	// OtherProtocolHeldBack counts what the other protocol's responses for
+	// the same changes would have held back.
 	OtherProtocolHeldBack = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "scopeplane_xds_nack_other_protocol_held_back_resources_total",
 		Help: "Resources the other xDS protocol's responses for the same changes would have carried, by scope and the protocol actually used.",

@@ -25,6 +25,9 @@ type Options struct {
 	CoalesceWindow time.Duration
 	// Server bounds what one proxy can make the ADS server do.
 	Server server.Options
+	// CostBucket is the width of one bucket of the scopes' cost window
+	// (feedback.DefaultCostBucket when zero).
+	CostBucket time.Duration
 }
 
 // Pipeline is one control plane's data path.
@@ -40,7 +43,7 @@ type Pipeline struct {
 
 // New returns an empty pipeline.
 func New(opts Options) *Pipeline {
-	p := &Pipeline{Catalog: catalog.New(), Store: snapshot.NewStore(), Feedback: feedback.New()}
+	p := &Pipeline{Catalog: catalog.New(), Store: snapshot.NewStore(), Feedback: feedback.New(opts.CostBucket)}
 	p.Builder = snapshot.NewBuilder(p.Catalog, p.Store, opts.CoalesceWindow)
 	p.Server = server.New(p.Store, p.Feedback, opts.Server)
 	p.Status = csds.New(p.Store, p.Feedback)
