@@ -36,11 +36,13 @@ import (
 	"google.golang.org/grpc/xds"
 	"google.golang.org/protobuf/types/known/structpb"
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
 	"github.com/scopeplane/scopeplane/internal/controlplane"
 	"github.com/scopeplane/scopeplane/internal/localapi"
 	"github.com/scopeplane/scopeplane/internal/whoami"
@@ -106,6 +108,9 @@ func run(ctx context.Context) error {
 	if _, err := controlplane.Setup(mgrCtx, mgr, controlplane.Options{
 		XDSListener: lis, XDSServerAddress: lis.Addr().String(), CoalesceWindow: 10 * time.Millisecond, StatusWindow: 100 * time.Millisecond,
 		AdminListener: admin,
+		// Second-wide cost buckets, so that the demo's minute shows the
+		// figures a minute-wide bucket shows over an hour.
+		CostBucket: time.Second,
 	}); err != nil {
 		return err
 	}
@@ -194,6 +199,18 @@ func run(ctx context.Context) error {
 		st.Responses-beforeMove.Responses, st.Resources-beforeMove.Resources, st.Bytes-beforeMove.Bytes)
 	printDelta(deltaClient)
 
+	step("endpoint churn: greeter's endpoint flips between greeter-a and greeter-b 10 times")
+	for i := range 10 {
+		to := []string{"greeter-a", "greeter-b"}[i%2]
+		if err := d.moveGreeter(ctx, to); err != nil {
+			return err
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := calls(ctx, conn, target, "greeter-b"); err != nil {
+		return err
+	}
+
 	step("kubectl wait --for=condition=Ready: every connected proxy ACKed the current version")
 	if _, err := d.kubectl("", "-n", "demo", "wait", "--for=condition=Ready", "proxyscope/greeter", "proxyscope/shop", "--timeout=30s"); err != nil {
 		return err
@@ -210,6 +227,17 @@ func run(ctx context.Context) error {
 	}
 	if strings.Count(out, "Ready=True") != 2 || strings.Count(out, "Accepted=True") != 2 || strings.Count(out, "Degraded=False") != 2 {
 		return errors.New("the scopes' conditions are not Accepted=True, Ready=True, Degraded=False")
+	}
+
+	step("what each scope sent, and what the other protocol would have sent (status.cost; the demo's buckets are 1 s, a minute in production)")
+	if err := d.waitAdvice(ctx); err != nil {
+		return err
+	}
+	if _, err = d.kubectl("", "get", "ps", "-n", "demo", "-o", "wide"); err != nil {
+		return err
+	}
+	if _, err = d.kubectl("", "get", "ps", "-n", "demo", "-o", "jsonpath", "--template", adviceTemplate); err != nil {
+		return err
 	}
 
 	step("kubectl scopeplane proxy-status: every proxy, per type, against what its scope serves (CSDS)")
@@ -312,6 +340,45 @@ spec:
   services: [{selector: {}}]
   listener: {mode: ProxylessGRPC}
 `
+
+const adviceTemplate = `{range .items[*]}{.metadata.name}: {.status.cost.recommendation}: {.status.cost.advice}{"\n"}{end}`
+
+// moveGreeter points greeter's EndpointSlice at a backend, as the patch
+// step does, through the API client.
+func (d *demo) moveGreeter(ctx context.Context, backend string) error {
+	es := &discoveryv1.EndpointSlice{}
+	if err := d.env.Client.Get(ctx, client.ObjectKey{Namespace: "demo", Name: "greeter-1"}, es); err != nil {
+		return err
+	}
+	port := int32(d.backends[backend].Port)
+	es.Ports[0].Port = &port
+	return d.env.Client.Update(ctx, es)
+}
+
+// waitAdvice waits until both scopes' cost window is long enough to advise.
+func (d *demo) waitAdvice(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	for {
+		var list xdsv1alpha1.ProxyScopeList
+		err := d.env.Client.List(ctx, &list, client.InNamespace("demo"))
+		advised := err == nil && len(list.Items) == 2
+		for _, ps := range list.Items {
+			advised = advised && ps.Status.Cost != nil && ps.Status.Cost.Recommendation != xdsv1alpha1.RecommendationNotEnoughData
+		}
+		if advised {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			if err != nil {
+				return fmt.Errorf("the scopes' cost advice: %w", err)
+			}
+			return fmt.Errorf("the scopes' cost advice: %w", ctx.Err())
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
 
 const conditionsTemplate = `{{range .items}}{{.metadata.namespace}}/{{.metadata.name}}:{{"\n"}}{{range .status.conditions}}  {{.type}}={{.status}} ({{.reason}}): {{.message}}{{"\n"}}{{end}}{{end}}`
 
