@@ -49,11 +49,22 @@ type ProxyScopeSpec struct {
 	// (State of the World, `api_type: GRPC`) or Delta (incremental,
 	// `api_type: DELTA_GRPC`). A proxy that opens the other kind of stream is
 	// refused with FailedPrecondition, and the refusal is reported on the
-	// status. Changing it closes the streams of the old kind; the scope's
-	// bootstrap ConfigMap is rewritten to match.
+	// status. Changing it rewrites the scope's bootstrap ConfigMap at once
+	// and keeps serving proxies of the old kind for
+	// protocolTransitionSeconds, so that they can restart with the new
+	// bootstrap one by one; then their streams are closed.
 	// +kubebuilder:default=SotW
 	// +optional
 	Protocol Protocol `json:"protocol,omitempty"`
+
+	// protocolTransitionSeconds is how long, after spec.protocol changes,
+	// the scope keeps serving proxies of the previous protocol (status.
+	// protocolTransition counts them). 0 closes their streams at once.
+	// +kubebuilder:default=600
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=86400
+	// +optional
+	ProtocolTransitionSeconds *int32 `json:"protocolTransitionSeconds,omitempty"`
 
 	// services selects the Services (and their EndpointSlices) that reach
 	// this scope's proxies; nothing else does. A Service matched by several
@@ -214,11 +225,30 @@ type ProxyScopeStatus struct {
 	// +optional
 	RecentNACKs []ProxyNACK `json:"recentNACKs,omitempty"`
 
+	// protocolTransition is set while proxies of the previous protocol are
+	// still served after a change of spec.protocol.
+	// +optional
+	ProtocolTransition *ProtocolTransition `json:"protocolTransition,omitempty"`
+
 	// cost is what this replica sent the scope's proxies over the last hour
 	// and what the other xDS protocol would have sent them for the same
 	// changes, with the advice that follows.
 	// +optional
 	Cost *ProtocolCost `json:"cost,omitempty"`
+}
+
+// ProtocolTransition is a change of protocol in progress.
+type ProtocolTransition struct {
+	// from is the previous protocol, still served until `until`.
+	From Protocol `json:"from"`
+
+	// until is when streams of the previous protocol are closed and new
+	// ones refused.
+	Until metav1.Time `json:"until"`
+
+	// proxies counts the proxies still connected with the previous
+	// protocol (to the replica that writes status).
+	Proxies int32 `json:"proxies"`
 }
 
 // Recommendation is what the cost figures advise.

@@ -5,6 +5,8 @@
 package convert
 
 import (
+	"time"
+
 	"cmp"
 	"fmt"
 	"net/netip"
@@ -166,6 +168,10 @@ func Protocol(p xdsv1alpha1.Protocol) model.Protocol {
 	return model.SotW
 }
 
+// DefaultTransition is spec.protocolTransitionSeconds' default, for
+// objects the API server has not defaulted (tests building them directly).
+const DefaultTransition = 600 * time.Second
+
 // Scope converts a ProxyScope into a model.Scope. It fails only when a label
 // selector cannot be parsed (the CRD schema cannot catch an unknown operator);
 // the error names the selection.
@@ -178,6 +184,10 @@ func Scope(ps *xdsv1alpha1.ProxyScope) (*model.Scope, error) {
 	}
 	if ps.Spec.Listener.Port != nil {
 		out.Listener.Port = *ps.Spec.Listener.Port
+	}
+	out.TransitionWindow = DefaultTransition
+	if s := ps.Spec.ProtocolTransitionSeconds; s != nil {
+		out.TransitionWindow = time.Duration(*s) * time.Second
 	}
 	for i, sel := range ps.Spec.Services {
 		s := model.Selection{Namespace: string(sel.Namespace)}

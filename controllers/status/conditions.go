@@ -37,6 +37,8 @@ type Inputs struct {
 	Version    string
 	RevTime    time.Time
 	Feedback   feedback.Report
+	// Transition is the served spec's change of protocol, if any.
+	Transition *model.Transition
 	// BootstrapConflict says why the scope's bootstrap ConfigMap cannot be
 	// written ("" when it is).
 	BootstrapConflict string
@@ -215,10 +217,32 @@ func compute(prev *xdsv1alpha1.ProxyScopeStatus, in *Inputs) (xdsv1alpha1.ProxyS
 	d, recheck := degraded(in)
 	set(xdsv1alpha1.ConditionDegraded, d)
 	set(xdsv1alpha1.ConditionStalled, stalled(in, d))
-	var roll time.Duration
+	var roll, ends time.Duration
 	st.Cost, roll = cost(prev.Cost, in)
-	if roll > 0 && (recheck == 0 || roll < recheck) {
-		recheck = roll
+	st.ProtocolTransition, ends = transition(in)
+	for _, d := range []time.Duration{roll, ends} {
+		if d > 0 && (recheck == 0 || d < recheck) {
+			recheck = d
+		}
 	}
 	return st, recheck
+}
+
+// transition reports a change of protocol in progress: the previous
+// protocol, until when it is served, and how many of its proxies are still
+// connected; and when to look again (when it ends).
+func transition(in *Inputs) (*xdsv1alpha1.ProtocolTransition, time.Duration) {
+	tr := in.Transition
+	if tr == nil || !in.Now.Before(tr.Until) {
+		return nil, 0
+	}
+	n := int32(0)
+	for _, p := range in.Feedback.Proxies {
+		if p.Protocol == tr.From {
+			n++
+		}
+	}
+	return &xdsv1alpha1.ProtocolTransition{
+		From: xdsv1alpha1.Protocol(tr.From), Until: metav1.NewTime(tr.Until.Truncate(time.Second)), Proxies: n,
+	}, tr.Until.Sub(in.Now) + time.Second
 }

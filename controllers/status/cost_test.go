@@ -77,3 +77,23 @@ func TestBytes(t *testing.T) {
 		}
 	}
 }
+
+func TestTransitionCountsTheOldProtocolsProxies(t *testing.T) {
+	old, moved := at("v1"), at("v1")
+	old.Protocol, moved.Protocol = model.SotW, model.Delta
+	in := served(old, moved)
+	in.Protocol = model.Delta
+	in.Transition = &model.Transition{From: model.SotW, Until: now.Add(90 * time.Second)}
+	st, recheck := compute(&xdsv1alpha1.ProxyScopeStatus{}, in)
+	tr := st.ProtocolTransition
+	if tr == nil || tr.From != xdsv1alpha1.ProtocolSotW || tr.Proxies != 1 || !tr.Until.Time.Equal(now.Add(90*time.Second).Truncate(time.Second)) {
+		t.Fatalf("protocolTransition %+v", tr)
+	}
+	if recheck != 91*time.Second {
+		t.Errorf("recheck after %s, want when the transition ends (91s)", recheck)
+	}
+	in.Now = now.Add(90 * time.Second)
+	if st, _ = compute(&st, in); st.ProtocolTransition != nil {
+		t.Errorf("protocolTransition after its end: %+v", st.ProtocolTransition)
+	}
+}

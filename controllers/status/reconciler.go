@@ -89,6 +89,9 @@ func (r *Reconciler) inputs(ps *xdsv1alpha1.ProxyScope) *Inputs {
 	if sc := r.Store.Get(key); sc != nil {
 		sc.Read(func(v snapshot.View) {
 			in.Built, in.Resolution, in.Version, in.RevTime = true, v.Resolution(), v.Version(), v.RevTime()
+			if spec := v.Spec(); spec != nil {
+				in.Transition = spec.Transition
+			}
 		})
 	}
 	in.Feedback = r.Feedback.Get(key)

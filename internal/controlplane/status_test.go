@@ -217,15 +217,29 @@ func TestStatusConditionsAreReachedAndCleared(t *testing.T) {
 	}
 	expectKstatus(t, "status", "web", kstatus.CurrentStatus) // its own proxies are served; the knocking ones are misconfigured
 
-	// Switching the scope to delta rewrites its bootstrap and closes the SotW streams.
+	// Switching the scope to delta rewrites its bootstrap at once and keeps
+	// serving the SotW proxies for the transition (600 s by default)...
 	envoyBefore := string(bootstrapOf(t, "status", "web", bootstrap.EnvoyKey))
 	mutate(t, ps, func(ps *xdsv1alpha1.ProxyScope) { ps.Spec.Protocol = xdsv1alpha1.ProtocolDelta })
 	testkit.Eventually(t, "the Envoy bootstrap switched to DELTA_GRPC", func() (bool, string) {
 		cur := string(bootstrapOf(t, "status", "web", bootstrap.EnvoyKey))
 		return cur != envoyBefore && strings.Contains(cur, "api_type: DELTA_GRPC"), cur
 	})
+	testkit.Eventually(t, "status.protocolTransition counts the SotW proxies, good and picky", func() (bool, string) {
+		tr := getScope(t, "status", "web").Status.ProtocolTransition
+		return tr != nil && tr.From == xdsv1alpha1.ProtocolSotW && tr.Proxies == 2 && time.Until(tr.Until.Time) > 500*time.Second, fmt.Sprintf("%+v", tr)
+	})
+	if !good.Running() {
+		t.Errorf("the SotW stream ended during the transition: %v", good.Err())
+	}
+	// ...until the transition ends: a window of 0 ends it now.
+	mutate(t, ps, func(ps *xdsv1alpha1.ProxyScope) { ps.Spec.ProtocolTransitionSeconds = ptr.To[int32](0) })
 	testkit.Eventually(t, "the SotW streams closed with FailedPrecondition", func() (bool, string) {
 		return !good.Running(), fmt.Sprint(good.Err())
+	})
+	testkit.Eventually(t, "status.protocolTransition cleared", func() (bool, string) {
+		tr := getScope(t, "status", "web").Status.ProtocolTransition
+		return tr == nil, fmt.Sprintf("%+v", tr)
 	})
 	if status.Code(good.Err()) != codes.FailedPrecondition {
 		t.Errorf("a SotW stream after the switch to delta ended with %v", good.Err())

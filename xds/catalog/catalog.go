@@ -13,6 +13,7 @@ import (
 	"reflect"
 	"slices"
 	"sync"
+	"time"
 
 	"google.golang.org/protobuf/proto"
 
@@ -77,6 +78,8 @@ type Catalog struct {
 	// keeps their resolution, so their deletion must be handed on too.
 	rejected map[model.Key]struct{}
 	dirty    *keyset.Set
+	// now starts protocol transitions; tests replace it.
+	now func() time.Time
 }
 
 type serviceEntry struct {
@@ -114,6 +117,7 @@ func New() *Catalog {
 		deleted:    map[model.Key]Resolution{},
 		rejected:   map[model.Key]struct{}{},
 		dirty:      keyset.New(),
+		now:        time.Now,
 	}
 }
 
@@ -252,6 +256,20 @@ func (c *Catalog) UpsertScope(scope *model.Scope) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	sc, ok := c.scopes[scope.Key]
+	if ok {
+		switch old := sc.scope; {
+		case old.Protocol != scope.Protocol && scope.TransitionWindow > 0:
+			// The previous protocol's proxies are served a while longer.
+			now := c.now()
+			scope.Transition = &model.Transition{From: old.Protocol, Since: now, Until: now.Add(scope.TransitionWindow)}
+		case old.Protocol == scope.Protocol && old.Transition != nil:
+			// Kept through other edits; a new window moves its end (0
+			// ends it).
+			tr := *old.Transition
+			tr.Until = tr.Since.Add(scope.TransitionWindow)
+			scope.Transition = &tr
+		}
+	}
 	if ok && reflect.DeepEqual(sc.scope, scope) {
 		return
 	}

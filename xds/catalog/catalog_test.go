@@ -1,6 +1,8 @@
 package catalog
 
 import (
+	"time"
+
 	"flag"
 	"fmt"
 	"math/rand/v2"
@@ -421,4 +423,48 @@ func diff(got, want Set) string {
 		}
 	}
 	return ""
+}
+
+// A change of protocol starts a transition that the scope keeps through
+// later edits of the same protocol; a scope without a window has none.
+func TestProtocolChangeStartsATransition(t *testing.T) {
+	c := New()
+	clock := time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)
+	c.now = func() time.Time { return clock }
+	sc := func(p model.Protocol, gen int64, window time.Duration) *model.Scope {
+		s := scope("shop", "gw", model.ListenerEnvoy, model.Selection{Namespace: "shop", Selector: labels.Everything()})
+		s.Protocol, s.Generation, s.TransitionWindow = p, gen, window
+		return s
+	}
+	transition := func() *model.Transition {
+		for _, u := range c.Take() {
+			if u.Scope != nil {
+				return u.Scope.Transition
+			}
+		}
+		t.Fatal("no update")
+		return nil
+	}
+	c.UpsertScope(sc(model.SotW, 1, time.Minute))
+	if tr := transition(); tr != nil {
+		t.Errorf("a new scope has transition %+v", tr)
+	}
+	c.UpsertScope(sc(model.Delta, 2, time.Minute))
+	want := model.Transition{From: model.SotW, Since: clock, Until: clock.Add(time.Minute)}
+	if tr := transition(); tr == nil || *tr != want {
+		t.Errorf("after the switch: %+v, want %+v", tr, want)
+	}
+	clock = clock.Add(10 * time.Second)
+	c.UpsertScope(sc(model.Delta, 3, time.Minute))
+	if tr := transition(); tr == nil || *tr != want {
+		t.Errorf("an edit that keeps the protocol moved the transition: %+v, want %+v", tr, want)
+	}
+	c.UpsertScope(sc(model.Delta, 4, 0))
+	if tr := transition(); tr == nil || !tr.Until.Equal(want.Since) {
+		t.Errorf("a window of 0 does not end the transition: %+v", tr)
+	}
+	c.UpsertScope(sc(model.SotW, 5, 0))
+	if tr := transition(); tr != nil {
+		t.Errorf("a switch without a window has transition %+v", tr)
+	}
 }

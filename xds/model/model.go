@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"time"
 
 	"k8s.io/apimachinery/pkg/labels"
 )
@@ -157,6 +158,30 @@ type Scope struct {
 	Protocol   Protocol
 	Listener   Listener
 	Selections []Selection
+	// TransitionWindow is how long proxies of the previous protocol are
+	// still served after Protocol changes.
+	TransitionWindow time.Duration
+	// Transition is the change of protocol in progress, set by the catalog
+	// when it sees Protocol change (nil when there is none).
+	Transition *Transition
+}
+
+// Transition is a change of a scope's protocol, observed at Since: From is
+// still served until Until, Since plus the scope's TransitionWindow.
+type Transition struct {
+	From         Protocol
+	Since, Until time.Time
+}
+
+// Serves reports whether the scope serves a stream of protocol p at now:
+// its protocol, or the previous one during a transition.
+func (sc *Scope) Serves(p Protocol, now time.Time) bool {
+	return p == sc.Protocol || sc.InTransition(p, now)
+}
+
+// InTransition reports whether p is the previous protocol, still served at now.
+func (sc *Scope) InTransition(p Protocol, now time.Time) bool {
+	return sc.Transition != nil && sc.Transition.From == p && now.Before(sc.Transition.Until)
 }
 
 // Selection selects Services in one namespace or in the namespaces that

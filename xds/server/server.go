@@ -95,7 +95,7 @@ func (s *Server) resolve(node *corev3.Node, p model.Protocol) (model.Key, *snaps
 			"node %q names ProxyScope %q, which does not exist (or is not built yet): create it, or fix node.metadata[%q]",
 			node.GetId(), value, model.ScopeMetadataKey)
 	}
-	if spec.Protocol != p {
+	if !spec.Serves(p, time.Now()) {
 		s.fb.Refuse(key, feedback.RefusedWrongProto)
 		return model.Key{}, nil, wrongProtocol(key, spec.Protocol, p)
 	}
@@ -151,6 +151,10 @@ type stream struct {
 	revTime time.Time
 	wake    <-chan struct{}
 	nonce   uint64
+	// spec is the spec the stream last looked at; ends fires when a
+	// transition that still serves the stream's protocol is over.
+	spec *model.Scope
+	ends <-chan time.Time
 }
 
 // caughtUp records that the stream has processed the scope as v shows it.
@@ -159,16 +163,31 @@ func (st *stream) caughtUp(v snapshot.View) {
 }
 
 // stillServes returns the status that ends the stream when its scope was
-// deleted or now requires the other protocol, and nil while it may go on.
+// deleted or now requires the other protocol (once a transition from p is
+// over), and nil while it may go on.
 func (st *stream) stillServes(v snapshot.View, p model.Protocol) error {
 	spec := v.Spec()
 	if spec == nil {
 		return scopeGone(st.key)
 	}
-	if spec.Protocol != p {
+	if !spec.Serves(p, time.Now()) {
 		return wrongProtocol(st.key, spec.Protocol, p)
 	}
 	return nil
+}
+
+// watchTransition arms st.ends when the spec v shows serves the stream's
+// protocol p only for a transition, and disarms it otherwise; it looks
+// again only when the spec changed.
+func (st *stream) watchTransition(v snapshot.View, p model.Protocol) {
+	spec := v.Spec()
+	if spec == st.spec {
+		return
+	}
+	st.spec, st.ends = spec, nil
+	if spec != nil && spec.InTransition(p, time.Now()) {
+		st.ends = time.After(time.Until(spec.Transition.Until))
+	}
 }
 
 // handler is one protocol's per-stream logic.
@@ -211,7 +230,7 @@ func serve[Req request](s *Server, p model.Protocol, srv interface {
 	}
 	st := &stream{srv: s, key: key, sc: sc, id: s.fb.Connect(key, first.GetNode(), p)}
 	defer s.fb.Disconnect(key, st.id)
-	sc.Read(st.caughtUp)
+	sc.Read(func(v snapshot.View) { st.caughtUp(v); st.watchTransition(v, p) })
 	h := open(st)
 	if err := h.handle(first); err != nil {
 		return err
@@ -220,6 +239,14 @@ func serve[Req request](s *Server, p model.Protocol, srv interface {
 		select {
 		case req := <-reqs:
 			err = h.handle(req)
+		case <-st.ends:
+			// The transition is over, unless the spec changed meanwhile.
+			sc.Read(func(v snapshot.View) {
+				st.spec = nil
+				if err = st.stillServes(v, p); err == nil {
+					st.watchTransition(v, p)
+				}
+			})
 		case <-st.wake:
 			err = h.push()
 		case err := <-errc:

@@ -186,6 +186,7 @@ func catchUp[R any](st *stream, p model.Protocol, plan func(v snapshot.View) []R
 		if err = st.stillServes(v, p); err != nil {
 			return
 		}
+		st.watchTransition(v, p)
 		out = plan(v)
 		st.caughtUp(v)
 	})
