@@ -303,6 +303,17 @@ type ProtocolCost struct {
 	HeldBackResources              int64 `json:"heldBackResources"`
 	OtherProtocolHeldBackResources int64 `json:"otherProtocolHeldBackResources"`
 
+	// unusedServices counts the selected Services no proxy asked for during
+	// the window (by subscribing to one of their resources by name, or with
+	// a wildcard); unusedResources and unusedBytes are what they hold in the
+	// scope's snapshot. Unset while a wildcard subscriber asks for all.
+	// +optional
+	UnusedServices *int32 `json:"unusedServices,omitempty"`
+	// +optional
+	UnusedResources int64 `json:"unusedResources,omitempty"`
+	// +optional
+	UnusedBytes int64 `json:"unusedBytes,omitempty"`
+
 	// recommendation is what the figures advise.
 	Recommendation Recommendation `json:"recommendation"`
 

@@ -39,11 +39,17 @@ type Inputs struct {
 	Feedback   feedback.Report
 	// Transition is the served spec's change of protocol, if any.
 	Transition *model.Transition
+	// Footprint is what each Service holds in the served snapshot, when
+	// the usage can tell unused Services apart (nil otherwise).
+	Footprint map[model.Key]Footprint
 	// BootstrapConflict says why the scope's bootstrap ConfigMap cannot be
 	// written ("" when it is).
 	BootstrapConflict string
 	Now               time.Time
 }
+
+// Footprint is what one Service holds in a scope's snapshot.
+type Footprint struct{ Resources, Bytes int }
 
 // current reports whether the served state was built from this generation.
 func (in *Inputs) current() bool {

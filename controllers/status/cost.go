@@ -2,6 +2,7 @@ package status
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -17,6 +18,9 @@ const (
 	minAdviceBuckets = 5
 	minAdvicePushes  = 10
 )
+
+// maxAdvice is status.cost.advice's length limit in the CRD.
+const maxAdvice = 1024
 
 // Hysteresis: a switch is advised once the other protocol would save
 // switchAt of the bytes, and withdrawn only when the saving falls under
@@ -48,6 +52,25 @@ func cost(prev *xdsv1alpha1.ProtocolCost, in *Inputs) (*xdsv1alpha1.ProtocolCost
 		before = prev.Recommendation
 	}
 	c.Recommendation, c.Advice = advise(before, w, in.Protocol, in.Mode)
+	if in.Footprint != nil {
+		unused := int32(0)
+		for svc, f := range in.Footprint {
+			if !in.Feedback.Usage.Services[svc] {
+				unused++
+				c.UnusedResources += int64(f.Resources)
+				c.UnusedBytes += int64(f.Bytes)
+			}
+		}
+		c.UnusedServices = &unused
+		if unused > 0 && c.Recommendation != xdsv1alpha1.RecommendationNotEnoughData {
+			// Scoping first: it is checked before the protocol.
+			c.Advice = fmt.Sprintf("%d of %d selected Services were asked for by no proxy over the last %s: narrowing spec.services to the %d used would drop %d resources (%s) from the scope's snapshot (its proxies subscribe by name, so their traffic would not change); %s",
+				unused, len(in.Footprint), w.Span, len(in.Footprint)-int(unused), c.UnusedResources, bytes(c.UnusedBytes), c.Advice)
+		}
+	}
+	if len(c.Advice) > maxAdvice { // the CRD's bound; far above what is written
+		c.Advice = strings.ToValidUTF8(c.Advice[:maxAdvice-len("…")], "") + "…"
+	}
 	var recheck time.Duration
 	if w.Pushes > 0 || w.Span < feedback.CostBuckets*w.Bucket {
 		recheck = w.Bucket - in.Now.Sub(in.Now.Truncate(w.Bucket)) + w.Bucket/60

@@ -97,3 +97,25 @@ func TestTransitionCountsTheOldProtocolsProxies(t *testing.T) {
 		t.Errorf("protocolTransition after its end: %+v", st.ProtocolTransition)
 	}
 }
+
+// Scoping first: Services no proxy asked for are counted, and the advice
+// names them before the protocol.
+func TestUnusedServicesComeFirst(t *testing.T) {
+	a, b := model.Key{Namespace: "shop", Name: "a"}, model.Key{Namespace: "shop", Name: "b"}
+	in := served()
+	in.Feedback.Cost = window(time.Hour, 600, 1e6, 0.98e6)
+	in.Feedback.Usage = feedback.Usage{Services: map[model.Key]bool{a: true}}
+	in.Footprint = map[model.Key]Footprint{a: {Resources: 4, Bytes: 900}, b: {Resources: 4, Bytes: 1200}}
+	c, _ := cost(nil, in)
+	if c.UnusedServices == nil || *c.UnusedServices != 1 || c.UnusedResources != 4 || c.UnusedBytes != 1200 {
+		t.Fatalf("unused: %v %d %d", c.UnusedServices, c.UnusedResources, c.UnusedBytes)
+	}
+	want := "1 of 2 selected Services were asked for by no proxy over the last 1h0m0s: narrowing spec.services to the 1 used would drop 4 resources (1.2 kB) from the scope's snapshot"
+	if !strings.HasPrefix(c.Advice, want) || !strings.Contains(c.Advice, "; over the last 1h0m0s Delta would have sent 2% fewer bytes") {
+		t.Errorf("advice %q", c.Advice)
+	}
+	in.Footprint = nil // a wildcard subscriber asks for all: nothing to count
+	if c, _ = cost(nil, in); c.UnusedServices != nil || strings.Contains(c.Advice, "narrowing") {
+		t.Errorf("without a footprint: %+v", c)
+	}
+}

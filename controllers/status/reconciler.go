@@ -37,6 +37,8 @@ import (
 	"github.com/scopeplane/scopeplane/xds/metrics"
 	"github.com/scopeplane/scopeplane/xds/model"
 	"github.com/scopeplane/scopeplane/xds/snapshot"
+	"github.com/scopeplane/scopeplane/xds/translate"
+	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
 // Reconciler writes a ProxyScope's status from the store's record of the
@@ -96,7 +98,26 @@ func (r *Reconciler) inputs(ps *xdsv1alpha1.ProxyScope) *Inputs {
 	}
 	in.Feedback = r.Feedback.Get(key)
 	in.BootstrapConflict = r.Bootstrap.Get(key)
+	if sc := r.Store.Get(key); sc != nil && in.Feedback.Cost.Pushes > 0 && !in.Feedback.Usage.All {
+		sc.Read(func(v snapshot.View) { in.Footprint = footprint(v) })
+	}
 	return in
+}
+
+// footprint sums, per Service, the resources it holds in the snapshot.
+func footprint(v snapshot.View) map[model.Key]Footprint {
+	out := map[model.Key]Footprint{}
+	for _, t := range xdstype.All() {
+		v.All(t, func(r *snapshot.Resource) {
+			if svc, ok := translate.ServiceOf(t, r.Name); ok {
+				f := out[svc]
+				f.Resources++
+				f.Bytes += r.Size
+				out[svc] = f
+			}
+		})
+	}
+	return out
 }
 
 // recordTransitions emits an Event for every condition that changed status

@@ -151,3 +151,46 @@ func diff(after, before feedback.Cost) feedback.Cost {
 		NACKs:             after.NACKs - before.NACKs, HeldBack: after.HeldBack - before.HeldBack, OtherHeldBack: after.OtherHeldBack - before.OtherHeldBack,
 	}
 }
+
+// TestUsageFollowsByNameSubscriptions: a client that subscribes by name,
+// as gRPC's does, asks for the Services it names and no other; one that
+// subscribes with a wildcard, as Envoy does, asks for all of them.
+func TestUsageFollowsByNameSubscriptions(t *testing.T) {
+	p := newPlane(t)
+	for _, name := range []string{"a", "b", "c"} {
+		p.Catalog.UpsertService(testkit.Service("use", name, "10.0.0.1"))
+	}
+	sc := envoyScope("use", "grpc", model.SotW)
+	sc.Listener = model.Listener{Mode: model.ListenerProxylessGRPC}
+	p.Catalog.UpsertScope(sc)
+	p.Sync()
+	key := model.Key{Namespace: "use", Name: "grpc"}
+	for _, pr := range []adsclient.Protocol{adsclient.SotW, adsclient.Delta} {
+		if pr == adsclient.Delta {
+			sc.Protocol = model.Delta
+			p.Catalog.UpsertScope(sc)
+			p.Sync()
+		}
+		cfg := adsclient.Config{Protocol: pr, Node: testkit.Node("app-"+pr.String(), key.String()), Types: xdstype.URLs(),
+			Names: map[string][]string{
+				xdstype.Listener.URL(): {"a.use.svc.cluster.local:80"},
+				xdstype.Cluster.URL():  {"use/a:80"},
+				xdstype.Endpoint.URL(): {"use/a:80"},
+			}}
+		app := p.connect(cfg)
+		app.wait("the listener of a", holds(xdstype.Listener.URL(), "a.use.svc.cluster.local:80"))
+		u := p.Feedback.Get(key).Usage
+		if u.All || len(u.Services) != 1 || !u.Services[model.Key{Namespace: "use", Name: "a"}] {
+			t.Errorf("%s: usage %+v, want only use/a", pr, u)
+		}
+		app.stop()
+	}
+	sc.Protocol = model.SotW
+	p.Catalog.UpsertScope(sc)
+	p.Sync()
+	envoy := p.connect(testkit.WildcardClient(adsclient.SotW, testkit.Node("envoy", key.String())))
+	envoy.wait("the clusters", holds(xdstype.Cluster.URL(), "use/a:80", "use/b:80", "use/c:80"))
+	if u := p.Feedback.Get(key).Usage; !u.All {
+		t.Errorf("a wildcard subscriber does not ask for all: %+v", u)
+	}
+}

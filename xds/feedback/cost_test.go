@@ -47,3 +47,43 @@ func TestCostWindow(t *testing.T) {
 		t.Errorf("hours later: %+v", w)
 	}
 }
+
+// Usage follows subscriptions: a Service is used while a stream asks for
+// it and for the window after the last one stopped; a wildcard asks for all.
+func TestUsage(t *testing.T) {
+	key := model.Key{Namespace: "shop", Name: "gw"}
+	a, b := model.Key{Namespace: "shop", Name: "a"}, model.Key{Namespace: "shop", Name: "b"}
+	start := time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)
+	clock := start
+	tr := New(0)
+	tr.now = func() time.Time { return clock }
+	used := func() Usage { return tr.Get(key).Usage }
+
+	one := tr.Connect(key, nil, model.SotW)
+	two := tr.Connect(key, nil, model.SotW)
+	tr.Asks(key, one, map[model.Key]int{a: 2, b: 1}, 0)
+	tr.Asks(key, two, map[model.Key]int{a: 1}, 0)
+	if u := used(); u.All || !u.Services[a] || !u.Services[b] {
+		t.Errorf("both asked for: %+v", u)
+	}
+	clock = clock.Add(time.Minute)
+	tr.Asks(key, one, map[model.Key]int{a: -2, b: -1}, 0)
+	tr.Disconnect(key, two)
+	clock = clock.Add(59 * time.Minute)
+	if u := used(); !u.Services[a] || !u.Services[b] {
+		t.Errorf("within the hour after they stopped: %+v", u)
+	}
+	clock = clock.Add(time.Minute)
+	if u := used(); len(u.Services) != 0 {
+		t.Errorf("an hour after the last stream stopped: %+v", u)
+	}
+	tr.Asks(key, one, nil, 1)
+	if u := used(); !u.All {
+		t.Errorf("a wildcard subscription does not ask for all: %+v", u)
+	}
+	tr.Disconnect(key, one)
+	clock = clock.Add(time.Hour)
+	if u := used(); u.All {
+		t.Errorf("an hour after the wildcard stream left: %+v", u)
+	}
+}

@@ -60,6 +60,10 @@ type Proxy struct {
 	// AtVersion is the scope version the proxy has fully ACKed: everything
 	// the scope held at that version was sent to it and accepted.
 	AtVersion string
+	// asks counts, per Service, the resource names the proxy subscribes to;
+	// wildcards its wildcard subscriptions (see Asks).
+	asks      map[model.Key]int
+	wildcards int
 }
 
 // Report is what is known about the proxies of one scope.
@@ -77,6 +81,10 @@ type Report struct {
 	Cost  CostWindow
 	Total Cost
 	cost  costRing
+	// Usage is which Services the proxies asked for during the cost window
+	// (in Get's copy only).
+	Usage Usage
+	usage usage
 }
 
 // Counters accumulate what was sent to a scope's proxies.
@@ -130,7 +138,7 @@ func (t *Tracker) Connect(key model.Key, node *corev3.Node, p model.Protocol) ui
 	t.nextID++
 	t.scopeLocked(key).Proxies[t.nextID] = &Proxy{
 		ID: t.nextID, Node: node.GetId(), Protocol: p, Cluster: node.GetCluster(), UserAgent: ua, Since: t.now(),
-		Acked: map[string]string{}, Nacked: map[string]bool{}, LastNACK: map[string]NACK{},
+		Acked: map[string]string{}, Nacked: map[string]bool{}, LastNACK: map[string]NACK{}, asks: map[model.Key]int{},
 	}
 	metrics.ConnectedProxies.WithLabelValues(key.String(), string(p)).Inc()
 	t.changed.Add(key)
@@ -145,6 +153,7 @@ func (t *Tracker) Disconnect(key model.Key, id uint64) {
 	if s := t.scopes[key]; s != nil {
 		if p := s.Proxies[id]; p != nil {
 			metrics.ConnectedProxies.WithLabelValues(key.String(), string(p.Protocol)).Dec()
+			s.usage.forget(p, t.now())
 		}
 		delete(s.Proxies, id)
 	}
@@ -283,10 +292,12 @@ func (t *Tracker) Get(key model.Key) Report {
 	}
 	out := Report{Proxies: make(map[uint64]*Proxy, len(s.Proxies)), Refused: make(map[string]int64, len(s.Refused)),
 		LastRefused: make(map[string]time.Time, len(s.LastRefused)),
-		NACKs:       append([]NACK(nil), s.NACKs...), Sent: s.Sent, LastPush: s.LastPush, Cost: s.cost.window(t.now()), Total: s.Total}
+		NACKs:       append([]NACK(nil), s.NACKs...), Sent: s.Sent, LastPush: s.LastPush, Cost: s.cost.window(t.now()), Total: s.Total,
+		Usage: s.usage.within(CostBuckets*t.bucket, t.now())}
 	for id, p := range s.Proxies {
 		c := *p
 		c.Acked = maps.Clone(p.Acked)
+		c.asks = nil
 		c.Nacked = maps.Clone(p.Nacked)
 		c.LastNACK = maps.Clone(p.LastNACK)
 		out.Proxies[id] = &c

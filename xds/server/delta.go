@@ -153,6 +153,7 @@ func (st *delta) resubscribe(ts *deltaType, req *discoveryv3.DeltaDiscoveryReque
 		}
 	}
 	wasWildcard := ts.wildcard
+	var added, removed []string
 	for _, n := range req.GetResourceNamesSubscribe() {
 		if n == "*" {
 			ts.wildcard = true
@@ -161,6 +162,7 @@ func (st *delta) resubscribe(ts *deltaType, req *discoveryv3.DeltaDiscoveryReque
 		if _, ok := ts.names[n]; !ok {
 			ts.names[n] = struct{}{}
 			candidates = append(candidates, n)
+			added = append(added, n)
 		}
 	}
 	for _, n := range req.GetResourceNamesUnsubscribe() {
@@ -168,8 +170,13 @@ func (st *delta) resubscribe(ts *deltaType, req *discoveryv3.DeltaDiscoveryReque
 			ts.wildcard = false
 			continue
 		}
-		delete(ts.names, n)
+		if _, ok := ts.names[n]; ok {
+			delete(ts.names, n)
+			removed = append(removed, n)
+		}
 	}
+	// A first request's legacy wildcard counts as a wildcard from nothing.
+	st.asked(ts.t, added, removed, wasWildcard && !first, ts.wildcard)
 	if len(req.GetResourceNamesUnsubscribe()) > 0 || (first && !ts.wildcard) {
 		// Only a request that narrows the subscription can drop anything;
 		// an ACK must not cost a pass over everything the proxy holds.

@@ -135,6 +135,20 @@ func (st *sotw) resubscribe(ts *sotwType, requested []string) bool {
 		wildcard = true // legacy wildcard: an empty first request, kept while empty
 	}
 	changed := !ts.requested || wildcard != ts.wildcard || !maps.Equal(names, ts.names)
+	if changed {
+		var added, removed []string
+		for n := range names {
+			if _, ok := ts.names[n]; !ok {
+				added = append(added, n)
+			}
+		}
+		for n := range ts.names {
+			if _, ok := names[n]; !ok {
+				removed = append(removed, n)
+			}
+		}
+		st.asked(ts.t, added, removed, ts.wildcard, wildcard)
+	}
 	ts.requested, ts.wildcard, ts.names = true, wildcard, names
 	ts.forgetUnsubscribed()
 	return changed

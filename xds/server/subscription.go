@@ -5,6 +5,7 @@ import (
 	"github.com/scopeplane/scopeplane/xds/feedback"
 	"github.com/scopeplane/scopeplane/xds/model"
 	"github.com/scopeplane/scopeplane/xds/snapshot"
+	"github.com/scopeplane/scopeplane/xds/translate"
 	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
@@ -64,6 +65,35 @@ func (s *subscription) forgetUnsubscribed() {
 		if !s.subscribed(name) {
 			delete(s.owed, name)
 		}
+	}
+}
+
+// asked tells the feedback how a subscription changed, for the usage of
+// the scope's Services: the names added and removed, and whether it went
+// to or from a wildcard.
+func (st *stream) asked(t xdstype.Type, added, removed []string, wildcardBefore, wildcardAfter bool) {
+	var names map[model.Key]int
+	count := func(list []string, d int) {
+		for _, n := range list {
+			if svc, ok := translate.ServiceOf(t, n); ok {
+				if names == nil {
+					names = map[model.Key]int{}
+				}
+				names[svc] += d
+			}
+		}
+	}
+	count(added, 1)
+	count(removed, -1)
+	wildcard := 0
+	switch {
+	case wildcardAfter && !wildcardBefore:
+		wildcard = 1
+	case wildcardBefore && !wildcardAfter:
+		wildcard = -1
+	}
+	if len(names) > 0 || wildcard != 0 {
+		st.srv.fb.Asks(st.key, st.id, names, wildcard)
 	}
 }
 
