@@ -55,6 +55,9 @@ type Phase struct {
 	Errors []string
 	// Ready is, for a restart, how long the new process took to serve.
 	Ready time.Duration
+	// Priced is what the control plane said the other protocol would have
+	// sent meanwhile (-1: it does not say).
+	Priced int64
 }
 
 // Converged is when the last affected proxy converged.
@@ -195,6 +198,18 @@ func (p *cpProc) do(cmd string) (string, error) {
 		return "", fmt.Errorf("%s: %s", cmd, l)
 	}
 	return l, nil
+}
+
+// priced is what the control plane says the other protocol would have sent
+// so far (-1 when it does not say).
+func (p *cpProc) priced() (int64, error) {
+	l, err := p.do("priced")
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	_, err = fmt.Sscanf(l, "priced %d", &n)
+	return n, err
 }
 
 // cpu is the process's user+system CPU time so far.
@@ -403,6 +418,9 @@ func runCellErr(c Cell, o RunOptions, res *Result) error {
 		return err
 	}
 	ph.LoadCPU = time.Duration(cpuNanos() - load0)
+	if ph.Priced, err = cp.priced(); err != nil { // the new process's, from its start
+		return err
+	}
 	finish(l, ph, t0, before, truths)
 	res.Phases = append(res.Phases, ph)
 	logf(o, "  %s: %s", c, phaseLine(ph))
@@ -438,6 +456,10 @@ func measure(cp *cpProc, l *load, ph *Phase, o RunOptions, trigger func() error,
 	if err != nil {
 		return err
 	}
+	priced0, err := cp.priced()
+	if err != nil {
+		return err
+	}
 	load0 := cpuNanos()
 	t0 := time.Now()
 	if err := trigger(); err != nil {
@@ -451,8 +473,11 @@ func measure(cp *cpProc, l *load, ph *Phase, o RunOptions, trigger func() error,
 	}
 	ph.CPU = cpu1 - cpu0
 	ph.LoadCPU = time.Duration(cpuNanos() - load0)
+	if ph.Priced, err = cp.priced(); err == nil && ph.Priced >= 0 {
+		ph.Priced -= priced0
+	}
 	finish(l, ph, t0, before, truths)
-	return nil
+	return err
 }
 
 // finish reads a phase's traffic and convergence times, and checks every

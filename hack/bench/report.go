@@ -84,6 +84,7 @@ func (r *Result) merged() []*Phase {
 		}
 		m := out[i]
 		m.Bytes += p.Bytes
+		m.Priced += p.Priced
 		m.Limit += p.Limit
 		m.Responses += p.Responses
 		m.Resources += p.Resources
@@ -97,6 +98,7 @@ func (r *Result) merged() []*Phase {
 	for _, m := range out {
 		n := int64(count[m.Name])
 		m.Bytes /= n
+		m.Priced /= n
 		m.Limit /= n
 		m.Responses /= n
 		m.Resources /= n
@@ -195,7 +197,80 @@ func Report(w io.Writer, results []*Result, header string) {
 		fmt.Fprintf(w, "| %s %s S=%d N=%d | RSS/proxy | | %s | |\n", r.Protocol, r.Layout, r.S, r.N, ratio(b.RSSPerProxy(), r.RSSPerProxy()))
 	}
 	fmt.Fprintln(w)
-	targets(w, results, base)
+	targets(w, results, base, otherProtocol(w, results))
+}
+
+// agreement is how far the priced figures were from the other cell's bytes.
+type agreement struct {
+	compared bool
+	// worst is the largest priced/sent or sent/priced ratio of an event
+	// that must be exact; under is set when a restart priced less than sent.
+	worst   float64
+	worstAt string
+	under   bool
+}
+
+// otherProtocol compares what each scopeplane cell said the other protocol
+// would have sent with what the other protocol's cell of the same world and
+// events sent: they should agree, except where a reconnecting SotW proxy's
+// claim cannot show what it holds (docs/choosing-a-protocol.md).
+func otherProtocol(w io.Writer, results []*Result) agreement {
+	a := agreement{worst: 1}
+	cells := map[string]*Result{}
+	for _, r := range results {
+		if r.Impl == "scopeplane" && r.Err == "" {
+			cells[pairKey(r.Cell)] = r
+		}
+	}
+	fmt.Fprintln(w, "### The other protocol's figure")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "For each scopeplane SotW cell, the bytes it said delta would have sent (status.cost, `scopeplane_xds_other_protocol_bytes_total`) against what the Delta cell of the same world and events sent, and the other way round; priced/sent 1.00× is exact.")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "| layout size | event | SotW sent | priced as delta | delta sent | priced/sent | priced as SotW | priced/sent |")
+	fmt.Fprintln(w, "|---|---|--:|--:|--:|--:|--:|--:|")
+	for _, r := range results {
+		if r.Impl != "scopeplane" || r.Err != "" || r.Protocol != model.SotW {
+			continue
+		}
+		d := cells[pairKey(Cell{Impl: r.Impl, Protocol: model.Delta, Layout: r.Layout, S: r.S, N: r.N})]
+		if d == nil {
+			continue
+		}
+		dm := map[string]*Phase{}
+		for _, p := range d.merged() {
+			dm[p.Name] = p
+		}
+		for _, p := range r.merged() {
+			q := dm[p.Name]
+			if q == nil || p.Priced < 0 || q.Priced < 0 {
+				continue
+			}
+			fmt.Fprintf(w, "| %s S=%d N=%d | %s | %s | %s | %s | %s | %s | %s |\n", r.Layout, r.S, r.N, p.Name,
+				human(p.Bytes), human(p.Priced), human(q.Bytes), ratio(float64(p.Priced), float64(q.Bytes)),
+				human(q.Priced), ratio(float64(q.Priced), float64(p.Bytes)))
+			a.compared = true
+			at := fmt.Sprintf("%s S=%d N=%d %s", r.Layout, r.S, r.N, p.Name)
+			for _, x := range [][2]int64{{p.Priced, q.Bytes}, {q.Priced, p.Bytes}} {
+				if x[0] == 0 || x[1] == 0 {
+					continue
+				}
+				f := float64(x[0]) / float64(x[1])
+				if p.Name == "restart" && x == [2]int64{p.Priced, q.Bytes} {
+					// A SotW reconnect's priced delta is an upper bound.
+					a.under = a.under || f < 0.999
+					continue
+				}
+				if f < 1 {
+					f = 1 / f
+				}
+				if f > a.worst {
+					a.worst, a.worstAt = f, at
+				}
+			}
+		}
+	}
+	fmt.Fprintln(w)
+	return a
 }
 
 func okText(failed int) string {
@@ -206,7 +281,7 @@ func okText(failed int) string {
 }
 
 // targets checks scopeplane's cells against DESIGN.md's performance targets.
-func targets(w io.Writer, results []*Result, base map[string]*Result) {
+func targets(w io.Writer, results []*Result, base map[string]*Result, agree agreement) {
 	var (
 		worstLimit                      float64
 		worstLimitAt                    string
@@ -305,6 +380,10 @@ func targets(w io.Writer, results []*Result, base map[string]*Result) {
 	fmt.Fprintf(w, "| restart: all converged ≤ 5 s | %s (%s) | %s |\n", ms(worstRestart), worstRestartAt, met(worstRestart <= 5*time.Second))
 	if haveDeltaCell {
 		fmt.Fprintf(w, "| restart: delta reconnects send only differences (none changed) | %d resources resent (%s) | %s |\n", deltaRestartRes, deltaRestartAt, met(deltaRestartRes == 0))
+	}
+	if agree.compared {
+		fmt.Fprintf(w, "| the other protocol's figure is that protocol's bytes (a SotW reconnect's: at least them) | worst %.3f× (%s) | %s |\n",
+			agree.worst, agree.worstAt, met(agree.worst <= 1.001 && !agree.under))
 	}
 	fmt.Fprintln(w)
 }

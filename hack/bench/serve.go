@@ -41,6 +41,9 @@ type controlPlane interface {
 	Apply(ch Change)
 	// Serve serves ADS on lis until ctx ends.
 	Serve(ctx context.Context, lis net.Listener) error
+	// Priced is the bytes the control plane says the other protocol would
+	// have sent so far, or -1 when it does not say.
+	Priced() int64
 }
 
 // serveMain is the control-plane process: `bench serve`. It builds the world
@@ -156,6 +159,8 @@ func serve(impl string, p WorldParams, addr string, window time.Duration, replay
 			reply("ok")
 		case "usage":
 			reply("usage %d", cpuNanos())
+		case "priced":
+			reply("priced %d", cp.Priced())
 		case "gc":
 			// Twice, so buffers parked in sync.Pools (which survive one
 			// collection) are freed too: what remains is retained state.
@@ -256,6 +261,16 @@ func (s *scopeplaneCP) Apply(ch Change) {
 	}
 }
 
+// Priced is what scopeplane says the other protocol would have sent, over
+// every scope, since it started.
+func (s *scopeplaneCP) Priced() int64 {
+	var n int64
+	for _, key := range s.Store.Keys() {
+		n += s.Feedback.Get(key).Total.OtherBytes
+	}
+	return n
+}
+
 func (s *scopeplaneCP) Serve(ctx context.Context, lis net.Listener) error {
 	return s.Server.ServeListener(ctx, lis)
 }
@@ -344,6 +359,9 @@ func (b *baselineCP) ensure(node *corev3.Node) error {
 	b.known.Store(id, struct{}{})
 	return nil
 }
+
+// Priced is -1: the baseline does not price the other protocol.
+func (b *baselineCP) Priced() int64 { return -1 }
 
 func (b *baselineCP) Apply(Change) {
 	b.mu.Lock()
