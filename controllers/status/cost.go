@@ -2,6 +2,7 @@ package status
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -52,20 +53,21 @@ func cost(prev *xdsv1alpha1.ProtocolCost, in *Inputs) (*xdsv1alpha1.ProtocolCost
 		before = prev.Recommendation
 	}
 	c.Recommendation, c.Advice = advise(before, w, in.Protocol, in.Mode)
-	if in.Footprint != nil {
-		unused := int32(0)
-		for svc, f := range in.Footprint {
-			if !in.Feedback.Usage.Services[svc] {
-				unused++
-				c.UnusedResources += int64(f.Resources)
-				c.UnusedBytes += int64(f.Bytes)
-			}
+	if in.Footprint != nil && !in.Feedback.Usage.All {
+		unused := unusedServices(in.Footprint, in.Feedback.Usage)
+		n := int32(len(unused))
+		c.UnusedServices = &n
+		var total int64
+		for _, f := range in.Footprint {
+			total += int64(f.Bytes)
 		}
-		c.UnusedServices = &unused
-		if unused > 0 && c.Recommendation != xdsv1alpha1.RecommendationNotEnoughData {
-			// Scoping first: it is checked before the protocol.
-			c.Advice = fmt.Sprintf("%d of %d selected Services were asked for by no proxy over the last %s: narrowing spec.services to the %d used would drop %d resources (%s) from the scope's snapshot (its proxies subscribe by name, so their traffic would not change); %s",
-				unused, len(in.Footprint), w.Span, len(in.Footprint)-int(unused), c.UnusedResources, bytes(c.UnusedBytes), c.Advice)
+		for _, svc := range unused {
+			c.UnusedResources += int64(in.Footprint[svc].Resources)
+			c.UnusedBytes += int64(in.Footprint[svc].Bytes)
+		}
+		if n > 0 && c.Recommendation != xdsv1alpha1.RecommendationNotEnoughData {
+			// After the protocol's numbers: see unusedServices.
+			c.Advice += "; " + unusedNote(unused, len(in.Footprint), total, c, w.Span)
 		}
 	}
 	if len(c.Advice) > maxAdvice { // the CRD's bound; far above what is written
@@ -76,6 +78,51 @@ func cost(prev *xdsv1alpha1.ProtocolCost, in *Inputs) (*xdsv1alpha1.ProtocolCost
 		recheck = w.Bucket - in.Now.Sub(in.Now.Truncate(w.Bucket)) + w.Bucket/60
 	}
 	return c, recheck
+}
+
+// unusedServices lists the Services of the footprint no proxy asked for,
+// sorted, so the advice names them in a stable order.
+//
+// They are counted only while no proxy subscribes with a wildcard (one
+// that does asks for every Service), so every proxy of the scope subscribes
+// by name, and a by-name subscriber is sent nothing it did not ask for, in
+// either protocol. The unused Services therefore cost nothing on the wire:
+// narrowing spec.services to the used ones spares the control plane's
+// memory and work, never the proxies' traffic, so it cannot save more than
+// a protocol switch. The advice leads with the protocol's numbers and
+// names the unused Services after them.
+func unusedServices(fp map[model.Key]Footprint, u feedback.Usage) []model.Key {
+	var out []model.Key
+	for svc := range fp {
+		if !u.Services[svc] {
+			out = append(out, svc)
+		}
+	}
+	slices.SortFunc(out, func(a, b model.Key) int { return strings.Compare(a.String(), b.String()) })
+	return out
+}
+
+// maxNamed bounds how many unused Services the advice names.
+const maxNamed = 3
+
+// unusedNote says which selected Services no proxy asked for, their share
+// of the scope, and that narrowing would not change the traffic.
+func unusedNote(unused []model.Key, selected int, total int64, c *xdsv1alpha1.ProtocolCost, span time.Duration) string {
+	names := make([]string, 0, maxNamed)
+	for _, svc := range unused[:min(len(unused), maxNamed)] {
+		names = append(names, svc.String())
+	}
+	named := strings.Join(names, ", ")
+	if more := len(unused) - maxNamed; more > 0 {
+		named += fmt.Sprintf(" and %d more", more)
+	}
+	share := 0.0
+	if total > 0 {
+		share = float64(c.UnusedBytes) / float64(total) * 100
+	}
+	return fmt.Sprintf("%d of %d selected Services (%s) were asked for by no proxy over the last %s, %d resources (%s, %.0f%% of the scope's snapshot): "+
+		"the proxies subscribe by name, so those Services cost 0 B on the wire in either protocol, and narrowing spec.services to the %d used would spare only the control plane's memory and work",
+		len(unused), selected, named, span, c.UnusedResources, bytes(c.UnusedBytes), share, selected-len(unused))
 }
 
 // advise turns a window into a recommendation and the sentence that says

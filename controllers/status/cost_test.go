@@ -98,24 +98,67 @@ func TestTransitionCountsTheOldProtocolsProxies(t *testing.T) {
 	}
 }
 
-// Scoping first: Services no proxy asked for are counted, and the advice
-// names them before the protocol.
-func TestUnusedServicesComeFirst(t *testing.T) {
-	a, b := model.Key{Namespace: "shop", Name: "a"}, model.Key{Namespace: "shop", Name: "b"}
-	in := served()
-	in.Feedback.Cost = window(time.Hour, 600, 1e6, 0.98e6)
-	in.Feedback.Usage = feedback.Usage{Services: map[model.Key]bool{a: true}}
-	in.Footprint = map[model.Key]Footprint{a: {Resources: 4, Bytes: 900}, b: {Resources: 4, Bytes: 1200}}
-	c, _ := cost(nil, in)
-	if c.UnusedServices == nil || *c.UnusedServices != 1 || c.UnusedResources != 4 || c.UnusedBytes != 1200 {
-		t.Fatalf("unused: %v %d %d", c.UnusedServices, c.UnusedResources, c.UnusedBytes)
+// Unused Services are counted and named, after the protocol's numbers:
+// every proxy subscribes by name, so narrowing spec.services to the used
+// ones would save no traffic in either protocol and never leads the advice.
+func TestUnusedServices(t *testing.T) {
+	key := func(name string) model.Key { return model.Key{Namespace: "shop", Name: name} }
+	fp := func(names ...string) map[model.Key]Footprint {
+		out := map[model.Key]Footprint{key("a"): {Resources: 4, Bytes: 900}}
+		for _, n := range names {
+			out[key(n)] = Footprint{Resources: 4, Bytes: 1200}
+		}
+		return out
 	}
-	want := "1 of 2 selected Services were asked for by no proxy over the last 1h0m0s: narrowing spec.services to the 1 used would drop 4 resources (1.2 kB) from the scope's snapshot"
-	if !strings.HasPrefix(c.Advice, want) || !strings.Contains(c.Advice, "; over the last 1h0m0s Delta would have sent 2% fewer bytes") {
-		t.Errorf("advice %q", c.Advice)
+	byName := feedback.Usage{Services: map[model.Key]bool{key("a"): true}}
+	cases := []struct {
+		name      string
+		w         feedback.CostWindow
+		usage     feedback.Usage
+		footprint map[model.Key]Footprint
+		// unused is the count expected in status (-1: unset); prefix and
+		// says what the advice starts with and contains.
+		unused       int32
+		resources    int64
+		bytes        int64
+		prefix, says string
+	}{
+		{"a switch leads, the unused Services follow", window(time.Hour, 600, 1e6, 0.5e6), byName, fp("b"), 1, 4, 1200,
+			"over the last 1h0m0s Delta would have sent 50% fewer bytes (1 MB → 500 kB at 10.0 pushes/min); switching needs api_type DELTA_GRPC",
+			"and restart the proxies; 1 of 2 selected Services (shop/b) were asked for by no proxy over the last 1h0m0s, 4 resources (1.2 kB, 57% of the scope's snapshot): " +
+				"the proxies subscribe by name, so those Services cost 0 B on the wire in either protocol, and narrowing spec.services to the 1 used would spare only the control plane's memory and work"},
+		{"a keep leads, the unused Services follow", window(time.Hour, 600, 1e6, 0.98e6), byName, fp("b"), 1, 4, 1200,
+			"over the last 1h0m0s Delta would have sent 2% fewer bytes", "; keep SotW; 1 of 2 selected Services (shop/b) were asked for by no proxy"},
+		{"more than three are counted, three named", window(time.Hour, 600, 1e6, 1.2e6), byName, fp("e", "d", "c", "b"), 4, 16, 4800,
+			"over the last 1h0m0s Delta would have sent 20% more bytes", "; keep SotW; 4 of 5 selected Services (shop/b, shop/c, shop/d and 1 more) were asked for"},
+		{"all used: counted, nothing to say", window(time.Hour, 600, 1e6, 0.98e6), byName, fp(), 0, 0, 0,
+			"over the last 1h0m0s Delta", ""},
+		{"too little data: counted, no advice", window(3*time.Minute, 600, 1e6, 0.98e6), byName, fp("b"), 1, 4, 1200,
+			"600 pushes (1 MB) over 3m0s so far", ""},
+		{"a wildcard subscriber asks for all", window(time.Hour, 600, 1e6, 0.98e6), feedback.Usage{All: true, Services: byName.Services}, fp("b"), -1, 0, 0,
+			"over the last 1h0m0s Delta", ""},
+		{"no footprint", window(time.Hour, 600, 1e6, 0.98e6), byName, nil, -1, 0, 0, "over the last 1h0m0s Delta", ""},
 	}
-	in.Footprint = nil // a wildcard subscriber asks for all: nothing to count
-	if c, _ = cost(nil, in); c.UnusedServices != nil || strings.Contains(c.Advice, "narrowing") {
-		t.Errorf("without a footprint: %+v", c)
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			in := served()
+			in.Feedback.Cost, in.Feedback.Usage, in.Footprint = tc.w, tc.usage, tc.footprint
+			c, _ := cost(nil, in)
+			switch {
+			case tc.unused < 0 && c.UnusedServices != nil:
+				t.Errorf("unusedServices %d, want unset", *c.UnusedServices)
+			case tc.unused >= 0 && (c.UnusedServices == nil || *c.UnusedServices != tc.unused):
+				t.Errorf("unusedServices %v, want %d", c.UnusedServices, tc.unused)
+			}
+			if c.UnusedResources != tc.resources || c.UnusedBytes != tc.bytes {
+				t.Errorf("unused resources %d (%d B), want %d (%d B)", c.UnusedResources, c.UnusedBytes, tc.resources, tc.bytes)
+			}
+			if !strings.HasPrefix(c.Advice, tc.prefix) || !strings.Contains(c.Advice, tc.says) {
+				t.Errorf("advice %q\nwant it to start with %q and contain %q", c.Advice, tc.prefix, tc.says)
+			}
+			if tc.says == "" && strings.Contains(c.Advice, "asked for by no proxy") {
+				t.Errorf("advice %q names unused Services", c.Advice)
+			}
+		})
 	}
 }
