@@ -101,7 +101,7 @@ bench: ## Benchmark scopeplane against stock go-control-plane, every cell of doc
 	go run ./hack/bench -preset full $(BENCH_FLAGS)
 
 .PHONY: bench-quick
-bench-quick: ## The same benchmark on a small world (S=500, N=50, every cell, under 2 minutes); fails if any proxy is wrong.
+bench-quick: ## The same benchmark on a small world (S=500, N=50, every cell, under 2 minutes); fails if any proxy is wrong or a figure for the other protocol disagrees.
 	go run ./hack/bench -preset quick $(BENCH_FLAGS)
 
 ##@ Run

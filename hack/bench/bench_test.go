@@ -25,7 +25,8 @@ func TestMain(m *testing.M) {
 // TestQuickCorrectness runs bench-quick's checks on a smaller world: every
 // cell (both control planes, both protocols, both layouts) through the
 // initial sync, every event and a restart, with every proxy converging and
-// holding exactly the truth after each. It asserts no timing.
+// holding exactly the truth after each, and each cell's figure for the other
+// protocol agreeing with the other protocol's cell. It asserts no timing.
 func TestQuickCorrectness(t *testing.T) {
 	if testing.Short() {
 		t.Skip("spawns control-plane processes")
@@ -53,6 +54,13 @@ func TestQuickCorrectness(t *testing.T) {
 				t.Errorf("%s: a delta reconnect was sent %d resources, though none changed", r.Cell, ph.Resources)
 			}
 		}
+	}
+	// Each cell's figure for the other protocol is that protocol's bytes.
+	if rows := pricedRows(results); len(rows) != 2*(4+1) {
+		t.Errorf("%d events compared between the protocols, want every event of both layouts (10)", len(rows))
+	}
+	for _, d := range Disagreements(results) {
+		t.Error(d)
 	}
 	var report strings.Builder
 	Report(&report, results, header)
@@ -142,4 +150,87 @@ func TestWorldIsDeterministic(t *testing.T) {
 			t.Errorf("scope %s is empty", sc.Key)
 		}
 	}
+}
+
+// TestDisagreements checks the comparison the run's exit code follows: each
+// cell's figure for the other protocol against the other protocol's cell of
+// the same world and events, within agreementTolerance, except a SotW
+// reconnect's figure for delta, which is an upper bound.
+func TestDisagreements(t *testing.T) {
+	// cells builds the scopeplane SotW and Delta cells of one world whose
+	// phases sent and priced what the rows say, and a baseline cell that
+	// prices nothing.
+	type row struct {
+		event                                string
+		sotwSent, asDelta, deltaSent, asSotW int64
+	}
+	cells := func(rows ...row) []*Result {
+		sotw := &Result{Cell: Cell{Impl: "scopeplane", Protocol: model.SotW, Layout: Scoped, S: 60, N: 10}}
+		delta := &Result{Cell: Cell{Impl: "scopeplane", Protocol: model.Delta, Layout: Scoped, S: 60, N: 10}}
+		base := &Result{Cell: Cell{Impl: "baseline", Protocol: model.Delta, Layout: Scoped, S: 60, N: 10}}
+		for _, r := range rows {
+			sotw.Phases = append(sotw.Phases, &Phase{Name: r.event, Bytes: r.sotwSent, Priced: r.asDelta})
+			delta.Phases = append(delta.Phases, &Phase{Name: r.event, Bytes: r.deltaSent, Priced: r.asSotW})
+			base.Phases = append(base.Phases, &Phase{Name: r.event, Bytes: 1, Priced: -1})
+		}
+		return []*Result{base, sotw, delta}
+	}
+	cases := []struct {
+		name    string
+		results []*Result
+		want    []string // substrings of each disagreement, in order
+	}{
+		{"exact", cells(row{"sync", 1000, 1200, 1200, 1000}, row{"endpoint", 90, 100, 100, 90}, row{"endpoint", 92, 104, 104, 92}), nil},
+		{"within 1%", cells(row{"drain", 1000, 1208, 1200, 995}), nil},
+		{"delta's figure 2% high", cells(row{"drain", 1000, 1224, 1200, 1000}),
+			[]string{"scoped S=60 N=10 drain: the SotW cell priced delta at 1224 bytes, the Delta cell sent 1200 (1.020× off)"}},
+		{"SotW's figure 2% low", cells(row{"addremove", 1000, 500, 500, 980}),
+			[]string{"scoped S=60 N=10 addremove: the Delta cell priced SotW at 980 bytes, the SotW cell sent 1000 (1.020× off)"}},
+		{"a figure of nothing for something sent", cells(row{"endpoint", 90, 0, 100, 90}), []string{"priced delta at 0 bytes, the Delta cell sent 100"}},
+		{"repeated events are compared by their mean", cells(row{"endpoint", 90, 100, 100, 90}, row{"endpoint", 90, 140, 100, 90}),
+			[]string{"endpoint (mean of 2): the SotW cell priced delta at 120 bytes, the Delta cell sent 100"}},
+		{"a SotW reconnect's figure for delta is an upper bound", cells(row{"restart", 1000, 2140, 1000, 1000}), nil},
+		{"an upper bound below the bytes", cells(row{"restart", 1000, 990, 1000, 1000}),
+			[]string{"restart: the SotW cell priced delta at 990 bytes, below the 1000 the Delta cell sent (it is an upper bound)"}},
+		{"a delta reconnect's figure for SotW is exact", cells(row{"restart", 1000, 2140, 1000, 1500}),
+			[]string{"restart: the Delta cell priced SotW at 1500 bytes, the SotW cell sent 1000"}},
+		{"a failed cell is not compared", func() []*Result {
+			r := cells(row{"sync", 1000, 1, 1200, 1})
+			r[2].Err = "did not start"
+			return r
+		}(), nil},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got := Disagreements(c.results)
+			if len(got) != len(c.want) {
+				t.Fatalf("disagreements %q, want %d", got, len(c.want))
+			}
+			for i, w := range c.want {
+				if !strings.Contains(got[i], w) {
+					t.Errorf("disagreement %q, want it to contain %q", got[i], w)
+				}
+			}
+			var report strings.Builder
+			Report(&report, c.results, "")
+			verdict := "| met |"
+			if len(c.want) > 0 {
+				verdict = "| **missed** |"
+			}
+			line := grepLine(report.String(), "| the other protocol's figure is")
+			if compared := len(pricedRows(c.results)) > 0; compared != (line != "") || compared && !strings.HasSuffix(line, verdict) {
+				t.Errorf("the targets row %q, want it to end in %q", line, verdict)
+			}
+		})
+	}
+}
+
+// grepLine returns the first line of s containing sub.
+func grepLine(s, sub string) string {
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			return l
+		}
+	}
+	return ""
 }

@@ -15,7 +15,10 @@
 //	go run ./hack/bench serve -impl scopeplane -services 1000 -cpuprofile cp.pprof
 //
 // Timings are reported, never asserted; correctness is: the run exits 1 when
-// any proxy did not converge or held something other than the truth.
+// any proxy did not converge or held something other than the truth, or when
+// a cell's figure for the other protocol is not what the other protocol's
+// cell sent for the same world and events (within agreementTolerance; a
+// SotW reconnect's figure for delta, an upper bound, at least that).
 package main
 
 import (
@@ -153,8 +156,14 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 	for _, r := range results {
 		failed += r.Failures()
 	}
+	disagree := Disagreements(results)
+	for _, d := range disagree {
+		fmt.Fprintf(stderr, "bench: the other protocol's figure is wrong: %s\n", d)
+	}
 	if failed > 0 {
 		fmt.Fprintf(stderr, "bench: %d proxies were late or wrong (see the correct column)\n", failed)
+	}
+	if failed > 0 || len(disagree) > 0 {
 		return 1
 	}
 	return 0
