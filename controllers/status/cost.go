@@ -106,7 +106,8 @@ func unusedServices(fp map[model.Key]Footprint, u feedback.Usage) []model.Key {
 const maxNamed = 3
 
 // unusedNote says which selected Services no proxy asked for, their share
-// of the scope, and that narrowing would not change the traffic.
+// of the selected Services' bytes in the snapshot, and that narrowing would
+// not change the traffic.
 func unusedNote(unused []model.Key, selected int, total int64, c *xdsv1alpha1.ProtocolCost, span time.Duration) string {
 	names := make([]string, 0, maxNamed)
 	for _, svc := range unused[:min(len(unused), maxNamed)] {
@@ -120,7 +121,7 @@ func unusedNote(unused []model.Key, selected int, total int64, c *xdsv1alpha1.Pr
 	if total > 0 {
 		share = float64(c.UnusedBytes) / float64(total) * 100
 	}
-	return fmt.Sprintf("%d of %d selected Services (%s) were asked for by no proxy over the last %s, %d resources (%s, %.0f%% of the scope's snapshot): "+
+	return fmt.Sprintf("%d of %d selected Services (%s) were asked for by no proxy over the last %s, %d resources (%s, %.0f%% of the selected Services' bytes): "+
 		"the proxies subscribe by name, so those Services cost 0 B on the wire in either protocol, and narrowing spec.services to the %d used would spare only the control plane's memory and work",
 		len(unused), selected, named, span, c.UnusedResources, bytes(c.UnusedBytes), share, selected-len(unused))
 }

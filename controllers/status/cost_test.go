@@ -125,7 +125,7 @@ func TestUnusedServices(t *testing.T) {
 	}{
 		{"a switch leads, the unused Services follow", window(time.Hour, 600, 1e6, 0.5e6), byName, fp("b"), 1, 4, 1200,
 			"over the last 1h0m0s Delta would have sent 50% fewer bytes (1 MB → 500 kB at 10.0 pushes/min); switching needs api_type DELTA_GRPC",
-			"and restart the proxies; 1 of 2 selected Services (shop/b) were asked for by no proxy over the last 1h0m0s, 4 resources (1.2 kB, 57% of the scope's snapshot): " +
+			"and restart the proxies; 1 of 2 selected Services (shop/b) were asked for by no proxy over the last 1h0m0s, 4 resources (1.2 kB, 57% of the selected Services' bytes): " +
 				"the proxies subscribe by name, so those Services cost 0 B on the wire in either protocol, and narrowing spec.services to the 1 used would spare only the control plane's memory and work"},
 		{"a keep leads, the unused Services follow", window(time.Hour, 600, 1e6, 0.98e6), byName, fp("b"), 1, 4, 1200,
 			"over the last 1h0m0s Delta would have sent 2% fewer bytes", "; keep SotW; 1 of 2 selected Services (shop/b) were asked for by no proxy"},
