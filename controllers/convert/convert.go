@@ -172,7 +172,8 @@ func Protocol(p xdsv1alpha1.Protocol) model.Protocol {
 // objects the API server has not defaulted (tests building them directly).
 const DefaultTransition = 600 * time.Second
 
-// Scope converts a ProxyScope into a model.Scope. It fails only when a label
+// Scope converts a ProxyScope into a model.Scope, with the protocol
+// transition its status shows in progress. It fails only when a label
 // selector cannot be parsed (the CRD schema cannot catch an unknown operator);
 // the error names the selection.
 func Scope(ps *xdsv1alpha1.ProxyScope) (*model.Scope, error) {
@@ -188,6 +189,13 @@ func Scope(ps *xdsv1alpha1.ProxyScope) (*model.Scope, error) {
 	out.TransitionWindow = DefaultTransition
 	if s := ps.Spec.ProtocolTransitionSeconds; s != nil {
 		out.TransitionWindow = time.Duration(*s) * time.Second
+	}
+	// A transition in progress survives a restart or a change of leader:
+	// the catalog takes it from the status for a scope it has not seen
+	// (one it knows keeps its own). A transition from the protocol the spec
+	// names again is over.
+	if tr := ps.Status.ProtocolTransition; tr != nil && Protocol(tr.From) != out.Protocol {
+		out.Transition = &model.Transition{From: Protocol(tr.From), Since: tr.Until.Add(-out.TransitionWindow), Until: tr.Until.Time}
 	}
 	for i, sel := range ps.Spec.Services {
 		s := model.Selection{Namespace: string(sel.Namespace)}

@@ -3,6 +3,7 @@ package convert
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
@@ -130,5 +131,34 @@ func TestScopeWithInvalidSelectorNamesIt(t *testing.T) {
 	_, err := Scope(ps)
 	if err == nil || !strings.HasPrefix(err.Error(), "spec.services[1].selector: ") {
 		t.Errorf("want an error naming spec.services[1].selector, got %v", err)
+	}
+}
+
+// A transition the status shows in progress reaches the model, so that a
+// restarted replica keeps serving it; one from the protocol the spec names
+// again is over.
+func TestScopeCarriesTheTransitionOnItsStatus(t *testing.T) {
+	until := metav1.NewTime(time.Date(2026, 12, 2, 10, 10, 0, 0, time.UTC))
+	ps := &xdsv1alpha1.ProxyScope{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "gw"},
+		Spec:       xdsv1alpha1.ProxyScopeSpec{Protocol: xdsv1alpha1.ProtocolDelta, ProtocolTransitionSeconds: ptr.To[int32](120)},
+		Status:     xdsv1alpha1.ProxyScopeStatus{ProtocolTransition: &xdsv1alpha1.ProtocolTransition{From: xdsv1alpha1.ProtocolSotW, Until: until, Proxies: 3}},
+	}
+	sc, err := Scope(ps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := model.Transition{From: model.SotW, Since: until.Add(-2 * time.Minute), Until: until.Time}
+	if sc.Transition == nil || *sc.Transition != want {
+		t.Errorf("transition %+v, want %+v", sc.Transition, want)
+	}
+
+	ps.Spec.Protocol = xdsv1alpha1.ProtocolSotW
+	if sc, _ := Scope(ps); sc.Transition != nil {
+		t.Errorf("a transition from the spec's own protocol was carried: %+v", sc.Transition)
+	}
+	ps.Status.ProtocolTransition = nil
+	if sc, _ := Scope(ps); sc.Transition != nil {
+		t.Errorf("a scope without a transition on its status has %+v", sc.Transition)
 	}
 }

@@ -32,13 +32,20 @@ const (
 )
 
 // cost prices the window's traffic in both protocols and advises, from the
-// previous advice (for the hysteresis). It returns nil while the scope has
-// had no traffic, and when to look again: the next bucket boundary while
-// the window holds anything, since the figures move once a bucket.
+// previous advice (for the hysteresis). It returns nil while no bucket
+// with traffic is complete, and when to look again: the next bucket
+// boundary while the window holds anything or is still growing, or the
+// current bucket holds what the window does not show yet. Nothing else may
+// wake the status writer then: proxies that connect and go quiet within
+// one bucket send no more feedback.
 func cost(prev *xdsv1alpha1.ProtocolCost, in *Inputs) (*xdsv1alpha1.ProtocolCost, time.Duration) {
 	w := in.Feedback.Cost
+	var recheck time.Duration
+	if w.Pushes > 0 || w.Pending || (w.Span > 0 && w.Span < feedback.CostBuckets*w.Bucket) {
+		recheck = w.Bucket - in.Now.Sub(in.Now.Truncate(w.Bucket)) + w.Bucket/60
+	}
 	if w.Span == 0 && w.Pushes == 0 {
-		return nil, 0
+		return nil, recheck
 	}
 	c := &xdsv1alpha1.ProtocolCost{
 		Window: metav1.Duration{Duration: w.Span}, Pushes: w.Pushes, SentBytes: w.Bytes, OtherProtocolBytes: w.OtherBytes,
@@ -72,10 +79,6 @@ func cost(prev *xdsv1alpha1.ProtocolCost, in *Inputs) (*xdsv1alpha1.ProtocolCost
 	}
 	if len(c.Advice) > maxAdvice { // the CRD's bound; far above what is written
 		c.Advice = strings.ToValidUTF8(c.Advice[:maxAdvice-len("…")], "") + "…"
-	}
-	var recheck time.Duration
-	if w.Pushes > 0 || w.Span < feedback.CostBuckets*w.Bucket {
-		recheck = w.Bucket - in.Now.Sub(in.Now.Truncate(w.Bucket)) + w.Bucket/60
 	}
 	return c, recheck
 }

@@ -60,6 +60,21 @@ func TestCostStatusRollsOncePerBucket(t *testing.T) {
 		t.Errorf("a scope without traffic has cost %+v, recheck %s", c, recheck)
 	}
 	in.Now = time.Date(2026, 12, 2, 10, 0, 20, 0, time.UTC)
+	// Proxies connected in this minute and went quiet: nothing shows yet,
+	// and nothing but the bucket's end would make the status show it.
+	in.Feedback.Cost = feedback.CostWindow{Bucket: time.Minute, Pending: true}
+	if c, recheck := cost(nil, in); c != nil || recheck != 41*time.Second {
+		t.Errorf("a first bucket with traffic: cost %+v, recheck %s; want none yet, and a look at the next minute boundary and a second (41s)", c, recheck)
+	}
+	// So, after an hour without traffic, is a new push.
+	in.Feedback.Cost = window(time.Hour, 0, 0, 0)
+	if _, recheck := cost(nil, in); recheck != 0 {
+		t.Errorf("a quiet hour is looked at again after %s", recheck)
+	}
+	in.Feedback.Cost.Pending = true
+	if _, recheck := cost(nil, in); recheck != 41*time.Second {
+		t.Errorf("a push after a quiet hour: recheck %s, want 41s", recheck)
+	}
 	in.Feedback.Cost = window(10*time.Minute, 50, 2000, 500)
 	c, recheck := cost(nil, in)
 	if c == nil || c.OtherProtocolRatio != "0.25" || c.Window.Duration != 10*time.Minute || c.Recommendation != xdsv1alpha1.RecommendationSwitch {

@@ -37,6 +37,10 @@ var (
 	adminAddr string
 )
 
+// costBucket is the width of status.cost's buckets here: short, so that a
+// test sees a bucket complete.
+const costBucket = 2 * time.Second
+
 func TestMain(m *testing.M) {
 	os.Exit(run(m))
 }
@@ -74,7 +78,7 @@ func run(m *testing.M) int {
 	adminAddr = admin.Addr().String()
 	if cp, err = controlplane.Setup(ctx, mgr, controlplane.Options{
 		XDSListener: lis, XDSServerAddress: lis.Addr().String(), CoalesceWindow: 5 * time.Millisecond, StatusWindow: 50 * time.Millisecond,
-		AdminListener: admin,
+		AdminListener: admin, CostBucket: costBucket,
 	}); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

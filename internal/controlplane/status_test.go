@@ -288,3 +288,41 @@ func TestBootstrapConfigMapConflict(t *testing.T) {
 		t.Errorf("status.bootstrapConfigMap: %q", ps.Status.BootstrapConfigMap)
 	}
 }
+
+// TestCostIsWrittenAfterProxiesGoQuiet: proxies that connect, sync and then
+// say nothing more send no feedback that would wake the status writer once
+// their bucket is complete; status.cost still shows their traffic.
+func TestCostIsWrittenAfterProxiesGoQuiet(t *testing.T) {
+	create(t,
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "quiet"}},
+		&corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "quiet", Name: "web"},
+			Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 80}}},
+		},
+		&xdsv1alpha1.ProxyScope{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "quiet", Name: "edge"},
+			Spec: xdsv1alpha1.ProxyScopeSpec{
+				Services: []xdsv1alpha1.ServiceSelection{{Names: []xdsv1alpha1.DNSLabel{"web"}}},
+				Listener: xdsv1alpha1.ListenerSpec{Mode: xdsv1alpha1.ListenerModeEnvoy, Port: ptr.To[int32](10080)},
+			},
+		},
+	)
+	expectCondition(t, "quiet", "edge", xdsv1alpha1.ConditionReady, metav1.ConditionTrue, xdsv1alpha1.ReasonNoProxies)
+	conn := dialXDS(t)
+	for _, id := range []string{"edge-1", "edge-2"} {
+		proxy(t, conn, adsclient.SotW, testkit.Node(id, "quiet/edge"), nil)
+	}
+	testkit.Eventually(t, "both proxies synced on the status", func() (bool, string) {
+		ps := getScope(t, "quiet", "edge")
+		return ps.Status.SyncedProxies == 2, fmt.Sprintf("%d synced", ps.Status.SyncedProxies)
+	})
+	// The proxies stay connected and quiet: only the end of their bucket
+	// can bring their initial syncs onto the status.
+	testkit.Eventually(t, "status.cost with the initial syncs", func() (bool, string) {
+		c := getScope(t, "quiet", "edge").Status.Cost
+		if c == nil {
+			return false, "no status.cost"
+		}
+		return c.Pushes >= 8 && c.Connects >= 8 && c.SentBytes > 0 && c.OtherProtocolBytes > 0, fmt.Sprintf("%+v", *c)
+	})
+}

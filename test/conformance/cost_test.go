@@ -108,6 +108,14 @@ func TestOtherProtocolFigureIsTheOtherProtocolsBytes(t *testing.T) {
 			p.Sync()
 			both(func(c *adsclient.Client) bool { return c.Stats().NACKs > 0 }, "the NACK")
 		}},
+		{"after the NACK", func() {
+			// The proxies kept the clusters they held before the rejected
+			// response: what the next change costs is priced from those.
+			rejectClusters.Store(false)
+			p.Catalog.UpsertService(testkit.Service(ns, "f", "10.0.5.1"))
+			p.Sync()
+			syncedBoth("honest/a:80", "honest/b:80", "honest/d:80", "honest/e:80", "honest/f:80")
+		}},
 	}
 
 	var table strings.Builder

@@ -251,21 +251,26 @@ func (c *Catalog) reselectNamespace(name string, existenceChanged bool) {
 }
 
 // UpsertScope records a scope's spec and recomputes that scope alone: which
-// Services it selects and its complete resource set.
+// Services it selects and its complete resource set. The scope's Transition
+// is honoured only for a scope the catalog has not seen yet (after a restart,
+// the one the status shows); a known scope's transition is the catalog's
+// own, started when it saw the protocol change.
 func (c *Catalog) UpsertScope(scope *model.Scope) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	sc, ok := c.scopes[scope.Key]
 	if ok {
-		switch old := sc.scope; {
+		old, kept := sc.scope, sc.scope.Transition
+		scope.Transition = nil
+		switch {
 		case old.Protocol != scope.Protocol && scope.TransitionWindow > 0:
 			// The previous protocol's proxies are served a while longer.
 			now := c.now()
 			scope.Transition = &model.Transition{From: old.Protocol, Since: now, Until: now.Add(scope.TransitionWindow)}
-		case old.Protocol == scope.Protocol && old.Transition != nil:
+		case old.Protocol == scope.Protocol && kept != nil:
 			// Kept through other edits; a new window moves its end (0
 			// ends it).
-			tr := *old.Transition
+			tr := *kept
 			tr.Until = tr.Since.Add(scope.TransitionWindow)
 			scope.Transition = &tr
 		}

@@ -468,3 +468,49 @@ func TestProtocolChangeStartsATransition(t *testing.T) {
 		t.Errorf("a switch without a window has transition %+v", tr)
 	}
 }
+
+// A transition given with a scope (the one its status shows) is honoured
+// for a scope the catalog has not seen, as after a restart; a scope the
+// catalog knows keeps its own.
+func TestTransitionFromTheStatusOnlyForANewScope(t *testing.T) {
+	c := New()
+	clock := time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)
+	c.now = func() time.Time { return clock }
+	fromStatus := model.Transition{From: model.SotW, Since: clock.Add(-time.Minute), Until: clock.Add(9 * time.Minute)}
+	sc := func(gen int64, tr *model.Transition) *model.Scope {
+		s := scope("shop", "gw", model.ListenerEnvoy, model.Selection{Namespace: "shop", Selector: labels.Everything()})
+		s.Protocol, s.Generation, s.TransitionWindow, s.Transition = model.Delta, gen, 10*time.Minute, tr
+		return s
+	}
+	transition := func() *model.Transition {
+		for _, u := range c.Take() {
+			if u.Scope != nil {
+				return u.Scope.Transition
+			}
+		}
+		t.Fatal("no update")
+		return nil
+	}
+	c.UpsertScope(sc(1, &fromStatus))
+	if tr := transition(); tr == nil || *tr != fromStatus {
+		t.Fatalf("a new scope's transition from its status: %+v, want %+v", tr, fromStatus)
+	}
+	// Known now: an edit carrying no transition (or another one) keeps it.
+	c.UpsertScope(sc(2, nil))
+	if tr := transition(); tr == nil || *tr != fromStatus {
+		t.Errorf("an edit dropped the transition: %+v, want %+v", tr, fromStatus)
+	}
+	other := model.Transition{From: model.SotW, Since: clock, Until: clock.Add(time.Hour)}
+	c.UpsertScope(sc(3, &other))
+	if tr := transition(); tr == nil || *tr != fromStatus {
+		t.Errorf("a known scope took a transition given with it: %+v, want %+v", tr, fromStatus)
+	}
+
+	// A scope known without a transition does not start one from its status.
+	c.UpsertScope(func() *model.Scope { s := sc(1, nil); s.Key.Name = "plain"; return s }())
+	c.Take()
+	c.UpsertScope(func() *model.Scope { s := sc(2, &other); s.Key.Name = "plain"; return s }())
+	if tr := transition(); tr != nil {
+		t.Errorf("a known scope without a transition took one from its status: %+v", tr)
+	}
+}

@@ -58,6 +58,10 @@ type CostWindow struct {
 	Span time.Duration
 	// Bucket is the width of one bucket: the figures move once a Bucket.
 	Bucket time.Duration
+	// Pending is set when the current bucket, not complete yet, holds
+	// something: the figures change when it completes, even if nothing
+	// else happens by then.
+	Pending bool
 }
 
 // costRing is a scope's buckets, indexed by bucket number modulo their count.
@@ -92,6 +96,9 @@ func (r *costRing) window(now time.Time) CostWindow {
 		return w
 	}
 	cur := r.bucketOf(now)
+	if b := &r.buckets[cur%CostBuckets]; b.n == cur && b.Cost != (Cost{}) {
+		w.Pending = true
+	}
 	for i := range r.buckets {
 		if b := &r.buckets[i]; b.n >= cur-CostBuckets && b.n < cur {
 			w.add(&b.Cost)

@@ -23,14 +23,17 @@ func TestCostWindow(t *testing.T) {
 	at(10 * time.Second)
 	tr.Sent(key, model.SotW, "t", Push{Resources: 3, Bytes: 300, OtherBytes: 290, Connect: true})
 	push(100, 10)
-	if w := tr.Get(key).Cost; w.Pushes != 0 || w.Span != 0 {
-		t.Errorf("the current bucket is reported before it is complete: %+v", w)
+	if w := tr.Get(key).Cost; w.Pushes != 0 || w.Span != 0 || !w.Pending {
+		t.Errorf("the current bucket is reported before it is complete, or not said to be pending: %+v", w)
 	}
 	at(90 * time.Second)
 	push(100, 10)
 	tr.Sent(key, model.SotW, "t", Push{OtherBytes: 7}) // only the other protocol sends this one
 	at(2*time.Minute + time.Second)
 	w := tr.Get(key).Cost
+	if w.Pending {
+		t.Errorf("a bucket nothing was recorded in is pending: %+v", w)
+	}
 	want := Cost{Pushes: 3, Bytes: 500, OtherBytes: 317, Connects: 1, ConnectBytes: 300, ConnectOtherBytes: 290}
 	if w.Cost != want || w.Span != 2*time.Minute || w.Bucket != time.Minute {
 		t.Errorf("after two minutes: %+v, want %+v over 2m", w, want)

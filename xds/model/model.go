@@ -161,8 +161,10 @@ type Scope struct {
 	// TransitionWindow is how long proxies of the previous protocol are
 	// still served after Protocol changes.
 	TransitionWindow time.Duration
-	// Transition is the change of protocol in progress, set by the catalog
-	// when it sees Protocol change (nil when there is none).
+	// Transition is the change of protocol in progress (nil when there is
+	// none): set by the catalog when it sees Protocol change, or for a
+	// scope the catalog has not seen, carried from the ProxyScope's status,
+	// so that a restarted replica serves the transition it was serving.
 	Transition *Transition
 }
 

@@ -33,6 +33,11 @@ type sotwType struct {
 	// lastOther is how many resources the delta response that last one
 	// stands for would have carried: what a rejection holds back there.
 	lastOther int
+	// before is the full set of a full-state type the proxy held before
+	// the last response replaced it, kept until the proxy answers: a
+	// rejecting proxy keeps that set, so it becomes held again, and the
+	// next response is priced and made-before-broken from it.
+	before map[string]*snapshot.Resource
 }
 
 type sotw struct {
@@ -100,9 +105,14 @@ func (st *sotw) handle(req *discoveryv3.DiscoveryRequest) error {
 // again, only a newer one will be, with the rejected by-name resources.
 func (st *sotw) answer(ts *sotwType, detail string, nack bool) {
 	ts.pending = false
+	before := ts.before
+	ts.before = nil
 	if !nack {
 		st.accepted(&ts.subscription, ts.version)
 		return
+	}
+	if before != nil {
+		ts.held = before
 	}
 	var owed []string
 	if !ts.t.FullState() {
@@ -151,6 +161,11 @@ func (st *sotw) resubscribe(ts *sotwType, requested []string) bool {
 	}
 	ts.requested, ts.wildcard, ts.names = true, wildcard, names
 	ts.forgetUnsubscribed()
+	for name := range ts.before {
+		if !ts.subscribed(name) {
+			delete(ts.before, name)
+		}
+	}
 	return changed
 }
 
@@ -348,7 +363,7 @@ func (st *sotw) send(r *response) error {
 	}
 	ts.nonce, ts.version, ts.pending, ts.last, ts.lastOther = resp.GetNonce(), r.version, true, r.res, r.other.resources
 	if r.full {
-		clear(ts.held)
+		ts.before, ts.held = ts.held, make(map[string]*snapshot.Resource, len(r.res))
 	}
 	for _, res := range r.res {
 		ts.sent(res)

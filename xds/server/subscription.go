@@ -20,7 +20,8 @@ type subscription struct {
 	wildcard  bool
 	names     map[string]struct{}
 	// held is what the proxy holds from this stream, as far as the server
-	// knows: for a SotW full-state type the last full set sent; otherwise
+	// knows: for a SotW full-state type the last full set sent (the set
+	// before it again once the proxy rejected it); otherwise
 	// every resource sent (in delta seeded from initial_resource_versions
 	// and rolled back on a NACK). A claimed version the server does not
 	// serve is held as a Resource without a body.
