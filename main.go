@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"runtime/debug"
 	"time"
 
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
@@ -17,7 +18,6 @@ import (
 	clientconfig "sigs.k8s.io/controller-runtime/pkg/client/config"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
 	"github.com/scopeplane/scopeplane/internal/controlplane"
@@ -30,18 +30,20 @@ var version = "dev"
 
 // config is the command line.
 type config struct {
-	metricsAddr string
-	probeAddr   string
-	leaderElect bool
-	leaderNS    string
-	xdsAddr     string
-	xdsServer   string
-	window      time.Duration
-	costBucket  time.Duration
-	adminAddr   string
-	pprofAddr   string
-	showVersion bool
-	zap         zap.Options
+	metricsAddr   string
+	metricsSecure bool
+	bootstrapCMs  bool
+	probeAddr     string
+	leaderElect   bool
+	leaderNS      string
+	xdsAddr       string
+	xdsServer     string
+	window        time.Duration
+	costBucket    time.Duration
+	adminAddr     string
+	pprofAddr     string
+	showVersion   bool
+	zap           zap.Options
 }
 
 // bindFlags defines every flag on fs: main's command line, and the flags
@@ -49,6 +51,8 @@ type config struct {
 func bindFlags(fs *flag.FlagSet) *config {
 	c := &config{}
 	fs.StringVar(&c.metricsAddr, "metrics-bind-address", ":8080", "Address the Prometheus metrics endpoint binds to; 0 disables it.")
+	fs.BoolVar(&c.metricsSecure, "metrics-secure", true, "Serve metrics over HTTPS (a self-signed certificate) to callers whose bearer token the API server authenticates and authorizes for get on the non-resource URL /metrics (TokenReview, SubjectAccessReview); false serves plain, unauthenticated HTTP.")
+	fs.BoolVar(&c.bootstrapCMs, "bootstrap-configmaps", true, "Write each ProxyScope's bootstrap ConfigMap (an Envoy and a gRPC xDS bootstrap) in its namespace; false writes none and reads no ConfigMaps, so no ConfigMap access is needed.")
 	fs.StringVar(&c.probeAddr, "health-probe-bind-address", ":8081", "Address /healthz and /readyz bind to.")
 	fs.BoolVar(&c.leaderElect, "leader-elect", false, "Elect a leader among replicas; only the leader writes ProxyScope status, every replica serves xDS.")
 	fs.StringVar(&c.leaderNS, "leader-election-namespace", "", "Namespace of the leader election Lease (default: the pod's namespace).")
@@ -75,6 +79,15 @@ func main() {
 	}
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&c.zap)))
 	log := ctrl.Log.WithName("setup")
+	limit, why, err := goMemoryLimit(os.Getenv)
+	if err != nil {
+		log.Error(err, "the Go memory limit")
+		os.Exit(2)
+	}
+	if limit > 0 {
+		debug.SetMemoryLimit(limit)
+	}
+	log.Info("Go memory limit", "bytes", debug.SetMemoryLimit(-1), "from", why)
 	if c.adminAddr != "" {
 		if err := controlplane.CheckAdminAddress(c.adminAddr); err != nil {
 			log.Error(err, "--admin-bind-address")
@@ -89,12 +102,16 @@ func main() {
 	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
 		Scheme:                  scheme,
 		Cache:                   controlplane.CacheOptions(),
-		Metrics:                 metricsserver.Options{BindAddress: c.metricsAddr},
+		Metrics:                 controlplane.MetricsOptions(c.metricsAddr, c.metricsSecure),
 		HealthProbeBindAddress:  c.probeAddr,
 		PprofBindAddress:        c.pprofAddr,
 		LeaderElection:          c.leaderElect,
 		LeaderElectionID:        "scopeplane.xds.scopeplane.dev",
 		LeaderElectionNamespace: c.leaderNS,
+		// A leader that stops (a rollout, a drain) gives the Lease up, so
+		// the next replica takes over status writes at once rather than
+		// after the lease duration.
+		LeaderElectionReleaseOnCancel: true,
 	})
 	if err != nil {
 		log.Error(err, "creating the manager")
@@ -107,7 +124,7 @@ func main() {
 	ctx := ctrl.SetupSignalHandler()
 	if _, err := controlplane.Setup(ctx, mgr, controlplane.Options{
 		XDSAddress: c.xdsAddr, XDSServerAddress: c.xdsServer, CoalesceWindow: c.window, AdminAddress: c.adminAddr,
-		CostBucket: c.costBucket,
+		CostBucket: c.costBucket, NoBootstrapConfigMaps: !c.bootstrapCMs,
 	}); err != nil {
 		log.Error(err, "setting up the control plane")
 		os.Exit(1)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"flag"
 	"fmt"
 	"io"
@@ -18,8 +19,15 @@ import (
 	statusv3 "github.com/envoyproxy/go-control-plane/envoy/service/status/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/scopeplane/scopeplane/internal/localapi"
+	"github.com/scopeplane/scopeplane/internal/testkit"
 )
 
 func freePort(t *testing.T) string {
@@ -54,7 +62,8 @@ func TestBinaryServesProbesMetricsAndXDS(t *testing.T) {
 	metrics, probes, xds, admin := freePort(t), freePort(t), freePort(t), freePort(t)
 	cmd := exec.Command(bin, "--metrics-bind-address="+metrics, "--health-probe-bind-address="+probes,
 		"--xds-bind-address="+xds, "--xds-server-address=scopeplane.test.svc:18000", "--admin-bind-address="+admin)
-	cmd.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig)
+	// The chart passes the container's memory limit (512Mi) this way.
+	cmd.Env = append(withoutEnv(os.Environ(), "GOMEMLIMIT"), "KUBECONFIG="+kubeconfig, memoryLimitEnv+"=536870912")
 	var logs strings.Builder
 	cmd.Stdout, cmd.Stderr = &logs, &logs
 	if err := cmd.Start(); err != nil {
@@ -88,7 +97,7 @@ func TestBinaryServesProbesMetricsAndXDS(t *testing.T) {
 	if code, _ := get("http://" + probes + "/healthz"); code != http.StatusOK {
 		t.Errorf("/healthz: %d", code)
 	}
-	_, body := get("http://" + metrics + "/metrics")
+	body := scrapeAuthorized(t, env, metrics)
 	if !strings.Contains(body, "scopeplane_snapshot_build_duration_seconds") {
 		t.Errorf("the metrics endpoint does not serve scopeplane's metrics:\n%.2000s", body)
 	}
@@ -122,6 +131,101 @@ func TestBinaryServesProbesMetricsAndXDS(t *testing.T) {
 	if !strings.Contains(logs.String(), `"version": "test-1"`) && !strings.Contains(logs.String(), `"version":"test-1"`) {
 		t.Errorf("the binary did not log its version:\n%s", logs.String())
 	}
+	if !strings.Contains(logs.String(), `"bytes":483183820`) {
+		t.Errorf("the binary did not set the Go memory limit to 90%% of its container's 512Mi:\n%s", logs.String())
+	}
+}
+
+// withoutEnv returns environ without the variable name.
+func withoutEnv(environ []string, name string) []string {
+	var out []string
+	for _, kv := range environ {
+		if !strings.HasPrefix(kv, name+"=") {
+			out = append(out, kv)
+		}
+	}
+	return out
+}
+
+// scrapeAuthorized checks that the metrics endpoint, secure by default,
+// answers only callers the API server vouches for: 401 without a token, 403 for a ServiceAccount not allowed get on /metrics, and
+// the metrics for one bound to a ClusterRole like the chart's
+// metrics-reader. Tokens come from the API server's TokenRequest API, as
+// Prometheus's ServiceAccount token does in a cluster. It returns the body.
+func scrapeAuthorized(t *testing.T, env *localapi.Env, addr string) string {
+	t.Helper()
+	ctx := context.Background()
+	reader := &rbacv1.ClusterRole{
+		ObjectMeta: metav1.ObjectMeta{Name: "scopeplane-metrics-reader"},
+		Rules:      []rbacv1.PolicyRule{{NonResourceURLs: []string{"/metrics"}, Verbs: []string{"get"}}},
+	}
+	binding := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "prometheus-metrics-reader"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: reader.Name},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: "default", Name: "prometheus"}},
+	}
+	token := map[string]string{}
+	for _, name := range []string{"prometheus", "stranger"} {
+		sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name}}
+		if err := env.Client.Create(ctx, sa); err != nil {
+			t.Fatal(err)
+		}
+		tr := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](600)}}
+		if err := env.Client.SubResource("token").Create(ctx, sa, tr); err != nil {
+			t.Fatalf("a token for ServiceAccount %s: %v", name, err)
+		}
+		token[name] = tr.Status.Token
+	}
+	for _, o := range []client.Object{reader, binding} {
+		if err := env.Client.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// The certificate is self-signed: the test, like the chart's
+	// ServiceMonitor, authenticates itself, not the server.
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // the self-signed certificate of the metrics endpoint
+	scrape := func(bearer string) (int, string) {
+		req, err := http.NewRequest(http.MethodGet, "https://"+addr+"/metrics", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if bearer != "" {
+			req.Header.Set("Authorization", "Bearer "+bearer)
+		}
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatalf("scraping %s: %v", addr, err)
+		}
+		defer func() { _ = resp.Body.Close() }()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	if resp, err := http.Get("http://" + addr + "/metrics"); err == nil { //nolint:gosec // a loopback URL the test built
+		_ = resp.Body.Close()
+		if resp.StatusCode == http.StatusOK {
+			t.Error("the metrics endpoint answered plain HTTP")
+		}
+	}
+	for _, c := range []struct {
+		who, token string
+		want       int
+	}{
+		{"no token", "", http.StatusUnauthorized},
+		{"a ServiceAccount without the binding", token["stranger"], http.StatusForbidden},
+	} {
+		if code, body := scrape(c.token); code != c.want {
+			t.Errorf("%s: %d, want %d: %.300s", c.who, code, c.want, body)
+		}
+	}
+	// The binding may take a moment to reach the API server's authorizer.
+	var body string
+	testkit.Eventually(t, "the bound ServiceAccount scrapes the metrics", func() (bool, string) {
+		var code int
+		code, body = scrape(token["prometheus"])
+		return code == http.StatusOK, fmt.Sprintf("%d %.300s", code, body)
+	})
+	return body
 }
 
 var update = flag.Bool("update", false, "rewrite docs/flags.md from the binary's flags")
@@ -159,7 +263,7 @@ const flagsHeader = `# Command-line flags
 
 Every flag of the scopeplane binary (` + "`scopeplane --help`" + `), generated from the binary's own
 flag definitions by ` + "`go test . -run TestFlagsReference -update`" + `; the test fails when this page is stale.
-The Helm chart sets the addresses and ` + "`--leader-elect`" + ` (see [install.md](install.md));
+The Helm chart sets the addresses, ` + "`--leader-elect`" + `, ` + "`--metrics-secure`" + ` and ` + "`--bootstrap-configmaps`" + ` (see [install.md](install.md));
 ` + "`extraArgs`" + ` passes any other.
 
 | Flag | Default | Description |

@@ -7,13 +7,28 @@ package controllers
 // +kubebuilder:rbac:groups=discovery.k8s.io,resources=endpointslices,verbs=get;list;watch
 // +kubebuilder:rbac:groups=xds.scopeplane.dev,resources=proxyscopes,verbs=get;list;watch
 
-// The leader writes each scope's status, its bootstrap ConfigMap and Events.
+// The leader writes each scope's status, its bootstrap ConfigMap and Events
+// (events.k8s.io, in the scope's namespace). The ConfigMaps live in every
+// scope's namespace under names the scopes choose, so RBAC cannot narrow the
+// writes to them (resourceNames cannot apply to create, nor follow scopes as
+// they come): --bootstrap-configmaps=false turns the ConfigMaps off, and the
+// chart then leaves this rule out.
 
 // +kubebuilder:rbac:groups=xds.scopeplane.dev,resources=proxyscopes/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;list;watch;create;update;patch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
-// Leader election (--leader-elect) holds a Lease and records Events about it.
+// The metrics endpoint (--metrics-secure) asks the API server who a caller
+// is and whether it may get /metrics.
 
-// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch;delete
-// +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups=authentication.k8s.io,resources=tokenreviews,verbs=create
+// +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create
+
+// Leader election (--leader-elect) holds a Lease and records Events about it
+// (core/v1), both in the pod's namespace only: a namespaced Role, which the
+// chart installs in the release namespace when leader election is on.
+// client-go's Lease lock only gets, creates and updates (a leader that
+// steps down updates the Lease to release it).
+
+// +kubebuilder:rbac:groups=coordination.k8s.io,namespace=scopeplane-system,resources=leases,verbs=get;create;update
+// +kubebuilder:rbac:groups="",namespace=scopeplane-system,resources=events,verbs=create;patch

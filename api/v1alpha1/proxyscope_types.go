@@ -215,6 +215,8 @@ type ProxyScopeStatus struct {
 
 	// bootstrapConfigMap names the ConfigMap, in the scope's namespace, that
 	// holds a ready Envoy bootstrap and a gRPC xDS bootstrap for this scope.
+	// Empty when there is none: its name is taken by another ConfigMap, or the
+	// control plane writes no bootstrap ConfigMaps (--bootstrap-configmaps=false).
 	// +kubebuilder:validation:MaxLength=253
 	// +optional
 	BootstrapConfigMap string `json:"bootstrapConfigMap,omitempty"`

@@ -45,7 +45,10 @@ type Inputs struct {
 	// BootstrapConflict says why the scope's bootstrap ConfigMap cannot be
 	// written ("" when it is).
 	BootstrapConflict string
-	Now               time.Time
+	// NoBootstrapConfigMap says no bootstrap ConfigMap is written for any
+	// scope (--bootstrap-configmaps=false).
+	NoBootstrapConfigMap bool
+	Now                  time.Time
 }
 
 // Footprint is what one Service holds in a scope's snapshot.
@@ -186,7 +189,7 @@ func nackMessage(nacks []feedback.NACK, nacking []*feedback.Proxy) string {
 func compute(prev *xdsv1alpha1.ProxyScopeStatus, in *Inputs) (xdsv1alpha1.ProxyScopeStatus, time.Duration) {
 	st := *prev.DeepCopy()
 	st.BootstrapConfigMap = bootstrap.ConfigMapName(in.Name)
-	if in.BootstrapConflict != "" {
+	if in.BootstrapConflict != "" || in.NoBootstrapConfigMap {
 		st.BootstrapConfigMap = ""
 	}
 	set := func(typ string, c condition) {

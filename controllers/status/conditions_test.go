@@ -140,6 +140,13 @@ func TestComputeStampsOnlyWhatIsServed(t *testing.T) {
 			t.Errorf("condition %s stamped with generation %d", c.Type, c.ObservedGeneration)
 		}
 	}
+	// Without bootstrap ConfigMaps (--bootstrap-configmaps=false) the
+	// status names none, and nothing else changes.
+	in.NoBootstrapConfigMap = true
+	if off, _ := compute(prev, in); off.BootstrapConfigMap != "" || off.Version != st.Version {
+		t.Errorf("with no bootstrap ConfigMaps written, status names %q (version %q)", off.BootstrapConfigMap, off.Version)
+	}
+	in.NoBootstrapConfigMap = false
 	in.Feedback.LastRefused[feedback.RefusedWrongProto] = now.Add(-30 * time.Second)
 	if _, recheck := compute(prev, in); recheck != wrongProtocolMemory-30*time.Second {
 		t.Errorf("a WrongProtocol verdict must be re-checked when it expires, got %v", recheck)

@@ -49,7 +49,10 @@ type Reconciler struct {
 	Feedback *feedback.Tracker
 	// Bootstrap says which scopes' bootstrap ConfigMaps cannot be written.
 	Bootstrap *bootstrapconfig.Conflicts
-	Recorder  events.EventRecorder
+	// NoBootstrapConfigMaps says the control plane writes no bootstrap
+	// ConfigMaps (--bootstrap-configmaps=false), so the status names none.
+	NoBootstrapConfigMaps bool
+	Recorder              events.EventRecorder
 	// Window coalesces bursts of changes into one write per scope.
 	Window time.Duration
 }
@@ -98,6 +101,7 @@ func (r *Reconciler) inputs(ps *xdsv1alpha1.ProxyScope) *Inputs {
 	}
 	in.Feedback = r.Feedback.Get(key)
 	in.BootstrapConflict = r.Bootstrap.Get(key)
+	in.NoBootstrapConfigMap = r.NoBootstrapConfigMaps
 	if sc := r.Store.Get(key); sc != nil && in.Feedback.Cost.Pushes > 0 && !in.Feedback.Usage.All {
 		sc.Read(func(v snapshot.View) { in.Footprint = footprint(v) })
 	}

@@ -5,6 +5,7 @@ package controlplane
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -17,6 +18,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/scopeplane/scopeplane/controllers"
 	"github.com/scopeplane/scopeplane/controllers/bootstrapconfig"
@@ -47,6 +50,31 @@ type Options struct {
 	// It must be a loopback address (see CheckAdminAddress).
 	AdminListener net.Listener
 	AdminAddress  string
+	// NoBootstrapConfigMaps turns the bootstrap ConfigMaps off: no
+	// ConfigMap is read or written, so the control plane needs no access
+	// to ConfigMaps at all (RBAC cannot narrow ConfigMap writes to the
+	// bootstrap names, which are not known before the scopes exist).
+	NoBootstrapConfigMaps bool
+}
+
+// MetricsOptions serves the metrics endpoint on addr. When secure, it is
+// served over HTTPS (with a self-signed certificate made at start: the
+// connection is encrypted, the scraper cannot verify it) and every request must carry a bearer token the API server
+// authenticates (TokenReview) for an identity allowed to get the
+// non-resource URL /metrics (SubjectAccessReview): 401 without a valid
+// token, 403 without the permission. It speaks HTTP/1.1 only, which
+// Prometheus uses, so that HTTP/2's stream-reset attacks do not apply.
+// Otherwise it is plain, unauthenticated HTTP.
+func MetricsOptions(addr string, secure bool) metricsserver.Options {
+	if !secure {
+		return metricsserver.Options{BindAddress: addr}
+	}
+	return metricsserver.Options{
+		BindAddress:    addr,
+		SecureServing:  true,
+		FilterProvider: filters.WithAuthenticationAndAuthorization,
+		TLSOpts:        []func(*tls.Config){func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} }},
+	}
 }
 
 // CheckAdminAddress refuses an admin address that is not on a loopback
@@ -91,14 +119,16 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) (*ControlPlane, 
 		return nil, err
 	}
 	conflicts := bootstrapconfig.NewConflicts()
-	if err := (&bootstrapconfig.Reconciler{Client: mgr.GetClient(), XDSServer: opts.XDSServerAddress, Conflicts: conflicts}).SetupWithManager(mgr); err != nil {
-		return nil, err
+	if !opts.NoBootstrapConfigMaps {
+		if err := (&bootstrapconfig.Reconciler{Client: mgr.GetClient(), XDSServer: opts.XDSServerAddress, Conflicts: conflicts}).SetupWithManager(mgr); err != nil {
+			return nil, err
+		}
 	}
 	if opts.StatusWindow <= 0 {
 		opts.StatusWindow = 200 * time.Millisecond
 	}
 	if err := (&status.Reconciler{
-		Client: mgr.GetClient(), Store: cp.Store, Feedback: cp.Feedback, Bootstrap: conflicts,
+		Client: mgr.GetClient(), Store: cp.Store, Feedback: cp.Feedback, Bootstrap: conflicts, NoBootstrapConfigMaps: opts.NoBootstrapConfigMaps,
 		Recorder: mgr.GetEventRecorder("scopeplane"), Window: opts.StatusWindow,
 	}).SetupWithManager(mgr); err != nil {
 		return nil, err

@@ -55,10 +55,18 @@ var renderCases = []renderCase{
 				t.Errorf("one replica without leaderElection.enabled must not elect a leader: %q", args)
 			}
 			wantString(t, find(t, objs, "Deployment"), "ghcr.io/scopeplane/scopeplane:0.1.0", "spec", "template", "spec", "containers", "0", "image")
-			for _, kind := range []string{"PodDisruptionBudget", "ServiceMonitor", "PrometheusRule", "Role"} {
+			wantArgs(t, args, "--metrics-secure=true", "--bootstrap-configmaps=true")
+			for _, kind := range []string{"PodDisruptionBudget", "ServiceMonitor", "PrometheusRule", "Role", "NetworkPolicy", "Secret"} {
 				if o := findOptional(objs, kind); o != nil {
 					t.Errorf("the default values must not render a %s", kind)
 				}
+			}
+			checkMemoryLimitEnv(t, objs)
+			reader := findNamed(t, objs, "ClusterRole", "scopeplane-metrics-reader")
+			rules, _, _ := unstructured.NestedSlice(reader.Object, "rules")
+			want := []any{map[string]any{"nonResourceURLs": []any{"/metrics"}, "verbs": []any{"get"}}}
+			if diff := cmp.Diff(want, rules); diff != "" {
+				t.Errorf("the metrics-reader ClusterRole must grant get on /metrics only (-want +got):\n%s", diff)
 			}
 		},
 	},
@@ -67,7 +75,9 @@ var renderCases = []renderCase{
 		check: func(t *testing.T, objs []*unstructured.Unstructured) {
 			wantArgs(t, containerArgs(t, objs), "--leader-elect")
 			wantString(t, find(t, objs, "PodDisruptionBudget"), "1", "spec", "minAvailable")
+			wantString(t, find(t, objs, "Role"), "scopeplane-system", "metadata", "namespace")
 			checkServiceMonitor(t, objs)
+			checkSecureScrape(t, objs)
 			checkObservability(t, objs)
 		},
 	},
@@ -81,6 +91,27 @@ var renderCases = []renderCase{
 			wantString(t, d, "registry.example.com/scopeplane:0.2.0-rc.1", "spec", "template", "spec", "containers", "0", "image")
 			if o := findOptional(objs, "PodDisruptionBudget"); o != nil {
 				t.Error("one replica must not get a PodDisruptionBudget: it would block node drains")
+			}
+		},
+	},
+	{
+		name: "locked-down", release: "scopeplane", namespace: "mesh-system",
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			wantArgs(t, containerArgs(t, objs), "--metrics-secure=false", "--bootstrap-configmaps=false")
+			checkNetworkPolicy(t, objs)
+			sm := find(t, objs, "ServiceMonitor")
+			wantString(t, sm, "http", "spec", "endpoints", "0", "scheme")
+			if _, found, _ := unstructured.NestedFieldNoCopy(sm.Object, "spec", "endpoints", "0", "authorization"); found {
+				t.Error("a plain-HTTP ServiceMonitor must not send a token")
+			}
+			for _, o := range objs {
+				if strings.HasSuffix(o.GetName(), "-metrics-reader") || strings.HasSuffix(o.GetName(), "-metrics-scraper") || o.GetKind() == "Secret" {
+					t.Errorf("metrics.secure=false must not render %s %s", o.GetKind(), o.GetName())
+				}
+			}
+			env := checkMemoryLimitEnv(t, objs)
+			if env["GOMEMLIMIT"] != "400MiB" {
+				t.Errorf("extraEnv's GOMEMLIMIT is not in the container's environment: %v", env)
 			}
 		},
 	},
@@ -250,6 +281,10 @@ func TestSchemaRefusesInvalidValues(t *testing.T) {
 		{"memory", `resources: {limits: {memory: lots}}`, []string{"at '/resources/limits/memory': 'lots' does not match pattern"}},
 		{"percentage without %", `podDisruptionBudget: {maxUnavailable: "50"}`, []string{"at '/podDisruptionBudget/maxUnavailable': '50' does not match pattern '^[0-9]+%$'"}},
 		{"leader election as a string", `leaderElection: {enabled: "yes"}`, []string{"at '/leaderElection/enabled': got string, want boolean"}},
+		{"network policy namespace not a DNS label", `networkPolicy: {xds: {namespaces: [Mesh_1]}}`, []string{"at '/networkPolicy/xds/namespaces/0': 'Mesh_1' does not match pattern"}},
+		{"empty network policy peer", `networkPolicy: {xds: {from: [{}]}}`, []string{"at '/networkPolicy/xds/from/0': minProperties"}},
+		{"extra env without a name", `extraEnv: [{value: "1"}]`, []string{"at '/extraEnv/0': missing property 'name'"}},
+		{"metrics.secure as a string", `metrics: {secure: "no"}`, []string{"at '/metrics/secure': got string, want boolean"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			values := filepath.Join(t.TempDir(), "values.yaml")
@@ -267,6 +302,24 @@ func TestSchemaRefusesInvalidValues(t *testing.T) {
 				if !strings.Contains(stderr, w) {
 					t.Errorf("the error does not say %q:\n%s", w, stderr)
 				}
+			}
+		})
+	}
+}
+
+// TestRefusesUselessValues checks the values the schema cannot refuse but
+// the templates do, with a message that says what to set.
+func TestRefusesUselessValues(t *testing.T) {
+	for _, c := range []struct{ name, set, want string }{
+		{"a NetworkPolicy that admits no proxy", "networkPolicy.enabled=true",
+			"networkPolicy.enabled needs networkPolicy.xds.namespaces or networkPolicy.xds.from"},
+		{"a secure ServiceMonitor without RBAC", "serviceMonitor.enabled=true,rbac.create=false",
+			"serviceMonitor.enabled with metrics.secure needs rbac.create"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			out, stderr, err := runHelm(t, "template", "scopeplane", chartDir, "--set", c.set)
+			if err == nil || !strings.Contains(stderr, c.want) {
+				t.Errorf("helm template --set %s: %v, want an error saying %q:\n%s%s", c.set, err, c.want, stderr, out)
 			}
 		})
 	}
@@ -322,51 +375,108 @@ func sameFile(t *testing.T, generated, copied string) {
 // within what scopeplane is meant to do.
 func TestRBACFollowsGenerated(t *testing.T) {
 	generated := rolesOf(t, mustRead(t, filepath.Join(localapi.RepoRoot(), "config", "rbac", "role.yaml")))
-	c := renderCases[0]
-	rendered := rolesOf(t, []byte(c.render(t)))
-	if len(generated["ClusterRole"]) == 0 {
-		t.Fatal("config/rbac/role.yaml has no ClusterRole")
+	if len(generated["ClusterRole"]) == 0 || len(generated["Role"]) == 0 {
+		t.Fatal("config/rbac/role.yaml lacks the ClusterRole or the leader election Role")
 	}
-	for _, kind := range []string{"ClusterRole", "Role"} {
-		if diff := cmp.Diff(generated[kind], rendered[kind]); diff != "" {
-			t.Errorf("the chart's %s rules differ from config/rbac/role.yaml (-generated +chart):\n%s", kind, diff)
-		}
+	// The default values have every rule of the ClusterRole; the Role comes
+	// with leader election (the ha case).
+	rendered := rolesOf(t, []byte(renderCases[0].render(t)))
+	if diff := cmp.Diff(generated["ClusterRole"], rendered["ClusterRole"]); diff != "" {
+		t.Errorf("the chart's ClusterRole rules differ from config/rbac/role.yaml (-generated +chart):\n%s", diff)
 	}
-	checkLeastPrivilege(t, append(generated["ClusterRole"], generated["Role"]...))
+	ha := rolesOf(t, []byte(renderCase{name: "ha", release: "scopeplane", namespace: "scopeplane-system"}.render(t)))
+	if diff := cmp.Diff(generated["Role"], ha["Role"]); diff != "" {
+		t.Errorf("the chart's Role rules differ from config/rbac/role.yaml (-generated +chart):\n%s", diff)
+	}
+	checkLeastPrivilege(t, "ClusterRole", generated["ClusterRole"])
+	checkLeastPrivilege(t, "Role", generated["Role"])
+}
+
+// TestRBACFollowsValues checks every case's rendered RBAC: least privilege,
+// the leader election Role exactly when the pods elect a leader, ConfigMap
+// access exactly when bootstrap ConfigMaps are written, and TokenReviews and
+// SubjectAccessReviews exactly when the metrics are secure.
+func TestRBACFollowsValues(t *testing.T) {
+	for _, c := range renderCases {
+		t.Run(c.name, func(t *testing.T) {
+			rendered := c.render(t)
+			roles := rolesOf(t, []byte(rendered))
+			if findOptional(decode(t, rendered), "ClusterRole") == nil {
+				return // rbac.create=false
+			}
+			checkLeastPrivilege(t, "ClusterRole", roles["ClusterRole"])
+			checkLeastPrivilege(t, "Role", roles["Role"])
+			args := containerArgs(t, decode(t, rendered))
+			grants := func(rules []rbacv1.PolicyRule, group, resource string) bool {
+				return slices.ContainsFunc(rules, func(r rbacv1.PolicyRule) bool {
+					return slices.Contains(r.APIGroups, group) && slices.Contains(r.Resources, resource)
+				})
+			}
+			for _, tc := range []struct {
+				what, group, resource string
+				rules                 []rbacv1.PolicyRule
+				want                  bool
+			}{
+				{"the Role, leases", "coordination.k8s.io", "leases", roles["Role"], slices.Contains(args, "--leader-elect")},
+				{"the ClusterRole, ConfigMaps", "", "configmaps", roles["ClusterRole"], slices.Contains(args, "--bootstrap-configmaps=true")},
+				{"the ClusterRole, TokenReviews", "authentication.k8s.io", "tokenreviews", roles["ClusterRole"], slices.Contains(args, "--metrics-secure=true")},
+				{"the ClusterRole, SubjectAccessReviews", "authorization.k8s.io", "subjectaccessreviews", roles["ClusterRole"], slices.Contains(args, "--metrics-secure=true")},
+			} {
+				if got := grants(tc.rules, tc.group, tc.resource); got != tc.want {
+					t.Errorf("%s: granted %v, want %v (args %q)", tc.what, got, tc.want, args)
+				}
+			}
+		})
+	}
 }
 
 // allowedAccess is everything scopeplane may do, by "group/resource": read
 // Services, EndpointSlices and Namespaces; read ProxyScopes and write their
 // status; write the bootstrap ConfigMaps; hold the leader election Lease;
-// record Events. A new permission must be added here on purpose.
+// record Events; ask the API server who calls the metrics endpoint and
+// whether it may. A new permission must be added here on purpose.
 var allowedAccess = map[string][]string{
-	"/services":                             {"get", "list", "watch"},
-	"discovery.k8s.io/endpointslices":       {"get", "list", "watch"},
-	"/namespaces":                           {"get", "list", "watch"},
-	"xds.scopeplane.dev/proxyscopes":        {"get", "list", "watch"},
-	"xds.scopeplane.dev/proxyscopes/status": {"get", "update", "patch"},
-	"/configmaps":                           {"get", "list", "watch", "create", "update", "patch", "delete"},
-	"coordination.k8s.io/leases":            {"get", "list", "watch", "create", "update", "patch", "delete"},
-	"/events":                               {"create", "patch"},
-	"events.k8s.io/events":                  {"create", "patch"},
+	"/services":                                 {"get", "list", "watch"},
+	"discovery.k8s.io/endpointslices":           {"get", "list", "watch"},
+	"/namespaces":                               {"get", "list", "watch"},
+	"xds.scopeplane.dev/proxyscopes":            {"get", "list", "watch"},
+	"xds.scopeplane.dev/proxyscopes/status":     {"get", "update", "patch"},
+	"/configmaps":                               {"get", "list", "watch", "create", "update", "patch"},
+	"coordination.k8s.io/leases":                {"get", "create", "update"},
+	"/events":                                   {"create", "patch"},
+	"events.k8s.io/events":                      {"create", "patch"},
+	"authentication.k8s.io/tokenreviews":        {"create"},
+	"authorization.k8s.io/subjectaccessreviews": {"create"},
 }
 
-func checkLeastPrivilege(t *testing.T, rules []rbacv1.PolicyRule) {
+// namespacedOnly is what scopeplane may do only in its own namespace, so
+// only a Role may grant it: the leader election Lease (a ClusterRole would
+// let it take over every controller's Lease, kube-system's included) and
+// the core/v1 Events leader election records.
+var namespacedOnly = []string{"coordination.k8s.io/leases", "/events"}
+
+func checkLeastPrivilege(t *testing.T, kind string, rules []rbacv1.PolicyRule) {
 	t.Helper()
 	for _, r := range rules {
 		if len(r.NonResourceURLs) > 0 {
-			t.Errorf("the generated RBAC grants non-resource URLs %q, which scopeplane should not need", r.NonResourceURLs)
+			t.Errorf("the %s grants non-resource URLs %q, which scopeplane should not need", kind, r.NonResourceURLs)
+		}
+		if len(r.ResourceNames) > 0 {
+			t.Errorf("the %s names resources %q: a rule for names cannot grant create, and the bootstrap names are the scopes'", kind, r.ResourceNames)
 		}
 		for _, g := range r.APIGroups {
 			for _, res := range r.Resources {
 				allowed, ok := allowedAccess[g+"/"+res]
 				if !ok {
-					t.Errorf("the generated RBAC grants access to %q in group %q, which scopeplane should not need (allowedAccess in test/chart)", res, g)
+					t.Errorf("the %s grants access to %q in group %q, which scopeplane should not need (allowedAccess in test/chart)", kind, res, g)
 					continue
+				}
+				if kind == "ClusterRole" && slices.Contains(namespacedOnly, g+"/"+res) {
+					t.Errorf("the ClusterRole grants %q in group %q cluster-wide: it belongs in the Role of the release namespace", res, g)
 				}
 				for _, v := range r.Verbs {
 					if !slices.Contains(allowed, v) {
-						t.Errorf("the generated RBAC grants %q on %q in group %q, beyond %q", v, res, g, allowed)
+						t.Errorf("the %s grants %q on %q in group %q, beyond %q", kind, v, res, g, allowed)
 					}
 				}
 			}
@@ -408,6 +518,13 @@ rules:
 	if err != nil {
 		t.Fatalf("helm template: %v\n%s", err, stderr)
 	}
+	if o := findOptional(decode(t, out), "Role"); o != nil {
+		t.Error("without leader election the chart must not install the leader election Role")
+	}
+	out, stderr, err = runHelm(t, "template", "sp", dir, "--namespace", "ops", "--set", "leaderElection.enabled=true")
+	if err != nil {
+		t.Fatalf("helm template: %v\n%s", err, stderr)
+	}
 	objs := decode(t, out)
 	r := find(t, objs, "Role")
 	wantString(t, r, "ops", "metadata", "namespace")
@@ -429,13 +546,14 @@ rules:
 	}
 }
 
-// rolesOf returns the rules of every ClusterRole and Role in a manifest, by kind.
+// rolesOf returns the rules of every ClusterRole and Role in a manifest that
+// scopeplane itself is bound to, by kind.
 func rolesOf(t *testing.T, manifest []byte) map[string][]rbacv1.PolicyRule {
 	t.Helper()
 	out := map[string][]rbacv1.PolicyRule{}
 	for _, o := range decode(t, string(manifest)) {
-		if o.GetKind() != "ClusterRole" && o.GetKind() != "Role" {
-			continue
+		if o.GetKind() != "ClusterRole" && o.GetKind() != "Role" || strings.HasSuffix(o.GetName(), "-metrics-reader") {
+			continue // the metrics-reader is for scrapers, not scopeplane
 		}
 		data, err := yaml.Marshal(o.Object["rules"])
 		if err != nil {
@@ -638,5 +756,117 @@ func copyDir(t *testing.T, from, to string) {
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+func findNamed(t *testing.T, objs []*unstructured.Unstructured, kind, name string) *unstructured.Unstructured {
+	t.Helper()
+	for _, o := range objs {
+		if o.GetKind() == kind && o.GetName() == name {
+			return o
+		}
+	}
+	t.Fatalf("no %s %s rendered", kind, name)
+	return nil
+}
+
+// checkMemoryLimitEnv checks that the container learns its memory limit
+// from the downward API (the binary sets GOMEMLIMIT from it), and returns
+// the container's plain environment values by name.
+func checkMemoryLimitEnv(t *testing.T, objs []*unstructured.Unstructured) map[string]string {
+	t.Helper()
+	raw, _ := field(find(t, objs, "Deployment").Object, "spec", "template", "spec", "containers", "0", "env")
+	env, _ := raw.([]any)
+	values := map[string]string{}
+	var limit map[string]any
+	for _, e := range env {
+		e := e.(map[string]any)
+		if e["name"] == "SCOPEPLANE_MEMORY_LIMIT" {
+			limit = e
+		}
+		if v, ok := e["value"].(string); ok {
+			values[e["name"].(string)] = v
+		}
+	}
+	want := map[string]any{"name": "SCOPEPLANE_MEMORY_LIMIT", "valueFrom": map[string]any{
+		"resourceFieldRef": map[string]any{"containerName": "scopeplane", "resource": "limits.memory"}}}
+	if diff := cmp.Diff(want, limit); diff != "" {
+		t.Errorf("the container's SCOPEPLANE_MEMORY_LIMIT (-want +got):\n%s", diff)
+	}
+	return values
+}
+
+// checkSecureScrape checks the ServiceMonitor of secure metrics: HTTPS, with
+// the token of a ServiceAccount of its own that is bound to the
+// metrics-reader ClusterRole and nothing else.
+func checkSecureScrape(t *testing.T, objs []*unstructured.Unstructured) {
+	t.Helper()
+	sm := find(t, objs, "ServiceMonitor")
+	wantString(t, sm, "https", "spec", "endpoints", "0", "scheme")
+	wantString(t, sm, "true", "spec", "endpoints", "0", "tlsConfig", "insecureSkipVerify")
+	wantString(t, sm, "Bearer", "spec", "endpoints", "0", "authorization", "type")
+	wantString(t, sm, "scopeplane-metrics-token", "spec", "endpoints", "0", "authorization", "credentials", "name")
+	wantString(t, sm, "token", "spec", "endpoints", "0", "authorization", "credentials", "key")
+	secret := findNamed(t, objs, "Secret", "scopeplane-metrics-token")
+	wantString(t, secret, "kubernetes.io/service-account-token", "type")
+	wantString(t, secret, "scopeplane-metrics-scraper", "metadata", "annotations", "kubernetes.io/service-account.name")
+	findNamed(t, objs, "ServiceAccount", "scopeplane-metrics-scraper")
+	binding := findNamed(t, objs, "ClusterRoleBinding", "scopeplane-metrics-scraper")
+	wantString(t, binding, "scopeplane-metrics-reader", "roleRef", "name")
+	wantString(t, binding, "scopeplane-metrics-scraper", "subjects", "0", "name")
+	wantString(t, binding, sm.GetNamespace(), "subjects", "0", "namespace")
+	for _, o := range objs {
+		if o.GetKind() != "ClusterRoleBinding" && o.GetKind() != "RoleBinding" || o == binding {
+			continue
+		}
+		if subjects, _, _ := unstructured.NestedSlice(o.Object, "subjects"); slices.ContainsFunc(subjects, func(s any) bool {
+			return s.(map[string]any)["name"] == "scopeplane-metrics-scraper"
+		}) {
+			t.Errorf("%s %s binds the scraper's ServiceAccount, which may only read /metrics", o.GetKind(), o.GetName())
+		}
+	}
+}
+
+// checkNetworkPolicy checks the locked-down case's NetworkPolicy: it selects
+// the release's pods and admits only xDS from the named namespaces and
+// peer, and metrics from the named namespace's Prometheus.
+func checkNetworkPolicy(t *testing.T, objs []*unstructured.Unstructured) {
+	t.Helper()
+	np := find(t, objs, "NetworkPolicy")
+	selector, _, _ := unstructured.NestedStringMap(np.Object, "spec", "podSelector", "matchLabels")
+	pods, _, _ := unstructured.NestedStringMap(find(t, objs, "Deployment").Object, "spec", "template", "metadata", "labels")
+	if len(selector) == 0 {
+		t.Fatal("the NetworkPolicy selects every pod of the namespace")
+	}
+	for k, v := range selector {
+		if pods[k] != v {
+			t.Errorf("the NetworkPolicy selects %s=%s, which the pods do not carry", k, v)
+		}
+	}
+	ns := func(name string) map[string]any {
+		return map[string]any{"namespaceSelector": map[string]any{"matchLabels": map[string]any{"kubernetes.io/metadata.name": name}}}
+	}
+	want := map[string]any{
+		"podSelector": np.Object["spec"].(map[string]any)["podSelector"],
+		"policyTypes": []any{"Ingress"},
+		"ingress": []any{
+			map[string]any{
+				"ports": []any{map[string]any{"port": "xds", "protocol": "TCP"}},
+				"from": []any{ns("storefront"), ns("payments"), map[string]any{
+					"namespaceSelector": map[string]any{"matchLabels": map[string]any{"mesh.example.com/member": "true"}},
+					"podSelector":       map[string]any{"matchLabels": map[string]any{"app": "gateway"}},
+				}},
+			},
+			map[string]any{
+				"ports": []any{map[string]any{"port": "metrics", "protocol": "TCP"}},
+				"from": []any{map[string]any{
+					"namespaceSelector": map[string]any{"matchLabels": map[string]any{"kubernetes.io/metadata.name": "monitoring"}},
+					"podSelector":       map[string]any{"matchLabels": map[string]any{"app.kubernetes.io/name": "prometheus"}},
+				}},
+			},
+		},
+	}
+	if diff := cmp.Diff(want, np.Object["spec"]); diff != "" {
+		t.Errorf("the NetworkPolicy's spec (-want +got):\n%s", diff)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -162,13 +163,17 @@ func TestNotes(t *testing.T) {
 					addr = v
 				}
 			}
-			for _, want := range []string{
+			want := []string{
 				"Proxies reach its xDS server (ADS gRPC, SotW and delta) at " + addr + ".",
 				"kind: ProxyScope",
 				"scopeplane.dev/scope: default/storefront",
 				"status.bootstrapConfigMap",
 				"jsonpath='{.status.bootstrapConfigMap}'",
-			} {
+			}
+			if slices.Contains(containerArgs(t, decode(t, c.render(t))), "--bootstrap-configmaps=false") {
+				want = append(want[:3], "Bootstrap ConfigMaps are off (bootstrapConfigMaps.enabled=false): write each proxy's")
+			}
+			for _, want := range want {
 				if !strings.Contains(notes, want) {
 					t.Errorf("NOTES.txt does not say %q:\n%s", want, notes)
 				}
