@@ -163,10 +163,12 @@ func stalled(in *Inputs, nacked condition) condition {
 }
 
 // nackMessage names the newest rejection of a proxy that is still NACKing.
+// A NACK names its proxy by the cut node id (feedback.NodeID), so a proxy
+// whose id is longer than that is found by the same cut.
 func nackMessage(nacks []feedback.NACK, nacking []*feedback.Proxy) string {
 	nodes := map[string]bool{}
 	for _, p := range nacking {
-		nodes[p.Node] = true
+		nodes[feedback.NodeID(p.Node)] = true
 	}
 	for _, n := range nacks { // newest first
 		if nodes[n.Node] {

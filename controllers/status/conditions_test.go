@@ -86,6 +86,12 @@ func TestConditions(t *testing.T) {
 			in.Feedback.NACKs = []feedback.NACK{{Node: p.Node, TypeURL: "t", Version: "v1", Detail: "bad route"}}
 			return in
 		}(), first(degraded), metav1.ConditionTrue, xdsv1alpha1.ReasonProxyNACKed, "proxy p- rejected t version v1: bad route"},
+		{"nacked by a proxy whose id is longer than a NACK keeps", func() *Inputs {
+			p := &feedback.Proxy{Node: strings.Repeat("n", 300), Nacked: map[string]bool{"t": true}}
+			in := served(p, at("v1"))
+			in.Feedback.NACKs = []feedback.NACK{{Node: feedback.NodeID(p.Node), TypeURL: "t", Version: "v1", Detail: "bad route"}}
+			return in
+		}(), first(degraded), metav1.ConditionTrue, xdsv1alpha1.ReasonProxyNACKed, "proxy " + strings.Repeat("n", 253) + " rejected t version v1: bad route"},
 		{"wrong protocol", func() *Inputs {
 			in := served()
 			in.Protocol = model.Delta
