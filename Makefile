@@ -15,7 +15,8 @@ GOLANGCI_LINT  := $(TOOLBIN)/golangci-lint-$(GOLANGCI_LINT_VERSION)
 VERSION ?= $(shell awk '/^appVersion:/ { gsub(/"/, "", $$2); print $$2 }' charts/scopeplane/Chart.yaml)
 
 # FUZZ_TRANSLATE and FUZZ_REQUESTS are how many inputs `make test` fuzzes
-# beyond the seed corpora (about 10 s each here). Counts, not durations: a
+# beyond the seed corpora (about 10 s each here); FUZZ_TRANSLATE counts for
+# FuzzTranslate and for FuzzConvertTranslate (Kubernetes objects to the wire). Counts, not durations: a
 # time limit can end the fuzzer in the middle of minimizing an input, which
 # go test reports as a failure that found nothing.
 FUZZ_TRANSLATE ?= 20000x
@@ -89,6 +90,7 @@ test: ## Run every test against a real API server (builds the envtest binaries o
 	assets=$$(hack/envtest.sh); helm=$$(hack/helm.sh); \
 	KUBEBUILDER_ASSETS=$$assets HELM=$$helm go test -count=1 ./...
 	go test -run '^$$' -fuzz '^FuzzTranslate$$' -fuzztime $(FUZZ_TRANSLATE) -fuzzminimizetime 200x ./xds/translate/
+	go test -run '^$$' -fuzz '^FuzzConvertTranslate$$' -fuzztime $(FUZZ_TRANSLATE) -fuzzminimizetime 200x ./controllers/convert/
 	go test -run '^$$' -fuzz '^FuzzRequests$$' -fuzztime $(FUZZ_REQUESTS) -fuzzminimizetime 200x ./xds/server/
 	$(MAKE) demo DEMO_ONCE=1
 

@@ -12,8 +12,9 @@ const (
 	// version V". It is never True while Accepted is not.
 	ConditionReady = "Ready"
 	// ConditionDegraded is True while a proxy's last response to the current
-	// configuration was a NACK, or proxies keep connecting with the wrong
-	// protocol or without a scope.
+	// configuration was a NACK, a resource of a selected Service cannot be
+	// served, the bootstrap ConfigMap's name is taken, or proxies keep
+	// connecting with the wrong protocol.
 	ConditionDegraded = "Degraded"
 	// ConditionStalled is True when the scope cannot make progress without a
 	// change: its spec is invalid, or a proxy rejects the configuration it
@@ -67,6 +68,15 @@ const (
 	// configuration; the message carries the node id, type, version and the
 	// proxy's error_detail, and status.recentNACKs keeps the newest ones.
 	ReasonProxyNACKed = "ProxyNACKed"
+	// ReasonUnservableResource (Degraded=True): a resource translated from a
+	// selected Service cannot be marshalled or fails Envoy's validation (data
+	// that conversion could not repair). It alone is held back: proxies keep
+	// its previous version, if there was one, and everything else, of the
+	// same Service too, is served. The message names the Service, the
+	// resource and why. Ready is unaffected (kstatus reads the scope as
+	// Ready says), and so is Stalled: the next change of the Service's
+	// objects may fix it.
+	ReasonUnservableResource = "UnservableResource"
 	// ReasonWrongProtocol (Degraded=True): proxies naming this scope open
 	// streams of the other protocol and are refused; their bootstrap's
 	// ads_config.api_type must match spec.protocol.

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -26,26 +27,31 @@ import (
 // are merged; each keeps the ports of its own slice, which is how a named
 // target port resolves to different numbers in different slices. FQDN slices
 // and addresses that do not parse as the slice's family are left out.
+//
+// Every string that can reach an Envoy resource is made valid UTF-8 (see
+// text): the API server does not promise it for all of them (an endpoint's
+// zone is free text), and a protobuf string that is not valid UTF-8 cannot
+// be marshalled, which would keep the Service's resources from its proxies.
 func Service(svc *corev1.Service, endpointSlices []*discoveryv1.EndpointSlice) *model.Service {
 	out := &model.Service{
 		Key:    model.Key{Namespace: svc.Namespace, Name: svc.Name},
 		Labels: svc.Labels,
 	}
 	if svc.Spec.Type == corev1.ServiceTypeExternalName {
-		out.ExternalName = svc.Spec.ExternalName
+		out.ExternalName = text(svc.Spec.ExternalName)
 	}
 	for _, p := range svc.Spec.Ports {
 		sp := model.ServicePort{
-			Name:     p.Name,
+			Name:     text(p.Name),
 			Port:     p.Port,
 			Protocol: protocol(p.Protocol),
 		}
 		if p.AppProtocol != nil {
-			sp.AppProtocol = *p.AppProtocol
+			sp.AppProtocol = text(*p.AppProtocol)
 		}
 		switch {
 		case p.TargetPort.Type == intstr.String:
-			sp.TargetPortName = p.TargetPort.StrVal
+			sp.TargetPortName = text(p.TargetPort.StrVal)
 		case p.TargetPort.IntVal != 0:
 			sp.TargetPort = p.TargetPort.IntVal
 		default: // an unset targetPort defaults to the port itself
@@ -68,7 +74,7 @@ func Service(svc *corev1.Service, endpointSlices []*discoveryv1.EndpointSlice) *
 			}
 			ep := model.EndpointPort{Port: *p.Port, Protocol: model.ProtocolTCP}
 			if p.Name != nil {
-				ep.Name = *p.Name
+				ep.Name = text(*p.Name)
 			}
 			if p.Protocol != nil {
 				ep.Protocol = protocol(*p.Protocol)
@@ -97,10 +103,10 @@ func Service(svc *corev1.Service, endpointSlices []*discoveryv1.EndpointSlice) *
 					Terminating: terminating,
 				}
 				if e.Zone != nil {
-					ep.Zone = *e.Zone
+					ep.Zone = text(*e.Zone)
 				}
 				if e.NodeName != nil {
-					ep.Node = *e.NodeName
+					ep.Node = text(*e.NodeName)
 				}
 				out.Endpoints = append(out.Endpoints, ep)
 			}
@@ -109,6 +115,10 @@ func Service(svc *corev1.Service, endpointSlices []*discoveryv1.EndpointSlice) *
 	out.Endpoints = dedupe(out.Endpoints)
 	return out
 }
+
+// text returns s as valid UTF-8: each run of bytes that is not becomes
+// U+FFFD (and s itself is returned when it needs no repair).
+func text(s string) string { return strings.ToValidUTF8(s, "\uFFFD") }
 
 // dedupe sorts endpoints by address and merges the copies of one address with
 // the same ports. An address can sit in two slices for a moment while the

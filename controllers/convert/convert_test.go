@@ -162,3 +162,33 @@ func TestScopeCarriesTheTransitionOnItsStatus(t *testing.T) {
 		t.Errorf("a scope without a transition on its status has %+v", sc.Transition)
 	}
 }
+
+// TestServiceRepairsInvalidUTF8: strings the API server does not check
+// (an endpoint's zone) or that a client may still send broken reach Envoy
+// resources, whose protobuf strings must be UTF-8. Each run of bad bytes
+// becomes one U+FFFD; ports still match by their (equally repaired) names.
+func TestServiceRepairsInvalidUTF8(t *testing.T) {
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "cart"},
+		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{
+			{Name: "h\xfftp", Port: 80, TargetPort: intstr.FromString("w\xc3b"), AppProtocol: ptr.To("gr\xffpc")},
+		}},
+	}
+	slices := []*discoveryv1.EndpointSlice{{
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("h\xfftp"), Port: ptr.To[int32](8080)}},
+		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{"10.0.0.1"}, Zone: ptr.To("us-\xff\xfeeast"), NodeName: ptr.To("n\xc3")}},
+	}}
+	got := Service(svc, slices)
+	p, e := got.Ports[0], got.Endpoints[0]
+	if p.Name != "h\uFFFDtp" || p.TargetPortName != "w\uFFFDb" || p.AppProtocol != "gr\uFFFDpc" {
+		t.Errorf("port converted to %+v", p)
+	}
+	if e.Zone != "us-\uFFFDeast" || e.Node != "n\uFFFD" || len(e.Ports) != 1 || e.Ports[0].Name != p.Name {
+		t.Errorf("endpoint converted to %+v", e)
+	}
+	ext := Service(&corev1.Service{Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeExternalName, ExternalName: "pay\xff.example.com"}}, nil)
+	if ext.ExternalName != "pay\uFFFD.example.com" {
+		t.Errorf("ExternalName converted to %q", ext.ExternalName)
+	}
+}

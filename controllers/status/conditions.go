@@ -11,9 +11,9 @@ import (
 
 	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
 	"github.com/scopeplane/scopeplane/xds/bootstrap"
-	"github.com/scopeplane/scopeplane/xds/catalog"
 	"github.com/scopeplane/scopeplane/xds/feedback"
 	"github.com/scopeplane/scopeplane/xds/model"
+	"github.com/scopeplane/scopeplane/xds/snapshot"
 )
 
 // wrongProtocolMemory is how long a wrong-protocol refusal keeps a scope
@@ -33,7 +33,7 @@ type Inputs struct {
 	// is that record, and Version and RevTime its served version and when
 	// the change that made it was observed.
 	Built      bool
-	Resolution catalog.Resolution
+	Resolution snapshot.Resolution
 	Version    string
 	RevTime    time.Time
 	Feedback   feedback.Report
@@ -122,9 +122,9 @@ func ready(in *Inputs) condition {
 	return condition{metav1.ConditionFalse, xdsv1alpha1.ReasonPending, msg}
 }
 
-// degraded says whether a proxy rejects the configuration, the bootstrap
-// ConfigMap's name is taken, or proxies keep knocking with the other
-// protocol, in that order; the second value is how long until a
+// degraded says whether a proxy rejects the configuration, a resource of
+// a selected Service cannot be served, the bootstrap ConfigMap's name is
+// taken, or proxies keep knocking with the other protocol, in that order; the second value is how long until a
 // WrongProtocol verdict expires (0 when none applies), for a re-check.
 func degraded(in *Inputs) (condition, time.Duration) {
 	var nacking []*feedback.Proxy
@@ -135,6 +135,9 @@ func degraded(in *Inputs) (condition, time.Duration) {
 	}
 	if len(nacking) > 0 {
 		return condition{metav1.ConditionTrue, xdsv1alpha1.ReasonProxyNACKed, nackMessage(in.Feedback.NACKs, nacking)}, 0
+	}
+	if held := in.Resolution.Unservable; len(held) > 0 {
+		return condition{metav1.ConditionTrue, xdsv1alpha1.ReasonUnservableResource, unservableMessage(held)}, 0
 	}
 	if in.BootstrapConflict != "" {
 		return condition{metav1.ConditionTrue, xdsv1alpha1.ReasonBootstrapConfigMapConflict, in.BootstrapConflict}, 0
@@ -166,10 +169,12 @@ func stalled(in *Inputs, nacked condition) condition {
 }
 
 // nackMessage names the newest rejection of a proxy that is still NACKing.
+// A NACK names its proxy by the cut node id (feedback.NodeID), so a proxy
+// whose id is longer than that is found by the same cut.
 func nackMessage(nacks []feedback.NACK, nacking []*feedback.Proxy) string {
 	nodes := map[string]bool{}
 	for _, p := range nacking {
-		nodes[p.Node] = true
+		nodes[feedback.NodeID(p.Node)] = true
 	}
 	for _, n := range nacks { // newest first
 		if nodes[n.Node] {
@@ -181,6 +186,31 @@ func nackMessage(nacks []feedback.NACK, nacking []*feedback.Proxy) string {
 		}
 	}
 	return fmt.Sprintf("%d proxies are rejecting configuration", len(nacking))
+}
+
+// maxUnservableNamed is how many held-back resources the Degraded message
+// names; the rest are counted.
+const maxUnservableNamed = 5
+
+// unservableMessage names the held-back resources, each with its Service
+// and why it cannot be served.
+func unservableMessage(held []snapshot.Unservable) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d resources cannot be served and are held back (proxies keep their previous version, if they had one; the rest is served): ", len(held))
+	for i, u := range held[:min(len(held), maxUnservableNamed)] {
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		owner := "the scope's"
+		if u.Service != (model.Key{}) {
+			owner = "Service " + u.Service.String() + ":"
+		}
+		fmt.Fprintf(&b, "%s %s %s: %s", owner, u.Type, u.Name, u.Reason)
+	}
+	if n := len(held) - maxUnservableNamed; n > 0 {
+		fmt.Fprintf(&b, "; and %d more", n)
+	}
+	return b.String()
 }
 
 // compute returns the status a scope should have, starting from prev; the

@@ -1,6 +1,7 @@
 package status
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -15,6 +16,8 @@ import (
 	"github.com/scopeplane/scopeplane/xds/catalog"
 	"github.com/scopeplane/scopeplane/xds/feedback"
 	"github.com/scopeplane/scopeplane/xds/model"
+	"github.com/scopeplane/scopeplane/xds/snapshot"
+	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
 var now = time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
@@ -24,7 +27,7 @@ var now = time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
 func served(proxies ...*feedback.Proxy) *Inputs {
 	in := &Inputs{
 		Name: "web", Generation: 2, Protocol: model.SotW, Built: true, Version: "v1", Now: now,
-		Resolution: catalog.Resolution{Generation: 2, SelectedServices: 1, Clusters: 1, Endpoints: 3},
+		Resolution: snapshot.Resolution{Resolution: catalog.Resolution{Generation: 2, SelectedServices: 1, Clusters: 1, Endpoints: 3}},
 		Feedback:   feedback.Report{Proxies: map[uint64]*feedback.Proxy{}, Refused: map[string]int64{}, LastRefused: map[string]time.Time{}},
 	}
 	for i, p := range proxies {
@@ -54,7 +57,7 @@ func TestConditions(t *testing.T) {
 			metav1.ConditionFalse, xdsv1alpha1.ReasonNamespaceNotFound, "do not exist: a, b"},
 		{"invalid selector", func() *Inputs {
 			in := served()
-			in.Resolution = catalog.Resolution{Generation: 2, Invalid: "spec.services[1].selector: bad"}
+			in.Resolution = snapshot.Resolution{Resolution: catalog.Resolution{Generation: 2, Invalid: "spec.services[1].selector: bad"}}
 			return in
 		}(), accepted, metav1.ConditionFalse, xdsv1alpha1.ReasonInvalidSelector, "spec.services[1].selector: bad; the scope serves nothing"},
 		{"not built", &Inputs{Generation: 1}, accepted, metav1.ConditionUnknown, xdsv1alpha1.ReasonSnapshotNotBuilt, "generation 1 is not processed"},
@@ -62,7 +65,7 @@ func TestConditions(t *testing.T) {
 			metav1.ConditionUnknown, xdsv1alpha1.ReasonSnapshotNotBuilt, "generation 3"},
 		{"an old rejection does not describe a new generation", func() *Inputs {
 			in := served()
-			in.Resolution = catalog.Resolution{Generation: 1, Invalid: "bad"}
+			in.Resolution = snapshot.Resolution{Resolution: catalog.Resolution{Generation: 1, Invalid: "bad"}}
 			return in
 		}(), accepted, metav1.ConditionUnknown, xdsv1alpha1.ReasonSnapshotNotBuilt, "generation 2"},
 
@@ -72,7 +75,7 @@ func TestConditions(t *testing.T) {
 			metav1.ConditionFalse, xdsv1alpha1.ReasonNotAccepted, "Accepted is False (NoMatchingServices)"},
 		{"rejected is not ready", func() *Inputs {
 			in := served()
-			in.Resolution = catalog.Resolution{Generation: 2, Invalid: "bad"}
+			in.Resolution = snapshot.Resolution{Resolution: catalog.Resolution{Generation: 2, Invalid: "bad"}}
 			return in
 		}(), ready, metav1.ConditionFalse, xdsv1alpha1.ReasonNotAccepted, "InvalidSelector"},
 		{"synced", served(at("v1"), at("v1")), ready, metav1.ConditionTrue, xdsv1alpha1.ReasonSynced, "2 of 2 proxies at version v1"},
@@ -86,6 +89,28 @@ func TestConditions(t *testing.T) {
 			in.Feedback.NACKs = []feedback.NACK{{Node: p.Node, TypeURL: "t", Version: "v1", Detail: "bad route"}}
 			return in
 		}(), first(degraded), metav1.ConditionTrue, xdsv1alpha1.ReasonProxyNACKed, "proxy p- rejected t version v1: bad route"},
+		{"nacked by a proxy whose id is longer than a NACK keeps", func() *Inputs {
+			p := &feedback.Proxy{Node: strings.Repeat("n", 300), Nacked: map[string]bool{"t": true}}
+			in := served(p, at("v1"))
+			in.Feedback.NACKs = []feedback.NACK{{Node: feedback.NodeID(p.Node), TypeURL: "t", Version: "v1", Detail: "bad route"}}
+			return in
+		}(), first(degraded), metav1.ConditionTrue, xdsv1alpha1.ReasonProxyNACKed, "proxy " + strings.Repeat("n", 253) + " rejected t version v1: bad route"},
+		{"unservable resource", unservableScope(1), first(degraded), metav1.ConditionTrue, xdsv1alpha1.ReasonUnservableResource,
+			"1 resources cannot be served and are held back (proxies keep their previous version, if they had one; the rest is served): " +
+				"Service shop/web: EDS shop/web:80: string field contains invalid UTF-8"},
+		{"many unservable resources", unservableScope(maxUnservableNamed + 3), first(degraded), metav1.ConditionTrue, xdsv1alpha1.ReasonUnservableResource,
+			"; and 3 more"},
+		{"a scope-wide unservable resource", func() *Inputs {
+			in := served(at("v1"))
+			in.Resolution.Unservable = []snapshot.Unservable{{Type: xdstype.Route, Name: "http-10080", Reason: "bad"}}
+			return in
+		}(), first(degraded), metav1.ConditionTrue, xdsv1alpha1.ReasonUnservableResource, "the scope's RDS http-10080: bad"},
+		{"a NACK comes first", func() *Inputs {
+			in := nacking()
+			in.Resolution.Unservable = unservableScope(1).Resolution.Unservable
+			return in
+		}(),
+			first(degraded), metav1.ConditionTrue, xdsv1alpha1.ReasonProxyNACKed, "bad route"},
 		{"wrong protocol", func() *Inputs {
 			in := served()
 			in.Protocol = model.Delta
@@ -153,6 +178,19 @@ func TestComputeStampsOnlyWhatIsServed(t *testing.T) {
 	}
 }
 
+// unservableScope is a served scope, every proxy synced, whose Service
+// shop/web has n resources the builder holds back.
+func unservableScope(n int) *Inputs {
+	in := served(at("v1"))
+	for i := range n {
+		in.Resolution.Unservable = append(in.Resolution.Unservable, snapshot.Unservable{
+			Type: xdstype.Endpoint, Name: fmt.Sprintf("shop/web:%d", 80+i), Service: model.Key{Namespace: "shop", Name: "web"},
+			Reason: "string field contains invalid UTF-8",
+		})
+	}
+	return in
+}
+
 // nacking is a served scope with one proxy that rejects its routes.
 func nacking() *Inputs {
 	p := at("")
@@ -180,7 +218,7 @@ func TestKstatus(t *testing.T) {
 		{"a namespace missing (NamespaceNotFound)", func() *Inputs { in := served(); in.Resolution.MissingNamespaces = []string{"x"}; return in }(), kstatus.InProgressStatus},
 		{"invalid selector (InvalidSelector)", func() *Inputs {
 			in := served()
-			in.Resolution = catalog.Resolution{Generation: 2, Invalid: "bad"}
+			in.Resolution = snapshot.Resolution{Resolution: catalog.Resolution{Generation: 2, Invalid: "bad"}}
 			return in
 		}(), kstatus.FailedStatus},
 		{"a proxy rejects (ProxyNACKed)", nacking(), kstatus.FailedStatus},
@@ -189,6 +227,7 @@ func TestKstatus(t *testing.T) {
 			in.Feedback.LastRefused[feedback.RefusedWrongProto] = now
 			return in
 		}(), kstatus.CurrentStatus},
+		{"a resource held back (UnservableResource)", unservableScope(2), kstatus.CurrentStatus},
 		{"bootstrap ConfigMap name taken (BootstrapConfigMapConflict)", func() *Inputs {
 			in := served(at("v1"))
 			in.BootstrapConflict = "taken"

@@ -11,6 +11,7 @@ package status
 
 import (
 	"context"
+	"math"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -139,7 +140,7 @@ func (r *Reconciler) recordTransitions(ps *xdsv1alpha1.ProxyScope, before []meta
 		if bad := c.Status == metav1.ConditionTrue; (c.Type == xdsv1alpha1.ConditionDegraded) == bad && c.Status != metav1.ConditionUnknown {
 			kind = corev1.EventTypeWarning // Degraded=True, or Accepted/Ready=False
 		}
-		r.Recorder.Eventf(ps, nil, kind, c.Reason, c.Type+"="+string(c.Status), "%s", c.Message)
+		r.Recorder.Eventf(ps, nil, kind, c.Reason, c.Type+"="+string(c.Status), "%s", note(c.Message))
 	}
 }
 
@@ -152,8 +153,17 @@ func (r *Reconciler) recordAdvice(ps *xdsv1alpha1.ProxyScope, before *xdsv1alpha
 		(before != nil && before.Recommendation == now.Recommendation) {
 		return
 	}
-	r.Recorder.Eventf(ps, nil, corev1.EventTypeNormal, "ProtocolAdvice"+string(now.Recommendation), "Advise", "%s", now.Advice)
+	r.Recorder.Eventf(ps, nil, corev1.EventTypeNormal, "ProtocolAdvice"+string(now.Recommendation), "Advise", "%s", note(now.Advice))
 }
+
+// maxNote is the API server's limit on an Event's note, in bytes
+// (events.k8s.io/v1); it refuses a longer Event outright.
+const maxNote = 1024
+
+// note is a condition message as an Event can carry it: messages hold what
+// proxies sent (a NACK's node id and error detail), so they are cut to
+// maxNote bytes of valid UTF-8; the full message stays on the condition.
+func note(msg string) string { return feedback.Cut(msg, math.MaxInt, maxNote) }
 
 // routine reports whether a Ready reason is part of every push's cycle.
 func routine(reason string) bool {

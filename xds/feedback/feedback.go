@@ -6,6 +6,7 @@ package feedback
 
 import (
 	"maps"
+	"math"
 	"slices"
 	"sync"
 	"time"
@@ -27,10 +28,9 @@ const (
 // MaxNACKs bounds how many rejections are kept per scope, newest first.
 const MaxNACKs = 10
 
-// maxDetail bounds the error_detail text kept from a proxy.
-const maxDetail = 1024
-
-// NACK is one configuration a proxy rejected.
+// NACK is one configuration a proxy rejected. Its text fields are valid
+// UTF-8 cut to the limits of status.recentNACKs (MaxNodeChars and the rest):
+// Node is the proxy's node id in that form (NodeID).
 type NACK struct {
 	Node    string
 	TypeURL string
@@ -198,7 +198,9 @@ func (t *Tracker) AtVersion(key model.Key, id uint64, version string, observed t
 // same change would have (its blast radius there).
 type HeldBack struct{ Resources, OtherResources int }
 
-// NACKed records that a proxy rejected a version of a type.
+// NACKed records that a proxy rejected a version of a type. What the
+// proxy sent is kept only as the NACK's cut text, whatever its length or
+// encoding.
 func (t *Tracker) NACKed(key model.Key, id uint64, typeURL, version, detail string, held HeldBack) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -210,10 +212,10 @@ func (t *Tracker) NACKed(key model.Key, id uint64, typeURL, version, detail stri
 	p.Nacked[typeURL] = true
 	p.AtVersion = ""
 	metrics.NACKs.WithLabelValues(key.String(), typeURL).Inc()
-	if len(detail) > maxDetail {
-		detail = detail[:maxDetail]
+	n := NACK{
+		Node: NodeID(p.Node), TypeURL: Cut(typeURL, MaxTypeURLChars, math.MaxInt), Version: Cut(version, MaxVersionChars, math.MaxInt),
+		Detail: Cut(detail, MaxDetailChars, math.MaxInt), Time: t.now(),
 	}
-	n := NACK{Node: p.Node, TypeURL: typeURL, Version: version, Detail: detail, Time: t.now()}
 	p.LastNACK[typeURL] = n
 	c := Cost{NACKs: 1, HeldBack: int64(held.Resources), OtherHeldBack: int64(held.OtherResources)}
 	s.cost.at(n.Time).add(&c)

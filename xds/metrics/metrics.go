@@ -104,6 +104,13 @@ var (
 		Buckets: prometheus.ExponentialBuckets(0.00001, 4, 12),
 	})
 
+	// UnservableResources counts resources the snapshot builder held back
+	// because they cannot be marshalled or fail Envoy's validation.
+	UnservableResources = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "scopeplane_snapshot_unservable_resources_total",
+		Help: "Resources held back from a scope's snapshot because they cannot be marshalled or fail Envoy's validation, by type; once per scope and change.",
+	}, []string{"type"})
+
 	// ScopeCondition mirrors each ProxyScope's conditions as the leader
 	// writes them, so that alerts can say how long a scope has not been Ready.
 	ScopeCondition = prometheus.NewGaugeVec(prometheus.GaugeOpts{
@@ -132,5 +139,5 @@ func SetBuildInfo(version string) {
 
 func init() {
 	ctrlmetrics.Registry.MustRegister(ConnectedProxies, Pushes, ResourcesSent, BytesSent, OtherProtocolBytes,
-		ConnectBytes, ConnectOtherProtocolBytes, HeldBack, OtherProtocolHeldBack, NACKs, Refusals, Convergence, Translation, SnapshotBuild, ScopeCondition, BuildInfo, GRPC)
+		ConnectBytes, ConnectOtherProtocolBytes, HeldBack, OtherProtocolHeldBack, NACKs, Refusals, Convergence, Translation, SnapshotBuild, UnservableResources, ScopeCondition, BuildInfo, GRPC)
 }

@@ -1,6 +1,7 @@
 package snapshot
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"encoding/hex"
@@ -8,6 +9,7 @@ import (
 	"maps"
 	"reflect"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -19,6 +21,7 @@ import (
 	"github.com/scopeplane/scopeplane/xds/keyset"
 	"github.com/scopeplane/scopeplane/xds/metrics"
 	"github.com/scopeplane/scopeplane/xds/model"
+	"github.com/scopeplane/scopeplane/xds/translate"
 	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
@@ -151,12 +154,14 @@ func (b *Builder) applyScope(u *catalog.Update, observed time.Time) {
 
 	// Marshal outside the scope's lock: streams keep reading meanwhile.
 	var upserts [xdstype.Count][]marshalled
+	var bad []Unservable
 	for t := range xdstype.Count {
 		for name, msg := range u.Upserted[t] {
-			value, err := proto.MarshalOptions{Deterministic: true}.Marshal(msg)
+			value, err := servable(msg)
 			if err != nil {
-				// Translated resources are always marshallable; a failure
-				// here is a bug, and serving the old version is safest.
+				svc, _ := translate.ServiceOf(t, name)
+				bad = append(bad, Unservable{Type: t, Name: name, Service: svc, Reason: cutReason(err.Error())})
+				metrics.UnservableResources.WithLabelValues(t.URL()).Inc()
 				continue
 			}
 			upserts[t] = append(upserts[t], marshalled{name: name, body: &anypb.Any{TypeUrl: t.URL(), Value: value}, hash: hash64(value)})
@@ -165,6 +170,7 @@ func (b *Builder) applyScope(u *catalog.Update, observed time.Time) {
 
 	sc.mu.Lock()
 	defer sc.mu.Unlock()
+	sc.recordUnservable(u, upserts, bad)
 	specChanged := !reflect.DeepEqual(sc.spec, u.Scope)
 	sc.spec = u.Scope
 	sc.resolution = u.Resolution
@@ -249,6 +255,62 @@ func (b *Builder) applyScope(u *catalog.Update, observed time.Time) {
 	sc.log = append(sc.log, changes...)
 	sc.trimLogLocked()
 	sc.wakeLocked()
+}
+
+// servable marshals a resource as it is served, after Envoy's validation
+// rules (generated into go-control-plane) accepted it: what fails either
+// would be rejected by every proxy, or could not be sent at all.
+func servable(msg proto.Message) ([]byte, error) {
+	if v, ok := msg.(interface{ ValidateAll() error }); ok {
+		if err := v.ValidateAll(); err != nil {
+			return nil, err
+		}
+	}
+	return proto.MarshalOptions{Deterministic: true}.Marshal(msg)
+}
+
+// maxReason bounds the error kept for an unservable resource: a
+// validation error lists every violation, and may quote the bad value.
+const maxReason = 512
+
+func cutReason(r string) string {
+	if len(r) > maxReason {
+		r = r[:maxReason-len("…")] + "…"
+	}
+	return strings.ToValidUTF8(r, "")
+}
+
+// recordUnservable updates, under the scope's lock, which resources are
+// held back: the ones that failed now are; one servable now, removed, or
+// gone from a reset scope is not any more.
+func (s *Snapshot) recordUnservable(u *catalog.Update, upserts [xdstype.Count][]marshalled, bad []Unservable) {
+	if len(bad) == 0 && len(s.unservable) == 0 {
+		return
+	}
+	before := len(s.unservable)
+	changed := len(bad) > 0
+	for k := range s.unservable {
+		_, upserted := u.Upserted[k.typ][k.name]
+		if (u.Reset && !upserted) || slices.Contains(u.Removed[k.typ], k.name) {
+			delete(s.unservable, k)
+		}
+	}
+	for t := range xdstype.Count {
+		for _, m := range upserts[t] {
+			delete(s.unservable, typedName{t, m.name})
+		}
+	}
+	for _, b := range bad {
+		s.unservable[typedName{b.Type, b.Name}] = b
+	}
+	if !changed && len(s.unservable) == before {
+		return
+	}
+	list := slices.Collect(maps.Values(s.unservable))
+	slices.SortFunc(list, func(a, b Unservable) int {
+		return cmp.Or(cmp.Compare(a.Type, b.Type), strings.Compare(a.Name, b.Name))
+	})
+	s.unservableList = list
 }
 
 // trimLogLocked keeps the change log at most about twice the size of the

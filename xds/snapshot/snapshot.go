@@ -64,10 +64,15 @@ type Snapshot struct {
 	logBase    uint64 // the log holds every change with a revision > logBase
 	wake       chan struct{}
 	deleted    bool
+
+	// unservable holds the resources whose latest content is held back;
+	// unservableList is the same, sorted, as View.Resolution hands it out.
+	unservable     map[typedName]Unservable
+	unservableList []Unservable
 }
 
 func newSnapshot(key model.Key) *Snapshot {
-	s := &Snapshot{Key: key, wake: make(chan struct{})}
+	s := &Snapshot{Key: key, wake: make(chan struct{}), unservable: map[typedName]Unservable{}}
 	for t := range s.types {
 		s.types[t].res = map[string]*Resource{}
 		s.types[t].version = emptyVersion
@@ -97,8 +102,40 @@ func (v View) Spec() *model.Scope {
 }
 
 // Resolution is what the served spec resolved to (generation, counts,
-// missing namespaces, or why the spec was rejected), for the status.
-func (v View) Resolution() catalog.Resolution { return v.s.resolution }
+// missing namespaces, or why the spec was rejected) and what of it the
+// builder holds back, for the status.
+func (v View) Resolution() Resolution {
+	return Resolution{Resolution: v.s.resolution, Unservable: v.s.unservableList}
+}
+
+// Resolution is the record a scope's status is computed from: the catalog's
+// record of what the spec resolved to, and the resources the builder could
+// not serve.
+type Resolution struct {
+	catalog.Resolution
+	// Unservable lists the resources whose latest content is held back,
+	// sorted by type and name; shared and read-only.
+	Unservable []Unservable
+}
+
+// Unservable is a resource whose latest content cannot be marshalled or
+// fails Envoy's validation. It is held back alone: the scope keeps serving
+// its previous version (none if it never had a servable one), and every
+// other resource, of its Service too, keeps flowing.
+type Unservable struct {
+	Type xdstype.Type
+	Name string
+	// Service is the Service the resource was translated from; zero for a
+	// scope-wide resource (an Envoy-mode listener or route configuration).
+	Service model.Key
+	// Reason is the marshalling or validation error, cut to maxReason bytes.
+	Reason string
+}
+
+type typedName struct {
+	typ  xdstype.Type
+	name string
+}
 
 // Wake returns a channel that is closed when the scope changes after this
 // view (a new revision, a spec change, or deletion). Taking it from the same
