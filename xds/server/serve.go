@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"fmt"
+	"math"
 	"net"
 	"time"
 
@@ -36,7 +37,7 @@ func GRPCOptions(opts Options) []grpc.ServerOption {
 	return []grpc.ServerOption{
 		grpc.ChainStreamInterceptor(metrics.GRPC.StreamServerInterceptor()),
 		grpc.MaxRecvMsgSize(opts.MaxRequestBytes),
-		grpc.MaxConcurrentStreams(opts.MaxStreamsPerConnection),
+		grpc.MaxConcurrentStreams(uint32(min(opts.MaxStreamsPerConnection, math.MaxUint32))),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
 	}

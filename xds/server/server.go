@@ -23,11 +23,11 @@ import (
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"golang.org/x/time/rate"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
-	"golang.org/x/time/rate"
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/scopeplane/scopeplane/xds/clip"
@@ -52,7 +52,7 @@ type Options struct {
 	ExtraNamesPerType int
 	// MaxStreamsPerConnection is HTTP/2's MaxConcurrentStreams; grpc-go's
 	// protection against rapid reset depends on it being set.
-	MaxStreamsPerConnection uint32
+	MaxStreamsPerConnection int
 	// FirstRequestTimeout ends a stream that sent no request by then.
 	FirstRequestTimeout time.Duration
 	// MaxNodeBytes bounds the node (serialized) and MaxNodeIDBytes its id:
@@ -97,7 +97,7 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
-func orDefault[T int | uint32 | float64 | time.Duration](v, d T) T {
+func orDefault[T int | float64 | time.Duration](v, d T) T {
 	if v <= 0 {
 		return d
 	}
