@@ -370,7 +370,7 @@ func serve[Req request](s *Server, p model.Protocol, srv interface {
 		return err
 	}
 	ctx := srv.Context()
-	reqs, errc := recv(ctx, srv)
+	reqs, errc := recv(ctx, srv, s.countRecvError)
 	var first Req
 	silent := time.NewTimer(s.opts.FirstRequestTimeout)
 	select {
@@ -378,7 +378,7 @@ func serve[Req request](s *Server, p model.Protocol, srv interface {
 		silent.Stop()
 	case err := <-errc:
 		silent.Stop()
-		return s.endOf(model.Key{}, err)
+		return endOf(err)
 	case <-silent.C:
 		s.fb.Refuse(model.Key{}, RefusedSilent)
 		return status.Errorf(codes.DeadlineExceeded,
@@ -414,7 +414,7 @@ func serve[Req request](s *Server, p model.Protocol, srv interface {
 		case <-st.wake:
 			err = h.push()
 		case err := <-errc:
-			return s.endOf(key, err)
+			return endOf(err)
 		case <-ctx.Done():
 			return nil
 		case <-s.drain:
@@ -426,37 +426,37 @@ func serve[Req request](s *Server, p model.Protocol, srv interface {
 	}
 }
 
-// endOf turns how a request stream ended into the handler's result. A
-// request gRPC could not take (too large, or not a valid message) ends the
-// stream with a status that names the limit or the fault, counted as a
-// refusal of the scope the stream was bound to, if any.
-func (s *Server) endOf(key model.Key, err error) error {
-	if errors.Is(err, io.EOF) {
+// endOf turns how a request stream ended into the handler's result.
+func endOf(err error) error {
+	if errors.Is(err, io.EOF) || status.Code(err) == codes.Canceled {
 		return nil
-	}
-	switch status.Code(err) {
-	case codes.Canceled:
-		return nil
-	case codes.ResourceExhausted:
-		s.fb.Refuse(key, RefusedRequestTooLarge)
-		return status.Errorf(codes.ResourceExhausted,
-			"a request exceeds %d bytes (--xds-max-request-bytes): subscribe with fewer or shorter names per request", s.opts.MaxRequestBytes)
-	case codes.Internal:
-		s.fb.Refuse(key, RefusedMalformed)
-		return status.Error(codes.InvalidArgument,
-			"a request is not a valid xDS DiscoveryRequest (DeltaDiscoveryRequest on the delta stream) protobuf message")
 	}
 	return err
 }
 
+// countRecvError counts a request gRPC refused to take as a refusal: one
+// larger than MaxRequestBytes (ResourceExhausted), or one that is not a
+// valid message (Internal). gRPC has answered the stream itself by then,
+// with a status that gives the size and the limit or the parse error; the
+// counter is what is left to do.
+func (s *Server) countRecvError(err error) {
+	switch status.Code(err) {
+	case codes.ResourceExhausted:
+		s.fb.Refuse(model.Key{}, RefusedRequestTooLarge)
+	case codes.Internal:
+		s.fb.Refuse(model.Key{}, RefusedMalformed)
+	}
+}
+
 // recv reads requests into a channel so the stream loop can also wait for
 // scope changes; the error channel receives how the stream ended.
-func recv[T any](ctx context.Context, stream interface{ Recv() (T, error) }) (<-chan T, <-chan error) {
+func recv[T any](ctx context.Context, stream interface{ Recv() (T, error) }, onErr func(error)) (<-chan T, <-chan error) {
 	reqs, errc := make(chan T), make(chan error, 1)
 	go func() {
 		for {
 			r, err := stream.Recv()
 			if err != nil {
+				onErr(err)
 				errc <- err
 				return
 			}
