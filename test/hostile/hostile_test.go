@@ -17,6 +17,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
@@ -229,8 +230,11 @@ func parallel(n, width int, fn func(i int)) {
 }
 
 type row struct {
-	name   string
+	name string
+	// want is the code the attack's streams end with, and says what their
+	// status message contains.
 	want   codes.Code
+	says   string
 	reason string // counted refusal reason, if any
 	count  int    // streams it must count
 	attack func(ctx context.Context, t *testing.T, p *plane, conn *grpc.ClientConn, o *outcome)
@@ -277,6 +281,9 @@ func TestHostileClients(t *testing.T) {
 				t.Errorf("the attack's streams ended with %s, want only %s; messages: %q", o.String(), r.want, o.msgs)
 			}
 			for _, m := range o.msgs {
+				if !strings.Contains(m, r.says) {
+					t.Errorf("a refusal message does not say %q: %.300q", r.says, m)
+				}
 				if len(m) > 1024 {
 					t.Errorf("a refusal message is %d bytes long: %.200q…", len(m), m)
 				}
@@ -297,7 +304,7 @@ func TestHostileClients(t *testing.T) {
 
 func rows() []row {
 	return []row{
-		{name: "delta stream, 100k new names per request", want: codes.ResourceExhausted, reason: server.RefusedTooManyNames, count: 1,
+		{name: "delta stream, 100k new names per request", says: "--xds-extra-names-per-type", want: codes.ResourceExhausted, reason: server.RefusedTooManyNames, count: 1,
 			attack: func(ctx context.Context, t *testing.T, p *plane, conn *grpc.ClientConn, o *outcome) {
 				s, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).DeltaAggregatedResources(ctx)
 				if err != nil {
@@ -323,7 +330,7 @@ func rows() []row {
 					}
 				}
 			}},
-		{name: "3 SotW streams, 4 types × 100k names of 300 B", want: codes.ResourceExhausted, reason: server.RefusedRequestTooLarge, count: 3,
+		{name: "3 SotW streams, 4 types × 100k names of 300 B", says: "larger than max", want: codes.ResourceExhausted, reason: server.RefusedRequestTooLarge, count: 3,
 			attack: func(ctx context.Context, t *testing.T, p *plane, conn *grpc.ClientConn, o *outcome) {
 				names := make([]string, 100_000)
 				pad := strings.Repeat("x", 290)
@@ -338,28 +345,28 @@ func rows() []row {
 					o.add(sotwOnce(ctx, conn, reqs...))
 				})
 			}},
-		{name: "10 streams with a 3 MiB node.id", want: codes.InvalidArgument, reason: server.RefusedNodeTooLarge, count: 10,
+		{name: "10 streams with a 3 MiB node.id", says: "--xds-max-node-id-bytes", want: codes.InvalidArgument, reason: server.RefusedNodeTooLarge, count: 10,
 			attack: func(ctx context.Context, t *testing.T, p *plane, conn *grpc.ClientConn, o *outcome) {
 				id := strings.Repeat("n", 3<<20)
 				parallel(10, 10, func(int) {
 					o.add(sotwOnce(ctx, conn, &discoveryv3.DiscoveryRequest{Node: node(id, "default/sotw"), TypeUrl: xdstype.Cluster.URL()}))
 				})
 			}},
-		{name: "8 concurrent 3 MiB scope values", want: codes.InvalidArgument, reason: server.RefusedNodeTooLarge, count: 8,
+		{name: "8 concurrent 3 MiB scope values", says: "--xds-max-node-bytes", want: codes.InvalidArgument, reason: server.RefusedNodeTooLarge, count: 8,
 			attack: func(ctx context.Context, t *testing.T, p *plane, conn *grpc.ClientConn, o *outcome) {
 				value := strings.Repeat("Ä", 3<<19)
 				parallel(8, 8, func(int) {
 					o.add(sotwOnce(ctx, conn, &discoveryv3.DiscoveryRequest{Node: scopeNode("huge", value), TypeUrl: xdstype.Cluster.URL()}))
 				})
 			}},
-		{name: "8 concurrent 60 KiB invalid scope values", want: codes.InvalidArgument, reason: feedback.RefusedNoScope, count: 8,
+		{name: "8 concurrent 60 KiB invalid scope values", says: "is not \"<namespace>/<name>\"", want: codes.InvalidArgument, reason: feedback.RefusedNoScope, count: 8,
 			attack: func(ctx context.Context, t *testing.T, p *plane, conn *grpc.ClientConn, o *outcome) {
 				value := "default/" + strings.Repeat("Ä", 30<<10)
 				parallel(8, 8, func(int) {
 					o.add(sotwOnce(ctx, conn, &discoveryv3.DiscoveryRequest{Node: scopeNode("odd", value), TypeUrl: xdstype.Cluster.URL()}))
 				})
 			}},
-		{name: "2,000 streams that never send", want: codes.DeadlineExceeded, reason: server.RefusedSilent, count: 2000,
+		{name: "2,000 streams that never send", says: "--xds-first-request-timeout", want: codes.DeadlineExceeded, reason: server.RefusedSilent, count: 2000,
 			attack: func(ctx context.Context, t *testing.T, p *plane, conn *grpc.ClientConn, o *outcome) {
 				// 100 streams per connection is the server's limit.
 				conns := make([]*grpc.ClientConn, 20)
@@ -371,7 +378,7 @@ func rows() []row {
 					_ = c.Close()
 				}
 			}},
-		{name: "1,000 probes of unknown scopes", want: codes.NotFound, reason: feedback.RefusedUnknownScope, count: 1000,
+		{name: "1,000 probes of unknown scopes", says: "which does not exist", want: codes.NotFound, reason: feedback.RefusedUnknownScope, count: 1000,
 			attack: func(ctx context.Context, t *testing.T, p *plane, conn *grpc.ClientConn, o *outcome) {
 				scopes := len(p.Feedback.Connected())
 				long := strings.Repeat("p", 240)
@@ -392,7 +399,7 @@ func rows() []row {
 					}
 				}
 			}},
-		{name: "garbage protobuf", want: codes.Internal, reason: server.RefusedMalformed, count: 1,
+		{name: "garbage protobuf", says: "failed to unmarshal", want: codes.Internal, reason: server.RefusedMalformed, count: 1,
 			attack: func(ctx context.Context, t *testing.T, p *plane, conn *grpc.ClientConn, o *outcome) {
 				s, err := conn.NewStream(ctx, &grpc.StreamDesc{ClientStreams: true, ServerStreams: true},
 					"/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources", grpc.ForceCodecV2(rawCodec{}))
@@ -493,7 +500,29 @@ func scopeNode(id, value string) *corev3.Node {
 // then (practically) none: the fourth is refused with ResourceExhausted
 // naming the flags, before anything of it is read.
 func TestNewStreamsArePaced(t *testing.T) {
-	p := pipeline.New(pipeline.Options{Server: server.Options{NewStreamsPerSecond: 1e-6, NewStreamsBurst: 3}})
+	_, conn := small(t, server.Options{NewStreamsPerSecond: 1e-6, NewStreamsBurst: 3})
+	req := &discoveryv3.DiscoveryRequest{Node: node("n", "default/none"), TypeUrl: xdstype.Cluster.URL()}
+	counted := refusals(server.RefusedPaced)
+	for i := range 3 {
+		if err := sotwOnce(context.Background(), conn, req); status.Code(err) != codes.NotFound {
+			t.Fatalf("stream %d within the burst ended with %v, want NotFound (no such scope)", i+1, err)
+		}
+	}
+	err := sotwOnce(context.Background(), conn, req)
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "--xds-new-streams-per-second") {
+		t.Fatalf("the stream beyond the burst ended with %v, want ResourceExhausted naming the pace", err)
+	}
+	if got := refusals(server.RefusedPaced) - counted; got != 1 {
+		t.Errorf("scopeplane_xds_refusals_total{reason=\"Paced\"} rose by %v, want 1", got)
+	}
+}
+
+// small serves a one-Service world, scope default/sotw, with opts.
+func small(t *testing.T, opts server.Options) (*pipeline.Pipeline, *grpc.ClientConn) {
+	t.Helper()
+	p := pipeline.New(pipeline.Options{Server: opts})
+	p.Catalog.UpsertService(testkit.Service("default", "one", "10.0.0.1"))
+	p.Catalog.UpsertScope(scope("sotw", model.SotW))
 	p.Sync()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -507,19 +536,41 @@ func TestNewStreamsArePaced(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _ = conn.Close() }()
-	req := &discoveryv3.DiscoveryRequest{Node: node("n", "default/none"), TypeUrl: xdstype.Cluster.URL()}
-	counted := refusals(server.RefusedPaced)
-	for i := range 3 {
-		if err := sotwOnce(context.Background(), conn, req); status.Code(err) != codes.NotFound {
-			t.Fatalf("stream %d within the burst ended with %v, want NotFound (no such scope)", i+1, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	return p, conn
+}
+
+// TestKeptNodeTextIsCut connects a proxy whose node cluster and user
+// agent are long, within the node limit: the stream is served, and what is
+// kept of them for its life is cut to 256 bytes each, on a rune boundary.
+// (Text that is not UTF-8 never gets this far: gRPC's protobuf decoding
+// refuses it.)
+func TestKeptNodeTextIsCut(t *testing.T) {
+	p, conn := small(t, server.Options{})
+	long := strings.Repeat("aé", 5000)
+	n := testkit.Node("long-node", "default/sotw")
+	n.Cluster, n.UserAgentName = long, long
+	n.UserAgentVersionType = &corev3.Node_UserAgentVersion{UserAgentVersion: long}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	s, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Send(&discoveryv3.DiscoveryRequest{Node: n, TypeUrl: xdstype.Cluster.URL()}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Recv(); err != nil {
+		t.Fatalf("a node with a long cluster and user agent was refused: %v", err)
+	}
+	r := p.Feedback.Get(model.Key{Namespace: "default", Name: "sotw"})
+	if len(r.Proxies) != 1 {
+		t.Fatalf("%d proxies connected, want 1", len(r.Proxies))
+	}
+	for _, px := range r.Proxies {
+		if len(px.Cluster) > 256 || len(px.UserAgent) > 2*256+1 || !utf8.ValidString(px.Cluster) || !utf8.ValidString(px.UserAgent) {
+			t.Errorf("kept cluster of %d bytes, user agent of %d bytes (valid UTF-8: %v, %v)",
+				len(px.Cluster), len(px.UserAgent), utf8.ValidString(px.Cluster), utf8.ValidString(px.UserAgent))
 		}
-	}
-	err = sotwOnce(context.Background(), conn, req)
-	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "--xds-new-streams-per-second") {
-		t.Fatalf("the stream beyond the burst ended with %v, want ResourceExhausted naming the pace", err)
-	}
-	if got := refusals(server.RefusedPaced) - counted; got != 1 {
-		t.Errorf("scopeplane_xds_refusals_total{reason=\"Paced\"} rose by %v, want 1", got)
 	}
 }
