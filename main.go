@@ -22,6 +22,7 @@ import (
 	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
 	"github.com/scopeplane/scopeplane/internal/controlplane"
 	"github.com/scopeplane/scopeplane/xds/metrics"
+	"github.com/scopeplane/scopeplane/xds/server"
 )
 
 // version is the binary's version, set at build time from the Helm chart's
@@ -43,6 +44,7 @@ type config struct {
 	adminAddr     string
 	pprofAddr     string
 	showVersion   bool
+	limits        server.Options
 	zap           zap.Options
 }
 
@@ -63,11 +65,27 @@ func bindFlags(fs *flag.FlagSet) *config {
 	fs.StringVar(&c.adminAddr, "admin-bind-address", "127.0.0.1:18001", "Loopback address of the admin gRPC service: Envoy's Client Status Discovery Service (proxy status and config dumps, what kubectl scopeplane reads through port-forward); empty disables it.")
 	fs.StringVar(&c.pprofAddr, "pprof-bind-address", "", "Address net/http/pprof binds to; empty (the default) disables it.")
 	fs.BoolVar(&c.showVersion, "version", false, "Print the version and exit.")
+	bindLimits(fs, &c.limits)
 	c.zap.BindFlags(fs)
 	// --kubeconfig, which controller-runtime registers on the command line
 	// itself (a no-op there), so that the reference lists it too.
 	clientconfig.RegisterFlags(fs)
 	return c
+}
+
+// bindLimits defines the flags of the per-client limits of the ADS server;
+// docs/troubleshooting.md gives the reason for each default.
+func bindLimits(fs *flag.FlagSet, o *server.Options) {
+	d := server.DefaultOptions
+	fs.IntVar(&o.MaxRequestBytes, "xds-max-request-bytes", d.MaxRequestBytes, "Largest ADS request accepted, in bytes; a larger one ends the stream with ResourceExhausted.")
+	fs.IntVar(&o.MaxNamesPerRequest, "xds-max-names-per-request", d.MaxNamesPerRequest, "Most resource names (subscribed, unsubscribed or claimed) one ADS request may carry.")
+	fs.IntVar(&o.ExtraNamesPerType, "xds-extra-names-per-type", d.ExtraNamesPerType, "How many names a stream may subscribe to per type beyond what its scope serves of that type.")
+	fs.IntVar(&o.MaxStreamsPerConnection, "xds-max-streams-per-connection", d.MaxStreamsPerConnection, "HTTP/2 MaxConcurrentStreams of the xDS server: ADS streams one connection may have open at once.")
+	fs.DurationVar(&o.FirstRequestTimeout, "xds-first-request-timeout", d.FirstRequestTimeout, "How long a new ADS stream may stay silent before its first request; then it ends with DeadlineExceeded.")
+	fs.IntVar(&o.MaxNodeBytes, "xds-max-node-bytes", d.MaxNodeBytes, "Largest xDS node (serialized, metadata included) a stream may present, in bytes.")
+	fs.IntVar(&o.MaxNodeIDBytes, "xds-max-node-id-bytes", d.MaxNodeIDBytes, "Longest node.id a stream may present, in bytes.")
+	fs.Float64Var(&o.NewStreamsPerSecond, "xds-new-streams-per-second", d.NewStreamsPerSecond, "New ADS streams this replica accepts per second, from all clients; beyond it (and the burst) streams are refused with ResourceExhausted.")
+	fs.IntVar(&o.NewStreamsBurst, "xds-new-streams-burst", d.NewStreamsBurst, "New ADS streams this replica accepts at once above the per-second pace (every proxy reconnecting after a restart).")
 }
 
 func main() {
@@ -124,7 +142,7 @@ func main() {
 	ctx := ctrl.SetupSignalHandler()
 	if _, err := controlplane.Setup(ctx, mgr, controlplane.Options{
 		XDSAddress: c.xdsAddr, XDSServerAddress: c.xdsServer, CoalesceWindow: c.window, AdminAddress: c.adminAddr,
-		CostBucket: c.costBucket, NoBootstrapConfigMaps: !c.bootstrapCMs,
+		CostBucket: c.costBucket, NoBootstrapConfigMaps: !c.bootstrapCMs, Server: c.limits,
 	}); err != nil {
 		log.Error(err, "setting up the control plane")
 		os.Exit(1)

@@ -377,7 +377,7 @@ func (b *baselineCP) Apply(Change) {
 func (b *baselineCP) Serve(ctx context.Context, lis net.Listener) error {
 	cb := baselineCallbacks{b}
 	srv := &baselineADS{sotw: sotwv3.NewServer(ctx, b.cache, cb), delta: deltav3.NewServer(ctx, b.cache, cb)}
-	g := grpc.NewServer(server.GRPCOptions()...)
+	g := grpc.NewServer(server.GRPCOptions(server.DefaultOptions)...)
 	discoveryv3.RegisterAggregatedDiscoveryServiceServer(g, srv)
 	return server.ServeUntil(ctx, g, lis, g.Stop)
 }

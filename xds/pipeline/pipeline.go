@@ -45,7 +45,7 @@ type Pipeline struct {
 func New(opts Options) *Pipeline {
 	p := &Pipeline{Catalog: catalog.New(), Store: snapshot.NewStore(), Feedback: feedback.New(opts.CostBucket)}
 	p.Builder = snapshot.NewBuilder(p.Catalog, p.Store, opts.CoalesceWindow)
-	p.Server = server.New(p.Store, p.Feedback, opts.Server)
+	p.Server = server.New(p.Store, p.Feedback, p.Builder.Built(), opts.Server)
 	p.Status = csds.New(p.Store, p.Feedback)
 	return p
 }
@@ -59,5 +59,6 @@ func (p *Pipeline) Run(ctx context.Context, synced <-chan struct{}) error {
 
 // Sync versions every change recorded so far, at once: the store is
 // current when it returns. Tests use it instead of Run to know when a change
-// is served.
-func (p *Pipeline) Sync() { p.Builder.Apply(p.Catalog.Take()) }
+// is served; what the catalog holds then is the whole world, so the first
+// Sync makes the server ready.
+func (p *Pipeline) Sync() { p.Builder.ApplyWhole(p.Catalog.Take()) }

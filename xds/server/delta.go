@@ -70,7 +70,10 @@ func (st *delta) handle(req *discoveryv3.DeltaDiscoveryRequest) error {
 		st.answer(ts, nonce, req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil)
 	}
 	first := !ts.requested
-	candidates, newlyWildcard := st.resubscribe(ts, req, first)
+	candidates, newlyWildcard, err := st.resubscribe(ts, req, first)
+	if err != nil {
+		return err
+	}
 	if len(candidates) == 0 && !newlyWildcard && !first {
 		st.reportSynced(st.settled)
 		return nil
@@ -133,8 +136,11 @@ func (st *delta) answer(ts *deltaType, nonce, detail string, nack bool) {
 // resubscribe applies a request's subscription changes and, on the first
 // request of the type, the versions the proxy declares it holds. It returns
 // the names to compare with the scope, and whether the type just became a
-// wildcard subscription (every resource is then a candidate).
-func (st *delta) resubscribe(ts *deltaType, req *discoveryv3.DeltaDiscoveryRequest, first bool) (candidates []string, newlyWildcard bool) {
+// wildcard subscription (every resource is then a candidate). Subscribing
+// to more than the scope serves plus the allowed extra ends the stream; the
+// versions a reconnecting proxy claims do not count, so a proxy whose scope
+// shrank while it was away is sent the removals instead of being refused.
+func (st *delta) resubscribe(ts *deltaType, req *discoveryv3.DeltaDiscoveryRequest, first bool) (candidates []string, newlyWildcard bool, err error) {
 	ts.requested = true
 	if first {
 		st.sc.Read(func(v snapshot.View) {
@@ -175,6 +181,11 @@ func (st *delta) resubscribe(ts *deltaType, req *discoveryv3.DeltaDiscoveryReque
 			removed = append(removed, n)
 		}
 	}
+	if len(added) > 0 {
+		if err := st.checkSubscribed(ts.t, len(ts.names)); err != nil {
+			return nil, false, err
+		}
+	}
 	// A first request's legacy wildcard counts as a wildcard from nothing.
 	st.asked(ts.t, added, removed, wasWildcard && !first, ts.wildcard)
 	if len(req.GetResourceNamesUnsubscribe()) > 0 || (first && !ts.wildcard) {
@@ -182,7 +193,7 @@ func (st *delta) resubscribe(ts *deltaType, req *discoveryv3.DeltaDiscoveryReque
 		// an ACK must not cost a pass over everything the proxy holds.
 		ts.forgetUnsubscribed()
 	}
-	return candidates, ts.wildcard && (first || !wasWildcard)
+	return candidates, ts.wildcard && (first || !wasWildcard), nil
 }
 
 // diff adds to resp what the proxy needs for one name: the resource when it

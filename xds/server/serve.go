@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"fmt"
+	"math"
 	"net"
 	"time"
 
@@ -14,29 +15,29 @@ import (
 	"github.com/scopeplane/scopeplane/xds/metrics"
 )
 
-// MaxRecvMsgSize bounds one request from a proxy. A reconnecting delta proxy
-// lists every resource it holds in initial_resource_versions, which passes
-// gRPC's 4 MiB default for large scopes, so the bound is higher.
-const MaxRecvMsgSize = 32 << 20
-
 // GRPCServer returns a gRPC server with the ADS service registered and the
-// limits a public control plane needs: keepalive pings are enforced (a proxy
-// pinging more than every 10 seconds is disconnected), dead connections are
-// detected, and requests are bounded in size.
+// limits a public control plane needs (GRPCOptions).
 func (s *Server) GRPCServer(extra ...grpc.ServerOption) *grpc.Server {
-	g := grpc.NewServer(append(GRPCOptions(), extra...)...)
+	g := grpc.NewServer(append(GRPCOptions(s.opts), extra...)...)
 	s.Register(g)
 	metrics.GRPC.InitializeMetrics(g)
 	return g
 }
 
-// GRPCOptions are the transport limits and the gRPC metrics interceptor
-// GRPCServer applies; the benchmark gives its baseline the same, so neither
-// wins by transport settings or saved bookkeeping.
-func GRPCOptions() []grpc.ServerOption {
+// GRPCOptions are the transport limits of opts (zero fields take the
+// defaults) and the gRPC metrics interceptor GRPCServer applies: keepalive
+// pings are enforced (a proxy pinging more than every 10 seconds is
+// disconnected), dead connections are detected, requests are bounded in
+// size, and so are the streams of one connection (grpc-go's rapid-reset
+// protection runs at most that many handlers per connection). The
+// benchmark gives its baseline the same, so neither wins by transport
+// settings or saved bookkeeping.
+func GRPCOptions(opts Options) []grpc.ServerOption {
+	opts = opts.withDefaults()
 	return []grpc.ServerOption{
 		grpc.ChainStreamInterceptor(metrics.GRPC.StreamServerInterceptor()),
-		grpc.MaxRecvMsgSize(MaxRecvMsgSize),
+		grpc.MaxRecvMsgSize(opts.MaxRequestBytes),
+		grpc.MaxConcurrentStreams(uint32(min(opts.MaxStreamsPerConnection, math.MaxUint32))),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
 	}

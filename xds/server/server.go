@@ -23,44 +23,110 @@ import (
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"golang.org/x/time/rate"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"k8s.io/apimachinery/pkg/util/validation"
 
+	"github.com/scopeplane/scopeplane/xds/clip"
 	"github.com/scopeplane/scopeplane/xds/feedback"
 	"github.com/scopeplane/scopeplane/xds/model"
 	"github.com/scopeplane/scopeplane/xds/snapshot"
 	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
-// Options bound what one proxy can make the server do.
+// Options bound what one proxy can make the server do. A zero field takes
+// its value from DefaultOptions; docs/troubleshooting.md gives the reason
+// for each default.
 type Options struct {
+	// MaxRequestBytes bounds one request message (gRPC's MaxRecvMsgSize).
+	MaxRequestBytes int
 	// MaxNamesPerRequest bounds the resource names (subscribed, unsubscribed
 	// or claimed in initial_resource_versions) one request may carry.
 	MaxNamesPerRequest int
+	// ExtraNamesPerType is how many names a stream may subscribe to per
+	// type beyond what its scope serves of that type: room for names that
+	// do not exist yet, never room to grow without bound.
+	ExtraNamesPerType int
+	// MaxStreamsPerConnection is HTTP/2's MaxConcurrentStreams; grpc-go's
+	// protection against rapid reset depends on it being set.
+	MaxStreamsPerConnection int
+	// FirstRequestTimeout ends a stream that sent no request by then.
+	FirstRequestTimeout time.Duration
+	// MaxNodeBytes bounds the node (serialized) and MaxNodeIDBytes its id:
+	// both are kept for the stream's life.
+	MaxNodeBytes   int
+	MaxNodeIDBytes int
+	// NewStreamsPerSecond and NewStreamsBurst pace the streams this
+	// replica accepts, whoever opens them.
+	NewStreamsPerSecond float64
+	NewStreamsBurst     int
 }
 
 // DefaultOptions are the limits used when an Options field is zero.
-var DefaultOptions = Options{MaxNamesPerRequest: 100_000}
+var DefaultOptions = Options{
+	MaxRequestBytes:         4 << 20,
+	MaxNamesPerRequest:      100_000,
+	ExtraNamesPerType:       1024,
+	MaxStreamsPerConnection: 100,
+	FirstRequestTimeout:     15 * time.Second,
+	MaxNodeBytes:            64 << 10,
+	MaxNodeIDBytes:          512,
+	NewStreamsPerSecond:     500,
+	NewStreamsBurst:         5000,
+}
+
+// keptNodeText bounds the node's cluster and user agent as a stream keeps
+// them (for CSDS and status); longer values are cut, not refused.
+const keptNodeText = 256
+
+// withDefaults fills the zero fields of o from DefaultOptions.
+func (o Options) withDefaults() Options {
+	d := DefaultOptions
+	o.MaxRequestBytes = orDefault(o.MaxRequestBytes, d.MaxRequestBytes)
+	o.MaxNamesPerRequest = orDefault(o.MaxNamesPerRequest, d.MaxNamesPerRequest)
+	o.ExtraNamesPerType = orDefault(o.ExtraNamesPerType, d.ExtraNamesPerType)
+	o.MaxStreamsPerConnection = orDefault(o.MaxStreamsPerConnection, d.MaxStreamsPerConnection)
+	o.FirstRequestTimeout = orDefault(o.FirstRequestTimeout, d.FirstRequestTimeout)
+	o.MaxNodeBytes = orDefault(o.MaxNodeBytes, d.MaxNodeBytes)
+	o.MaxNodeIDBytes = orDefault(o.MaxNodeIDBytes, d.MaxNodeIDBytes)
+	o.NewStreamsPerSecond = orDefault(o.NewStreamsPerSecond, d.NewStreamsPerSecond)
+	o.NewStreamsBurst = orDefault(o.NewStreamsBurst, d.NewStreamsBurst)
+	return o
+}
+
+func orDefault[T int | float64 | time.Duration](v, d T) T {
+	if v <= 0 {
+		return d
+	}
+	return v
+}
 
 // Server implements the ADS service over a snapshot store.
 type Server struct {
 	store     *snapshot.Store
 	fb        *feedback.Tracker
 	opts      Options
+	ready     <-chan struct{}
+	pace      *rate.Limiter
 	drain     chan struct{}
 	drainOnce sync.Once
 }
 
 var _ discoveryv3.AggregatedDiscoveryServiceServer = (*Server)(nil)
 
-// New returns a server that serves store and reports to fb.
-func New(store *snapshot.Store, fb *feedback.Tracker, opts Options) *Server {
-	if opts.MaxNamesPerRequest <= 0 {
-		opts.MaxNamesPerRequest = DefaultOptions.MaxNamesPerRequest
+// New returns a server that serves store and reports to fb. It refuses
+// streams until ready is closed: before the first build from the whole
+// cluster a scope lacks what is not reconciled yet, and a SotW proxy takes
+// an omission for a deletion.
+func New(store *snapshot.Store, fb *feedback.Tracker, ready <-chan struct{}, opts Options) *Server {
+	opts = opts.withDefaults()
+	return &Server{
+		store: store, fb: fb, opts: opts, ready: ready, drain: make(chan struct{}),
+		pace: rate.NewLimiter(rate.Limit(opts.NewStreamsPerSecond), opts.NewStreamsBurst),
 	}
-	return &Server{store: store, fb: fb, opts: opts, drain: make(chan struct{})}
 }
 
 // Register adds the ADS service to a gRPC server.
@@ -68,21 +134,86 @@ func (s *Server) Register(g *grpc.Server) {
 	discoveryv3.RegisterAggregatedDiscoveryServiceServer(g, s)
 }
 
+// Refusal reasons of the per-client limits, counted in
+// scopeplane_xds_refusals_total next to feedback's scope reasons. The set is
+// fixed: a client cannot add a label value.
+const (
+	RefusedNotReady        = "NotReady"
+	RefusedPaced           = "Paced"
+	RefusedSilent          = "Silent"
+	RefusedNodeTooLarge    = "NodeTooLarge"
+	RefusedRequestTooLarge = "RequestTooLarge"
+	RefusedMalformed       = "Malformed"
+	RefusedTooManyNames    = "TooManyNames"
+)
+
+// admit refuses a new stream before it reads anything: while the replica
+// has not built the whole cluster yet, and beyond the pace of new streams.
+func (s *Server) admit() error {
+	select {
+	case <-s.ready:
+	default:
+		s.fb.Refuse(model.Key{}, RefusedNotReady)
+		return status.Error(codes.Unavailable,
+			"not ready: this control plane replica has not finished its initial sync of the cluster, and what it would serve now lacks what is not reconciled yet; retry (Envoy's ADS retry does), or reach a ready replica")
+	}
+	if !s.pace.Allow() {
+		s.fb.Refuse(model.Key{}, RefusedPaced)
+		return status.Errorf(codes.ResourceExhausted,
+			"this replica accepts at most %g new ADS streams a second (burst %d), and they are used up: reconnect with backoff, or raise --xds-new-streams-per-second / --xds-new-streams-burst",
+			s.opts.NewStreamsPerSecond, s.opts.NewStreamsBurst)
+	}
+	return nil
+}
+
+// checkNode refuses a node larger than the limits: a stream keeps its node
+// (the SotW protocol even repeats it on every request) for its whole life.
+func (s *Server) checkNode(node *corev3.Node) error {
+	if n := len(node.GetId()); n > s.opts.MaxNodeIDBytes {
+		s.fb.Refuse(model.Key{}, RefusedNodeTooLarge)
+		return status.Errorf(codes.InvalidArgument,
+			"node.id %s is %d bytes; the limit is %d (--xds-max-node-id-bytes): give the proxy a shorter node id",
+			clip.Quote(node.GetId()), n, s.opts.MaxNodeIDBytes)
+	}
+	if n := proto.Size(node); n > s.opts.MaxNodeBytes {
+		s.fb.Refuse(model.Key{}, RefusedNodeTooLarge)
+		return status.Errorf(codes.InvalidArgument,
+			"node %s is %d bytes serialized; the limit is %d (--xds-max-node-bytes): trim node.metadata and the other node fields in the proxy's bootstrap",
+			clip.Quote(node.GetId()), n, s.opts.MaxNodeBytes)
+	}
+	return nil
+}
+
+// kept is the part of a node a stream keeps: its id (within the limit
+// checkNode enforces), and its cluster and user agent cut to keptNodeText.
+func kept(node *corev3.Node) *corev3.Node {
+	return &corev3.Node{
+		Id:                   node.GetId(),
+		Cluster:              clip.String(node.GetCluster(), keptNodeText),
+		UserAgentName:        clip.String(node.GetUserAgentName(), keptNodeText),
+		UserAgentVersionType: &corev3.Node_UserAgentVersion{UserAgentVersion: clip.String(node.GetUserAgentVersion(), keptNodeText)},
+	}
+}
+
 // resolve binds a stream to the scope its node names, or refuses it.
+// Refusals quote what the proxy sent only through clip.Quote.
 func (s *Server) resolve(node *corev3.Node, p model.Protocol) (model.Key, *snapshot.Snapshot, error) {
+	if err := s.checkNode(node); err != nil {
+		return model.Key{}, nil, err
+	}
 	value := node.GetMetadata().GetFields()[model.ScopeMetadataKey].GetStringValue()
 	if value == "" {
 		s.fb.Refuse(model.Key{}, feedback.RefusedNoScope)
 		return model.Key{}, nil, status.Errorf(codes.InvalidArgument,
-			"node %q names no ProxyScope: set node.metadata[%q] to \"<namespace>/<name>\" of a ProxyScope in the proxy's bootstrap",
-			node.GetId(), model.ScopeMetadataKey)
+			"node %s names no ProxyScope: set node.metadata[%q] to \"<namespace>/<name>\" of a ProxyScope in the proxy's bootstrap",
+			clip.Quote(node.GetId()), model.ScopeMetadataKey)
 	}
 	key, err := parseScope(value)
 	if err != nil {
 		s.fb.Refuse(model.Key{}, feedback.RefusedNoScope)
 		return model.Key{}, nil, status.Errorf(codes.InvalidArgument,
-			"node %q: node.metadata[%q] = %q is not \"<namespace>/<name>\" of a ProxyScope: %v",
-			node.GetId(), model.ScopeMetadataKey, value, err)
+			"node %s: node.metadata[%q] = %s is not \"<namespace>/<name>\" of a ProxyScope: %v",
+			clip.Quote(node.GetId()), model.ScopeMetadataKey, clip.Quote(value), err)
 	}
 	sc := s.store.Get(key)
 	var spec *model.Scope
@@ -92,8 +223,8 @@ func (s *Server) resolve(node *corev3.Node, p model.Protocol) (model.Key, *snaps
 	if spec == nil {
 		s.fb.Refuse(model.Key{}, feedback.RefusedUnknownScope)
 		return model.Key{}, nil, status.Errorf(codes.NotFound,
-			"node %q names ProxyScope %q, which does not exist (or is not built yet): create it, or fix node.metadata[%q]",
-			node.GetId(), value, model.ScopeMetadataKey)
+			"node %s names ProxyScope %s, which does not exist (or is not built yet): create it, or fix node.metadata[%q]",
+			clip.Quote(node.GetId()), clip.Quote(value), model.ScopeMetadataKey)
 	}
 	if !spec.Serves(p, time.Now()) {
 		s.fb.Refuse(key, feedback.RefusedWrongProto)
@@ -114,11 +245,12 @@ func parseScope(v string) (model.Key, error) {
 	if !ok || strings.Contains(name, "/") {
 		return model.Key{}, fmt.Errorf("want exactly one '/'")
 	}
+	// The value is quoted (cut) by the caller; the parts are not repeated.
 	if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
-		return model.Key{}, fmt.Errorf("namespace %q: %s", ns, strings.Join(errs, "; "))
+		return model.Key{}, fmt.Errorf("the namespace %s", strings.Join(errs, "; "))
 	}
 	if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
-		return model.Key{}, fmt.Errorf("name %q: %s", name, strings.Join(errs, "; "))
+		return model.Key{}, fmt.Errorf("the name %s", strings.Join(errs, "; "))
 	}
 	return model.Key{Namespace: ns, Name: name}, nil
 }
@@ -136,7 +268,28 @@ func unknownType(url string) error {
 }
 
 func tooManyNames(n, limit int) error {
-	return status.Errorf(codes.InvalidArgument, "a request carries %d resource names; the limit is %d per request", n, limit)
+	return status.Errorf(codes.InvalidArgument,
+		"a request carries %d resource names; the limit is %d per request (--xds-max-names-per-request): split the subscription over several requests", n, limit)
+}
+
+// tooManySubscribed is the refusal of a stream that names more of a type
+// than its scope serves, by more than the room Options.ExtraNamesPerType gives.
+func (st *stream) tooManySubscribed(t xdstype.Type, n, served int) error {
+	st.srv.fb.Refuse(st.key, RefusedTooManyNames)
+	return status.Errorf(codes.ResourceExhausted,
+		"the stream subscribes to %d %s names; ProxyScope %q serves %d, and a stream may name at most %d more (--xds-extra-names-per-type): subscribe to what the scope serves",
+		n, t.URL(), st.key.String(), served, st.srv.opts.ExtraNamesPerType)
+}
+
+// checkSubscribed refuses a subscription of n names of type t when it
+// exceeds what the scope serves plus the allowed extra.
+func (st *stream) checkSubscribed(t xdstype.Type, n int) error {
+	served := 0
+	st.sc.Read(func(v snapshot.View) { served = v.Len(t) })
+	if n > served+st.srv.opts.ExtraNamesPerType {
+		return st.tooManySubscribed(t, n, served)
+	}
+	return nil
 }
 
 // stream is the state both protocols keep per ADS stream: which scope it
@@ -213,14 +366,25 @@ func serve[Req request](s *Server, p model.Protocol, srv interface {
 		return s.draining()
 	default:
 	}
+	if err := s.admit(); err != nil {
+		return err
+	}
 	ctx := srv.Context()
-	reqs, errc := recv(ctx, srv)
+	reqs, errc := recv(ctx, srv, s.countRecvError)
 	var first Req
+	silent := time.NewTimer(s.opts.FirstRequestTimeout)
 	select {
 	case first = <-reqs:
+		silent.Stop()
 	case err := <-errc:
+		silent.Stop()
 		return endOf(err)
+	case <-silent.C:
+		s.fb.Refuse(model.Key{}, RefusedSilent)
+		return status.Errorf(codes.DeadlineExceeded,
+			"the stream sent no request within %s of opening: a proxy sends its first DiscoveryRequest at once (--xds-first-request-timeout)", s.opts.FirstRequestTimeout)
 	case <-ctx.Done():
+		silent.Stop()
 		return nil
 	}
 	// The node is on the first request (the only one, in delta).
@@ -228,7 +392,7 @@ func serve[Req request](s *Server, p model.Protocol, srv interface {
 	if err != nil {
 		return err
 	}
-	st := &stream{srv: s, key: key, sc: sc, id: s.fb.Connect(key, first.GetNode(), p)}
+	st := &stream{srv: s, key: key, sc: sc, id: s.fb.Connect(key, kept(first.GetNode()), p)}
 	defer s.fb.Disconnect(key, st.id)
 	sc.Read(func(v snapshot.View) { st.caughtUp(v); st.watchTransition(v, p) })
 	h := open(st)
@@ -270,14 +434,29 @@ func endOf(err error) error {
 	return err
 }
 
+// countRecvError counts a request gRPC refused to take as a refusal: one
+// larger than MaxRequestBytes (ResourceExhausted), or one that is not a
+// valid message (Internal). gRPC has answered the stream itself by then,
+// with a status that gives the size and the limit or the parse error; the
+// counter is what is left to do.
+func (s *Server) countRecvError(err error) {
+	switch status.Code(err) {
+	case codes.ResourceExhausted:
+		s.fb.Refuse(model.Key{}, RefusedRequestTooLarge)
+	case codes.Internal:
+		s.fb.Refuse(model.Key{}, RefusedMalformed)
+	}
+}
+
 // recv reads requests into a channel so the stream loop can also wait for
 // scope changes; the error channel receives how the stream ended.
-func recv[T any](ctx context.Context, stream interface{ Recv() (T, error) }) (<-chan T, <-chan error) {
+func recv[T any](ctx context.Context, stream interface{ Recv() (T, error) }, onErr func(error)) (<-chan T, <-chan error) {
 	reqs, errc := make(chan T), make(chan error, 1)
 	go func() {
 		for {
 			r, err := stream.Recv()
 			if err != nil {
+				onErr(err)
 				errc <- err
 				return
 			}

@@ -73,7 +73,10 @@ func (st *sotw) handle(req *discoveryv3.DiscoveryRequest) error {
 	if nonce != "" && ts.pending {
 		st.answer(ts, req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil)
 	}
-	changed := st.resubscribe(ts, req.GetResourceNames())
+	changed, err := st.resubscribe(ts, req.GetResourceNames())
+	if err != nil {
+		return err
+	}
 	awaiting := nonce == "" // a first request, or a reconnect: the proxy waits for a response
 	if !changed && !awaiting {
 		st.reportSynced(st.settled)
@@ -128,10 +131,11 @@ func (st *sotw) answer(ts *sotwType, detail string, nack bool) {
 
 // resubscribe makes the subscription what the request's names state and
 // reports whether it changed. Most requests are ACKs repeating the
-// subscription: that is checked without building anything.
-func (st *sotw) resubscribe(ts *sotwType, requested []string) bool {
+// subscription: that is checked without building anything. A subscription
+// beyond what the scope serves (plus the allowed extra) ends the stream.
+func (st *sotw) resubscribe(ts *sotwType, requested []string) (bool, error) {
 	if ts.requested && sameSubscription(requested, ts) {
-		return false
+		return false, nil
 	}
 	wildcard, names := false, make(map[string]struct{}, len(requested))
 	for _, n := range requested {
@@ -140,6 +144,9 @@ func (st *sotw) resubscribe(ts *sotwType, requested []string) bool {
 		} else {
 			names[n] = struct{}{}
 		}
+	}
+	if err := st.checkSubscribed(ts.t, len(names)); err != nil {
+		return false, err
 	}
 	if len(names) == 0 && (!ts.requested || ts.wildcard) {
 		wildcard = true // legacy wildcard: an empty first request, kept while empty
@@ -166,7 +173,7 @@ func (st *sotw) resubscribe(ts *sotwType, requested []string) bool {
 			delete(ts.before, name)
 		}
 	}
-	return changed
+	return changed, nil
 }
 
 // respond returns what a changed subscription (or a proxy awaiting its

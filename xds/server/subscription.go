@@ -200,6 +200,7 @@ func (st *stream) requestedType(url string, names int) (xdstype.Type, error) {
 		return 0, unknownType(url)
 	}
 	if names > st.srv.opts.MaxNamesPerRequest {
+		st.srv.fb.Refuse(st.key, RefusedTooManyNames)
 		return 0, tooManyNames(names, st.srv.opts.MaxNamesPerRequest)
 	}
 	return t, nil

@@ -63,6 +63,7 @@ type Builder struct {
 	store  *Store
 	window time.Duration
 	built  chan struct{}
+	whole  sync.Once
 }
 
 // NewBuilder returns a builder from cat into store. Changes that arrive
@@ -86,8 +87,7 @@ func (b *Builder) Run(ctx context.Context, synced <-chan struct{}) error {
 		case <-b.cat.Changed():
 		case <-synced:
 			synced = nil
-			b.apply(b.cat.Take(), time.Now())
-			close(b.built)
+			b.ApplyWhole(b.cat.Take())
 			continue
 		}
 		observed := time.Now()
@@ -106,6 +106,13 @@ func (b *Builder) Run(ctx context.Context, synced <-chan struct{}) error {
 
 // Apply versions and stores one batch of catalog updates.
 func (b *Builder) Apply(updates []catalog.Update) { b.apply(updates, time.Now()) }
+
+// ApplyWhole is Apply of a batch after which the catalog holds the whole
+// cluster: it closes Built, once.
+func (b *Builder) ApplyWhole(updates []catalog.Update) {
+	b.apply(updates, time.Now())
+	b.whole.Do(func() { close(b.built) })
+}
 
 func (b *Builder) apply(updates []catalog.Update, observed time.Time) {
 	start := time.Now()

@@ -1,0 +1,49 @@
+package chart_test
+
+import (
+	"path/filepath"
+	"testing"
+	"time"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/scopeplane/scopeplane/xds/server"
+)
+
+// TestLimitsAreTheServerDefaults keeps xds.limits in values.yaml equal to
+// server.DefaultOptions: the chart renders every limit as a flag, so a
+// default changed in one place only would silently not apply to releases.
+func TestLimitsAreTheServerDefaults(t *testing.T) {
+	var values struct {
+		XDS struct {
+			Limits struct {
+				MaxRequestBytes         int     `json:"maxRequestBytes"`
+				MaxNamesPerRequest      int     `json:"maxNamesPerRequest"`
+				ExtraNamesPerType       int     `json:"extraNamesPerType"`
+				MaxStreamsPerConnection int     `json:"maxStreamsPerConnection"`
+				FirstRequestTimeout     string  `json:"firstRequestTimeout"`
+				MaxNodeBytes            int     `json:"maxNodeBytes"`
+				MaxNodeIDBytes          int     `json:"maxNodeIDBytes"`
+				NewStreamsPerSecond     float64 `json:"newStreamsPerSecond"`
+				NewStreamsBurst         int     `json:"newStreamsBurst"`
+			} `json:"limits"`
+		} `json:"xds"`
+	}
+	if err := yaml.Unmarshal(mustRead(t, filepath.Join(chartDir, "values.yaml")), &values); err != nil {
+		t.Fatal(err)
+	}
+	l := values.XDS.Limits
+	timeout, err := time.ParseDuration(l.FirstRequestTimeout)
+	if err != nil {
+		t.Fatalf("xds.limits.firstRequestTimeout: %v", err)
+	}
+	got := server.Options{
+		MaxRequestBytes: l.MaxRequestBytes, MaxNamesPerRequest: l.MaxNamesPerRequest, ExtraNamesPerType: l.ExtraNamesPerType,
+		MaxStreamsPerConnection: l.MaxStreamsPerConnection, FirstRequestTimeout: timeout,
+		MaxNodeBytes: l.MaxNodeBytes, MaxNodeIDBytes: l.MaxNodeIDBytes,
+		NewStreamsPerSecond: l.NewStreamsPerSecond, NewStreamsBurst: l.NewStreamsBurst,
+	}
+	if got != server.DefaultOptions {
+		t.Errorf("xds.limits in values.yaml:\n %+v\nserver.DefaultOptions:\n %+v", got, server.DefaultOptions)
+	}
+}

@@ -1,0 +1,576 @@
+// Package hostile replays what a hostile or broken client does to the ADS
+// server, against the real server over loopback with the production
+// limits, on a 2,000-Service world. Each attack must be refused with the
+// status that names its limit, must leave the heap where it found it once
+// the server dropped the attack's streams, and must not stop a legitimate
+// SotW and delta proxy on the same server from converging.
+package hostile
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
+	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/scopeplane/scopeplane/internal/testkit"
+	"github.com/scopeplane/scopeplane/xds/adsclient"
+	"github.com/scopeplane/scopeplane/xds/feedback"
+	"github.com/scopeplane/scopeplane/xds/metrics"
+	"github.com/scopeplane/scopeplane/xds/model"
+	"github.com/scopeplane/scopeplane/xds/pipeline"
+	"github.com/scopeplane/scopeplane/xds/server"
+	"github.com/scopeplane/scopeplane/xds/snapshot"
+	"github.com/scopeplane/scopeplane/xds/xdstype"
+)
+
+const (
+	services = 2000
+	// heapBound is how much an attack may leave on the heap once its
+	// streams are gone: far below what any attack sends (30 MiB requests,
+	// thousands of streams), above what the Service each row adds costs and
+	// what the runtime keeps once for thousands of goroutines (the first
+	// row that runs 2,000 streams at once grows the heap by ~4 MiB; run
+	// again, it grows it by nothing).
+	heapBound = 8 << 20
+	// firstRequestTimeout shortens the production 15 s so the silent row
+	// does not wait for it; every other limit is the production default.
+	firstRequestTimeout = 500 * time.Millisecond
+)
+
+// plane is the server under attack, with the two proxies that must keep working.
+type plane struct {
+	*pipeline.Pipeline
+	t     *testing.T
+	addr  string
+	sotw  *adsclient.Client
+	delta *adsclient.Client
+	rows  int
+}
+
+func scope(name string, p model.Protocol) *model.Scope {
+	return &model.Scope{
+		Key: model.Key{Namespace: "default", Name: name}, Protocol: p,
+		Listener:   model.Listener{Mode: model.ListenerEnvoy, Port: 10080},
+		Selections: []model.Selection{{Namespace: "default", Selector: labels.Everything()}},
+	}
+}
+
+func start(t *testing.T) *plane {
+	p := &plane{t: t, Pipeline: pipeline.New(pipeline.Options{Server: server.Options{FirstRequestTimeout: firstRequestTimeout}})}
+	for i := range services {
+		p.Catalog.UpsertService(testkit.Service("default", fmt.Sprintf("svc-%04d", i), "10.0.0.1", "10.0.0.2"))
+	}
+	p.Catalog.UpsertScope(scope("sotw", model.SotW))
+	p.Catalog.UpsertScope(scope("delta", model.Delta))
+	p.Sync()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.addr = lis.Addr().String()
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- p.Server.ServeListener(ctx, lis) }()
+	t.Cleanup(func() { cancel(); <-served })
+	conn := p.dial()
+	t.Cleanup(func() { _ = conn.Close() })
+	p.sotw = p.legitimate(conn, adsclient.SotW, "default/sotw")
+	p.delta = p.legitimate(conn, adsclient.Delta, "default/delta")
+	p.converge()
+	return p
+}
+
+// dial opens a connection the caller closes: an attack's connections
+// are closed before the heap is measured, and nothing keeps them after.
+func (p *plane) dial() *grpc.ClientConn {
+	conn, err := grpc.NewClient(p.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	return conn
+}
+
+func (p *plane) legitimate(conn *grpc.ClientConn, proto adsclient.Protocol, scope string) *adsclient.Client {
+	cfg := testkit.WildcardClient(proto, testkit.Node("legitimate-"+proto.String(), scope))
+	cfg.RecordEvents = false
+	c := adsclient.New(cfg)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = c.Run(ctx, conn) }()
+	p.t.Cleanup(func() { cancel(); <-done })
+	return c
+}
+
+// converge adds a Service and waits until both legitimate proxies, on the
+// streams they opened before the first attack, hold its cluster.
+func (p *plane) converge() {
+	p.t.Helper()
+	p.rows++
+	name := fmt.Sprintf("row-%02d", p.rows)
+	p.Catalog.UpsertService(testkit.Service("default", name, "10.0.1.1"))
+	p.Sync()
+	cluster := "default/" + name + ":80"
+	for _, c := range []*adsclient.Client{p.sotw, p.delta} {
+		ctx, cancel := context.WithTimeout(context.Background(), testkit.Timeout)
+		err := c.WaitFor(ctx, func(c *adsclient.Client) bool {
+			_, ok := c.State(xdstype.Cluster.URL())[cluster]
+			return ok || !c.Running()
+		})
+		cancel()
+		if _, ok := c.State(xdstype.Cluster.URL())[cluster]; !ok {
+			p.t.Fatalf("a legitimate proxy did not converge to %s: %v (stream: %v)", cluster, err, c.Err())
+		}
+	}
+	// Settled: each scope has its legitimate proxy only, and it has ACKed
+	// the whole version, so nothing is in flight when the heap is measured.
+	for _, name := range []string{"sotw", "delta"} {
+		key := model.Key{Namespace: "default", Name: name}
+		testkit.Eventually(p.t, "the legitimate proxy of "+name+" at the scope's version", func() (bool, string) {
+			var version string
+			p.Store.Get(key).Read(func(v snapshot.View) { version = v.Version() })
+			r := p.Feedback.Get(key)
+			var at []string
+			for _, px := range r.Proxies {
+				at = append(at, px.Node+"@"+px.AtVersion)
+			}
+			return len(r.Proxies) == 1 && len(at) == 1 && strings.HasSuffix(at[0], "@"+version), fmt.Sprintf("%v, scope at %s", at, version)
+		})
+	}
+}
+
+// heap is the live heap after a full collection.
+func heap() uint64 {
+	runtime.GC()
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
+}
+
+func node(id, scope string) *corev3.Node {
+	return testkit.Node(id, scope)
+}
+
+// codes collects the statuses the attack's streams ended with.
+type outcome struct {
+	mu    sync.Mutex
+	codes map[codes.Code]int
+	msgs  []string
+}
+
+func (o *outcome) add(err error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.codes == nil {
+		o.codes = map[codes.Code]int{}
+	}
+	if errors.Is(err, io.EOF) {
+		err = nil
+	}
+	o.codes[status.Code(err)]++
+	if len(o.msgs) < 4 {
+		o.msgs = append(o.msgs, status.Convert(err).Message())
+	}
+}
+
+func (o *outcome) String() string {
+	var parts []string
+	for c, n := range o.codes {
+		parts = append(parts, fmt.Sprintf("%s×%d", c, n))
+	}
+	return strings.Join(parts, " ")
+}
+
+// sotwOnce opens a SotW stream, sends reqs and returns how it ended.
+func sotwOnce(ctx context.Context, conn *grpc.ClientConn, reqs ...*discoveryv3.DiscoveryRequest) error {
+	s, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
+	if err != nil {
+		return err
+	}
+	for _, r := range reqs {
+		if s.Send(r) != nil {
+			break
+		}
+	}
+	for {
+		if _, err := s.Recv(); err != nil {
+			return err
+		}
+	}
+}
+
+// parallel runs n attacks, at most width at a time.
+func parallel(n, width int, fn func(i int)) {
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, width)
+	for i := range n {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() { defer wg.Done(); defer func() { <-sem }(); fn(i) }()
+	}
+	wg.Wait()
+}
+
+type row struct {
+	name string
+	// want is the code the attack's streams end with, and says what their
+	// status message contains.
+	want   codes.Code
+	says   string
+	reason string // counted refusal reason, if any
+	count  int    // streams it must count
+	attack func(ctx context.Context, t *testing.T, p *plane, conn *grpc.ClientConn, o *outcome)
+}
+
+func refusals(reason string) float64 {
+	return testutil.ToFloat64(metrics.Refusals.WithLabelValues("", reason)) +
+		testutil.ToFloat64(metrics.Refusals.WithLabelValues("default/sotw", reason)) +
+		testutil.ToFloat64(metrics.Refusals.WithLabelValues("default/delta", reason))
+}
+
+func TestHostileClients(t *testing.T) {
+	p := start(t)
+	var table strings.Builder
+	fmt.Fprintf(&table, "\n| attack | code | heap before → after (growth) |\n|---|---|---|\n")
+	for _, r := range rows() {
+		ok := t.Run(r.name, func(t *testing.T) {
+			goroutines := runtime.NumGoroutine()
+			before := heap()
+			counted := 0.0
+			if r.reason != "" {
+				counted = refusals(r.reason)
+			}
+			conn := p.dial()
+			var o outcome
+			// A stream the server fails to end makes the row fail (with the
+			// client's DeadlineExceeded) instead of hanging the suite.
+			ctx, cancel := context.WithTimeout(context.Background(), testkit.Timeout)
+			r.attack(ctx, t, p, conn, &o)
+			cancel()
+			_ = conn.Close()
+			testkit.Eventually(t, "the server dropped the attack's streams", func() (bool, string) {
+				n := runtime.NumGoroutine()
+				return n <= goroutines+5, fmt.Sprintf("%d goroutines, %d before", n, goroutines)
+			})
+			after := heap()
+			growth := int64(after) - int64(before)
+			fmt.Fprintf(&table, "| %s | %s | %.1f → %.1f MiB (%+.2f MiB) |\n", r.name, o.String(),
+				float64(before)/(1<<20), float64(after)/(1<<20), float64(growth)/(1<<20))
+			if growth > heapBound {
+				t.Errorf("the heap grew by %d bytes, more than %d", growth, heapBound)
+			}
+			if len(o.codes) != 1 || o.codes[r.want] == 0 {
+				t.Errorf("the attack's streams ended with %s, want only %s; messages: %q", o.String(), r.want, o.msgs)
+			}
+			for _, m := range o.msgs {
+				if !strings.Contains(m, r.says) {
+					t.Errorf("a refusal message does not say %q: %.300q", r.says, m)
+				}
+				if len(m) > 1024 {
+					t.Errorf("a refusal message is %d bytes long: %.200q…", len(m), m)
+				}
+			}
+			if r.reason != "" {
+				if got := refusals(r.reason) - counted; got < float64(r.count) {
+					t.Errorf("scopeplane_xds_refusals_total{reason=%q} rose by %v, want %d", r.reason, got, r.count)
+				}
+			}
+			p.converge()
+		})
+		if !ok {
+			break
+		}
+	}
+	t.Log(table.String())
+}
+
+func rows() []row {
+	return []row{
+		{name: "delta stream, 100k new names per request", says: "--xds-extra-names-per-type", want: codes.ResourceExhausted, reason: server.RefusedTooManyNames, count: 1,
+			attack: func(ctx context.Context, t *testing.T, p *plane, conn *grpc.ClientConn, o *outcome) {
+				s, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).DeltaAggregatedResources(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for r := range 5 {
+					names := make([]string, 100_000)
+					for i := range names {
+						names[i] = fmt.Sprintf("default/made-up-%d-%06d:80", r, i)
+					}
+					req := &discoveryv3.DeltaDiscoveryRequest{TypeUrl: xdstype.Cluster.URL(), ResourceNamesSubscribe: names}
+					if r == 0 {
+						req.Node = node("greedy", "default/delta")
+					}
+					if s.Send(req) != nil {
+						break
+					}
+				}
+				for {
+					if _, err := s.Recv(); err != nil {
+						o.add(err)
+						return
+					}
+				}
+			}},
+		{name: "3 SotW streams, 4 types × 100k names of 300 B", says: "larger than max", want: codes.ResourceExhausted, reason: server.RefusedRequestTooLarge, count: 3,
+			attack: func(ctx context.Context, t *testing.T, p *plane, conn *grpc.ClientConn, o *outcome) {
+				names := make([]string, 100_000)
+				pad := strings.Repeat("x", 290)
+				for i := range names {
+					names[i] = fmt.Sprintf("%s%08d", pad, i)
+				}
+				parallel(3, 3, func(i int) {
+					var reqs []*discoveryv3.DiscoveryRequest
+					for _, u := range xdstype.URLs() {
+						reqs = append(reqs, &discoveryv3.DiscoveryRequest{Node: node("wide", "default/sotw"), TypeUrl: u, ResourceNames: names})
+					}
+					o.add(sotwOnce(ctx, conn, reqs...))
+				})
+			}},
+		{name: "10 streams with a 3 MiB node.id", says: "--xds-max-node-id-bytes", want: codes.InvalidArgument, reason: server.RefusedNodeTooLarge, count: 10,
+			attack: func(ctx context.Context, t *testing.T, p *plane, conn *grpc.ClientConn, o *outcome) {
+				id := strings.Repeat("n", 3<<20)
+				parallel(10, 10, func(int) {
+					o.add(sotwOnce(ctx, conn, &discoveryv3.DiscoveryRequest{Node: node(id, "default/sotw"), TypeUrl: xdstype.Cluster.URL()}))
+				})
+			}},
+		{name: "8 concurrent 3 MiB scope values", says: "--xds-max-node-bytes", want: codes.InvalidArgument, reason: server.RefusedNodeTooLarge, count: 8,
+			attack: func(ctx context.Context, t *testing.T, p *plane, conn *grpc.ClientConn, o *outcome) {
+				value := strings.Repeat("Ä", 3<<19)
+				parallel(8, 8, func(int) {
+					o.add(sotwOnce(ctx, conn, &discoveryv3.DiscoveryRequest{Node: scopeNode("huge", value), TypeUrl: xdstype.Cluster.URL()}))
+				})
+			}},
+		{name: "8 concurrent 60 KiB invalid scope values", says: "is not \"<namespace>/<name>\"", want: codes.InvalidArgument, reason: feedback.RefusedNoScope, count: 8,
+			attack: func(ctx context.Context, t *testing.T, p *plane, conn *grpc.ClientConn, o *outcome) {
+				value := "default/" + strings.Repeat("Ä", 30<<10)
+				parallel(8, 8, func(int) {
+					o.add(sotwOnce(ctx, conn, &discoveryv3.DiscoveryRequest{Node: scopeNode("odd", value), TypeUrl: xdstype.Cluster.URL()}))
+				})
+			}},
+		{name: "2,000 streams that never send", says: "--xds-first-request-timeout", want: codes.DeadlineExceeded, reason: server.RefusedSilent, count: 2000,
+			attack: func(ctx context.Context, t *testing.T, p *plane, conn *grpc.ClientConn, o *outcome) {
+				// 100 streams per connection is the server's limit.
+				conns := make([]*grpc.ClientConn, 20)
+				for i := range conns {
+					conns[i] = p.dial()
+				}
+				parallel(2000, 2000, func(i int) { o.add(sotwOnce(ctx, conns[i%len(conns)])) })
+				for _, c := range conns {
+					_ = c.Close()
+				}
+			}},
+		{name: "1,000 probes of unknown scopes", says: "which does not exist", want: codes.NotFound, reason: feedback.RefusedUnknownScope, count: 1000,
+			attack: func(ctx context.Context, t *testing.T, p *plane, conn *grpc.ClientConn, o *outcome) {
+				scopes := len(p.Feedback.Connected())
+				long := strings.Repeat("p", 240)
+				parallel(1000, 50, func(i int) {
+					o.add(sotwOnce(ctx, conn, &discoveryv3.DiscoveryRequest{
+						Node: node("prober", fmt.Sprintf("probe/%s-%04d", long, i)), TypeUrl: xdstype.Cluster.URL(),
+					}))
+				})
+				if got := len(p.Feedback.Connected()); got != scopes {
+					t.Errorf("the tracker holds %d scopes after the probes, %d before", got, scopes)
+				}
+				if r := p.Feedback.Get(model.Key{Namespace: "probe", Name: long + "-0001"}); len(r.Refused) != 0 || len(r.Proxies) != 0 {
+					t.Errorf("the tracker keeps a report for a probed scope: %+v", r.Refused)
+				}
+				for _, m := range o.msgs {
+					if strings.Contains(m, long) {
+						t.Errorf("a NotFound quotes the whole %d-byte name: %q", len(long), m)
+					}
+				}
+			}},
+		{name: "garbage protobuf", says: "failed to unmarshal", want: codes.Internal, reason: server.RefusedMalformed, count: 1,
+			attack: func(ctx context.Context, t *testing.T, p *plane, conn *grpc.ClientConn, o *outcome) {
+				s, err := conn.NewStream(ctx, &grpc.StreamDesc{ClientStreams: true, ServerStreams: true},
+					"/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources", grpc.ForceCodecV2(rawCodec{}))
+				if err != nil {
+					t.Fatal(err)
+				}
+				_ = s.SendMsg([]byte{0x0a, 0xff, 0xff, 0xff, 0xff, 0x0f, 0x01, 0x02})
+				var out []byte
+				o.add(s.RecvMsg(&out))
+			}},
+		{name: "delta reconnect claiming 50k names that do not exist", want: codes.OK,
+			attack: func(ctx context.Context, t *testing.T, p *plane, conn *grpc.ClientConn, o *outcome) {
+				s, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).DeltaAggregatedResources(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				// Names and versions shaped like served ones: namespace/service:port
+				// and 16 hex digits.
+				claims := make(map[string]string, 50_000)
+				for i := range 50_000 {
+					claims[fmt.Sprintf("default/gone-service-%05d:8080", i)] = fmt.Sprintf("%016x", i)
+				}
+				req := &discoveryv3.DeltaDiscoveryRequest{Node: node("returning", "default/delta"), TypeUrl: xdstype.Cluster.URL(),
+					ResourceNamesSubscribe: []string{"*"}, InitialResourceVersions: claims}
+				// What the request size limit allows a reconnect to claim.
+				perClaim := float64(proto.Size(req)) / float64(len(claims))
+				t.Logf("a delta reconnect claims %.0f bytes per resource: %d resources of one type fit in %d bytes",
+					perClaim, int(float64(server.DefaultOptions.MaxRequestBytes)/perClaim), server.DefaultOptions.MaxRequestBytes)
+				if perClaim > 64 {
+					t.Errorf("a claim takes %.0f bytes; docs/troubleshooting.md says ~60", perClaim)
+				}
+				if err := s.Send(req); err != nil {
+					t.Fatal(err)
+				}
+				resp, err := s.Recv()
+				if err != nil {
+					o.add(err)
+					return
+				}
+				if len(resp.GetRemovedResources()) != len(claims) || len(resp.GetResources()) < services {
+					t.Errorf("the reconnect was answered with %d resources and %d removals, want every cluster and %d removals",
+						len(resp.GetResources()), len(resp.GetRemovedResources()), len(claims))
+				}
+				_ = s.CloseSend()
+				o.add(nil)
+			}},
+		{name: "subscribe/unsubscribe churn ×200", want: codes.OK,
+			attack: func(ctx context.Context, t *testing.T, p *plane, conn *grpc.ClientConn, o *outcome) {
+				s, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).DeltaAggregatedResources(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				ended := make(chan error, 1)
+				go func() {
+					for {
+						if _, err := s.Recv(); err != nil {
+							ended <- err
+							return
+						}
+					}
+				}()
+				names := make([]string, 500)
+				for i := range names {
+					names[i] = fmt.Sprintf("default/svc-%04d:80", i)
+				}
+				for i := range 200 {
+					req := &discoveryv3.DeltaDiscoveryRequest{TypeUrl: xdstype.Cluster.URL()}
+					if i == 0 {
+						req.Node = node("churner", "default/delta")
+					}
+					if i%2 == 0 {
+						req.ResourceNamesSubscribe = names
+					} else {
+						req.ResourceNamesUnsubscribe = names
+					}
+					if s.Send(req) != nil {
+						break
+					}
+				}
+				_ = s.CloseSend()
+				o.add(<-ended)
+			}},
+		{name: "5,000 streams reset at once (rapid reset)", want: codes.OK,
+			attack: func(ctx context.Context, t *testing.T, p *plane, conn *grpc.ClientConn, o *outcome) {
+				rapidReset(t, p.addr, 5000)
+				o.add(nil)
+			}},
+	}
+}
+
+func scopeNode(id, value string) *corev3.Node {
+	return &corev3.Node{Id: id, Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{
+		model.ScopeMetadataKey: structpb.NewStringValue(value),
+	}}}
+}
+
+// TestNewStreamsArePaced runs a server whose pace admits three streams and
+// then (practically) none: the fourth is refused with ResourceExhausted
+// naming the flags, before anything of it is read.
+func TestNewStreamsArePaced(t *testing.T) {
+	_, conn := small(t, server.Options{NewStreamsPerSecond: 1e-6, NewStreamsBurst: 3})
+	req := &discoveryv3.DiscoveryRequest{Node: node("n", "default/none"), TypeUrl: xdstype.Cluster.URL()}
+	counted := refusals(server.RefusedPaced)
+	for i := range 3 {
+		if err := sotwOnce(context.Background(), conn, req); status.Code(err) != codes.NotFound {
+			t.Fatalf("stream %d within the burst ended with %v, want NotFound (no such scope)", i+1, err)
+		}
+	}
+	err := sotwOnce(context.Background(), conn, req)
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "--xds-new-streams-per-second") {
+		t.Fatalf("the stream beyond the burst ended with %v, want ResourceExhausted naming the pace", err)
+	}
+	if got := refusals(server.RefusedPaced) - counted; got != 1 {
+		t.Errorf("scopeplane_xds_refusals_total{reason=\"Paced\"} rose by %v, want 1", got)
+	}
+}
+
+// small serves a one-Service world, scope default/sotw, with opts.
+func small(t *testing.T, opts server.Options) (*pipeline.Pipeline, *grpc.ClientConn) {
+	t.Helper()
+	p := pipeline.New(pipeline.Options{Server: opts})
+	p.Catalog.UpsertService(testkit.Service("default", "one", "10.0.0.1"))
+	p.Catalog.UpsertScope(scope("sotw", model.SotW))
+	p.Sync()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- p.Server.ServeListener(ctx, lis) }()
+	t.Cleanup(func() { cancel(); <-served })
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return p, conn
+}
+
+// TestKeptNodeTextIsCut connects a proxy whose node cluster and user
+// agent are long, within the node limit: the stream is served, and what is
+// kept of them for its life is cut to 256 bytes each, on a rune boundary.
+// (Text that is not UTF-8 never gets this far: gRPC's protobuf decoding
+// refuses it.)
+func TestKeptNodeTextIsCut(t *testing.T) {
+	p, conn := small(t, server.Options{})
+	long := strings.Repeat("aé", 5000)
+	n := testkit.Node("long-node", "default/sotw")
+	n.Cluster, n.UserAgentName = long, long
+	n.UserAgentVersionType = &corev3.Node_UserAgentVersion{UserAgentVersion: long}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	s, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Send(&discoveryv3.DiscoveryRequest{Node: n, TypeUrl: xdstype.Cluster.URL()}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Recv(); err != nil {
+		t.Fatalf("a node with a long cluster and user agent was refused: %v", err)
+	}
+	r := p.Feedback.Get(model.Key{Namespace: "default", Name: "sotw"})
+	if len(r.Proxies) != 1 {
+		t.Fatalf("%d proxies connected, want 1", len(r.Proxies))
+	}
+	for _, px := range r.Proxies {
+		if len(px.Cluster) > 256 || len(px.UserAgent) > 2*256+1 || !utf8.ValidString(px.Cluster) || !utf8.ValidString(px.UserAgent) {
+			t.Errorf("kept cluster of %d bytes, user agent of %d bytes (valid UTF-8: %v, %v)",
+				len(px.Cluster), len(px.UserAgent), utf8.ValidString(px.Cluster), utf8.ValidString(px.UserAgent))
+		}
+	}
+}
