@@ -546,7 +546,8 @@ func wantArgs(t *testing.T, args []string, want ...string) {
 // checkObservability checks the PrometheusRule (which the API server cannot
 // dry-run) and the dashboard ConfigMap carry the chart's files whole: the
 // files themselves are checked against Prometheus' parser and the exported
-// metrics by internal/controlplane's TestAlertsAndDashboardNameExportedMetrics.
+// metrics by internal/controlplane's TestMetricsAfterScriptedSequence
+// (checkAlertsAndDashboard).
 func checkObservability(t *testing.T, objs []*unstructured.Unstructured) {
 	t.Helper()
 	rule := find(t, objs, "PrometheusRule")
