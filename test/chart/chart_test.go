@@ -13,6 +13,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -81,6 +82,10 @@ var renderCases = []renderCase{
 			wantString(t, d, "registry.example.com/scopeplane:0.2.0-rc.1", "spec", "template", "spec", "containers", "0", "image")
 			if o := findOptional(objs, "PodDisruptionBudget"); o != nil {
 				t.Error("one replica must not get a PodDisruptionBudget: it would block node drains")
+			}
+			// Empty grafanaDashboard.labels leave the chart's own labels alone.
+			if got, want := find(t, objs, "ConfigMap").GetLabels(), d.GetLabels(); !maps.Equal(got, want) {
+				t.Errorf("the dashboard ConfigMap's labels are %v, want the chart's own %v", got, want)
 			}
 		},
 	},
