@@ -1,6 +1,8 @@
 package controlplane_test
 
 import (
+	"bytes"
+	"context"
 	"fmt"
 	"maps"
 	"os"
@@ -11,14 +13,20 @@ import (
 	"strings"
 	"testing"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/xds"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
 	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
 	"github.com/scopeplane/scopeplane/internal/localapi"
+	"github.com/scopeplane/scopeplane/internal/plugin"
 	"github.com/scopeplane/scopeplane/internal/testkit"
+	"github.com/scopeplane/scopeplane/internal/whoami"
 	"github.com/scopeplane/scopeplane/xds/adsclient"
+	"github.com/scopeplane/scopeplane/xds/bootstrap"
 	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
@@ -85,7 +93,7 @@ func TestKubectlPlugin(t *testing.T) {
 		"Service shelf/books is selected by spec.services[0].",
 		"CDS shelf/books:80: served at version ",
 		"RDS http-10080, virtual host shelf/books:80: served at version ",
-		"; the proxy is in sync on this type, so it holds this version",
+		"; the proxy asked for it and is in sync on this type, so it holds this version",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("explain books lacks %q", want)
@@ -98,5 +106,100 @@ func TestKubectlPlugin(t *testing.T) {
 	out = plugin("explain", "shelf-edge", "shelf/nothing")
 	if !strings.Contains(out, "Service shelf/nothing does not exist") {
 		t.Errorf("explain of a missing Service says nothing useful")
+	}
+}
+
+// TestExplainByNameClient runs explain on grpc-go's xDS client, which
+// subscribes by name to what it dials: of two Services its scope selects,
+// it holds the one it dials, and is not sent the other.
+func TestExplainByNameClient(t *testing.T) {
+	backend, err := whoami.Start("wanted")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer backend.Stop()
+	create(t,
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "asks"}},
+		&corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "asks", Name: "wanted"},
+			Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "grpc", Port: 50051}}},
+		},
+		&corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "asks", Name: "unwanted"},
+			Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "grpc", Port: 50051}}},
+		},
+		loopbackSlice("asks", "wanted-1", "wanted", backend.Port),
+		loopbackSlice("asks", "unwanted-1", "unwanted", backend.Port),
+		&xdsv1alpha1.ProxyScope{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "asks", Name: "by-name"},
+			Spec: xdsv1alpha1.ProxyScopeSpec{
+				Services: []xdsv1alpha1.ServiceSelection{{Names: []xdsv1alpha1.DNSLabel{"wanted", "unwanted"}}},
+				Listener: xdsv1alpha1.ListenerSpec{Mode: xdsv1alpha1.ListenerModeProxylessGRPC},
+			},
+		},
+	)
+	resolver, err := xds.NewXDSResolverWithConfigForTesting(bootstrapOf(t, "asks", "by-name", bootstrap.GRPCKey))
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := grpc.NewClient("xds:///wanted.asks.svc.cluster.local:50051",
+		grpc.WithResolvers(resolver), grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithContextDialer(whoami.Dialer))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = conn.Close() }()
+	testkit.Eventually(t, "an RPC to wanted", func() (bool, string) {
+		got, err := call(conn)
+		return got == "wanted", fmt.Sprintf("%q, %v", got, err)
+	})
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := env.WriteKubeconfig(kubeconfig); err != nil {
+		t.Fatal(err)
+	}
+	explain := func(svc string) string {
+		t.Helper()
+		var out, errOut bytes.Buffer
+		if code := plugin.Main(context.Background(), []string{"explain", "by-name-grpc", svc, "--address", adminAddr, "--kubeconfig", kubeconfig}, &out, &errOut); code != 0 {
+			t.Fatalf("kubectl scopeplane explain %s: exit %d: %s", svc, code, errOut.String())
+		}
+		return out.String()
+	}
+
+	const holds = ": served at version [0-9a-f]+; the proxy asked for it and is in sync on this type, so it holds this version"
+	const notSent = ": served at version [0-9a-f]+; not sent to this proxy, which did not ask for it\n"
+	want := []string{
+		`LDS wanted.asks.svc.cluster.local:50051` + holds,
+		`RDS wanted.asks.svc.cluster.local:50051` + holds,
+		`CDS asks/wanted:50051` + holds,
+		`EDS asks/wanted:50051` + holds,
+		// The short name is served too, but the client dialled the long one.
+		`LDS wanted.asks:50051` + notSent,
+	}
+	var out string
+	testkit.Eventually(t, "explain: the client holds what it dialled", func() (bool, string) {
+		out = explain("asks/wanted")
+		for _, w := range want {
+			if !regexp.MustCompile(w).MatchString(out) {
+				return false, fmt.Sprintf("lacks %s:\n%s", w, out)
+			}
+		}
+		return true, ""
+	})
+	t.Logf("explain asks/wanted:\n%s", out)
+
+	out = explain("asks/unwanted")
+	t.Logf("explain asks/unwanted:\n%s", out)
+	for _, w := range []string{
+		`LDS unwanted.asks.svc.cluster.local:50051` + notSent,
+		`CDS asks/unwanted:50051` + notSent,
+		`EDS asks/unwanted:50051` + notSent,
+		`Proxy "by-name-grpc" asked for none of these resources, so it is sent none of them`,
+	} {
+		if !regexp.MustCompile(w).MatchString(out) {
+			t.Errorf("explain asks/unwanted lacks %s", w)
+		}
+	}
+	if strings.Contains(out, "holds this version") {
+		t.Error("explain says the client holds a Service it never asked for")
 	}
 }

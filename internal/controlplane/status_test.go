@@ -248,7 +248,9 @@ func TestStatusConditionsAreReachedAndCleared(t *testing.T) {
 
 // TestBootstrapConfigMapConflict: a ConfigMap someone else made under the
 // bootstrap's name is never overwritten; the scope says so on its status
-// until the ConfigMap is gone, and then gets its bootstraps.
+// until the ConfigMap is gone, and then gets its bootstraps. The conflict
+// does not stop the scope from serving: Ready is what it would be without
+// it, and kstatus computes Current, with or without proxies.
 func TestBootstrapConfigMapConflict(t *testing.T) {
 	theirs := &corev1.ConfigMap{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "clash", Name: bootstrap.ConfigMapName("edge")},
@@ -257,6 +259,10 @@ func TestBootstrapConfigMapConflict(t *testing.T) {
 	create(t,
 		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "clash"}},
 		theirs,
+		&corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "clash", Name: "door"},
+			Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 80}}},
+		},
 		&xdsv1alpha1.ProxyScope{
 			ObjectMeta: metav1.ObjectMeta{Namespace: "clash", Name: "edge"},
 			Spec: xdsv1alpha1.ProxyScopeSpec{
@@ -272,6 +278,12 @@ func TestBootstrapConfigMapConflict(t *testing.T) {
 	if ps.Status.BootstrapConfigMap != "" {
 		t.Errorf("status.bootstrapConfigMap names a ConfigMap scopeplane did not write: %q", ps.Status.BootstrapConfigMap)
 	}
+	expectCondition(t, "clash", "edge", xdsv1alpha1.ConditionReady, metav1.ConditionTrue, xdsv1alpha1.ReasonNoProxies)
+	expectKstatus(t, "clash", "edge", kstatus.CurrentStatus)
+	proxy(t, dialXDS(t), adsclient.SotW, testkit.Node("clash-edge", "clash/edge"), nil)
+	expectCondition(t, "clash", "edge", xdsv1alpha1.ConditionReady, metav1.ConditionTrue, xdsv1alpha1.ReasonSynced)
+	expectCondition(t, "clash", "edge", xdsv1alpha1.ConditionDegraded, metav1.ConditionTrue, xdsv1alpha1.ReasonBootstrapConfigMapConflict)
+	expectKstatus(t, "clash", "edge", kstatus.CurrentStatus)
 	got := &corev1.ConfigMap{}
 	if err := env.Client.Get(context.Background(), client.ObjectKeyFromObject(theirs), got); err != nil || got.Data["envoy.yaml"] != "someone else's" {
 		t.Errorf("the other ConfigMap was changed: %v %v", got.Data, err)

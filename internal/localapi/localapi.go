@@ -9,25 +9,12 @@ import (
 	"path/filepath"
 	"runtime"
 
-	k8sruntime "k8s.io/apimachinery/pkg/runtime"
-	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
-	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
+	"github.com/scopeplane/scopeplane/internal/scheme"
 )
-
-// Scheme knows the core Kubernetes types and the ProxyScope API.
-var Scheme = newScheme()
-
-func newScheme() *k8sruntime.Scheme {
-	s := k8sruntime.NewScheme()
-	utilruntime.Must(clientgoscheme.AddToScheme(s))
-	utilruntime.Must(xdsv1alpha1.AddToScheme(s))
-	return s
-}
 
 // Env is a running API server with the CRDs installed.
 type Env struct {
@@ -53,13 +40,13 @@ func Start() (*Env, error) {
 	env := &envtest.Environment{
 		CRDDirectoryPaths:     []string{filepath.Join(RepoRoot(), "config", "crd", "bases")},
 		ErrorIfCRDPathMissing: true,
-		Scheme:                Scheme,
+		Scheme:                scheme.Scheme,
 	}
 	cfg, err := env.Start()
 	if err != nil {
 		return nil, fmt.Errorf("starting the test API server: %w", err)
 	}
-	c, err := client.New(cfg, client.Options{Scheme: Scheme})
+	c, err := client.New(cfg, client.Options{Scheme: scheme.Scheme})
 	if err != nil {
 		_ = env.Stop()
 		return nil, err

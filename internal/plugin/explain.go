@@ -18,7 +18,7 @@ import (
 
 	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
 	"github.com/scopeplane/scopeplane/controllers/convert"
-	"github.com/scopeplane/scopeplane/internal/localapi"
+	"github.com/scopeplane/scopeplane/internal/scheme"
 	"github.com/scopeplane/scopeplane/xds/csds"
 	"github.com/scopeplane/scopeplane/xds/model"
 	"github.com/scopeplane/scopeplane/xds/translate"
@@ -29,7 +29,8 @@ import (
 // its scope selects the Service (and if not, which selection rejects it and
 // why, by the same rule the control plane applies), which resources the
 // Service becomes in the scope's listener mode, whether the scope serves
-// them, and whether the proxy holds what is served.
+// them, whether the proxy asked for them (a by-name client such as gRPC's
+// asks only for what it uses) and whether it holds what is served.
 func (o *options) explain(ctx context.Context, args []string) error {
 	if len(args) != 2 {
 		return usageError("explain takes <proxy node id> <namespace>/<service>")
@@ -39,9 +40,9 @@ func (o *options) explain(ctx context.Context, args []string) error {
 	if !ok || svcNS == "" || svcName == "" {
 		return usageError(fmt.Sprintf("%q is not <namespace>/<service>", svcArg))
 	}
+	// With contents, a proxy's entry lists what it subscribes to.
 	replicas, err := o.query(ctx, &statusv3.ClientStatusRequest{
-		NodeMatchers:            []*matcherv3.NodeMatcher{{NodeId: &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: nodeID}}}},
-		ExcludeResourceContents: true,
+		NodeMatchers: []*matcherv3.NodeMatcher{{NodeId: &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: nodeID}}}},
 	})
 	if err != nil {
 		return err
@@ -117,28 +118,68 @@ func (o *options) explain(ctx context.Context, args []string) error {
 		return err
 	}
 	frag := translate.Service(msvc, scope.Listener.Mode)
-	state := map[string]*statusv3.ClientConfig_GenericXdsConfig{}
-	for _, g := range proxy.GetGenericXdsConfigs() {
-		state[g.GetTypeUrl()] = g
-	}
-	n := 0
+	px := proxyStateOf(proxy)
+	n, asked := 0, 0
 	frag.Each(func(t xdstype.Type, m proto.Message) {
 		name := t.Info().NameOf(m)
-		o.explainResource(t, name, served[t][name], state[t.URL()])
+		if o.explainResource(t, name, served[t][name], px) {
+			asked++
+		}
 		n++
 	})
 	for _, vh := range frag.VirtualHosts {
 		// Envoy mode: the Service's virtual hosts live in the scope-wide
 		// route configuration of the listener port.
 		route := translate.HTTPListenerName(scope.Listener.Port)
-		o.explainVirtualHost(vh.GetName(), route, served[xdstype.Route][route], state[xdstype.Route.URL()])
+		if o.explainVirtualHost(vh.GetName(), route, served[xdstype.Route][route], px) {
+			asked++
+		}
 		n++
 	}
-	if n == 0 {
+	switch {
+	case n == 0:
 		o.printf("Service %s has no TCP port scopeplane translates, so it becomes no resource.\n", svcArg)
+	case asked == 0:
+		o.printf("Proxy %q asked for none of these resources, so it is sent none of them: a by-name client (such as gRPC's) asks only for the targets it uses.\n", nodeID)
 	}
 	return nil
 }
+
+// proxyState is what a proxy's CSDS entry says: per type, its state and
+// what it subscribes to.
+type proxyState struct {
+	types    map[string]*statusv3.ClientConfig_GenericXdsConfig
+	wildcard map[string]bool
+	names    map[string]map[string]bool
+}
+
+func proxyStateOf(cc *statusv3.ClientConfig) proxyState {
+	px := proxyState{types: map[string]*statusv3.ClientConfig_GenericXdsConfig{}, wildcard: map[string]bool{}, names: map[string]map[string]bool{}}
+	for _, g := range cc.GetGenericXdsConfigs() {
+		u := g.GetTypeUrl()
+		switch g.GetName() {
+		case "":
+			px.types[u] = g
+		case csds.Wildcard:
+			px.wildcard[u] = true
+		default:
+			if px.names[u] == nil {
+				px.names[u] = map[string]bool{}
+			}
+			px.names[u][g.GetName()] = true
+		}
+	}
+	return px
+}
+
+// asked reports whether the proxy subscribes to a resource: by name, or
+// with a wildcard of its type.
+func (px proxyState) asked(t xdstype.Type, name string) bool {
+	return px.wildcard[t.URL()] || px.names[t.URL()][name]
+}
+
+// notAsked is what explain says of a resource the proxy did not subscribe to.
+const notAsked = "not sent to this proxy, which did not ask for it"
 
 // explainSelection prints whether the scope selects the Service, and if
 // not, why each selection does not.
@@ -191,39 +232,57 @@ func (o *options) served(ctx context.Context, replicaName, scopeKey string) ([xd
 	return out, nil
 }
 
-func (o *options) explainResource(t xdstype.Type, name string, s *servedResource, proxy *statusv3.ClientConfig_GenericXdsConfig) {
-	if s == nil {
+// explainResource prints what the proxy has of one resource, and reports
+// whether the proxy asked for it.
+func (o *options) explainResource(t xdstype.Type, name string, s *servedResource, px proxyState) bool {
+	asked := px.asked(t, name)
+	switch {
+	case s == nil && !asked:
+		o.printf("  %s %s: not served by the scope yet (its snapshot has not caught up with the Service), and %s\n", t, name, notAsked)
+	case s == nil:
 		o.printf("  %s %s: not served by the scope yet (its snapshot has not caught up with the Service)\n", t, name)
-		return
+	case !asked:
+		o.printf("  %s %s: served at version %s; %s\n", t, name, s.version, notAsked)
+	default:
+		o.printf("  %s %s: served at version %s; %s\n", t, name, s.version, proxyHolds(px.types[t.URL()]))
 	}
-	o.printf("  %s %s: served at version %s; %s\n", t, name, s.version, proxyHolds(proxy))
+	return asked
 }
 
-func (o *options) explainVirtualHost(vhost, route string, s *servedResource, proxy *statusv3.ClientConfig_GenericXdsConfig) {
+func (o *options) explainVirtualHost(vhost, route string, s *servedResource, px proxyState) bool {
+	asked := px.asked(xdstype.Route, route)
 	if s == nil {
 		o.printf("  RDS %s (virtual host %s): the scope serves no route configuration %s\n", route, vhost, route)
-		return
+		return asked
+	}
+	holds := notAsked
+	if asked {
+		holds = proxyHolds(px.types[xdstype.Route.URL()])
 	}
 	var rc routev3.RouteConfiguration
 	if err := s.body.GetXdsConfig().UnmarshalTo(&rc); err == nil {
 		for _, vh := range rc.GetVirtualHosts() {
 			if vh.GetName() == vhost {
-				o.printf("  RDS %s, virtual host %s: served at version %s; %s\n", route, vhost, s.version, proxyHolds(proxy))
-				return
+				o.printf("  RDS %s, virtual host %s: served at version %s; %s\n", route, vhost, s.version, holds)
+				return asked
 			}
 		}
 	}
 	o.printf("  RDS %s: served at version %s without virtual host %s (its snapshot has not caught up with the Service)\n", route, s.version, vhost)
+	return asked
 }
 
-// proxyHolds says whether the proxy holds the served version of a type.
+// proxyHolds says whether a proxy that asked for a resource holds its
+// served version. The control plane tracks ACKs per type and version, not
+// per resource: a proxy in sync on a type was sent, and accepted, every
+// resource of the type it asks for.
 func proxyHolds(g *statusv3.ClientConfig_GenericXdsConfig) string {
 	if g == nil {
-		return "the proxy reports nothing for this type"
+		return "the proxy asked for it but reports nothing for this type"
 	}
 	switch g.GetConfigStatus() {
 	case statusv3.ConfigStatus_SYNCED:
-		return "the proxy is in sync on this type, so it holds this version"
+		return "the proxy asked for it and is in sync on this type, so it holds this version (ACKs are tracked per type and version, not per resource)"
 	case statusv3.ConfigStatus_STALE:
 		return fmt.Sprintf("the proxy has not ACKed the type's current version yet (it ACKed %s)", g.GetVersionInfo())
 	case statusv3.ConfigStatus_ERROR:
@@ -238,5 +297,5 @@ func (o *options) client() (client.Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	return client.New(cfg, client.Options{Scheme: localapi.Scheme})
+	return client.New(cfg, client.Options{Scheme: scheme.Scheme})
 }

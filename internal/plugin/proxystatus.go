@@ -80,6 +80,9 @@ func (o *options) proxyStatus(ctx context.Context, args []string) error {
 			meta := cc.GetNode().GetMetadata().GetFields()
 			row := []string{cc.GetNode().GetId(), cc.GetClientScope(), meta[csds.ProtocolKey].GetStringValue()}
 			for _, g := range cc.GetGenericXdsConfigs() {
+				if g.GetName() != "" {
+					continue // a subscription entry, sent with resource contents only
+				}
 				row = append(row, o.cell(g, current[cc.GetClientScope()][g.GetTypeUrl()]))
 				if e := g.GetErrorState(); e != nil && g.GetConfigStatus() == statusv3.ConfigStatus_ERROR {
 					t, _ := xdstype.ByURL(g.GetTypeUrl())

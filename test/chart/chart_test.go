@@ -13,6 +13,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -91,6 +92,10 @@ var renderCases = []renderCase{
 			wantString(t, d, "registry.example.com/scopeplane:0.2.0-rc.1", "spec", "template", "spec", "containers", "0", "image")
 			if o := findOptional(objs, "PodDisruptionBudget"); o != nil {
 				t.Error("one replica must not get a PodDisruptionBudget: it would block node drains")
+			}
+			// Empty grafanaDashboard.labels leave the chart's own labels alone.
+			if got, want := find(t, objs, "ConfigMap").GetLabels(), d.GetLabels(); !maps.Equal(got, want) {
+				t.Errorf("the dashboard ConfigMap's labels are %v, want the chart's own %v", got, want)
 			}
 		},
 	},
@@ -664,7 +669,8 @@ func wantArgs(t *testing.T, args []string, want ...string) {
 // checkObservability checks the PrometheusRule (which the API server cannot
 // dry-run) and the dashboard ConfigMap carry the chart's files whole: the
 // files themselves are checked against Prometheus' parser and the exported
-// metrics by internal/controlplane's TestAlertsAndDashboardNameExportedMetrics.
+// metrics by internal/controlplane's TestMetricsAfterScriptedSequence
+// (checkAlertsAndDashboard).
 func checkObservability(t *testing.T, objs []*unstructured.Unstructured) {
 	t.Helper()
 	rule := find(t, objs, "PrometheusRule")

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -110,10 +112,15 @@ func TestClientStatus(t *testing.T) {
 			if len(byNode) != 2 || scope == nil {
 				t.Fatalf("want two proxies and one scope entry, got %v", resp)
 			}
-			for i, g := range byNode["envoy-1"].GetGenericXdsConfigs() {
+			// One entry per type, then (contents were asked for) what the
+			// proxy subscribes to: a wildcard of every type.
+			for i, g := range byNode["envoy-1"].GetGenericXdsConfigs()[:xdstype.Count] {
 				if g.GetConfigStatus() != statusv3.ConfigStatus_SYNCED || g.GetVersionInfo() != current[i] {
 					t.Errorf("envoy-1 %s: %v at %q, want SYNCED at %q", g.GetTypeUrl(), g.GetConfigStatus(), g.GetVersionInfo(), current[i])
 				}
+			}
+			if got, want := subscriptionsOf(t, byNode["envoy-1"]), []string{"CDS *", "EDS *", "LDS *", "RDS *"}; !slices.Equal(got, want) {
+				t.Errorf("envoy-1 subscribes to %q, want %q", got, want)
 			}
 			cds := byNode["picky"].GetGenericXdsConfigs()[xdstype.Cluster]
 			if cds.GetConfigStatus() != statusv3.ConfigStatus_ERROR || cds.GetErrorState().GetDetails() != "cluster shop/a:80: bad timeout" ||
@@ -203,4 +210,76 @@ func runPlugin(t *testing.T, args ...string) string {
 		t.Fatalf("kubectl scopeplane %s: exit %d: %s", strings.Join(args, " "), code, errOut.String())
 	}
 	return out.String()
+}
+
+// subscriptionsOf lists a proxy entry's subscription entries as "<type> <name>".
+func subscriptionsOf(t *testing.T, cc *statusv3.ClientConfig) []string {
+	t.Helper()
+	var out []string
+	for _, g := range cc.GetGenericXdsConfigs() {
+		if g.GetName() == "" {
+			continue
+		}
+		ty, _ := xdstype.ByURL(g.GetTypeUrl())
+		out = append(out, ty.String()+" "+g.GetName())
+		if g.GetVersionInfo() != "" || g.GetConfigStatus() != statusv3.ConfigStatus_UNKNOWN {
+			t.Errorf("a subscription entry claims a version or status: %v", g)
+		}
+	}
+	return out
+}
+
+// A by-name proxy holds only what it asks for, so the client status names,
+// per type, what each proxy subscribes to: explain must not take a proxy in
+// sync on a type to hold every resource of the type.
+func TestClientStatusNamesSubscriptions(t *testing.T) {
+	for _, pr := range protocols {
+		t.Run(pr.name, func(t *testing.T) {
+			p := world(t, pr.scope)
+			addr := p.serveCSDS()
+			cfg := adsclient.Config{Protocol: pr.client, Node: testkit.Node("by-name", "shop/gw"), Types: xdstype.URLs(),
+				Wildcard: map[string]bool{xdstype.Listener.URL(): true},
+				Names: map[string][]string{
+					xdstype.Cluster.URL():  {"shop/a:80"},
+					xdstype.Endpoint.URL(): {"shop/a:80"},
+					xdstype.Route.URL():    {"http-10080"},
+				}}
+			px := p.connect(cfg)
+			px.wait("cluster shop/a:80 alone", func(c *adsclient.Client) bool {
+				_, eds := c.State(xdstype.Endpoint.URL())["shop/a:80"]
+				return holds(xdstype.Cluster.URL(), "shop/a:80")(c) && eds && holds(xdstype.Route.URL(), "http-10080")(c)
+			})
+
+			proxyEntry := func(req *statusv3.ClientStatusRequest) *statusv3.ClientConfig {
+				t.Helper()
+				req.NodeMatchers = []*matcherv3.NodeMatcher{{NodeId: &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: "by-name"}}}}
+				resp, err := fetchCSDS(t, addr, req)
+				if err != nil || len(resp.GetConfig()) != 1 {
+					t.Fatalf("by-name's status: %v, %v", resp, err)
+				}
+				return resp.GetConfig()[0]
+			}
+			want := []string{"CDS shop/a:80", "EDS shop/a:80", "LDS *", "RDS http-10080"}
+			if got := subscriptionsOf(t, proxyEntry(&statusv3.ClientStatusRequest{})); !slices.Equal(got, want) {
+				t.Errorf("by-name subscribes to %q, want %q", got, want)
+			}
+			if got := proxyEntry(&statusv3.ClientStatusRequest{ExcludeResourceContents: true}).GetGenericXdsConfigs(); len(got) != int(xdstype.Count) {
+				t.Errorf("without contents, the proxy entry has %d entries, want one per type: %v", len(got), got)
+			}
+
+			// The subscription follows the proxy's requests.
+			if err := px.Subscribe(xdstype.Cluster.URL(), "shop/b:80"); err != nil {
+				t.Fatal(err)
+			}
+			if err := px.Unsubscribe(xdstype.Cluster.URL(), "shop/a:80"); err != nil {
+				t.Fatal(err)
+			}
+			px.wait("cluster shop/b:80 alone", holds(xdstype.Cluster.URL(), "shop/b:80"))
+			want = []string{"CDS shop/b:80", "EDS shop/a:80", "LDS *", "RDS http-10080"}
+			testkit.Eventually(t, "the new subscription reported", func() (bool, string) {
+				got := subscriptionsOf(t, proxyEntry(&statusv3.ClientStatusRequest{}))
+				return slices.Equal(got, want), fmt.Sprintf("%q, want %q", got, want)
+			})
+		})
+	}
 }

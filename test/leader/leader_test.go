@@ -24,6 +24,7 @@ import (
 	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
 	"github.com/scopeplane/scopeplane/internal/controlplane"
 	"github.com/scopeplane/scopeplane/internal/localapi"
+	"github.com/scopeplane/scopeplane/internal/scheme"
 	"github.com/scopeplane/scopeplane/internal/testkit"
 	"github.com/scopeplane/scopeplane/xds/adsclient"
 	"github.com/scopeplane/scopeplane/xds/xdstype"
@@ -41,7 +42,7 @@ func startReplica(t *testing.T, env *localapi.Env, name string) *replica {
 	t.Helper()
 	lease, renew, retry := 3*time.Second, 2*time.Second, 200*time.Millisecond
 	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
-		Scheme: localapi.Scheme, Cache: controlplane.CacheOptions(),
+		Scheme: scheme.Scheme, Cache: controlplane.CacheOptions(),
 		Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
 		LeaderElection: true, LeaderElectionID: "scopeplane-test", LeaderElectionNamespace: "default",
 		LeaderElectionReleaseOnCancel: true, LeaseDuration: &lease, RenewDeadline: &renew, RetryPeriod: &retry,

@@ -11,7 +11,13 @@
 //     resource type: the version the proxy last ACKed, config_status SYNCED
 //     when that is what the scope serves now, STALE when the proxy is
 //     behind, ERROR while it rejects the type, NOT_SENT before any answer;
-//     error_state carries its last NACK.
+//     error_state carries its last NACK. Unless the request sets
+//     exclude_resource_contents, these are followed by what the proxy
+//     subscribes to: per type, an entry named "*" for a wildcard
+//     subscription and one per name it asks for, in the type order and
+//     sorted by name, with no version or status (the server keeps ACK state
+//     per type and version, not per resource). A by-name client, such as
+//     gRPC's, holds only the names it asks for.
 //   - one per ProxyScope, with no node and client_scope set to the scope:
 //     first one entry per type with an empty name and the type's current
 //     version, then one entry per served resource with its name, version
@@ -61,6 +67,10 @@ const (
 	// ConnectedKey is when the proxy's stream was bound to its scope (RFC 3339).
 	ConnectedKey = "scopeplane.dev/connected-since"
 )
+
+// Wildcard is the resource name that stands for a wildcard subscription in
+// a proxy's subscription entries, as "*" does in xDS requests.
+const Wildcard = "*"
 
 // Server implements ClientStatusDiscoveryService over the replica's
 // snapshot store and feedback tracker.
@@ -141,9 +151,16 @@ func (s *Server) status(req *statusv3.ClientStatusRequest) (*statusv3.ClientStat
 			resp.Config = append(resp.Config, scope)
 		}
 		for _, p := range sortedProxies(s.fb.Get(key)) {
-			if sel.matchProxy(key, p) {
-				resp.Config = append(resp.Config, proxyConfig(key, p, &cur, at))
+			if !sel.matchProxy(key, p) {
+				continue
 			}
+			cc := proxyConfig(key, p, &cur, at)
+			if !req.GetExcludeResourceContents() {
+				// A stream that left since Get is reported without them.
+				subs, _ := s.fb.Subscriptions(key, p.ID)
+				cc.GenericXdsConfigs = append(cc.GenericXdsConfigs, subscriptions(subs)...)
+			}
+			resp.Config = append(resp.Config, cc)
 		}
 	}
 	return resp, nil
@@ -213,6 +230,22 @@ func proxyConfig(key model.Key, p *feedback.Proxy, cur *[xdstype.Count]string, a
 		cc.GenericXdsConfigs = append(cc.GenericXdsConfigs, g)
 	}
 	return cc
+}
+
+// subscriptions lists what a proxy subscribes to, one entry per name ("*"
+// for a wildcard), by type then name.
+func subscriptions(subs map[string]feedback.Subscription) []*statusv3.ClientConfig_GenericXdsConfig {
+	var out []*statusv3.ClientConfig_GenericXdsConfig
+	for _, t := range xdstype.All() {
+		sub := subs[t.URL()]
+		if sub.Wildcard {
+			out = append(out, &statusv3.ClientConfig_GenericXdsConfig{TypeUrl: t.URL(), Name: Wildcard})
+		}
+		for _, n := range sub.Names {
+			out = append(out, &statusv3.ClientConfig_GenericXdsConfig{TypeUrl: t.URL(), Name: n})
+		}
+	}
+	return out
 }
 
 func sortedProxies(r feedback.Report) []*feedback.Proxy {

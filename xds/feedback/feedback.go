@@ -64,6 +64,8 @@ type Proxy struct {
 	// wildcards its wildcard subscriptions (see Asks).
 	asks      map[model.Key]int
 	wildcards int
+	// subs is what the proxy subscribes to, by type URL (see Subscribed).
+	subs map[string]*subscription
 }
 
 // Report is what is known about the proxies of one scope.
@@ -299,7 +301,7 @@ func (t *Tracker) Get(key model.Key) Report {
 	for id, p := range s.Proxies {
 		c := *p
 		c.Acked = maps.Clone(p.Acked)
-		c.asks = nil
+		c.asks, c.subs = nil, nil
 		c.Nacked = maps.Clone(p.Nacked)
 		c.LastNACK = maps.Clone(p.LastNACK)
 		out.Proxies[id] = &c

@@ -69,10 +69,14 @@ func (s *subscription) forgetUnsubscribed() {
 	}
 }
 
-// asked tells the feedback how a subscription changed, for the usage of
-// the scope's Services: the names added and removed, and whether it went
-// to or from a wildcard.
+// asked tells the feedback how a subscription changed, for the client
+// status service and the usage of the scope's Services: the names added
+// and removed, and whether it went to or from a wildcard.
 func (st *stream) asked(t xdstype.Type, added, removed []string, wildcardBefore, wildcardAfter bool) {
+	if len(added) == 0 && len(removed) == 0 && wildcardBefore == wildcardAfter {
+		return
+	}
+	st.srv.fb.Subscribed(st.key, st.id, t.URL(), added, removed, wildcardAfter)
 	var names map[model.Key]int
 	count := func(list []string, d int) {
 		for _, n := range list {
