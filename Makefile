@@ -22,6 +22,11 @@ VERSION ?= $(shell awk '/^appVersion:/ { gsub(/"/, "", $$2); print $$2 }' charts
 FUZZ_TRANSLATE ?= 20000x
 FUZZ_REQUESTS  ?= 2000x
 
+# TEST_TIMEOUT bounds each test binary. The image test cross-builds the
+# binary for two architectures, which on a cold build cache and 2 cores takes
+# longer than go test's 10-minute default.
+TEST_TIMEOUT ?= 30m
+
 # Nothing here needs a C toolchain: every build, test and tool is pure Go.
 export CGO_ENABLED := 0
 
@@ -88,7 +93,7 @@ envtest: ## Build (once, cached) kube-apiserver and etcd; print the KUBEBUILDER_
 .PHONY: test
 test: ## Run every test against a real API server (builds the envtest binaries on first use).
 	assets=$$(hack/envtest.sh); helm=$$(hack/helm.sh); \
-	KUBEBUILDER_ASSETS=$$assets HELM=$$helm go test -count=1 ./...
+	KUBEBUILDER_ASSETS=$$assets HELM=$$helm go test -count=1 -timeout $(TEST_TIMEOUT) ./...
 	go test -run '^$$' -fuzz '^FuzzTranslate$$' -fuzztime $(FUZZ_TRANSLATE) -fuzzminimizetime 200x ./xds/translate/
 	go test -run '^$$' -fuzz '^FuzzConvertTranslate$$' -fuzztime $(FUZZ_TRANSLATE) -fuzzminimizetime 200x ./controllers/convert/
 	go test -run '^$$' -fuzz '^FuzzRequests$$' -fuzztime $(FUZZ_REQUESTS) -fuzzminimizetime 200x ./xds/server/
