@@ -89,7 +89,12 @@ func start(t *testing.T) *plane {
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan error, 1)
 	go func() { served <- p.Server.ServeListener(ctx, lis) }()
-	t.Cleanup(func() { cancel(); <-served })
+	t.Cleanup(func() {
+		cancel()
+		if err := <-served; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	})
 	conn := p.dial()
 	t.Cleanup(func() { _ = conn.Close() })
 	p.sotw = p.legitimate(conn, adsclient.SotW, "default/sotw")
@@ -531,7 +536,12 @@ func small(t *testing.T, opts server.Options) (*pipeline.Pipeline, *grpc.ClientC
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan error, 1)
 	go func() { served <- p.Server.ServeListener(ctx, lis) }()
-	t.Cleanup(func() { cancel(); <-served })
+	t.Cleanup(func() {
+		cancel()
+		if err := <-served; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	})
 	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
