@@ -63,21 +63,20 @@ func serveMain(args []string) int {
 	layout := fs.String("layout", string(Unscoped), "unscoped or scoped")
 	protocol := fs.String("protocol", string(model.SotW), "SotW or Delta (the scopes' protocol)")
 	addr := fs.String("addr", "127.0.0.1:0", "ADS listen address (loopback only)")
-	window := fs.Duration("window", 10*time.Millisecond, "scopeplane's coalescing window")
 	replay := fs.String("replay", "", "comma-separated events applied before serving (a restart)")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of this process's whole life to this file")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	if err := serve(*impl, WorldParams{Services: *services, Layout: Layout(*layout), Protocol: model.Protocol(*protocol)},
-		*addr, *window, *replay, *cpuprofile); err != nil {
+		*addr, *replay, *cpuprofile); err != nil {
 		fmt.Fprintln(os.Stderr, "bench serve:", err)
 		return 1
 	}
 	return 0
 }
 
-func serve(impl string, p WorldParams, addr string, window time.Duration, replay, cpuprofile string) error {
+func serve(impl string, p WorldParams, addr string, replay, cpuprofile string) error {
 	if host, _, err := net.SplitHostPort(addr); err != nil || !net.ParseIP(host).IsLoopback() {
 		return fmt.Errorf("-addr %q: the benchmark serves on loopback only", addr)
 	}
@@ -126,7 +125,7 @@ func serve(impl string, p WorldParams, addr string, window time.Duration, replay
 	var cp controlPlane
 	switch impl {
 	case "scopeplane":
-		cp = newScopeplane(ctx, w, window)
+		cp = newScopeplane(w)
 	case "baseline":
 		cp = newBaseline(w)
 	default:
@@ -234,21 +233,23 @@ func cpuNanos() int64 {
 }
 
 // scopeplaneCP is the real pipeline minus Kubernetes: catalog → snapshot
-// builder (coalescing window) → scopeplane's ADS server, with feedback.
+// builder → scopeplane's ADS server, with feedback. Each event is built as
+// one batch (Sync), not through the coalescing window: the window would
+// split an event that changes many Services (a node drain) wherever the
+// process happens to be descheduled, and then the SotW and the Delta cell,
+// two processes, would push different batches and their figures for the
+// other protocol could not be compared. The build's CPU is the same.
 type scopeplaneCP struct{ *pipeline.Pipeline }
 
-func newScopeplane(ctx context.Context, w *World, window time.Duration) *scopeplaneCP {
-	p := pipeline.New(pipeline.Options{CoalesceWindow: window})
+func newScopeplane(w *World) *scopeplaneCP {
+	p := pipeline.New(pipeline.Options{})
 	for _, svc := range w.Services {
 		p.Catalog.UpsertService(svc)
 	}
 	for _, sc := range w.Scopes {
 		p.Catalog.UpsertScope(sc)
 	}
-	synced := make(chan struct{})
-	close(synced)
-	go func() { _ = p.Run(ctx, synced) }()
-	<-p.Builder.Built()
+	p.Sync()
 	return &scopeplaneCP{p}
 }
 
@@ -259,6 +260,7 @@ func (s *scopeplaneCP) Apply(ch Change) {
 	for _, k := range ch.Deleted {
 		s.Catalog.DeleteService(k)
 	}
+	s.Sync()
 }
 
 // Priced is what scopeplane says the other protocol would have sent, over
