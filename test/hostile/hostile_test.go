@@ -81,20 +81,7 @@ func start(t *testing.T) *plane {
 	p.Catalog.UpsertScope(scope("sotw", model.SotW))
 	p.Catalog.UpsertScope(scope("delta", model.Delta))
 	p.Sync()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.addr = lis.Addr().String()
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- p.Server.ServeListener(ctx, lis) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-served; err != nil {
-			t.Errorf("serve: %v", err)
-		}
-	})
+	p.addr = serve(t, p.Pipeline)
 	conn := p.dial()
 	t.Cleanup(func() { _ = conn.Close() })
 	p.sotw = p.legitimate(conn, adsclient.SotW, "default/sotw")
@@ -522,13 +509,10 @@ func TestNewStreamsArePaced(t *testing.T) {
 	}
 }
 
-// small serves a one-Service world, scope default/sotw, with opts.
-func small(t *testing.T, opts server.Options) (*pipeline.Pipeline, *grpc.ClientConn) {
+// serve runs p's ADS server on a loopback port until the test ends and
+// returns its address.
+func serve(t *testing.T, p *pipeline.Pipeline) string {
 	t.Helper()
-	p := pipeline.New(pipeline.Options{Server: opts})
-	p.Catalog.UpsertService(testkit.Service("default", "one", "10.0.0.1"))
-	p.Catalog.UpsertScope(scope("sotw", model.SotW))
-	p.Sync()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -542,7 +526,17 @@ func small(t *testing.T, opts server.Options) (*pipeline.Pipeline, *grpc.ClientC
 			t.Errorf("serve: %v", err)
 		}
 	})
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	return lis.Addr().String()
+}
+
+// small serves a one-Service world, scope default/sotw, with opts.
+func small(t *testing.T, opts server.Options) (*pipeline.Pipeline, *grpc.ClientConn) {
+	t.Helper()
+	p := pipeline.New(pipeline.Options{Server: opts})
+	p.Catalog.UpsertService(testkit.Service("default", "one", "10.0.0.1"))
+	p.Catalog.UpsertScope(scope("sotw", model.SotW))
+	p.Sync()
+	conn, err := grpc.NewClient(serve(t, p), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}

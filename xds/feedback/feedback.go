@@ -129,6 +129,16 @@ func (t *Tracker) scopeLocked(key model.Key) *Report {
 	return s
 }
 
+// proxyLocked is the connected stream id of scope key, or nil: a stream
+// reports changes only while it is connected, and a late report after its
+// Disconnect is dropped.
+func (t *Tracker) proxyLocked(key model.Key, id uint64) *Proxy {
+	if s := t.scopes[key]; s != nil {
+		return s.Proxies[id]
+	}
+	return nil
+}
+
 // Connect records a new stream of node and returns its id.
 func (t *Tracker) Connect(key model.Key, node *corev3.Node, p model.Protocol) uint64 {
 	ua := node.GetUserAgentName()

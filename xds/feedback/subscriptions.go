@@ -30,11 +30,7 @@ type subscription struct {
 func (t *Tracker) Subscribed(key model.Key, id uint64, typeURL string, added, removed []string, wildcard bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	s := t.scopes[key]
-	if s == nil {
-		return
-	}
-	p := s.Proxies[id]
+	p := t.proxyLocked(key, id)
 	if p == nil {
 		return
 	}
@@ -65,11 +61,7 @@ func (t *Tracker) Subscribed(key model.Key, id uint64, typeURL string, added, re
 func (t *Tracker) Subscriptions(key model.Key, id uint64) (subs map[string]Subscription, ok bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	s := t.scopes[key]
-	if s == nil {
-		return nil, false
-	}
-	p := s.Proxies[id]
+	p := t.proxyLocked(key, id)
 	if p == nil {
 		return nil, false
 	}
