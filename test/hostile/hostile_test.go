@@ -262,13 +262,19 @@ func TestHostileClients(t *testing.T) {
 				n := runtime.NumGoroutine()
 				return n <= goroutines+5, fmt.Sprintf("%d goroutines, %d before", n, goroutines)
 			})
-			after := heap()
-			growth := int64(after) - int64(before)
+			// What the server still holds once the attack is over, polled:
+			// on a loaded machine the last responses and the stream's
+			// buffers can outlive the goroutines for a moment, while a real
+			// leak stays and fails the row at the timeout.
+			var after uint64
+			var growth int64
+			testkit.Eventually(t, "the heap back within the bound", func() (bool, string) {
+				after = heap()
+				growth = int64(after) - int64(before)
+				return growth <= heapBound, fmt.Sprintf("the heap grew by %d bytes, more than %d", growth, heapBound)
+			})
 			fmt.Fprintf(&table, "| %s | %s | %.1f → %.1f MiB (%+.2f MiB) |\n", r.name, o.String(),
 				float64(before)/(1<<20), float64(after)/(1<<20), float64(growth)/(1<<20))
-			if growth > heapBound {
-				t.Errorf("the heap grew by %d bytes, more than %d", growth, heapBound)
-			}
 			if len(o.codes) != 1 || o.codes[r.want] == 0 {
 				t.Errorf("the attack's streams ended with %s, want only %s; messages: %q", o.String(), r.want, o.msgs)
 			}
