@@ -18,9 +18,10 @@ import (
 
 // Env is a running API server with the CRDs installed.
 type Env struct {
-	env    *envtest.Environment
-	Config *rest.Config
-	Client client.Client
+	env     *envtest.Environment
+	certDir string
+	Config  *rest.Config
+	Client  client.Client
 }
 
 // RepoRoot is the checkout's top directory, found from this file's path so
@@ -42,20 +43,44 @@ func Start() (*Env, error) {
 		ErrorIfCRDPathMissing: true,
 		Scheme:                scheme.Scheme,
 	}
-	cfg, err := env.Start()
+	// A certificate directory of its own, which envtest then keeps across
+	// a restart of the API server (StartAPIServer), so that the serving
+	// certificate and the client CA, and so Config, stay valid.
+	certDir, err := os.MkdirTemp("", "scopeplane-apiserver-")
 	if err != nil {
-		return nil, fmt.Errorf("starting the test API server: %w", err)
-	}
-	c, err := client.New(cfg, client.Options{Scheme: scheme.Scheme})
-	if err != nil {
-		_ = env.Stop()
 		return nil, err
 	}
-	return &Env{env: env, Config: cfg, Client: c}, nil
+	env.ControlPlane.GetAPIServer().CertDir = certDir
+	cfg, err := env.Start()
+	if err != nil {
+		_ = os.RemoveAll(certDir)
+		return nil, fmt.Errorf("starting the test API server: %w", err)
+	}
+	e := &Env{env: env, certDir: certDir, Config: cfg}
+	if e.Client, err = client.New(cfg, client.Options{Scheme: scheme.Scheme}); err != nil {
+		_ = e.Stop()
+		return nil, err
+	}
+	return e, nil
 }
 
 // Stop stops the API server and etcd.
-func (e *Env) Stop() error { return e.env.Stop() }
+func (e *Env) Stop() error {
+	err := e.env.Stop()
+	if rmErr := os.RemoveAll(e.certDir); err == nil {
+		err = rmErr
+	}
+	return err
+}
+
+// StopAPIServer stops kube-apiserver and leaves etcd running: an API
+// server outage, for as long as the caller likes.
+func (e *Env) StopAPIServer() error { return e.env.ControlPlane.GetAPIServer().Stop() }
+
+// StartAPIServer starts kube-apiserver again after StopAPIServer, on the
+// same address, with the same certificates and the same etcd, so that
+// clients of Config reconnect to the same cluster.
+func (e *Env) StartAPIServer() error { return e.env.ControlPlane.GetAPIServer().Start() }
 
 // WriteKubeconfig writes a kubeconfig for an administrator of the API server
 // to path, so that kubectl can be pointed at it.
