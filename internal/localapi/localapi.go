@@ -5,9 +5,11 @@ package localapi
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"runtime"
+	"time"
 
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -51,6 +53,10 @@ func Start() (*Env, error) {
 		return nil, err
 	}
 	env.ControlPlane.GetAPIServer().CertDir = certDir
+	// kube-apiserver drains open connections when asked to stop, which
+	// the clients of a running control plane keep busy: past this it is
+	// killed (StopAPIServer), as is etcd.
+	env.ControlPlaneStopTimeout = stopTimeout
 	cfg, err := env.Start()
 	if err != nil {
 		_ = os.RemoveAll(certDir)
@@ -73,9 +79,26 @@ func (e *Env) Stop() error {
 	return err
 }
 
+// stopTimeout is how long kube-apiserver may take to stop before it is killed.
+const stopTimeout = 3 * time.Second
+
 // StopAPIServer stops kube-apiserver and leaves etcd running: an API
-// server outage, for as long as the caller likes.
-func (e *Env) StopAPIServer() error { return e.env.ControlPlane.GetAPIServer().Stop() }
+// server outage, for as long as the caller likes. A server that does not
+// stop within stopTimeout is killed, as a crash would end it; either way
+// this returns once nothing listens on its port any more.
+func (e *Env) StopAPIServer() error {
+	api := e.env.ControlPlane.GetAPIServer()
+	stopErr := api.Stop()
+	addr := net.JoinHostPort(api.SecureServing.Address, api.SecureServing.Port)
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		conn, err := net.DialTimeout("tcp", addr, time.Second)
+		if err != nil {
+			return nil
+		}
+		_ = conn.Close()
+	}
+	return fmt.Errorf("kube-apiserver still listens on %s after stopping it: %w", addr, stopErr)
+}
 
 // StartAPIServer starts kube-apiserver again after StopAPIServer, on the
 // same address, with the same certificates and the same etcd, so that
