@@ -75,7 +75,24 @@ func newElector(mgr manager.Manager, le LeaderElection, setup func(manager.Manag
 	if err != nil {
 		return nil, fmt.Errorf("leader election: %w", err)
 	}
+	// The timings are checked now, so that bad ones fail the start.
+	if _, err := e.leaderElector(leaderelection.LeaderCallbacks{OnStartedLeading: func(context.Context) {}, OnStoppedLeading: func() {}}); err != nil {
+		return nil, err
+	}
 	return e, nil
+}
+
+// leaderElector is client-go's elector over the Lease, calling callbacks.
+func (e *elector) leaderElector(callbacks leaderelection.LeaderCallbacks) (*leaderelection.LeaderElector, error) {
+	le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
+		Lock: e.lock, Name: e.le.ID, ReleaseOnCancel: true,
+		LeaseDuration: e.le.LeaseDuration, RenewDeadline: e.le.RenewDeadline, RetryPeriod: e.le.RetryPeriod,
+		Callbacks: callbacks,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("leader election: %w", err)
+	}
+	return le, nil
 }
 
 // Leading reports whether this replica runs the leader-only work now.
@@ -122,33 +139,29 @@ func (e *elector) campaign(ctx context.Context) error {
 			<-ch
 		}
 	}
-	le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
-		Lock: e.lock, Name: e.le.ID, ReleaseOnCancel: true,
-		LeaseDuration: e.le.LeaseDuration, RenewDeadline: e.le.RenewDeadline, RetryPeriod: e.le.RetryPeriod,
-		Callbacks: leaderelection.LeaderCallbacks{
-			OnStartedLeading: func(leading context.Context) {
-				mu.Lock()
-				if stopping {
-					mu.Unlock()
-					return
-				}
-				ended = make(chan struct{})
+	le, err := e.leaderElector(leaderelection.LeaderCallbacks{
+		OnStartedLeading: func(leading context.Context) {
+			mu.Lock()
+			if stopping {
 				mu.Unlock()
-				defer close(ended)
-				work, cancel := context.WithCancel(leading)
-				defer cancel()
-				defer context.AfterFunc(ctx, cancel)()
-				if err := e.term(work); err != nil {
-					e.log.Error(err, "the leader-only work failed; giving the Lease up")
-					failed.Store(true)
-					release()
-				}
-			},
-			OnStoppedLeading: func() {},
+				return
+			}
+			ended = make(chan struct{})
+			mu.Unlock()
+			defer close(ended)
+			work, cancel := context.WithCancel(leading)
+			defer cancel()
+			defer context.AfterFunc(ctx, cancel)()
+			if err := e.term(work); err != nil {
+				e.log.Error(err, "the leader-only work failed; giving the Lease up")
+				failed.Store(true)
+				release()
+			}
 		},
+		OnStoppedLeading: func() {},
 	})
 	if err != nil {
-		return fmt.Errorf("leader election: %w", err)
+		return err
 	}
 	campaignDone := make(chan struct{})
 	defer close(campaignDone)
@@ -169,7 +182,7 @@ func (e *elector) campaign(ctx context.Context) error {
 		case <-time.After(e.le.LeaseDuration):
 		}
 	} else if ctx.Err() == nil {
-		e.log.Info("lost the Lease; the leader-only work stopped, campaigning again", "lease", e.le.Namespace+"/"+e.le.ID)
+		e.log.Info("lost the Lease; the leader-only work stopped, campaigning again", "lease", e.lock.Describe())
 	}
 	return nil
 }
