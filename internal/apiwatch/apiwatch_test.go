@@ -2,6 +2,7 @@ package apiwatch
 
 import (
 	"context"
+	"errors"
 	"net"
 	"net/url"
 	"syscall"
@@ -50,7 +51,7 @@ func TestAnswersReachTheReflector(t *testing.T) {
 			calls++
 			return nil, err
 		}})
-		if _, got := lw.ListWithContext(context.Background(), metav1.ListOptions{}); got != err || calls != 1 {
+		if _, got := lw.ListWithContext(context.Background(), metav1.ListOptions{}); !errors.Is(got, err) || calls != 1 {
 			t.Errorf("%v: returned %v after %d calls, want it returned at once", err, got, calls)
 		}
 	}

@@ -89,7 +89,7 @@ const stopTimeout = 3 * time.Second
 func (e *Env) StopAPIServer() error {
 	api := e.env.ControlPlane.GetAPIServer()
 	stopErr := api.Stop()
-	addr := net.JoinHostPort(api.SecureServing.Address, api.SecureServing.Port)
+	addr := net.JoinHostPort(api.Address, api.Port)
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
 		conn, err := net.DialTimeout("tcp", addr, time.Second)
 		if err != nil {
