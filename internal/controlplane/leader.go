@@ -10,10 +10,14 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	crleader "sigs.k8s.io/controller-runtime/pkg/leaderelection"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
@@ -190,7 +194,9 @@ func (e *elector) campaign(ctx context.Context) error {
 // term runs the leader-only work until ctx ends, and returns the first
 // error a part of it ended with before then.
 func (e *elector) term(ctx context.Context) error {
-	tm := &termManager{Manager: e.mgr}
+	tm := &termManager{Manager: e.mgr, cache: &termCache{Cache: e.mgr.GetCache()}}
+	// Whatever the setup got far enough to register goes when the term ends.
+	defer tm.cache.removeHandlers()
 	if err := e.setup(tm); err != nil {
 		return err
 	}
@@ -216,13 +222,17 @@ func (e *elector) term(ctx context.Context) error {
 }
 
 // termManager is the manager as one term's leader-only work sees it: what
-// is added to it is kept for the term to run, not run by the manager, and
-// its controllers skip the check that names are unique in the process,
-// since every term builds them again under the same names.
+// is added to it is kept for the term to run, not run by the manager; its
+// controllers skip the check that names are unique in the process, since
+// every term builds them again under the same names; and its cache is
+// termCache.
 type termManager struct {
 	manager.Manager
+	cache     *termCache
 	runnables []manager.Runnable
 }
+
+func (m *termManager) GetCache() cache.Cache { return m.cache }
 
 func (m *termManager) Add(r manager.Runnable) error {
 	m.runnables = append(m.runnables, r)
@@ -233,4 +243,90 @@ func (m *termManager) GetControllerOptions() config.Controller {
 	o := m.Manager.GetControllerOptions()
 	o.SkipNameValidation = ptr.To(true)
 	return o
+}
+
+// termCache is the manager's cache as one term's controllers see it: the
+// event handlers they add to its shared informers are removed when the
+// term ends (controller-runtime leaves them registered when a controller
+// stops), so that terms do not pile handlers up on the informers.
+type termCache struct {
+	cache.Cache
+	mu       sync.Mutex
+	handlers []termHandler
+	ended    bool
+}
+
+type termHandler struct {
+	informer cache.Informer
+	reg      toolscache.ResourceEventHandlerRegistration
+}
+
+func (c *termCache) GetInformer(ctx context.Context, obj client.Object, opts ...cache.InformerGetOption) (cache.Informer, error) {
+	i, err := c.Cache.GetInformer(ctx, obj, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return &termInformer{Informer: i, cache: c}, nil
+}
+
+func (c *termCache) GetInformerForKind(ctx context.Context, gvk schema.GroupVersionKind, opts ...cache.InformerGetOption) (cache.Informer, error) {
+	i, err := c.Cache.GetInformerForKind(ctx, gvk, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return &termInformer{Informer: i, cache: c}, nil
+}
+
+func (c *termCache) keep(i cache.Informer, reg toolscache.ResourceEventHandlerRegistration, err error) (toolscache.ResourceEventHandlerRegistration, error) {
+	if err != nil {
+		return reg, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	h := termHandler{i, reg}
+	if c.ended {
+		// A source that was still starting when the term ended.
+		h.remove()
+	} else {
+		c.handlers = append(c.handlers, h)
+	}
+	return reg, nil
+}
+
+// removeHandlers removes every handler added through c, and those added
+// after.
+func (c *termCache) removeHandlers() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, h := range c.handlers {
+		h.remove()
+	}
+	c.handlers, c.ended = nil, true
+}
+
+func (h termHandler) remove() {
+	if err := h.informer.RemoveEventHandler(h.reg); err != nil {
+		ctrl.Log.WithName("leader").Error(err, "removing a stopped controller's event handler")
+	}
+}
+
+// termInformer records the handlers added to a shared informer in a term.
+type termInformer struct {
+	cache.Informer
+	cache *termCache
+}
+
+func (i *termInformer) AddEventHandler(h toolscache.ResourceEventHandler) (toolscache.ResourceEventHandlerRegistration, error) {
+	reg, err := i.Informer.AddEventHandler(h)
+	return i.cache.keep(i.Informer, reg, err)
+}
+
+func (i *termInformer) AddEventHandlerWithResyncPeriod(h toolscache.ResourceEventHandler, resync time.Duration) (toolscache.ResourceEventHandlerRegistration, error) {
+	reg, err := i.Informer.AddEventHandlerWithResyncPeriod(h, resync)
+	return i.cache.keep(i.Informer, reg, err)
+}
+
+func (i *termInformer) AddEventHandlerWithOptions(h toolscache.ResourceEventHandler, o toolscache.HandlerOptions) (toolscache.ResourceEventHandlerRegistration, error) {
+	reg, err := i.Informer.AddEventHandlerWithOptions(h, o)
+	return i.cache.keep(i.Informer, reg, err)
 }

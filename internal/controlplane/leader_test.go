@@ -6,7 +6,10 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/rest"
+	toolscache "k8s.io/client-go/tools/cache"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -43,5 +46,66 @@ func TestTermsRebuildControllersUnderTheSameName(t *testing.T) {
 	}
 	if err := build(mgr); err == nil {
 		t.Fatal("the manager took a second controller of the same name: the name check this test relies on is off")
+	}
+}
+
+// countingInformer counts the event handlers registered on it.
+type countingInformer struct {
+	cache.Informer
+	handlers map[toolscache.ResourceEventHandlerRegistration]bool
+}
+
+type registration struct {
+	toolscache.ResourceEventHandlerRegistration
+}
+
+func (i *countingInformer) AddEventHandlerWithOptions(toolscache.ResourceEventHandler, toolscache.HandlerOptions) (toolscache.ResourceEventHandlerRegistration, error) {
+	r := &registration{}
+	i.handlers[r] = true
+	return r, nil
+}
+
+func (i *countingInformer) RemoveEventHandler(r toolscache.ResourceEventHandlerRegistration) error {
+	delete(i.handlers, r)
+	return nil
+}
+
+type oneInformer struct {
+	cache.Cache
+	informer *countingInformer
+}
+
+func (c oneInformer) GetInformer(context.Context, client.Object, ...cache.InformerGetOption) (cache.Informer, error) {
+	return c.informer, nil
+}
+
+// TestTermsRemoveTheirEventHandlers checks that the handlers a term's
+// controllers register on the shared informers go with the term, also one
+// registered after it ended.
+func TestTermsRemoveTheirEventHandlers(t *testing.T) {
+	shared := &countingInformer{handlers: map[toolscache.ResourceEventHandlerRegistration]bool{}}
+	_, _ = shared.AddEventHandlerWithOptions(nil, toolscache.HandlerOptions{}) // an every-replica controller's
+	tc := &termCache{Cache: oneInformer{informer: shared}}
+	inf, err := tc.GetInformer(context.Background(), &corev1.Namespace{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if _, err := inf.AddEventHandlerWithOptions(nil, toolscache.HandlerOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(shared.handlers) != 3 {
+		t.Fatalf("%d handlers registered, want 3", len(shared.handlers))
+	}
+	tc.removeHandlers()
+	if len(shared.handlers) != 1 {
+		t.Errorf("%d handlers left after the term, want the one registered outside it", len(shared.handlers))
+	}
+	if _, err := inf.AddEventHandlerWithOptions(nil, toolscache.HandlerOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if len(shared.handlers) != 1 {
+		t.Errorf("a handler registered after the term ended was kept")
 	}
 }
