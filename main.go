@@ -110,19 +110,15 @@ func main() {
 		}
 	}
 
+	// The manager runs no leader election of its own: controlplane.Setup
+	// runs only the writing under the Lease, so that losing it never ends
+	// the manager and the ADS streams it serves.
 	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
-		Scheme:                  scheme.Scheme,
-		Cache:                   controlplane.CacheOptions(),
-		Metrics:                 controlplane.MetricsOptions(c.metricsAddr, c.metricsSecure),
-		HealthProbeBindAddress:  c.probeAddr,
-		PprofBindAddress:        c.pprofAddr,
-		LeaderElection:          c.leaderElect,
-		LeaderElectionID:        "scopeplane.xds.scopeplane.dev",
-		LeaderElectionNamespace: c.leaderNS,
-		// A leader that stops (a rollout, a drain) gives the Lease up, so
-		// the next replica takes over status writes at once rather than
-		// after the lease duration.
-		LeaderElectionReleaseOnCancel: true,
+		Scheme:                 scheme.Scheme,
+		Cache:                  controlplane.CacheOptions(),
+		Metrics:                controlplane.MetricsOptions(c.metricsAddr, c.metricsSecure),
+		HealthProbeBindAddress: c.probeAddr,
+		PprofBindAddress:       c.pprofAddr,
 	})
 	if err != nil {
 		log.Error(err, "creating the manager")
@@ -136,6 +132,7 @@ func main() {
 	if _, err := controlplane.Setup(ctx, mgr, controlplane.Options{
 		XDSAddress: c.xdsAddr, XDSServerAddress: c.xdsServer, CoalesceWindow: c.window, AdminAddress: c.adminAddr,
 		CostBucket: c.costBucket, NoBootstrapConfigMaps: !c.bootstrapCMs, Server: c.limits,
+		LeaderElection: controlplane.LeaderElection{Enabled: c.leaderElect, Namespace: c.leaderNS},
 	}); err != nil {
 		log.Error(err, "setting up the control plane")
 		os.Exit(1)

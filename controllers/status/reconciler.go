@@ -11,23 +11,28 @@ package status
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
@@ -64,6 +69,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if err := r.Client.Get(ctx, req.NamespacedName, ps); err != nil {
 		if apierrors.IsNotFound(err) {
 			metrics.ScopeCondition.DeletePartialMatch(prometheus.Labels{"scope": req.String()})
+			metrics.StatusWriteFailures.DeletePartialMatch(prometheus.Labels{"scope": req.String()})
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
@@ -79,7 +85,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		before := ps.DeepCopy()
 		ps.Status = next
 		if err := r.Client.Status().Patch(ctx, ps, client.MergeFrom(before)); err != nil {
-			return ctrl.Result{}, err
+			// The controller logs the error and retries with backoff
+			// (retryLimiter); a change of the scope meanwhile retries it
+			// at once.
+			metrics.StatusWriteFailures.WithLabelValues(req.String()).Inc()
+			return ctrl.Result{}, fmt.Errorf("patching the status of ProxyScope %s: %w", req, err)
 		}
 		r.recordTransitions(ps, before.Status.Conditions)
 		r.recordAdvice(ps, before.Status.Cost)
@@ -170,6 +180,17 @@ func routine(reason string) bool {
 	return reason == xdsv1alpha1.ReasonSynced || reason == xdsv1alpha1.ReasonPending
 }
 
+// retryLimiter paces the retries of a scope whose status patch failed:
+// doubling from 100 ms up to 30 s, where controller-runtime's default goes
+// on to 16 minutes, so a scope's status follows within 30 s once the API
+// server accepts its patch again; the bucket bounds the overall rate.
+func retryLimiter() workqueue.TypedRateLimiter[reconcile.Request] {
+	return workqueue.NewTypedMaxOfRateLimiter(
+		workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](100*time.Millisecond, 30*time.Second),
+		&workqueue.TypedBucketRateLimiter[reconcile.Request]{Limiter: rate.NewLimiter(rate.Limit(10), 100)},
+	)
+}
+
 // SetupWithManager runs the reconciler on the leader for every ProxyScope
 // whose spec changed, and for every scope the store or the feedback says
 // changed: the workqueue dedups them and retries failed patches with backoff.
@@ -180,6 +201,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("status").
+		WithOptions(controller.Options{RateLimiter: retryLimiter()}).
 		For(&xdsv1alpha1.ProxyScope{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		WatchesRawSource(source.Channel(changes, &handler.TypedEnqueueRequestForObject[*xdsv1alpha1.ProxyScope]{})).
 		Complete(r)

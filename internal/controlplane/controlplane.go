@@ -24,6 +24,8 @@ import (
 	"github.com/scopeplane/scopeplane/controllers"
 	"github.com/scopeplane/scopeplane/controllers/bootstrapconfig"
 	"github.com/scopeplane/scopeplane/controllers/status"
+	"github.com/scopeplane/scopeplane/internal/apiwatch"
+	"github.com/scopeplane/scopeplane/internal/scheme"
 	"github.com/scopeplane/scopeplane/xds/pipeline"
 	"github.com/scopeplane/scopeplane/xds/server"
 )
@@ -55,6 +57,8 @@ type Options struct {
 	// to ConfigMaps at all (RBAC cannot narrow ConfigMap writes to the
 	// bootstrap names, which are not known before the scopes exist).
 	NoBootstrapConfigMaps bool
+	// LeaderElection decides which replica writes to the API.
+	LeaderElection LeaderElection
 }
 
 // MetricsOptions serves the metrics endpoint on addr. When secure, it is
@@ -92,23 +96,35 @@ func CheckAdminAddress(addr string) error {
 }
 
 // CacheOptions restricts the manager's cache to what the control plane
-// reads: of ConfigMaps, only those it writes.
+// reads: of ConfigMaps, only those it writes. Its informers ride out API
+// server outages and report their data's age (package apiwatch).
 func CacheOptions() cache.Options {
-	return cache.Options{ByObject: map[client.Object]cache.ByObject{
-		&corev1.ConfigMap{}: {Label: labels.SelectorFromSet(labels.Set{bootstrapconfig.ManagedByLabel: bootstrapconfig.ManagedBy})},
-	}}
+	return cache.Options{
+		ByObject: map[client.Object]cache.ByObject{
+			&corev1.ConfigMap{}: {Label: labels.SelectorFromSet(labels.Set{bootstrapconfig.ManagedByLabel: bootstrapconfig.ManagedBy})},
+		},
+		NewInformer: apiwatch.NewInformer(scheme.Scheme),
+	}
 }
 
 // ControlPlane is the running pipeline, fed by the reconcilers.
 type ControlPlane struct {
 	*pipeline.Pipeline
-	Sync *controllers.InitialSync
-	opts Options
+	Sync    *controllers.InitialSync
+	opts    Options
+	elector *elector
 }
+
+// Leading reports whether this replica runs the leader-only work (status,
+// bootstrap ConfigMaps) now.
+func (cp *ControlPlane) Leading() bool { return cp.elector.Leading() }
 
 // Setup adds the whole pipeline to mgr. Every part runs on every replica,
 // except what writes to the API (status, bootstrap ConfigMaps): leader
-// election decides only who writes. mgr should be built with CacheOptions.
+// election (opts.LeaderElection) decides only who writes. mgr should be
+// built with CacheOptions and without controller-runtime's leader
+// election: losing the Lease then stops only the writing, never the
+// manager and the ADS streams it serves.
 func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) (*ControlPlane, error) {
 	cp := &ControlPlane{
 		Pipeline: pipeline.New(pipeline.Options{CoalesceWindow: opts.CoalesceWindow, Server: opts.Server, CostBucket: opts.CostBucket}),
@@ -119,24 +135,31 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) (*ControlPlane, 
 		return nil, err
 	}
 	conflicts := bootstrapconfig.NewConflicts()
-	if !opts.NoBootstrapConfigMaps {
-		if err := (&bootstrapconfig.Reconciler{Client: mgr.GetClient(), XDSServer: opts.XDSServerAddress, Conflicts: conflicts}).SetupWithManager(mgr); err != nil {
-			return nil, err
-		}
-	}
 	if opts.StatusWindow <= 0 {
 		opts.StatusWindow = 200 * time.Millisecond
 	}
-	if err := (&status.Reconciler{
-		Client: mgr.GetClient(), Store: cp.Store, Feedback: cp.Feedback, Bootstrap: conflicts, NoBootstrapConfigMaps: opts.NoBootstrapConfigMaps,
-		Recorder: mgr.GetEventRecorder("scopeplane"), Window: opts.StatusWindow,
-	}).SetupWithManager(mgr); err != nil {
+	recorder := mgr.GetEventRecorder("scopeplane")
+	// What writes to the API runs on the leader only, built anew for each
+	// term (see elector).
+	leaderOnly := func(m manager.Manager) error {
+		if !opts.NoBootstrapConfigMaps {
+			if err := (&bootstrapconfig.Reconciler{Client: m.GetClient(), XDSServer: opts.XDSServerAddress, Conflicts: conflicts}).SetupWithManager(m); err != nil {
+				return err
+			}
+		}
+		return (&status.Reconciler{
+			Client: m.GetClient(), Store: cp.Store, Feedback: cp.Feedback, Bootstrap: conflicts, NoBootstrapConfigMaps: opts.NoBootstrapConfigMaps,
+			Recorder: recorder, Window: opts.StatusWindow,
+		}).SetupWithManager(m)
+	}
+	if cp.elector, err = newElector(mgr, opts.LeaderElection, leaderOnly); err != nil {
 		return nil, err
 	}
 	for _, r := range []manager.Runnable{
 		everyReplica(func(ctx context.Context) error { return cp.Run(ctx, cp.Sync.Synced()) }),
 		everyReplica(cp.serve),
 		everyReplica(cp.serveAdmin),
+		cp.elector,
 	} {
 		if err := mgr.Add(r); err != nil {
 			return nil, err

@@ -5,9 +5,11 @@ package localapi
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"runtime"
+	"time"
 
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -18,9 +20,10 @@ import (
 
 // Env is a running API server with the CRDs installed.
 type Env struct {
-	env    *envtest.Environment
-	Config *rest.Config
-	Client client.Client
+	env     *envtest.Environment
+	certDir string
+	Config  *rest.Config
+	Client  client.Client
 }
 
 // RepoRoot is the checkout's top directory, found from this file's path so
@@ -42,20 +45,65 @@ func Start() (*Env, error) {
 		ErrorIfCRDPathMissing: true,
 		Scheme:                scheme.Scheme,
 	}
-	cfg, err := env.Start()
+	// A certificate directory of its own, which envtest then keeps across
+	// a restart of the API server (StartAPIServer), so that the serving
+	// certificate and the client CA, and so Config, stay valid.
+	certDir, err := os.MkdirTemp("", "scopeplane-apiserver-")
 	if err != nil {
-		return nil, fmt.Errorf("starting the test API server: %w", err)
-	}
-	c, err := client.New(cfg, client.Options{Scheme: scheme.Scheme})
-	if err != nil {
-		_ = env.Stop()
 		return nil, err
 	}
-	return &Env{env: env, Config: cfg, Client: c}, nil
+	env.ControlPlane.GetAPIServer().CertDir = certDir
+	// kube-apiserver drains open connections when asked to stop, which
+	// the clients of a running control plane keep busy: past this it is
+	// killed (StopAPIServer), as is etcd.
+	env.ControlPlaneStopTimeout = stopTimeout
+	cfg, err := env.Start()
+	if err != nil {
+		_ = os.RemoveAll(certDir)
+		return nil, fmt.Errorf("starting the test API server: %w", err)
+	}
+	e := &Env{env: env, certDir: certDir, Config: cfg}
+	if e.Client, err = client.New(cfg, client.Options{Scheme: scheme.Scheme}); err != nil {
+		_ = e.Stop()
+		return nil, err
+	}
+	return e, nil
 }
 
 // Stop stops the API server and etcd.
-func (e *Env) Stop() error { return e.env.Stop() }
+func (e *Env) Stop() error {
+	err := e.env.Stop()
+	if rmErr := os.RemoveAll(e.certDir); err == nil {
+		err = rmErr
+	}
+	return err
+}
+
+// stopTimeout is how long kube-apiserver may take to stop before it is killed.
+const stopTimeout = 3 * time.Second
+
+// StopAPIServer stops kube-apiserver and leaves etcd running: an API
+// server outage, for as long as the caller likes. A server that does not
+// stop within stopTimeout is killed, as a crash would end it; either way
+// this returns once nothing listens on its port any more.
+func (e *Env) StopAPIServer() error {
+	api := e.env.ControlPlane.GetAPIServer()
+	stopErr := api.Stop()
+	addr := net.JoinHostPort(api.Address, api.Port)
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		conn, err := net.DialTimeout("tcp", addr, time.Second)
+		if err != nil {
+			return nil
+		}
+		_ = conn.Close()
+	}
+	return fmt.Errorf("kube-apiserver still listens on %s after stopping it: %w", addr, stopErr)
+}
+
+// StartAPIServer starts kube-apiserver again after StopAPIServer, on the
+// same address, with the same certificates and the same etcd, so that
+// clients of Config reconnect to the same cluster.
+func (e *Env) StartAPIServer() error { return e.env.ControlPlane.GetAPIServer().Start() }
 
 // WriteKubeconfig writes a kubeconfig for an administrator of the API server
 // to path, so that kubectl can be pointed at it.

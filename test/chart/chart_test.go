@@ -682,8 +682,8 @@ func checkObservability(t *testing.T, objs []*unstructured.Unstructured) {
 		rules, _, _ := unstructured.NestedSlice(g.(map[string]any), "rules")
 		alerts += len(rules)
 	}
-	if alerts != 5 {
-		t.Errorf("the PrometheusRule holds %d alerts, want the 5 of files/alerts.yaml", alerts)
+	if alerts != 6 {
+		t.Errorf("the PrometheusRule holds %d alerts, want the 6 of files/alerts.yaml", alerts)
 	}
 	var dashboard *unstructured.Unstructured
 	for _, o := range objs {

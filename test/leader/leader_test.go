@@ -32,7 +32,7 @@ import (
 
 type replica struct {
 	name    string
-	mgr     ctrl.Manager
+	cp      *controlplane.ControlPlane
 	addr    string
 	cancel  context.CancelFunc
 	stopped chan struct{}
@@ -40,12 +40,11 @@ type replica struct {
 
 func startReplica(t *testing.T, env *localapi.Env, name string) *replica {
 	t.Helper()
-	lease, renew, retry := 3*time.Second, 2*time.Second, 200*time.Millisecond
+	// The manager as main builds it, and leader election as main asks
+	// controlplane.Setup for it, with shorter timings.
 	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
 		Scheme: scheme.Scheme, Cache: controlplane.CacheOptions(),
 		Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
-		LeaderElection: true, LeaderElectionID: "scopeplane-test", LeaderElectionNamespace: "default",
-		LeaderElectionReleaseOnCancel: true, LeaseDuration: &lease, RenewDeadline: &renew, RetryPeriod: &retry,
 		// Two replicas share this test process, and so controller names.
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
 	})
@@ -57,12 +56,17 @@ func startReplica(t *testing.T, env *localapi.Env, name string) *replica {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	if _, err := controlplane.Setup(ctx, mgr, controlplane.Options{
+	cp, err := controlplane.Setup(ctx, mgr, controlplane.Options{
 		XDSListener: lis, XDSServerAddress: lis.Addr().String(), StatusWindow: 50 * time.Millisecond,
-	}); err != nil {
+		LeaderElection: controlplane.LeaderElection{
+			Enabled: true, ID: "scopeplane-test", Namespace: "default",
+			LeaseDuration: 3 * time.Second, RenewDeadline: 2 * time.Second, RetryPeriod: 200 * time.Millisecond,
+		},
+	})
+	if err != nil {
 		t.Fatal(err)
 	}
-	r := &replica{name: name, mgr: mgr, addr: lis.Addr().String(), cancel: cancel, stopped: make(chan struct{})}
+	r := &replica{name: name, cp: cp, addr: lis.Addr().String(), cancel: cancel, stopped: make(chan struct{})}
 	go func() {
 		if err := mgr.Start(ctx); err != nil {
 			t.Errorf("replica %s: %v", name, err)
@@ -78,14 +82,7 @@ func (r *replica) stop() {
 	<-r.stopped
 }
 
-func (r *replica) leads() bool {
-	select {
-	case <-r.mgr.Elected():
-		return true
-	default:
-		return false
-	}
-}
+func (r *replica) leads() bool { return r.cp.Leading() }
 
 // connect runs n SotW proxies of scope default/ha against the replica.
 func connect(t *testing.T, r *replica, n int) []*adsclient.Client {

@@ -6,6 +6,8 @@ package metrics
 
 import (
 	"runtime"
+	"sync"
+	"time"
 
 	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
 	"github.com/prometheus/client_golang/prometheus"
@@ -118,6 +120,19 @@ var (
 		Help: "1 while the ProxyScope's condition is True, else 0, by scope and condition (Accepted, Ready, Degraded, Stalled); exported by the leader.",
 	}, []string{"scope", "condition"})
 
+	// StatusWriteFailures counts status patches the API server refused or
+	// did not answer; each is retried with backoff.
+	StatusWriteFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "scopeplane_status_write_failures_total",
+		Help: "ProxyScope status patches that failed (each is retried with backoff), by scope.",
+	}, []string{"scope"})
+
+	// WatchAge says, per watched kind, how long ago this replica last heard
+	// from the API server about it (package apiwatch).
+	WatchAge = NewAges(prometheus.NewDesc("scopeplane_watch_age_seconds",
+		"Seconds since this replica last heard from the API server about a watched kind (a list, a watch event, or a watch bookmark, which the API server sends about every minute on a quiet watch), by kind: how old the newest data of that kind may be.",
+		[]string{"kind"}, nil))
+
 	// GRPC counts the ADS server's streams by method and by the status code
 	// they ended with (refusals included), and the messages each way:
 	// go-grpc-middleware's standard grpc_server_* metrics.
@@ -139,5 +154,44 @@ func SetBuildInfo(version string) {
 
 func init() {
 	ctrlmetrics.Registry.MustRegister(ConnectedProxies, Pushes, ResourcesSent, BytesSent, OtherProtocolBytes,
-		ConnectBytes, ConnectOtherProtocolBytes, HeldBack, OtherProtocolHeldBack, NACKs, Refusals, Convergence, Translation, SnapshotBuild, UnservableResources, ScopeCondition, BuildInfo, GRPC)
+		ConnectBytes, ConnectOtherProtocolBytes, HeldBack, OtherProtocolHeldBack, NACKs, Refusals, Convergence, Translation, SnapshotBuild, UnservableResources, ScopeCondition, StatusWriteFailures, WatchAge, BuildInfo, GRPC)
+}
+
+// Ages is a gauge per label value of the seconds since Touch was last
+// called with it, computed when scraped: the age keeps growing while
+// nothing touches it, which a gauge set on each event could not show.
+type Ages struct {
+	desc *prometheus.Desc
+	mu   sync.Mutex
+	last map[string]time.Time
+}
+
+// NewAges returns Ages whose desc has a single variable label.
+func NewAges(desc *prometheus.Desc) *Ages { return &Ages{desc: desc, last: map[string]time.Time{}} }
+
+// Touch records that label's value is current now.
+func (a *Ages) Touch(label string) {
+	a.mu.Lock()
+	a.last[label] = time.Now()
+	a.mu.Unlock()
+}
+
+// Age returns how long ago label was touched, and whether it ever was.
+func (a *Ages) Age(label string) (time.Duration, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	t, ok := a.last[label]
+	return time.Since(t), ok
+}
+
+// Describe implements prometheus.Collector.
+func (a *Ages) Describe(ch chan<- *prometheus.Desc) { ch <- a.desc }
+
+// Collect implements prometheus.Collector.
+func (a *Ages) Collect(ch chan<- prometheus.Metric) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for l, t := range a.last {
+		ch <- prometheus.MustNewConstMetric(a.desc, prometheus.GaugeValue, time.Since(t).Seconds(), l)
+	}
 }
