@@ -290,7 +290,7 @@ func (st *delta) send(r *response) error {
 	for i, res := range r.res {
 		resp.Resources[i] = &discoveryv3.Resource{Name: res.Name, Version: res.Version, Resource: res.Body}
 	}
-	if err := st.grpc.Send(resp); err != nil {
+	if err := st.sendWithin(st.grpc, resp); err != nil {
 		return err
 	}
 	undo := make(map[string]*snapshot.Resource, len(r.res)+len(r.removed))

@@ -64,10 +64,12 @@ func (s *Server) Serve(ctx context.Context, addr string, extra ...grpc.ServerOpt
 	return s.ServeListener(ctx, lis, extra...)
 }
 
-// ServeListener is Serve on an existing listener.
+// ServeListener is Serve on an existing listener. It paces the connections
+// lis accepts (Options.NewConnectionsPerSecond) and can close the
+// connection of a stream whose proxy does not read (Options.SendTimeout).
 func (s *Server) ServeListener(ctx context.Context, lis net.Listener, extra ...grpc.ServerOption) error {
 	g := s.GRPCServer(extra...)
-	return ServeUntil(ctx, g, lis, func() {
+	return ServeUntil(ctx, g, listener{Listener: lis, s: s}, func() {
 		s.Drain()
 		stopped := make(chan struct{})
 		go func() { g.GracefulStop(); close(stopped) }()

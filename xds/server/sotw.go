@@ -365,7 +365,7 @@ func (st *sotw) send(r *response) error {
 	for i, res := range r.res {
 		resp.Resources[i] = res.Body
 	}
-	if err := st.grpc.Send(resp); err != nil {
+	if err := st.sendWithin(st.grpc, resp); err != nil {
 		return err
 	}
 	ts.nonce, ts.version, ts.pending, ts.last, ts.lastOther = resp.GetNonce(), r.version, true, r.res, r.other.resources
