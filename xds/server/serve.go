@@ -15,10 +15,12 @@ import (
 	"github.com/scopeplane/scopeplane/xds/metrics"
 )
 
-// GRPCServer returns a gRPC server with the ADS service registered and the
-// limits a public control plane needs (GRPCOptions).
+// GRPCServer returns a gRPC server with the ADS service registered, the
+// limits a public control plane needs (GRPCOptions), and the codec that
+// sends responses from the shared encoded resources (codec).
 func (s *Server) GRPCServer(extra ...grpc.ServerOption) *grpc.Server {
-	g := grpc.NewServer(append(GRPCOptions(s.opts), extra...)...)
+	opts := append(GRPCOptions(s.opts), grpc.ForceServerCodecV2(newCodec()))
+	g := grpc.NewServer(append(opts, extra...)...)
 	s.Register(g)
 	metrics.GRPC.InitializeMetrics(g)
 	return g
