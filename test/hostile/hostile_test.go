@@ -669,6 +669,42 @@ func TestNewConnectionsArePaced(t *testing.T) {
 	holds("default/two:80")
 }
 
+// TestSlowReaderIsDisconnected opens one stream that subscribes to the
+// clusters of a 2,000-Service scope and never grants window: gRPC takes
+// the first response (the stream's write quota had room), writes the
+// 64 KiB the window allows, and blocks the next one, which a change makes.
+// After the send timeout the stream is ended, its connection closed, and
+// the end counted.
+func TestSlowReaderIsDisconnected(t *testing.T) {
+	p := pipeline.New(pipeline.Options{Server: server.Options{SendTimeout: 200 * time.Millisecond}})
+	for i := range services {
+		p.Catalog.UpsertService(testkit.Service("default", fmt.Sprintf("svc-%04d", i), "10.0.0.1"))
+	}
+	key := model.Key{Namespace: "default", Name: "sotw"}
+	p.Catalog.UpsertScope(scope("sotw", model.SotW))
+	p.Sync()
+	addr := serve(t, p)
+	counted := refusals(server.RefusedSlowReader)
+	ended := slowReader(t, addr, [][]byte{grpcMessage(&discoveryv3.DiscoveryRequest{Node: node("slow", key.String()), TypeUrl: xdstype.Cluster.URL()})},
+		time.Now().Add(testkit.Timeout))
+	testkit.Eventually(t, "the stream was sent the clusters", func() (bool, string) {
+		n := p.Feedback.Get(key).Sent.Responses
+		return n == 1, fmt.Sprintf("%d responses", n)
+	})
+	p.Catalog.UpsertService(testkit.Service("default", "one-more", "10.0.0.2"))
+	p.Sync()
+	if err := <-ended; errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatal("the server kept the connection of a stream that does not read")
+	}
+	if got := refusals(server.RefusedSlowReader) - counted; got != 1 {
+		t.Errorf("scopeplane_xds_refusals_total{reason=\"SlowReader\"} rose by %v, want 1", got)
+	}
+	testkit.Eventually(t, "the stream gone from the scope's report", func() (bool, string) {
+		n := len(p.Feedback.Get(key).Proxies)
+		return n == 0, fmt.Sprintf("%d proxies", n)
+	})
+}
+
 // handshakes connects to addr, sends the HTTP/2 preface and reports
 // whether the server answered with its SETTINGS (false: it closed the
 // connection).
