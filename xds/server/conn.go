@@ -57,7 +57,13 @@ type conn struct {
 	once sync.Once
 }
 
+// add registers c when its remote address names it alone, as a TCP
+// address does (a Unix socket's peers may all be unnamed); a connection it
+// cannot register is served, but not closed for a slow stream.
 func (cs *conns) add(c net.Conn) net.Conn {
+	if _, ok := c.RemoteAddr().(*net.TCPAddr); !ok {
+		return c
+	}
 	w := &conn{Conn: c, cs: cs}
 	cs.mu.Lock()
 	cs.by[c.RemoteAddr().String()] = w
@@ -77,8 +83,8 @@ func (c *conn) Close() error {
 }
 
 // close closes the connection of the stream whose context is ctx, when the
-// server accepted it (ServeListener); a server on another listener only
-// ends the stream.
+// server registered it (a TCP connection ServeListener accepted); for any
+// other the slow stream is only ended.
 func (cs *conns) close(ctx context.Context) {
 	p, ok := peer.FromContext(ctx)
 	if !ok || p.Addr == nil {
