@@ -71,8 +71,8 @@ func encode(typeURL string, value []byte) (*anypb.Any, mem.Buffer) {
 }
 
 // NewResource returns the resource of type t named name at version, from
-// its encoded value (as the builder makes it; exported for benchmarks and
-// tests of what is sent).
+// its encoded value, in the form the builder gives every resource
+// (exported for benchmarks and tests of what the server sends).
 func NewResource(t xdstype.Type, name, version string, value []byte) *Resource {
 	body, wire := encode(t.URL(), value)
 	return &Resource{Name: name, Version: version, Body: body, Wire: wire, Size: proto.Size(body)}
