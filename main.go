@@ -83,6 +83,11 @@ func bindLimits(fs *flag.FlagSet, o *server.Options) {
 	fs.IntVar(&o.MaxNodeIDBytes, "xds-max-node-id-bytes", d.MaxNodeIDBytes, "Longest node.id a stream may present, in bytes.")
 	fs.Float64Var(&o.NewStreamsPerSecond, "xds-new-streams-per-second", d.NewStreamsPerSecond, "New ADS streams this replica accepts per second, from all clients; beyond it (and the burst) streams are refused with ResourceExhausted.")
 	fs.IntVar(&o.NewStreamsBurst, "xds-new-streams-burst", d.NewStreamsBurst, "New ADS streams this replica accepts at once above the per-second pace (every proxy reconnecting after a restart).")
+	fs.Float64Var(&o.NewConnectionsPerSecond, "xds-new-connections-per-second", d.NewConnectionsPerSecond, "New TCP connections this replica's xDS server accepts per second; beyond it (and the burst) connections are closed before the HTTP/2 handshake.")
+	fs.IntVar(&o.NewConnectionsBurst, "xds-new-connections-burst", d.NewConnectionsBurst, "New TCP connections the xDS server accepts at once above the per-second pace (every proxy reconnecting after a restart).")
+	fs.DurationVar(&o.SendTimeout, "xds-send-timeout", d.SendTimeout, "How long one ADS response may wait for the proxy to read the ones before it; then the stream ends with DeadlineExceeded and its connection is closed.")
+	fs.Float64Var(&o.NACKsPerSecond, "xds-nacks-per-second", d.NACKsPerSecond, "Rejections (NACKs) per second one stream gets reported to status, Events and metrics; the rest are answered but only counted.")
+	fs.IntVar(&o.NACKBurst, "xds-nack-burst", d.NACKBurst, "Rejections one stream gets reported at once above the per-second pace.")
 }
 
 func main() {

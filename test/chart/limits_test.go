@@ -26,6 +26,11 @@ func TestLimitsAreTheServerDefaults(t *testing.T) {
 				MaxNodeIDBytes          int     `json:"maxNodeIDBytes"`
 				NewStreamsPerSecond     float64 `json:"newStreamsPerSecond"`
 				NewStreamsBurst         int     `json:"newStreamsBurst"`
+				NewConnectionsPerSecond float64 `json:"newConnectionsPerSecond"`
+				NewConnectionsBurst     int     `json:"newConnectionsBurst"`
+				SendTimeout             string  `json:"sendTimeout"`
+				NACKsPerSecond          float64 `json:"nacksPerSecond"`
+				NACKBurst               int     `json:"nackBurst"`
 			} `json:"limits"`
 		} `json:"xds"`
 	}
@@ -37,11 +42,17 @@ func TestLimitsAreTheServerDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatalf("xds.limits.firstRequestTimeout: %v", err)
 	}
+	sendTimeout, err := time.ParseDuration(l.SendTimeout)
+	if err != nil {
+		t.Fatalf("xds.limits.sendTimeout: %v", err)
+	}
 	got := server.Options{
 		MaxRequestBytes: l.MaxRequestBytes, MaxNamesPerRequest: l.MaxNamesPerRequest, ExtraNamesPerType: l.ExtraNamesPerType,
 		MaxStreamsPerConnection: l.MaxStreamsPerConnection, FirstRequestTimeout: timeout,
 		MaxNodeBytes: l.MaxNodeBytes, MaxNodeIDBytes: l.MaxNodeIDBytes,
 		NewStreamsPerSecond: l.NewStreamsPerSecond, NewStreamsBurst: l.NewStreamsBurst,
+		NewConnectionsPerSecond: l.NewConnectionsPerSecond, NewConnectionsBurst: l.NewConnectionsBurst,
+		SendTimeout: sendTimeout, NACKsPerSecond: l.NACKsPerSecond, NACKBurst: l.NACKBurst,
 	}
 	if got != server.DefaultOptions {
 		t.Errorf("xds.limits in values.yaml:\n %+v\nserver.DefaultOptions:\n %+v", got, server.DefaultOptions)

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"runtime"
 	"strings"
 	"sync"
@@ -22,6 +23,8 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"golang.org/x/net/http2"
+	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -51,8 +54,19 @@ const (
 	// again, it grows it by nothing).
 	heapBound = 8 << 20
 	// firstRequestTimeout shortens the production 15 s so the silent row
-	// does not wait for it; every other limit is the production default.
-	firstRequestTimeout = 500 * time.Millisecond
+	// does not wait for it, and stays above what the rows' requests of up
+	// to 30 MiB take to arrive on a loaded machine (500 ms did not); every
+	// other limit is the production default.
+	firstRequestTimeout = 3 * time.Second
+	// sendTimeout shortens the production 30 s the same way, for the row
+	// of streams that do not read.
+	sendTimeout = 2 * time.Second
+	// slowReaderBound is what one stream that subscribed to every cluster
+	// and then stopped reading may make the server hold until the send
+	// timeout ends it: its own bookkeeping of what the proxy holds, not a
+	// copy of the clusters (a 2,000-cluster response pinned a 1 MiB buffer
+	// per stream before responses referred to the shared bytes).
+	slowReaderBound = 256 << 10
 )
 
 // plane is the server under attack, with the two proxies that must keep working.
@@ -74,7 +88,7 @@ func scope(name string, p model.Protocol) *model.Scope {
 }
 
 func start(t *testing.T) *plane {
-	p := &plane{t: t, Pipeline: pipeline.New(pipeline.Options{Server: server.Options{FirstRequestTimeout: firstRequestTimeout}})}
+	p := &plane{t: t, Pipeline: pipeline.New(pipeline.Options{Server: server.Options{FirstRequestTimeout: firstRequestTimeout, SendTimeout: sendTimeout}})}
 	for i := range services {
 		p.Catalog.UpsertService(testkit.Service("default", fmt.Sprintf("svc-%04d", i), "10.0.0.1", "10.0.0.2"))
 	}
@@ -480,6 +494,101 @@ func rows() []row {
 				_ = s.CloseSend()
 				o.add(<-ended)
 			}},
+		{name: "1,000 streams that subscribe to every cluster and never read", want: codes.OK, reason: server.RefusedSlowReader, count: 10,
+			attack: func(ctx context.Context, t *testing.T, p *plane, conn *grpc.ClientConn, o *outcome) {
+				const conns, perConn = 10, 100 // 100 streams per connection is the server's limit
+				key := model.Key{Namespace: "default", Name: "sotw"}
+				sent, silent := p.Feedback.Get(key).Sent.Responses, refusals(server.RefusedSilent)
+				before := heap()
+				deadline, _ := ctx.Deadline()
+				var ends []<-chan error
+				for c := range conns {
+					reqs := make([][]byte, perConn)
+					for i := range reqs {
+						reqs[i] = grpcMessage(&discoveryv3.DiscoveryRequest{Node: node(fmt.Sprintf("slow-%d-%d", c, i), "default/sotw"), TypeUrl: xdstype.Cluster.URL()})
+					}
+					ends = append(ends, slowReader(t, p.addr, reqs, deadline))
+				}
+				// Each stream's first response goes to the transport at once
+				// (gRPC takes one while the stream's window has room), where
+				// it waits for window the client never grants.
+				// On a loaded machine a stream may miss the shortened
+				// first-request timeout; it is refused and holds nothing.
+				var served int64
+				testkit.Eventually(t, "every slow stream was sent the clusters", func() (bool, string) {
+					served = p.Feedback.Get(key).Sent.Responses - sent
+					refused := int64(refusals(server.RefusedSilent) - silent)
+					return served+refused >= conns*perConn && served >= conns*perConn*9/10, fmt.Sprintf("%d responses, %d refused", served, refused)
+				})
+				held := int64(heap()) - int64(before)
+				t.Logf("%d streams that do not read hold %.1f MiB: %.0f KiB each", served, float64(held)/(1<<20), float64(held)/(1<<10)/float64(served))
+				if held > slowReaderBound*served {
+					t.Errorf("%d streams that do not read hold %d bytes, more than %d each", served, held, slowReaderBound)
+				}
+				// A change makes every stream's next response wait for the
+				// client: after the send timeout the server ends the stream
+				// and closes its connection. The legitimate proxies converge
+				// meanwhile (converge waits for them, then for the slow
+				// streams to be gone).
+				p.converge()
+				for _, e := range ends {
+					if err := <-e; errors.Is(err, os.ErrDeadlineExceeded) {
+						o.add(status.Error(codes.DeadlineExceeded, "the server kept the connection of streams that do not read"))
+					} else {
+						o.add(nil) // closed by the server
+					}
+				}
+			}},
+		{name: "a stream rejecting 2,000 responses as fast as it can", want: codes.OK,
+			attack: func(ctx context.Context, t *testing.T, p *plane, conn *grpc.ClientConn, o *outcome) {
+				url := xdstype.Endpoint.URL()
+				reported := func() float64 { return testutil.ToFloat64(metrics.NACKs.WithLabelValues("default/sotw", url)) }
+				paced := func() float64 { return testutil.ToFloat64(metrics.NACKsPaced.WithLabelValues("default/sotw")) }
+				reported0, paced0 := reported(), paced()
+				s, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				const nacks = 2000
+				detail := strings.Repeat("attacker-chosen text ", 50)
+				req := &discoveryv3.DiscoveryRequest{Node: node("nacker", "default/sotw"), TypeUrl: url, ResourceNames: []string{"default/svc-0000:80"}}
+				start := time.Now()
+				// Each rejection also names another Service, so that the
+				// server answers it with a response to reject next.
+				for i := range nacks + 1 {
+					if err := s.Send(req); err != nil {
+						break
+					}
+					resp, err := s.Recv()
+					if err != nil {
+						o.add(err)
+						return
+					}
+					req = &discoveryv3.DiscoveryRequest{TypeUrl: url, ResponseNonce: resp.GetNonce(),
+						ErrorDetail:   &rpcstatus.Status{Code: int32(codes.InvalidArgument), Message: detail},
+						ResourceNames: []string{fmt.Sprintf("default/svc-%04d:80", (i+1)%2)}}
+				}
+				elapsed := time.Since(start)
+				_ = s.CloseSend()
+				for {
+					if _, err := s.Recv(); err != nil {
+						o.add(err)
+						break
+					}
+				}
+				got, skipped := reported()-reported0, paced()-paced0
+				// The server took every rejection before answering it, so
+				// the stream's pace had at most elapsed to refill.
+				d := server.DefaultOptions
+				most := float64(d.NACKBurst) + d.NACKsPerSecond*elapsed.Seconds() + 1
+				t.Logf("%d rejections in %s: %v reported, %v paced", nacks, elapsed.Round(time.Millisecond), got, skipped)
+				if got < 1 || got > most {
+					t.Errorf("%v rejections were reported, want 1 to %.0f (the burst and the pace over %s)", got, most, elapsed)
+				}
+				if got+skipped != nacks {
+					t.Errorf("%v reported + %v paced rejections, want %d", got, skipped, nacks)
+				}
+			}},
 		{name: "5,000 streams reset at once (rapid reset)", want: codes.OK,
 			attack: func(ctx context.Context, t *testing.T, p *plane, conn *grpc.ClientConn, o *outcome) {
 				rapidReset(t, p.addr, 5000)
@@ -513,6 +622,113 @@ func TestNewStreamsArePaced(t *testing.T) {
 	if got := refusals(server.RefusedPaced) - counted; got != 1 {
 		t.Errorf("scopeplane_xds_refusals_total{reason=\"Paced\"} rose by %v, want 1", got)
 	}
+}
+
+// TestNewConnectionsArePaced runs a server whose pace admits three
+// connections and then (practically) none: a legitimate proxy takes one,
+// two of 20 raw TCP connections after it are served (the server sends its
+// HTTP/2 SETTINGS), the other 18 are closed before the handshake and
+// counted, and the proxy on its connection still converges.
+func TestNewConnectionsArePaced(t *testing.T) {
+	p, conn := small(t, server.Options{NewConnectionsPerSecond: 1e-6, NewConnectionsBurst: 3})
+	cfg := testkit.WildcardClient(adsclient.SotW, testkit.Node("legitimate", "default/sotw"))
+	cfg.RecordEvents = false
+	c := adsclient.New(cfg)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = c.Run(ctx, conn) }()
+	defer func() { cancel(); <-done }()
+	holds := func(cluster string) {
+		t.Helper()
+		wctx, wcancel := context.WithTimeout(ctx, testkit.Timeout)
+		defer wcancel()
+		if err := c.WaitFor(wctx, func(c *adsclient.Client) bool {
+			_, ok := c.State(xdstype.Cluster.URL())[cluster]
+			return ok
+		}); err != nil {
+			t.Fatalf("the legitimate proxy does not hold %s: %v (stream: %v)", cluster, err, c.Err())
+		}
+	}
+	holds("default/one:80")
+
+	counted := refusals(server.RefusedConnectionPaced)
+	served := 0
+	for range 20 {
+		if handshakes(t, conn.Target()) {
+			served++
+		}
+	}
+	if served != 2 {
+		t.Errorf("%d of 20 connections beyond the proxy's were served, want the 2 left of the burst", served)
+	}
+	if got := refusals(server.RefusedConnectionPaced) - counted; got != float64(20-served) {
+		t.Errorf("scopeplane_xds_refusals_total{reason=\"ConnectionPaced\"} rose by %v, want %d", got, 20-served)
+	}
+	p.Catalog.UpsertService(testkit.Service("default", "two", "10.0.0.2"))
+	p.Sync()
+	holds("default/two:80")
+}
+
+// TestSlowReaderIsDisconnected opens one stream that subscribes to the
+// clusters of a 2,000-Service scope and never grants window: gRPC takes
+// the first response (the stream's write quota had room), writes the
+// 64 KiB the window allows, and blocks the next one, which a change makes.
+// After the send timeout the stream is ended, its connection closed, and
+// the end counted.
+func TestSlowReaderIsDisconnected(t *testing.T) {
+	p := pipeline.New(pipeline.Options{Server: server.Options{SendTimeout: 200 * time.Millisecond}})
+	for i := range services {
+		p.Catalog.UpsertService(testkit.Service("default", fmt.Sprintf("svc-%04d", i), "10.0.0.1"))
+	}
+	key := model.Key{Namespace: "default", Name: "sotw"}
+	p.Catalog.UpsertScope(scope("sotw", model.SotW))
+	p.Sync()
+	addr := serve(t, p)
+	counted := refusals(server.RefusedSlowReader)
+	ended := slowReader(t, addr, [][]byte{grpcMessage(&discoveryv3.DiscoveryRequest{Node: node("slow", key.String()), TypeUrl: xdstype.Cluster.URL()})},
+		time.Now().Add(testkit.Timeout))
+	testkit.Eventually(t, "the stream was sent the clusters", func() (bool, string) {
+		n := p.Feedback.Get(key).Sent.Responses
+		return n == 1, fmt.Sprintf("%d responses", n)
+	})
+	p.Catalog.UpsertService(testkit.Service("default", "one-more", "10.0.0.2"))
+	p.Sync()
+	if err := <-ended; errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatal("the server kept the connection of a stream that does not read")
+	}
+	if got := refusals(server.RefusedSlowReader) - counted; got != 1 {
+		t.Errorf("scopeplane_xds_refusals_total{reason=\"SlowReader\"} rose by %v, want 1", got)
+	}
+	testkit.Eventually(t, "the stream gone from the scope's report", func() (bool, string) {
+		n := len(p.Feedback.Get(key).Proxies)
+		return n == 0, fmt.Sprintf("%d proxies", n)
+	})
+}
+
+// handshakes connects to addr, sends the HTTP/2 preface and reports
+// whether the server answered with its SETTINGS (false: it closed the
+// connection).
+func handshakes(t *testing.T, addr string) bool {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = c.Close() }()
+	_ = c.SetDeadline(time.Now().Add(testkit.Timeout))
+	if _, err := c.Write([]byte(http2.ClientPreface)); err != nil {
+		return false
+	}
+	fr := http2.NewFramer(c, c)
+	if err := fr.WriteSettings(); err != nil {
+		return false
+	}
+	f, err := fr.ReadFrame()
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("the server neither served nor closed a connection within %s", testkit.Timeout)
+	}
+	_, ok := f.(*http2.SettingsFrame)
+	return err == nil && ok
 }
 
 // serve runs p's ADS server on a loopback port until the test ends and

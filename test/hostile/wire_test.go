@@ -3,6 +3,7 @@ package hostile
 import (
 	"bufio"
 	"bytes"
+	"encoding/binary"
 	"net"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/proto"
 )
 
 // rawCodec sends bytes as they are, so a request can be what no xDS
@@ -47,16 +49,7 @@ func rapidReset(t *testing.T, addr string, n int) {
 	if err := fr.WriteSettings(); err != nil {
 		t.Fatal(err)
 	}
-	var hb bytes.Buffer
-	enc := hpack.NewEncoder(&hb)
-	for _, f := range [][2]string{
-		{":method", "POST"}, {":scheme", "http"}, {":authority", addr},
-		{":path", "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources"},
-		{"content-type", "application/grpc"}, {"te", "trailers"},
-	} {
-		_ = enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
-	}
-	block := hb.Bytes()
+	block := sotwHeaders(addr)
 	for i := range n {
 		id := uint32(2*i + 1)
 		if err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: block, EndHeaders: true}); err != nil {
@@ -94,4 +87,89 @@ func rapidReset(t *testing.T, addr string, n int) {
 			return
 		}
 	}
+}
+
+// sotwHeaders is the HPACK block that opens a SotW ADS stream.
+func sotwHeaders(addr string) []byte {
+	var hb bytes.Buffer
+	enc := hpack.NewEncoder(&hb)
+	for _, f := range [][2]string{
+		{":method", "POST"}, {":scheme", "http"}, {":authority", addr},
+		{":path", "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources"},
+		{"content-type", "application/grpc"}, {"te", "trailers"},
+	} {
+		_ = enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
+	}
+	return hb.Bytes()
+}
+
+// grpcMessage frames one message as gRPC sends it: uncompressed, with its
+// length.
+func grpcMessage(m proto.Message) []byte {
+	b, err := proto.Marshal(m)
+	if err != nil {
+		panic(err)
+	}
+	out := make([]byte, 5, 5+len(b))
+	binary.BigEndian.PutUint32(out[1:], uint32(len(b)))
+	return append(out, b...)
+}
+
+// slowReader opens one SotW ADS stream per message on one HTTP/2
+// connection, sends each its request, and then reads what the server sends
+// without ever granting it flow-control window: past the initial 64 KiB,
+// what the server sends stays with the server. The channel receives how
+// the connection ended once the server closed it (or the deadline passed).
+func slowReader(t *testing.T, addr string, reqs [][]byte, deadline time.Time) <-chan error {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetDeadline(deadline)
+	w := bufio.NewWriterSize(c, 64<<10)
+	if _, err := w.WriteString(http2.ClientPreface); err != nil {
+		t.Fatal(err)
+	}
+	fr := http2.NewFramer(w, c)
+	if err := fr.WriteSettings(); err != nil {
+		t.Fatal(err)
+	}
+	block := sotwHeaders(addr)
+	for i, req := range reqs {
+		id := uint32(2*i + 1)
+		if err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: block, EndHeaders: true}); err != nil {
+			t.Fatal(err)
+		}
+		if err := fr.WriteData(id, false, req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	ended := make(chan error, 1)
+	go func() {
+		defer func() { _ = c.Close() }()
+		for {
+			f, err := fr.ReadFrame()
+			if err != nil {
+				ended <- err
+				return
+			}
+			switch f := f.(type) {
+			case *http2.SettingsFrame:
+				if !f.IsAck() {
+					_ = fr.WriteSettingsAck()
+					_ = w.Flush()
+				}
+			case *http2.PingFrame:
+				if !f.IsAck() {
+					_ = fr.WritePing(true, f.Data)
+					_ = w.Flush()
+				}
+			}
+		}
+	}()
+	return ended
 }

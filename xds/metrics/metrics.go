@@ -77,11 +77,17 @@ var (
 		Name: "scopeplane_xds_nacks_total",
 		Help: "xDS responses proxies rejected, by scope and type.",
 	}, []string{"scope", "type"})
+	// NACKsPaced counts rejections answered but not reported, beyond a
+	// stream's NACK pace: what they say never reaches status or Events.
+	NACKsPaced = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "scopeplane_xds_nacks_paced_total",
+		Help: "xDS rejections beyond a stream's NACK pace: answered, not reported, by scope.",
+	}, []string{"scope"})
 
 	// Refusals counts streams refused.
 	Refusals = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "scopeplane_xds_refusals_total",
-		Help: "ADS streams refused, by reason; scope is empty when the proxy named no existing scope.",
+		Help: "ADS streams refused (or ended by a limit), by reason; scope is empty when the proxy named no existing scope.",
 	}, []string{"scope", "reason"})
 
 	// Convergence observes how long a change took to be ACKed by a proxy.
@@ -154,7 +160,7 @@ func SetBuildInfo(version string) {
 
 func init() {
 	ctrlmetrics.Registry.MustRegister(ConnectedProxies, Pushes, ResourcesSent, BytesSent, OtherProtocolBytes,
-		ConnectBytes, ConnectOtherProtocolBytes, HeldBack, OtherProtocolHeldBack, NACKs, Refusals, Convergence, Translation, SnapshotBuild, UnservableResources, ScopeCondition, StatusWriteFailures, WatchAge, BuildInfo, GRPC)
+		ConnectBytes, ConnectOtherProtocolBytes, HeldBack, OtherProtocolHeldBack, NACKs, NACKsPaced, Refusals, Convergence, Translation, SnapshotBuild, UnservableResources, ScopeCondition, StatusWriteFailures, WatchAge, BuildInfo, GRPC)
 }
 
 // Ages is a gauge per label value of the seconds since Touch was last

@@ -6,7 +6,6 @@ import (
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/grpc"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/scopeplane/scopeplane/xds/cost"
 	"github.com/scopeplane/scopeplane/xds/feedback"
@@ -280,17 +279,8 @@ func (st *delta) send(r *response) error {
 	st.nonce++
 	nonce := strconv.FormatUint(st.nonce, 10)
 	slices.Sort(r.removed)
-	resp := &discoveryv3.DeltaDiscoveryResponse{
-		SystemVersionInfo: r.version,
-		TypeUrl:           r.t.URL(),
-		Nonce:             nonce,
-		Resources:         make([]*discoveryv3.Resource, len(r.res)),
-		RemovedResources:  r.removed,
-	}
-	for i, res := range r.res {
-		resp.Resources[i] = &discoveryv3.Resource{Name: res.Name, Version: res.Version, Resource: res.Body}
-	}
-	if err := st.grpc.Send(resp); err != nil {
+	resp := deltaResponse(r.version, r.t.URL(), nonce, r.res, r.removed)
+	if err := st.sendWithin(st.grpc, resp); err != nil {
 		return err
 	}
 	undo := make(map[string]*snapshot.Resource, len(r.res)+len(r.removed))
@@ -310,7 +300,7 @@ func (st *delta) send(r *response) error {
 	}
 	ts.inflight[nonce] = inflight{version: r.version, undo: undo, other: r.other.resources}
 	st.srv.fb.Sent(st.key, model.Delta, r.t.URL(), feedback.Push{
-		Resources: len(r.res), Bytes: proto.Size(resp), Connect: r.connect,
+		Resources: len(r.res), Bytes: resp.size, Connect: r.connect,
 		OtherBytes: r.other.price(r.version, r.t.URL(), nonce),
 	})
 	return nil

@@ -15,10 +15,12 @@ import (
 	"github.com/scopeplane/scopeplane/xds/metrics"
 )
 
-// GRPCServer returns a gRPC server with the ADS service registered and the
-// limits a public control plane needs (GRPCOptions).
+// GRPCServer returns a gRPC server with the ADS service registered, the
+// limits a public control plane needs (GRPCOptions), and the codec that
+// sends responses from the shared encoded resources (codec).
 func (s *Server) GRPCServer(extra ...grpc.ServerOption) *grpc.Server {
-	g := grpc.NewServer(append(GRPCOptions(s.opts), extra...)...)
+	opts := append(GRPCOptions(s.opts), grpc.ForceServerCodecV2(newCodec()))
+	g := grpc.NewServer(append(opts, extra...)...)
 	s.Register(g)
 	metrics.GRPC.InitializeMetrics(g)
 	return g
@@ -64,10 +66,12 @@ func (s *Server) Serve(ctx context.Context, addr string, extra ...grpc.ServerOpt
 	return s.ServeListener(ctx, lis, extra...)
 }
 
-// ServeListener is Serve on an existing listener.
+// ServeListener is Serve on an existing listener. It paces the connections
+// lis accepts (Options.NewConnectionsPerSecond) and can close the
+// connection of a stream whose proxy does not read (Options.SendTimeout).
 func (s *Server) ServeListener(ctx context.Context, lis net.Listener, extra ...grpc.ServerOption) error {
 	g := s.GRPCServer(extra...)
-	return ServeUntil(ctx, g, lis, func() {
+	return ServeUntil(ctx, g, listener{Listener: lis, s: s}, func() {
 		s.Drain()
 		stopped := make(chan struct{})
 		go func() { g.GracefulStop(); close(stopped) }()

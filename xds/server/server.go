@@ -63,6 +63,20 @@ type Options struct {
 	// replica accepts, whoever opens them.
 	NewStreamsPerSecond float64
 	NewStreamsBurst     int
+	// NewConnectionsPerSecond and NewConnectionsBurst pace the TCP
+	// connections this replica accepts (in ServeListener): a connection
+	// costs gRPC's buffers and goroutines before it opens any stream.
+	NewConnectionsPerSecond float64
+	NewConnectionsBurst     int
+	// SendTimeout ends a stream, and closes its connection, when one
+	// response cannot be handed to the transport within it: the proxy does
+	// not read what it was sent before.
+	SendTimeout time.Duration
+	// NACKsPerSecond and NACKBurst pace the rejections one stream gets
+	// reported (to status, Events and metrics); the rest are answered but
+	// only counted.
+	NACKsPerSecond float64
+	NACKBurst      int
 }
 
 // DefaultOptions are the limits used when an Options field is zero.
@@ -76,6 +90,11 @@ var DefaultOptions = Options{
 	MaxNodeIDBytes:          512,
 	NewStreamsPerSecond:     500,
 	NewStreamsBurst:         5000,
+	NewConnectionsPerSecond: 500,
+	NewConnectionsBurst:     5000,
+	SendTimeout:             30 * time.Second,
+	NACKsPerSecond:          1,
+	NACKBurst:               10,
 }
 
 // keptNodeText bounds the node's cluster and user agent as a stream keeps
@@ -94,6 +113,11 @@ func (o Options) withDefaults() Options {
 	o.MaxNodeIDBytes = orDefault(o.MaxNodeIDBytes, d.MaxNodeIDBytes)
 	o.NewStreamsPerSecond = orDefault(o.NewStreamsPerSecond, d.NewStreamsPerSecond)
 	o.NewStreamsBurst = orDefault(o.NewStreamsBurst, d.NewStreamsBurst)
+	o.NewConnectionsPerSecond = orDefault(o.NewConnectionsPerSecond, d.NewConnectionsPerSecond)
+	o.NewConnectionsBurst = orDefault(o.NewConnectionsBurst, d.NewConnectionsBurst)
+	o.SendTimeout = orDefault(o.SendTimeout, d.SendTimeout)
+	o.NACKsPerSecond = orDefault(o.NACKsPerSecond, d.NACKsPerSecond)
+	o.NACKBurst = orDefault(o.NACKBurst, d.NACKBurst)
 	return o
 }
 
@@ -111,6 +135,8 @@ type Server struct {
 	opts      Options
 	ready     <-chan struct{}
 	pace      *rate.Limiter
+	connPace  *rate.Limiter
+	conns     *conns
 	drain     chan struct{}
 	drainOnce sync.Once
 }
@@ -125,7 +151,9 @@ func New(store *snapshot.Store, fb *feedback.Tracker, ready <-chan struct{}, opt
 	opts = opts.withDefaults()
 	return &Server{
 		store: store, fb: fb, opts: opts, ready: ready, drain: make(chan struct{}),
-		pace: rate.NewLimiter(rate.Limit(opts.NewStreamsPerSecond), opts.NewStreamsBurst),
+		pace:     rate.NewLimiter(rate.Limit(opts.NewStreamsPerSecond), opts.NewStreamsBurst),
+		connPace: rate.NewLimiter(rate.Limit(opts.NewConnectionsPerSecond), opts.NewConnectionsBurst),
+		conns:    newConns(),
 	}
 }
 
@@ -145,6 +173,11 @@ const (
 	RefusedRequestTooLarge = "RequestTooLarge"
 	RefusedMalformed       = "Malformed"
 	RefusedTooManyNames    = "TooManyNames"
+	// RefusedConnectionPaced counts connections closed beyond the pace of
+	// new connections, before any stream; RefusedSlowReader streams ended
+	// because their proxy did not read (Options.SendTimeout).
+	RefusedConnectionPaced = "ConnectionPaced"
+	RefusedSlowReader      = "SlowReader"
 )
 
 // admit refuses a new stream before it reads anything: while the replica
@@ -304,6 +337,8 @@ type stream struct {
 	revTime time.Time
 	wake    <-chan struct{}
 	nonce   uint64
+	// nacks paces the rejections the stream gets reported (rejected).
+	nacks *rate.Limiter
 	// spec is the spec the stream last looked at; ends fires when a
 	// transition that still serves the stream's protocol is over.
 	spec *model.Scope
@@ -392,7 +427,8 @@ func serve[Req request](s *Server, p model.Protocol, srv interface {
 	if err != nil {
 		return err
 	}
-	st := &stream{srv: s, key: key, sc: sc, id: s.fb.Connect(key, kept(first.GetNode()), p)}
+	st := &stream{srv: s, key: key, sc: sc, id: s.fb.Connect(key, kept(first.GetNode()), p),
+		nacks: rate.NewLimiter(rate.Limit(s.opts.NACKsPerSecond), s.opts.NACKBurst)}
 	defer s.fb.Disconnect(key, st.id)
 	sc.Read(func(v snapshot.View) { st.caughtUp(v); st.watchTransition(v, p) })
 	h := open(st)

@@ -7,8 +7,6 @@ import (
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/grpc"
-	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/scopeplane/scopeplane/xds/cost"
 	"github.com/scopeplane/scopeplane/xds/feedback"
@@ -356,19 +354,12 @@ func (st *sotw) send(r *response) error {
 		return nil
 	}
 	st.nonce++
-	resp := &discoveryv3.DiscoveryResponse{
-		VersionInfo: r.version,
-		TypeUrl:     r.t.URL(),
-		Nonce:       strconv.FormatUint(st.nonce, 10),
-		Resources:   make([]*anypb.Any, len(r.res)),
-	}
-	for i, res := range r.res {
-		resp.Resources[i] = res.Body
-	}
-	if err := st.grpc.Send(resp); err != nil {
+	nonce := strconv.FormatUint(st.nonce, 10)
+	resp := sotwResponse(r.version, r.t.URL(), nonce, r.res)
+	if err := st.sendWithin(st.grpc, resp); err != nil {
 		return err
 	}
-	ts.nonce, ts.version, ts.pending, ts.last, ts.lastOther = resp.GetNonce(), r.version, true, r.res, r.other.resources
+	ts.nonce, ts.version, ts.pending, ts.last, ts.lastOther = nonce, r.version, true, r.res, r.other.resources
 	if r.full {
 		ts.before, ts.held = ts.held, make(map[string]*snapshot.Resource, len(r.res))
 	}
@@ -376,8 +367,8 @@ func (st *sotw) send(r *response) error {
 		ts.sent(res)
 	}
 	st.srv.fb.Sent(st.key, model.SotW, r.t.URL(), feedback.Push{
-		Resources: len(r.res), Bytes: proto.Size(resp), Connect: r.connect,
-		OtherBytes: r.other.price(otherVersion, r.t.URL(), resp.GetNonce()),
+		Resources: len(r.res), Bytes: resp.size, Connect: r.connect,
+		OtherBytes: r.other.price(otherVersion, r.t.URL(), nonce),
 	})
 	return nil
 }

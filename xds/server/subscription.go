@@ -3,6 +3,7 @@ package server
 import (
 	"github.com/scopeplane/scopeplane/xds/cost"
 	"github.com/scopeplane/scopeplane/xds/feedback"
+	"github.com/scopeplane/scopeplane/xds/metrics"
 	"github.com/scopeplane/scopeplane/xds/model"
 	"github.com/scopeplane/scopeplane/xds/snapshot"
 	"github.com/scopeplane/scopeplane/xds/translate"
@@ -77,19 +78,33 @@ func (st *stream) asked(t xdstype.Type, added, removed []string, wildcardBefore,
 		return
 	}
 	st.srv.fb.Subscribed(st.key, st.id, t.URL(), added, removed, wildcardAfter)
+	// Only names the scope serves count: the usage of a Service outlives
+	// the stream by the cost window, and made-up names (a client
+	// reconnecting with new ones at the pacing rate) must not grow it. The
+	// check is made when the subscription changes: a name the proxy named
+	// before the scope served it is not counted (its later removal may
+	// uncount the Service early), and one the scope stopped serving before
+	// the proxy dropped it stays counted until the stream ends. Both are
+	// rare for Envoy, which names what the scope announced, and neither
+	// holds more than the scope served.
 	var names map[model.Key]int
-	count := func(list []string, d int) {
-		for _, n := range list {
-			if svc, ok := translate.ServiceOf(t, n); ok {
-				if names == nil {
-					names = map[model.Key]int{}
+	st.sc.Read(func(v snapshot.View) {
+		count := func(list []string, d int) {
+			for _, n := range list {
+				if v.Get(t, n) == nil {
+					continue
 				}
-				names[svc] += d
+				if svc, ok := translate.ServiceOf(t, n); ok {
+					if names == nil {
+						names = map[model.Key]int{}
+					}
+					names[svc] += d
+				}
 			}
 		}
-	}
-	count(added, 1)
-	count(removed, -1)
+		count(added, 1)
+		count(removed, -1)
+	})
 	wildcard := 0
 	switch {
 	case wildcardAfter && !wildcardBefore:
@@ -111,12 +126,20 @@ func (s *subscription) sent(r *snapshot.Resource) {
 
 // rejected records a NACK of the response of version whose names are now
 // owed, and reports it with the proxy's error detail and what the rejection
-// held back, here and in the other protocol.
+// held back, here and in the other protocol. Beyond the stream's NACK pace
+// the rejection is still taken (the stream goes on as the protocol says)
+// but only counted: a proxy rejects once per response, so a stream
+// rejecting faster is a loop or an attack, and its text must not drive
+// status writes and Events.
 func (st *stream) rejected(s *subscription, version, detail string, owed []string, held feedback.HeldBack) {
 	for _, name := range owed {
 		s.owed[name] = struct{}{}
 	}
 	s.rejecting = true
+	if !st.nacks.Allow() {
+		metrics.NACKsPaced.WithLabelValues(st.key.String()).Inc()
+		return
+	}
 	st.srv.fb.NACKed(st.key, st.id, s.t.URL(), version, detail, held)
 }
 

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 
@@ -128,6 +129,7 @@ func (b *Builder) apply(updates []catalog.Update, observed time.Time) {
 type marshalled struct {
 	name string
 	body *anypb.Any
+	wire mem.Buffer
 	hash uint64
 }
 
@@ -171,7 +173,8 @@ func (b *Builder) applyScope(u *catalog.Update, observed time.Time) {
 				metrics.UnservableResources.WithLabelValues(t.URL()).Inc()
 				continue
 			}
-			upserts[t] = append(upserts[t], marshalled{name: name, body: &anypb.Any{TypeUrl: t.URL(), Value: value}, hash: hash64(value)})
+			body, wire := encode(t.URL(), value)
+			upserts[t] = append(upserts[t], marshalled{name: name, body: body, wire: wire, hash: hash64(value)})
 		}
 	}
 
@@ -187,7 +190,7 @@ func (b *Builder) applyScope(u *catalog.Update, observed time.Time) {
 	for t := range xdstype.Count {
 		touched[t] = map[string]struct{}{}
 	}
-	put := func(t xdstype.Type, name string, body *anypb.Any, version string) {
+	put := func(t xdstype.Type, name string, body *anypb.Any, wire mem.Buffer, version string) {
 		ts := &sc.types[t]
 		old := ts.res[name]
 		if old != nil && old.Version == version {
@@ -197,7 +200,7 @@ func (b *Builder) applyScope(u *catalog.Update, observed time.Time) {
 			ts.digest ^= nameDigest(name, old.Version)
 			ts.sotwBytes -= cost.SotWEntry(old.Size)
 		}
-		r := &Resource{Name: name, Version: version, Body: body, Size: proto.Size(body)}
+		r := &Resource{Name: name, Version: version, Body: body, Wire: wire, Size: proto.Size(body)}
 		ts.res[name] = r
 		ts.digest ^= nameDigest(name, version)
 		ts.sotwBytes += cost.SotWEntry(r.Size)
@@ -236,7 +239,7 @@ func (b *Builder) applyScope(u *catalog.Update, observed time.Time) {
 			parent = &sc.types[info.Parent]
 		}
 		for _, m := range upserts[t] {
-			put(t, m.name, m.body, resourceVersion(m.hash, parent, m.name))
+			put(t, m.name, m.body, m.wire, resourceVersion(m.hash, parent, m.name))
 		}
 		if parent == nil {
 			continue
@@ -248,7 +251,7 @@ func (b *Builder) applyScope(u *catalog.Update, observed time.Time) {
 				continue
 			}
 			if r := sc.types[t].res[name]; r != nil {
-				put(t, name, r.Body, resourceVersion(hash64(r.Body.GetValue()), parent, name))
+				put(t, name, r.Body, r.Wire, resourceVersion(hash64(r.Body.GetValue()), parent, name))
 			}
 		}
 	}

@@ -17,6 +17,9 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/scopeplane/scopeplane/xds/catalog"
@@ -30,8 +33,49 @@ type Resource struct {
 	Name    string
 	Version string
 	Body    *anypb.Any
+	// Wire is Body encoded as an entry of a SotW response's resources,
+	// which is also the resource field of a delta response's Resource
+	// (field 2 in both): tag, length, then the Any. Body's Value is its
+	// tail, so the bytes are held once. The ADS server hands Wire to gRPC's
+	// transport as it is, so that every stream's response refers to these
+	// bytes instead of carrying its own copy; it is a gRPC buffer made once
+	// here, so that a response's reference costs no allocation either. Its
+	// Free does nothing: the bytes are garbage collected, never recycled.
+	Wire mem.Buffer
 	// Size is the encoded size of Body, for pricing responses (package cost).
 	Size int
+}
+
+// anyField is the field number of a resource's Any in both a SotW
+// DiscoveryResponse (resources) and a delta Resource (resource).
+const anyField = 2
+
+// encode returns the Any of typeURL over value and its Wire form, with the
+// Any's Value aliasing the tail of the Wire.
+func encode(typeURL string, value []byte) (*anypb.Any, mem.Buffer) {
+	size := protowire.SizeTag(1) + protowire.SizeBytes(len(typeURL))
+	if len(value) > 0 { // proto3 leaves an empty bytes field out
+		size += protowire.SizeTag(2) + protowire.SizeBytes(len(value))
+	}
+	wire := make([]byte, 0, protowire.SizeTag(anyField)+protowire.SizeBytes(size))
+	wire = protowire.AppendTag(wire, anyField, protowire.BytesType)
+	wire = protowire.AppendVarint(wire, uint64(size))
+	wire = protowire.AppendTag(wire, 1, protowire.BytesType)
+	wire = protowire.AppendString(wire, typeURL)
+	if len(value) > 0 {
+		wire = protowire.AppendTag(wire, 2, protowire.BytesType)
+		wire = protowire.AppendBytes(wire, value)
+	}
+	n := len(wire)
+	return &anypb.Any{TypeUrl: typeURL, Value: wire[n-len(value) : n : n]}, mem.SliceBuffer(wire)
+}
+
+// NewResource returns the resource of type t named name at version, from
+// its encoded value, in the form the builder gives every resource
+// (exported for benchmarks and tests of what the server sends).
+func NewResource(t xdstype.Type, name, version string, value []byte) *Resource {
+	body, wire := encode(t.URL(), value)
+	return &Resource{Name: name, Version: version, Body: body, Wire: wire, Size: proto.Size(body)}
 }
 
 type typeState struct {

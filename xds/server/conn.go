@@ -1,0 +1,124 @@
+package server
+
+import (
+	"context"
+	"net"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+
+	"github.com/scopeplane/scopeplane/xds/model"
+)
+
+// listener paces the connections the server accepts and registers the
+// ones it serves. A connection beyond the pace is closed at once, before
+// gRPC spends a transport (buffers, goroutines, the HTTP/2 handshake) on
+// it: the client sees the connection closed and reconnects with backoff.
+// No gRPC status can be sent without that handshake.
+type listener struct {
+	net.Listener
+	s *Server
+}
+
+func (l listener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		if !l.s.connPace.Allow() {
+			l.s.fb.Refuse(model.Key{}, RefusedConnectionPaced)
+			_ = c.Close()
+			continue
+		}
+		return l.s.conns.add(c), nil
+	}
+}
+
+// conns are the connections being served, by remote address (what gRPC
+// gives a stream as its peer), so that a stream can have its connection
+// closed: that is the only way to drop what gRPC's transport buffers for a
+// stream whose proxy does not read. Ending the stream is not enough: its
+// final status queues behind the unread data.
+type conns struct {
+	mu sync.Mutex
+	by map[string]*conn
+}
+
+func newConns() *conns { return &conns{by: map[string]*conn{}} }
+
+type conn struct {
+	net.Conn
+	cs   *conns
+	once sync.Once
+}
+
+// add registers c when its remote address names it alone, as a TCP
+// address does (a Unix socket's peers may all be unnamed); a connection it
+// cannot register is served, but not closed for a slow stream.
+func (cs *conns) add(c net.Conn) net.Conn {
+	if _, ok := c.RemoteAddr().(*net.TCPAddr); !ok {
+		return c
+	}
+	w := &conn{Conn: c, cs: cs}
+	cs.mu.Lock()
+	cs.by[c.RemoteAddr().String()] = w
+	cs.mu.Unlock()
+	return w
+}
+
+func (c *conn) Close() error {
+	c.once.Do(func() {
+		c.cs.mu.Lock()
+		if c.cs.by[c.RemoteAddr().String()] == c {
+			delete(c.cs.by, c.RemoteAddr().String())
+		}
+		c.cs.mu.Unlock()
+	})
+	return c.Conn.Close()
+}
+
+// close closes the connection of the stream whose context is ctx, when the
+// server registered it (a TCP connection ServeListener accepted); for any
+// other the slow stream is only ended.
+func (cs *conns) close(ctx context.Context) {
+	p, ok := peer.FromContext(ctx)
+	if !ok || p.Addr == nil {
+		return
+	}
+	cs.mu.Lock()
+	c := cs.by[p.Addr.String()]
+	cs.mu.Unlock()
+	if c != nil {
+		_ = c.Close()
+	}
+}
+
+// sendWithin sends m on g, or gives up once the send timeout passed: gRPC's
+// Send blocks while the stream's HTTP/2 flow control has no room, which is
+// for as long as the proxy does not read what it was sent before. It then
+// closes the stream's connection (freeing what the transport buffers for
+// it) and returns the status that ends the stream. The Send goroutine
+// returns once the stream is done, which ending the handler makes it.
+func (st *stream) sendWithin(g grpc.ServerStream, m any) error {
+	sent := make(chan error, 1)
+	go func() { sent <- g.SendMsg(m) }()
+	timeout := time.NewTimer(st.srv.opts.SendTimeout)
+	defer timeout.Stop()
+	select {
+	case err := <-sent:
+		return err
+	case <-timeout.C:
+	}
+	st.srv.fb.Refuse(st.key, RefusedSlowReader)
+	// The status cannot reach a proxy that does not read (it would queue
+	// behind what the proxy left unread); it stays for the server's own
+	// accounting, gRPC's handled-streams metric.
+	st.srv.conns.close(g.Context())
+	return status.Errorf(codes.DeadlineExceeded,
+		"the proxy did not read the responses sent to it: the next one waited %s for room in the stream (--xds-send-timeout); the stream and its connection are closed", st.srv.opts.SendTimeout)
+}
