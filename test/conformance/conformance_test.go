@@ -365,6 +365,35 @@ func TestRefusals(t *testing.T) {
 	})
 }
 
+// TestWrongProtocolAdviceFitsTheClient: a gRPC client cannot switch to
+// delta, so on a Delta scope it is told to change the scope; Envoy is told
+// the api_type that fits.
+func TestWrongProtocolAdviceFitsTheClient(t *testing.T) {
+	p := world(t, model.Delta)
+	cases := []struct {
+		userAgent string
+		says      string
+		never     string
+	}{
+		{"gRPC Go", "gRPC xDS clients speak State of the World only: set the scope's spec.protocol: SotW", "api_type"},
+		{"gRPC C-core", "set the scope's spec.protocol: SotW", "api_type"},
+		{"grpc-node-js", "set the scope's spec.protocol: SotW", "api_type"},
+		{"envoy", "set api_type: DELTA_GRPC in the ADS config of its bootstrap", "gRPC"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.userAgent, func(t *testing.T) {
+			node := testkit.Node("client", "shop/gw")
+			node.UserAgentName = tc.userAgent
+			px := p.connect(testkit.WildcardClient(adsclient.SotW, node))
+			err := <-px.done
+			msg := status.Convert(err).Message()
+			if status.Code(err) != codes.FailedPrecondition || !strings.Contains(msg, tc.says) || strings.Contains(msg, tc.never) {
+				t.Errorf("got %v\nwant FailedPrecondition containing %q and not %q", err, tc.says, tc.never)
+			}
+		})
+	}
+}
+
 func TestGracefulStopSendsProxiesElsewhere(t *testing.T) {
 	for _, pr := range protocols {
 		t.Run(pr.name, func(t *testing.T) {

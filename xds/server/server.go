@@ -228,13 +228,20 @@ func (s *Server) resolve(node *corev3.Node, p model.Protocol) (model.Key, *snaps
 	}
 	if !spec.Serves(p, time.Now()) {
 		s.fb.Refuse(key, feedback.RefusedWrongProto)
-		return model.Key{}, nil, wrongProtocol(key, spec.Protocol, p)
+		return model.Key{}, nil, wrongProtocol(key, spec.Protocol, p, isGRPC(node))
 	}
 	return key, sc, nil
 }
 
-// wrongProtocol is the refusal for a stream of the other xDS variant.
-func wrongProtocol(key model.Key, want, got model.Protocol) error {
+// wrongProtocol is the refusal for a stream of the other xDS variant. A
+// gRPC client cannot be told to switch: every gRPC xDS client speaks State
+// of the World only, so the only fix is the scope's protocol.
+func wrongProtocol(key model.Key, want, got model.Protocol, grpcClient bool) error {
+	if grpcClient && want == model.Delta {
+		return status.Errorf(codes.FailedPrecondition,
+			"ProxyScope %q requires the Delta protocol but this is a gRPC client, and gRPC xDS clients speak State of the World only: set the scope's spec.protocol: SotW",
+			key.String())
+	}
 	return status.Errorf(codes.FailedPrecondition,
 		"ProxyScope %q requires the %s protocol (spec.protocol: %s) but this proxy opened a %s stream: set api_type: %s in the ADS config of its bootstrap, or change the scope's spec.protocol",
 		key.String(), want, want, got, want.APIType())
@@ -308,6 +315,17 @@ type stream struct {
 	// transition that still serves the stream's protocol is over.
 	spec *model.Scope
 	ends <-chan time.Time
+	// grpc is set for a gRPC client (see isGRPC), which is told a different
+	// fix when its scope stops serving its protocol.
+	grpc bool
+}
+
+// isGRPC reports whether node is a gRPC xDS client: every gRPC language
+// names itself in user_agent_name starting with "gRPC" ("gRPC Go",
+// "gRPC C-core", "gRPC Java", grpc-js's "grpc-node-js"); Envoy sends "envoy".
+func isGRPC(node *corev3.Node) bool {
+	ua := node.GetUserAgentName()
+	return len(ua) >= 4 && strings.EqualFold(ua[:4], "grpc")
 }
 
 // caughtUp records that the stream has processed the scope as v shows it.
@@ -324,7 +342,7 @@ func (st *stream) stillServes(v snapshot.View, p model.Protocol) error {
 		return scopeGone(st.key)
 	}
 	if !spec.Serves(p, time.Now()) {
-		return wrongProtocol(st.key, spec.Protocol, p)
+		return wrongProtocol(st.key, spec.Protocol, p, st.grpc)
 	}
 	return nil
 }
@@ -392,7 +410,7 @@ func serve[Req request](s *Server, p model.Protocol, srv interface {
 	if err != nil {
 		return err
 	}
-	st := &stream{srv: s, key: key, sc: sc, id: s.fb.Connect(key, kept(first.GetNode()), p)}
+	st := &stream{srv: s, key: key, sc: sc, id: s.fb.Connect(key, kept(first.GetNode()), p), grpc: isGRPC(first.GetNode())}
 	defer s.fb.Disconnect(key, st.id)
 	sc.Read(func(v snapshot.View) { st.caughtUp(v); st.watchTransition(v, p) })
 	h := open(st)
