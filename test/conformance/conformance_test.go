@@ -377,7 +377,7 @@ func TestWrongProtocolAdviceFitsTheClient(t *testing.T) {
 	}{
 		{"gRPC Go", "gRPC xDS clients speak State of the World only: set the scope's spec.protocol: SotW", "api_type"},
 		{"gRPC C-core", "set the scope's spec.protocol: SotW", "api_type"},
-		{"grpc-node-js", "set the scope's spec.protocol: SotW", "api_type"},
+		{"gRPC Node Pure JS", "set the scope's spec.protocol: SotW", "api_type"},
 		{"envoy", "set api_type: DELTA_GRPC in the ADS config of its bootstrap", "gRPC"},
 	}
 	for _, tc := range cases {

@@ -322,7 +322,7 @@ type stream struct {
 
 // isGRPC reports whether node is a gRPC xDS client: every gRPC language
 // names itself in user_agent_name starting with "gRPC" ("gRPC Go",
-// "gRPC C-core", "gRPC Java", grpc-js's "grpc-node-js"); Envoy sends "envoy".
+// "gRPC C-core", "gRPC Java", grpc-js "gRPC Node Pure JS"); Envoy sends "envoy".
 func isGRPC(node *corev3.Node) bool {
 	ua := node.GetUserAgentName()
 	return len(ua) >= 4 && strings.EqualFold(ua[:4], "grpc")
