@@ -86,8 +86,15 @@ func accepted(in *Inputs) condition {
 		return condition{metav1.ConditionFalse, xdsv1alpha1.ReasonNoMatchingServices,
 			"the selections match no Service; the scope's proxies receive an empty configuration"}
 	}
-	return condition{metav1.ConditionTrue, xdsv1alpha1.ReasonResolved,
-		fmt.Sprintf("%d Services selected: %d clusters, %d endpoints", r.SelectedServices, r.Clusters, r.Endpoints)}
+	resolved := fmt.Sprintf("%d Services selected: %d clusters, %d endpoints", r.SelectedServices, r.Clusters, r.Endpoints)
+	if in.Mode == model.ListenerProxylessGRPC && in.Protocol == model.Delta {
+		// Still accepted: an Envoy speaking delta is served, and the
+		// scope may be on its way to SotW. But it is almost surely a
+		// mistake, so it is said here and, by its reason, in an Event.
+		return condition{metav1.ConditionTrue, xdsv1alpha1.ReasonDeltaForGRPC,
+			resolved + "; but no gRPC xDS client speaks Delta: this ProxylessGRPC scope refuses every gRPC client until spec.protocol is SotW"}
+	}
+	return condition{metav1.ConditionTrue, xdsv1alpha1.ReasonResolved, resolved}
 }
 
 // proxyCounts are the connected proxies and those at the served version.
