@@ -51,7 +51,11 @@ func TestConditions(t *testing.T) {
 		msg    string // a part of the message
 	}{
 		{"resolved", served(), accepted, metav1.ConditionTrue, xdsv1alpha1.ReasonResolved, "1 Services selected: 1 clusters, 3 endpoints"},
-		{"delta for gRPC", func() *Inputs { in := served(); in.Mode, in.Protocol = model.ListenerProxylessGRPC, model.Delta; return in }(), accepted,
+		{"delta for gRPC", func() *Inputs {
+			in := served()
+			in.Mode, in.Protocol = model.ListenerProxylessGRPC, model.Delta
+			return in
+		}(), accepted,
 			metav1.ConditionTrue, xdsv1alpha1.ReasonDeltaForGRPC, "1 Services selected: 1 clusters, 3 endpoints; but no gRPC xDS client speaks Delta"},
 		{"delta for Envoy", func() *Inputs { in := served(); in.Mode, in.Protocol = model.ListenerEnvoy, model.Delta; return in }(), accepted,
 			metav1.ConditionTrue, xdsv1alpha1.ReasonResolved, "1 Services selected"},
