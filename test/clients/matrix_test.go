@@ -136,7 +136,19 @@ func TestClientMatrix(t *testing.T) {
 	mutate(t, c, ps, func(ps *xdsv1alpha1.ProxyScope) {
 		ps.Spec.Services = []xdsv1alpha1.ServiceSelection{{Names: []xdsv1alpha1.DNSLabel{"whoami"}}}
 	})
-	expect("Service removed from and re-added to the scope", "then backend-b again", backend("backend-b"))
+	// grpc-js-xds and C-core never see the Service come back: it returns
+	// byte for byte as it left, and both ignore a resource equal to the one
+	// they cached before it was removed (docs/troubleshooting.md). Nothing
+	// in the API state marks the new selection, so it stays a known hazard;
+	// the documented workaround, restarting the client, is asserted.
+	const readded = "Service removed from and re-added to the scope"
+	m.record(t, readded, "grpc-go", "then backend-b again", clients["grpc-go"], backend("backend-b"))
+	for _, k := range []string{"grpc-js-xds", "c-core"} {
+		m.recordStuck(t, readded, k, clients[k], backend("backend-b"))
+		clients[k].stop()
+		clients[k] = start(k, grpcBootstrap)
+		m.record(t, readded, k, "restarted: backend-b", clients[k], backend("backend-b"))
+	}
 
 	if err := c.Delete(context.Background(), whoamiService()); err != nil {
 		t.Fatal(err)
@@ -251,6 +263,25 @@ func (m *matrix) record(t *testing.T, scenario, kind, what string, r *runner, wa
 	} else {
 		cell += fmt.Sprintf("NOT %s within %v (last: %s)", what, reach, clipped(last.Backend+last.Error))
 		t.Errorf("%s, %s: %s did not reach %q within %v (%v); last result %+v; stderr:\n%s", scenario, what, kind, what, reach, took.Round(time.Second), last, r.stderr.tail())
+	}
+	m.cells[scenario][kind] = cell
+}
+
+// recordStuck records a client that, as documented, does not reach what
+// want says within reach; one that does is an error, since the
+// troubleshooting guide then says something no longer true.
+func (m *matrix) recordStuck(t *testing.T, scenario, kind string, r *runner, want func(result) bool) {
+	t.Helper()
+	ok, last, _ := r.await(r.count(), want)
+	cell := m.cells[scenario][kind]
+	if cell != "" {
+		cell += "; "
+	}
+	if ok {
+		cell += "recovered"
+		t.Errorf("%s: %s recovered (%+v), which docs/troubleshooting.md says it does not: update the guide and this test", scenario, kind, last)
+	} else {
+		cell += fmt.Sprintf("still failing after %v (known client bug: last %s)", reach, clipped(last.Backend+last.Error))
 	}
 	m.cells[scenario][kind] = cell
 }
