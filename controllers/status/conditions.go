@@ -185,7 +185,11 @@ func nackMessage(nacks []feedback.NACK, nacking []*feedback.Proxy) string {
 	}
 	for _, n := range nacks { // newest first
 		if nodes[n.Node] {
-			msg := fmt.Sprintf("proxy %s rejected %s version %s: %s", n.Node, n.TypeURL, n.Version, n.Detail)
+			who := n.Node
+			if n.Peer != "" {
+				who += " at " + n.Peer // gRPC clients of a scope share the node id
+			}
+			msg := fmt.Sprintf("proxy %s rejected %s version %s: %s", who, n.TypeURL, n.Version, n.Detail)
 			if len(nacking) > 1 {
 				msg += fmt.Sprintf(" (%d proxies are rejecting configuration)", len(nacking))
 			}
@@ -257,7 +261,7 @@ func compute(prev *xdsv1alpha1.ProxyScopeStatus, in *Inputs) (xdsv1alpha1.ProxyS
 	st.RecentNACKs = nil
 	for _, n := range in.Feedback.NACKs {
 		st.RecentNACKs = append(st.RecentNACKs, xdsv1alpha1.ProxyNACK{
-			Node: n.Node, TypeURL: n.TypeURL, Version: n.Version, Detail: n.Detail, Time: metav1.NewTime(n.Time.Truncate(time.Second)),
+			Node: n.Node, Peer: n.Peer, TypeURL: n.TypeURL, Version: n.Version, Detail: n.Detail, Time: metav1.NewTime(n.Time.Truncate(time.Second)),
 		})
 	}
 	d, recheck := degraded(in)

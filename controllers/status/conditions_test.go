@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -204,7 +205,7 @@ func nacking() *Inputs {
 	p := at("")
 	p.Nacked = map[string]bool{"t": true}
 	in := served(p)
-	in.Feedback.NACKs = []feedback.NACK{{Node: p.Node, TypeURL: "t", Version: "v1", Detail: "bad route"}}
+	in.Feedback.NACKs = []feedback.NACK{{Node: p.Node, Peer: "10.1.2.3:40000", TypeURL: "t", Version: "v1", Detail: "bad route"}}
 	return in
 }
 
@@ -266,5 +267,17 @@ func TestKstatus(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// recentNACKs name the peer of the rejecting stream, which tells apart the
+// gRPC clients of a scope (they share one node id).
+func TestRecentNACKsNameThePeer(t *testing.T) {
+	st, _ := compute(&xdsv1alpha1.ProxyScopeStatus{}, nacking())
+	if len(st.RecentNACKs) != 1 || st.RecentNACKs[0].Peer != "10.1.2.3:40000" {
+		t.Errorf("recentNACKs %+v, want one naming peer 10.1.2.3:40000", st.RecentNACKs)
+	}
+	if c := meta.FindStatusCondition(st.Conditions, xdsv1alpha1.ConditionDegraded); c == nil || !strings.Contains(c.Message, "proxy p- at 10.1.2.3:40000 rejected") {
+		t.Errorf("Degraded %+v does not name the rejecting peer", c)
 	}
 }

@@ -26,6 +26,7 @@ import (
 	"golang.org/x/time/rate"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -320,6 +321,15 @@ type stream struct {
 	grpc bool
 }
 
+// peerOf is the remote address of the stream of ctx, "" when gRPC knows
+// none: what tells apart the proxies of one node id in reports.
+func peerOf(ctx context.Context) string {
+	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
+		return p.Addr.String()
+	}
+	return ""
+}
+
 // isGRPC reports whether node is a gRPC xDS client: every gRPC language
 // names itself in user_agent_name starting with "gRPC" ("gRPC Go",
 // "gRPC C-core", "gRPC Java", grpc-js "gRPC Node Pure JS"); Envoy sends "envoy".
@@ -410,7 +420,7 @@ func serve[Req request](s *Server, p model.Protocol, srv interface {
 	if err != nil {
 		return err
 	}
-	st := &stream{srv: s, key: key, sc: sc, id: s.fb.Connect(key, kept(first.GetNode()), p), grpc: isGRPC(first.GetNode())}
+	st := &stream{srv: s, key: key, sc: sc, id: s.fb.Connect(key, kept(first.GetNode()), p, peerOf(ctx)), grpc: isGRPC(first.GetNode())}
 	defer s.fb.Disconnect(key, st.id)
 	sc.Read(func(v snapshot.View) { st.caughtUp(v); st.watchTransition(v, p) })
 	h := open(st)
