@@ -22,6 +22,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -410,6 +411,7 @@ func listenIn(t *testing.T, netns, addr string) net.Listener {
 // startOperator runs the API server and the operator, as the end-to-end
 // tests do, and returns a client of the API server.
 func startOperator(t *testing.T) client.Client {
+	ctrl.SetLogger(logr.Discard()) // the matrix is the output; the operator's logs are not
 	env, err := localapi.Start()
 	if err != nil {
 		t.Fatal(err)
