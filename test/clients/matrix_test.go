@@ -164,7 +164,14 @@ func TestClientMatrix(t *testing.T) {
 		clients[k].stop()
 		clients[k] = start(k, deltaBootstrap)
 	}
-	expect("wrong protocol (a Delta scope)", "RPCs fail", failing)
+	// grpc-go carries the refusal into the RPC's error: it must say what to do.
+	const wrong = "wrong protocol (a Delta scope)"
+	m.record(t, wrong, "grpc-go", "told to set spec.protocol: SotW", clients["grpc-go"], func(r result) bool {
+		return strings.Contains(r.Error, "set the scope's spec.protocol: SotW")
+	})
+	for _, k := range []string{"grpc-js-xds", "c-core"} {
+		m.record(t, wrong, k, "RPCs fail", clients[k], failing)
+	}
 	testkit.Eventually(t, "the delta scope Degraded with WrongProtocol", func() (bool, string) {
 		got := &xdsv1alpha1.ProxyScope{}
 		if err := c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "delta"}, got); err != nil {
