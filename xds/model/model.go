@@ -45,9 +45,10 @@ func (k Key) Compare(o Key) int {
 type Service struct {
 	Key Key
 	// UID is the Service's metadata.uid: which incarnation of the name this
-	// is. gRPC route configuration names carry it (see translate), so that a
-	// Service deleted and re-created is new to clients that cache what they
-	// saw; "" leaves the names without it.
+	// is. ProxylessGRPC cluster, assignment and route configuration names
+	// carry it (see translate.GRPCRouteName), so that a Service deleted and
+	// re-created is new to gRPC clients that cache what they saw; "" leaves
+	// the names without it.
 	UID    string
 	Labels map[string]string
 	// ExternalName is the DNS name of an ExternalName Service; such a Service
