@@ -342,7 +342,7 @@ func makeNetwork(t *testing.T) string {
 	host, peer := fmt.Sprintf("spm%dh", os.Getpid()%100000), fmt.Sprintf("spm%dn", os.Getpid()%100000)
 	ip := func(args ...string) error {
 		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-			return fmt.Errorf("ip %s: %v: %s", strings.Join(args, " "), err, bytes.TrimSpace(out))
+			return fmt.Errorf("ip %s: %w: %s", strings.Join(args, " "), err, bytes.TrimSpace(out))
 		}
 		return nil
 	}

@@ -6,7 +6,9 @@ import (
 	"testing"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	"github.com/scopeplane/scopeplane/internal/testkit"
 	"github.com/scopeplane/scopeplane/xds/adsclient"
@@ -33,7 +35,12 @@ func TestProxiesOfOneNodeIDAreToldApartByPeer(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- adsclient.New(cfg).Run(ctx, conn) }()
-	t.Cleanup(func() { cancel(); <-done })
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil && status.Code(err) != codes.Canceled {
+			t.Errorf("the second client ended with %v", err)
+		}
+	})
 
 	key := model.Key{Namespace: "shop", Name: "gw"}
 	testkit.Eventually(t, "two proxies, one NACK", func() (bool, string) {
