@@ -99,6 +99,21 @@ test: ## Run every test against a real API server (builds the envtest binaries o
 	go test -run '^$$' -fuzz '^FuzzRequests$$' -fuzztime $(FUZZ_REQUESTS) -fuzzminimizetime 200x ./xds/server/
 	$(MAKE) demo DEMO_ONCE=1
 
+.PHONY: test-clients
+test-clients: ## Run the client matrix: grpc-go, grpc-js-xds and gRPC C-core through one scenario (as root: a network namespace, npm ci, python3-grpcio).
+	@command -v node >/dev/null && command -v npm >/dev/null || { echo "test-clients needs Node.js and npm on PATH for the grpc-js-xds client"; exit 1; }
+	@if ! /usr/bin/python3 -c 'import grpc' 2>/dev/null; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing Debian's python3-grpcio for the gRPC C-core client"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-grpcio >/dev/null; \
+	  else \
+	    echo "test-clients needs Debian's python3-grpcio (the gRPC C-core client): run 'apt-get install python3-grpcio' as root, or run this target as root"; exit 1; \
+	  fi; \
+	fi
+	cd test/clients && npm ci --no-audit --no-fund --loglevel=error
+	assets=$$(hack/envtest.sh); \
+	SCOPEPLANE_CLIENT_MATRIX=1 KUBEBUILDER_ASSETS=$$assets go test -count=1 -v -timeout 15m -run '^TestClientMatrix$$' ./test/clients/
+
 .PHONY: helm
 helm: ## Build (once, cached) the pinned Helm that tests the chart; print its path.
 	@hack/helm.sh

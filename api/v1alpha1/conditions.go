@@ -30,6 +30,11 @@ const (
 	// ReasonResolved (Accepted=True): every selection resolved and at least
 	// one Service was selected.
 	ReasonResolved = "Resolved"
+	// ReasonDeltaForGRPC (Accepted=True, with a Warning Event): the
+	// selections resolved, but the scope is ProxylessGRPC and Delta, and no
+	// gRPC xDS client speaks delta: its gRPC clients are refused until
+	// spec.protocol is SotW (Envoys in delta still are served).
+	ReasonDeltaForGRPC = "DeltaForGRPC"
 	// ReasonNoMatchingServices (Accepted=False): the selections are valid but
 	// match no Service yet; proxies receive an empty configuration.
 	ReasonNoMatchingServices = "NoMatchingServices"

@@ -138,6 +138,13 @@ type ProxyNACK struct {
 	// +kubebuilder:validation:MaxLength=253
 	Node string `json:"node"`
 
+	// peer is the address (host:port) the proxy's stream came from. Every
+	// gRPC client of a scope has the same node id (they share the scope's
+	// bootstrap), so this is what tells them apart.
+	// +kubebuilder:validation:MaxLength=253
+	// +optional
+	Peer string `json:"peer,omitempty"`
+
 	// typeURL is the xDS resource type that was rejected.
 	// +kubebuilder:validation:MaxLength=253
 	TypeURL string `json:"typeURL"`

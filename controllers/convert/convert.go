@@ -35,6 +35,7 @@ import (
 func Service(svc *corev1.Service, endpointSlices []*discoveryv1.EndpointSlice) *model.Service {
 	out := &model.Service{
 		Key:    model.Key{Namespace: svc.Namespace, Name: svc.Name},
+		UID:    text(string(svc.UID)),
 		Labels: svc.Labels,
 	}
 	if svc.Spec.Type == corev1.ServiceTypeExternalName {

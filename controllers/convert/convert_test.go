@@ -18,7 +18,7 @@ import (
 
 func TestServiceMergesSlicesWithTheirOwnPorts(t *testing.T) {
 	svc := &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "cart", Labels: map[string]string{"app": "cart"}},
+		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "cart", UID: "4f1d2c3b-aaaa-4bbb-8ccc-0123456789ab", Labels: map[string]string{"app": "cart"}},
 		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{
 			{Name: "http", Port: 80, TargetPort: intstr.FromString("web"), AppProtocol: ptr.To("http")},
 			{Name: "dns", Port: 53, Protocol: corev1.ProtocolUDP},
@@ -51,6 +51,7 @@ func TestServiceMergesSlicesWithTheirOwnPorts(t *testing.T) {
 	http8080 := []model.EndpointPort{{Name: "http", Port: 8080, Protocol: model.ProtocolTCP}}
 	want := &model.Service{
 		Key:    model.Key{Namespace: "shop", Name: "cart"},
+		UID:    "4f1d2c3b-aaaa-4bbb-8ccc-0123456789ab",
 		Labels: map[string]string{"app": "cart"},
 		Ports: []model.ServicePort{
 			{Name: "http", Port: 80, Protocol: model.ProtocolTCP, AppProtocol: "http", TargetPortName: "web"},

@@ -5,9 +5,11 @@ import (
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/events"
 
 	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
+	"github.com/scopeplane/scopeplane/xds/model"
 )
 
 // The advice is an Event when it becomes decisive or changes direction,
@@ -56,6 +58,33 @@ func TestAdviceEventOnlyOnDirectionChange(t *testing.T) {
 			t.Errorf("%s (%s): Events %q, want none", s.name, ps.Status.Cost.Recommendation, got)
 		case s.event != "" && (len(got) != 1 || !strings.HasPrefix(got[0], "Normal "+s.event+" "+ps.Status.Cost.Advice)):
 			t.Errorf("%s (%s): Events %q, want one %s with the advice", s.name, ps.Status.Cost.Recommendation, got, s.event)
+		}
+	}
+}
+
+// A ProxylessGRPC scope in Delta is accepted, and a Warning Event says no
+// gRPC client can join it; the same scope in SotW gets a Normal one.
+func TestDeltaForGRPCIsAWarningEvent(t *testing.T) {
+	for _, tc := range []struct {
+		protocol model.Protocol
+		want     string
+	}{
+		{model.Delta, "Warning " + xdsv1alpha1.ReasonDeltaForGRPC + " "},
+		{model.SotW, "Normal " + xdsv1alpha1.ReasonResolved + " "},
+	} {
+		rec := events.NewFakeRecorder(10)
+		r := &Reconciler{Recorder: rec}
+		in := served()
+		in.Mode, in.Protocol = model.ListenerProxylessGRPC, tc.protocol
+		c := accepted(in)
+		ps := &xdsv1alpha1.ProxyScope{}
+		ps.Status.Conditions = []metav1.Condition{{Type: xdsv1alpha1.ConditionAccepted, Status: c.status, Reason: c.reason, Message: c.message}}
+		r.recordTransitions(ps, nil)
+		if len(rec.Events) != 1 {
+			t.Fatalf("%s: %d Events, want 1", tc.protocol, len(rec.Events))
+		}
+		if got := <-rec.Events; !strings.HasPrefix(got, tc.want) {
+			t.Errorf("%s: Event %q, want it to start with %q", tc.protocol, got, tc.want)
 		}
 	}
 }

@@ -86,8 +86,15 @@ func accepted(in *Inputs) condition {
 		return condition{metav1.ConditionFalse, xdsv1alpha1.ReasonNoMatchingServices,
 			"the selections match no Service; the scope's proxies receive an empty configuration"}
 	}
-	return condition{metav1.ConditionTrue, xdsv1alpha1.ReasonResolved,
-		fmt.Sprintf("%d Services selected: %d clusters, %d endpoints", r.SelectedServices, r.Clusters, r.Endpoints)}
+	resolved := fmt.Sprintf("%d Services selected: %d clusters, %d endpoints", r.SelectedServices, r.Clusters, r.Endpoints)
+	if in.Mode == model.ListenerProxylessGRPC && in.Protocol == model.Delta {
+		// Still accepted: an Envoy speaking delta is served, and the
+		// scope may be on its way to SotW. But it is almost surely a
+		// mistake, so it is said here and, by its reason, in an Event.
+		return condition{metav1.ConditionTrue, xdsv1alpha1.ReasonDeltaForGRPC,
+			resolved + "; but no gRPC xDS client speaks Delta: this ProxylessGRPC scope refuses every gRPC client until spec.protocol is SotW"}
+	}
+	return condition{metav1.ConditionTrue, xdsv1alpha1.ReasonResolved, resolved}
 }
 
 // proxyCounts are the connected proxies and those at the served version.
@@ -178,7 +185,11 @@ func nackMessage(nacks []feedback.NACK, nacking []*feedback.Proxy) string {
 	}
 	for _, n := range nacks { // newest first
 		if nodes[n.Node] {
-			msg := fmt.Sprintf("proxy %s rejected %s version %s: %s", n.Node, n.TypeURL, n.Version, n.Detail)
+			who := n.Node
+			if n.Peer != "" {
+				who += " at " + n.Peer // gRPC clients of a scope share the node id
+			}
+			msg := fmt.Sprintf("proxy %s rejected %s version %s: %s", who, n.TypeURL, n.Version, n.Detail)
 			if len(nacking) > 1 {
 				msg += fmt.Sprintf(" (%d proxies are rejecting configuration)", len(nacking))
 			}
@@ -250,7 +261,7 @@ func compute(prev *xdsv1alpha1.ProxyScopeStatus, in *Inputs) (xdsv1alpha1.ProxyS
 	st.RecentNACKs = nil
 	for _, n := range in.Feedback.NACKs {
 		st.RecentNACKs = append(st.RecentNACKs, xdsv1alpha1.ProxyNACK{
-			Node: n.Node, TypeURL: n.TypeURL, Version: n.Version, Detail: n.Detail, Time: metav1.NewTime(n.Time.Truncate(time.Second)),
+			Node: n.Node, Peer: n.Peer, TypeURL: n.TypeURL, Version: n.Version, Detail: n.Detail, Time: metav1.NewTime(n.Time.Truncate(time.Second)),
 		})
 	}
 	d, recheck := degraded(in)

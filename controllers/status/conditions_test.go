@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -51,6 +52,14 @@ func TestConditions(t *testing.T) {
 		msg    string // a part of the message
 	}{
 		{"resolved", served(), accepted, metav1.ConditionTrue, xdsv1alpha1.ReasonResolved, "1 Services selected: 1 clusters, 3 endpoints"},
+		{"delta for gRPC", func() *Inputs {
+			in := served()
+			in.Mode, in.Protocol = model.ListenerProxylessGRPC, model.Delta
+			return in
+		}(), accepted,
+			metav1.ConditionTrue, xdsv1alpha1.ReasonDeltaForGRPC, "1 Services selected: 1 clusters, 3 endpoints; but no gRPC xDS client speaks Delta"},
+		{"delta for Envoy", func() *Inputs { in := served(); in.Mode, in.Protocol = model.ListenerEnvoy, model.Delta; return in }(), accepted,
+			metav1.ConditionTrue, xdsv1alpha1.ReasonResolved, "1 Services selected"},
 		{"no matching services", func() *Inputs { in := served(); in.Resolution.SelectedServices = 0; return in }(), accepted,
 			metav1.ConditionFalse, xdsv1alpha1.ReasonNoMatchingServices, "match no Service"},
 		{"namespace not found", func() *Inputs { in := served(); in.Resolution.MissingNamespaces = []string{"a", "b"}; return in }(), accepted,
@@ -196,7 +205,7 @@ func nacking() *Inputs {
 	p := at("")
 	p.Nacked = map[string]bool{"t": true}
 	in := served(p)
-	in.Feedback.NACKs = []feedback.NACK{{Node: p.Node, TypeURL: "t", Version: "v1", Detail: "bad route"}}
+	in.Feedback.NACKs = []feedback.NACK{{Node: p.Node, Peer: "10.1.2.3:40000", TypeURL: "t", Version: "v1", Detail: "bad route"}}
 	return in
 }
 
@@ -258,5 +267,17 @@ func TestKstatus(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// recentNACKs name the peer of the rejecting stream, which tells apart the
+// gRPC clients of a scope (they share one node id).
+func TestRecentNACKsNameThePeer(t *testing.T) {
+	st, _ := compute(&xdsv1alpha1.ProxyScopeStatus{}, nacking())
+	if len(st.RecentNACKs) != 1 || st.RecentNACKs[0].Peer != "10.1.2.3:40000" {
+		t.Errorf("recentNACKs %+v, want one naming peer 10.1.2.3:40000", st.RecentNACKs)
+	}
+	if c := meta.FindStatusCondition(st.Conditions, xdsv1alpha1.ConditionDegraded); c == nil || !strings.Contains(c.Message, "proxy p- at 10.1.2.3:40000 rejected") {
+		t.Errorf("Degraded %+v does not name the rejecting peer", c)
 	}
 }

@@ -150,6 +150,9 @@ func (r *Reconciler) recordTransitions(ps *xdsv1alpha1.ProxyScope, before []meta
 		if bad := c.Status == metav1.ConditionTrue; (c.Type == xdsv1alpha1.ConditionDegraded) == bad && c.Status != metav1.ConditionUnknown {
 			kind = corev1.EventTypeWarning // Degraded=True, or Accepted/Ready=False
 		}
+		if c.Reason == xdsv1alpha1.ReasonDeltaForGRPC {
+			kind = corev1.EventTypeWarning // accepted, but no gRPC client can join
+		}
 		r.Recorder.Eventf(ps, nil, kind, c.Reason, c.Type+"="+string(c.Status), "%s", note(c.Message))
 	}
 }

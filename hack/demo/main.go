@@ -1,10 +1,12 @@
 // Command demo is `make demo`: scopeplane end to end on this machine. It
 // starts a local kube-apiserver and etcd, installs the CRD, runs the
 // operator in-process, starts real gRPC backends on 127.0.0.1 and publishes
-// them as Services and EndpointSlices, applies a SotW and a Delta
-// ProxylessGRPC scope with kubectl, routes RPCs through the SotW scope with
-// grpc-go's own xDS client (bootstrapped from the scope's ConfigMap), follows
-// the Delta scope with the project's delta client, moves an endpoint and
+// them as Services and EndpointSlices, applies a SotW ProxylessGRPC scope
+// and a Delta Envoy scope with kubectl, routes RPCs through the SotW scope
+// with grpc-go's own xDS client (bootstrapped from the scope's ConfigMap),
+// follows the Delta scope with the project's delta client acting as an Envoy
+// (gRPC clients speak SotW only, so a delta scope is for Envoy), moves an
+// endpoint and
 // shows traffic moving, and prints the scopes and their conditions.
 //
 // With DEMO_ONCE=1 it runs one pass and exits 0 only if every RPC and every
@@ -15,7 +17,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -41,6 +42,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/yaml"
 
 	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
 	"github.com/scopeplane/scopeplane/internal/controlplane"
@@ -142,7 +144,7 @@ func run(ctx context.Context) error {
 		return err
 	}
 
-	step("kubectl apply: scope demo/greeter (SotW, ProxylessGRPC) and demo/shop (Delta, ProxylessGRPC)")
+	step("kubectl apply: scope demo/greeter (SotW, ProxylessGRPC) and demo/shop (Delta, Envoy: gRPC clients speak SotW only)")
 	if _, err := d.kubectl(scopes, "apply", "-f", "-"); err != nil {
 		return err
 	}
@@ -168,13 +170,13 @@ func run(ctx context.Context) error {
 		return err
 	}
 
-	step("the project's delta client joins demo/shop")
+	step("the project's delta client joins demo/shop as an Envoy would, with the Envoy bootstrap's node")
 	deltaClient, deltaDone, err := d.deltaProxy(ctx, lis.Addr().String())
 	if err != nil {
 		return err
 	}
 	if err := waitFor(ctx, deltaClient, "the delta client holds both Services", func(c *adsclient.Client) bool {
-		return len(c.State(xdstype.Cluster.URL())) == 2 && len(c.State(xdstype.Listener.URL())) == 4
+		return len(c.State(xdstype.Cluster.URL())) == 2 && len(c.State(xdstype.Listener.URL())) == 1 && len(c.State(xdstype.Route.URL())) == 1
 	}); err != nil {
 		return err
 	}
@@ -339,7 +341,7 @@ metadata: {name: shop, namespace: demo}
 spec:
   protocol: Delta
   services: [{selector: {}}]
-  listener: {mode: ProxylessGRPC}
+  listener: {mode: Envoy, port: 10080}
 `
 
 const adviceTemplate = `{range .items[*]}{.metadata.name}: {.status.cost.recommendation}: {.status.cost.advice}{"\n"}{end}`
@@ -402,10 +404,10 @@ func (d *demo) bootstrapOf(ctx context.Context, scope, key string) ([]byte, erro
 	}
 }
 
-// deltaProxy runs the project's delta client with the node of the scope's
-// bootstrap, subscribed to everything.
+// deltaProxy runs the project's delta client as an Envoy of the scope: with
+// the node of the scope's Envoy bootstrap, subscribed to everything.
 func (d *demo) deltaProxy(ctx context.Context, server string) (*adsclient.Client, <-chan error, error) {
-	raw, err := d.bootstrapOf(ctx, "shop", bootstrap.GRPCKey)
+	raw, err := d.bootstrapOf(ctx, "shop", bootstrap.EnvoyKey)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -415,7 +417,7 @@ func (d *demo) deltaProxy(ctx context.Context, server string) (*adsclient.Client
 			Metadata map[string]string `json:"metadata"`
 		} `json:"node"`
 	}
-	if err := json.Unmarshal(raw, &b); err != nil {
+	if err := yaml.Unmarshal(raw, &b); err != nil {
 		return nil, nil, err
 	}
 	meta := &structpb.Struct{Fields: map[string]*structpb.Value{}}

@@ -48,7 +48,7 @@ func TestKubectlWorkflow(t *testing.T) {
 	)
 
 	conn := dialXDS(t)
-	proxy(t, conn, adsclient.Delta, testkit.Node("payments-1", "default/payments"), nil)
+	proxy(t, conn, adsclient.SotW, testkit.Node("payments-1", "default/payments"), nil)
 	kubectl(t, "wait", "--for=condition=Ready", "proxyscope/payments", "--timeout=30s")
 	// A correct scope is Ready before any proxy connects: waiting on it in CI
 	// or GitOps returns.
@@ -56,7 +56,7 @@ func TestKubectlWorkflow(t *testing.T) {
 
 	out := kubectl(t, "get", "ps")
 	header := regexp.MustCompile(`NAME\s+PROTOCOL\s+MODE\s+ACCEPTED\s+SERVICES\s+PROXIES\s+READY\s+AGE`)
-	row := regexp.MustCompile(`payments\s+Delta\s+ProxylessGRPC\s+True\s+1\s+1\s+True\s+\S+`)
+	row := regexp.MustCompile(`payments\s+SotW\s+ProxylessGRPC\s+True\s+1\s+1\s+True\s+\S+`)
 	idle := regexp.MustCompile(`storefront\s+SotW\s+Envoy\s+True\s+1\s+0\s+True\s+\S+`)
 	if !header.MatchString(out) || !row.MatchString(out) || !idle.MatchString(out) {
 		t.Errorf("kubectl get ps does not show the printcolumns:\n%s", out)
@@ -72,7 +72,7 @@ func TestKubectlWorkflow(t *testing.T) {
 	expectCondition(t, "default", "storefront", "Degraded", "True", "ProxyNACKed")
 	yaml := kubectl(t, "get", "ps", "storefront", "-o", "yaml")
 	t.Logf("kubectl get ps storefront -o yaml:\n%s", yaml)
-	for _, want := range []string{"reason: ProxyNACKed", "node: edge-7", "detail: 'listener http-10080: address already in use'", "typeURL: " + xdstype.Listener.URL()} {
+	for _, want := range []string{"reason: ProxyNACKed", "node: edge-7", "peer: 127.0.0.1:", "detail: 'listener http-10080: address already in use'", "typeURL: " + xdstype.Listener.URL()} {
 		if !strings.Contains(yaml, want) {
 			t.Errorf("kubectl get ps storefront -o yaml lacks %q:\n%s", want, yaml)
 		}

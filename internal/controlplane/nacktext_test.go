@@ -75,7 +75,7 @@ func TestHostileNACKTextReachesStatusCut(t *testing.T) {
 			utf8.RuneCountInString(got.Detail), utf8.ValidString(got.Detail))
 	}
 	c := meta.FindStatusCondition(ps.Status.Conditions, xdsv1alpha1.ConditionDegraded)
-	if want := "proxy " + wantNode + " rejected " + xdstype.Route.URL(); !strings.HasPrefix(c.Message, want) || !strings.HasSuffix(c.Message, wantDetail) {
+	if want := "proxy " + wantNode + " at " + got.Peer + " rejected " + xdstype.Route.URL(); got.Peer == "" || !strings.HasPrefix(c.Message, want) || !strings.HasSuffix(c.Message, wantDetail) {
 		t.Errorf("the Degraded message does not carry the cut NACK: %.120q...", c.Message)
 	}
 

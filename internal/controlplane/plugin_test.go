@@ -84,7 +84,7 @@ func TestKubectlPlugin(t *testing.T) {
 	expectCondition(t, "shelf", "gw", "Ready", "True", xdsv1alpha1.ReasonSynced)
 
 	out := plugin("proxy-status", "shelf/gw")
-	if !regexp.MustCompile(`(?m)^shelf-edge\s+shelf/gw\s+SotW\s+SYNCED\s+SYNCED\s+SYNCED\s+SYNCED\s`).MatchString(out) {
+	if !regexp.MustCompile(`(?m)^shelf-edge\s+127\.0\.0\.1:\d+\s+shelf/gw\s+SotW\s+SYNCED\s+SYNCED\s+SYNCED\s+SYNCED\s`).MatchString(out) {
 		t.Errorf("proxy-status does not show shelf-edge in sync")
 	}
 	out = plugin("explain", "shelf-edge", "shelf/books")
@@ -165,13 +165,15 @@ func TestExplainByNameClient(t *testing.T) {
 		return out.String()
 	}
 
+	const uid = "[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 	const holds = ": served at version [0-9a-f]+; the proxy asked for it and is in sync on this type, so it holds this version"
 	const notSent = ": served at version [0-9a-f]+; not sent to this proxy, which did not ask for it\n"
 	want := []string{
 		`LDS wanted.asks.svc.cluster.local:50051` + holds,
-		`RDS wanted.asks.svc.cluster.local:50051` + holds,
-		`CDS asks/wanted:50051` + holds,
-		`EDS asks/wanted:50051` + holds,
+		// gRPC-mode route, cluster and assignment names end in the Service's UID.
+		`RDS wanted.asks.svc.cluster.local:50051@` + uid + holds,
+		`CDS asks/wanted:50051@` + uid + holds,
+		`EDS asks/wanted:50051@` + uid + holds,
 		// The short name is served too, but the client dialled the long one.
 		`LDS wanted.asks:50051` + notSent,
 	}
@@ -191,8 +193,8 @@ func TestExplainByNameClient(t *testing.T) {
 	t.Logf("explain asks/unwanted:\n%s", out)
 	for _, w := range []string{
 		`LDS unwanted.asks.svc.cluster.local:50051` + notSent,
-		`CDS asks/unwanted:50051` + notSent,
-		`EDS asks/unwanted:50051` + notSent,
+		`CDS asks/unwanted:50051@` + uid + notSent,
+		`EDS asks/unwanted:50051@` + uid + notSent,
 		`Proxy "by-name-grpc" asked for none of these resources, so it is sent none of them`,
 	} {
 		if !regexp.MustCompile(w).MatchString(out) {

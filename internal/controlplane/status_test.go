@@ -170,7 +170,7 @@ func TestStatusConditionsAreReachedAndCleared(t *testing.T) {
 	ps = expectCondition(t, "status", "web", xdsv1alpha1.ConditionDegraded, metav1.ConditionTrue, xdsv1alpha1.ReasonProxyNACKed)
 	t.Logf("the NACK reached the CRD %v after the proxy connected", time.Since(start).Round(time.Millisecond))
 	c := meta.FindStatusCondition(ps.Status.Conditions, xdsv1alpha1.ConditionDegraded)
-	if !strings.Contains(c.Message, "proxy picky rejected "+xdstype.Route.URL()) || !strings.Contains(c.Message, "unknown cluster") {
+	if !strings.Contains(c.Message, "proxy picky at 127.0.0.1:") || !strings.Contains(c.Message, " rejected "+xdstype.Route.URL()) || !strings.Contains(c.Message, "unknown cluster") {
 		t.Errorf("Degraded message: %q", c.Message)
 	}
 	if len(ps.Status.RecentNACKs) == 0 || ps.Status.RecentNACKs[0].Node != "picky" || ps.Status.RecentNACKs[0].Detail != "route config http-10080: unknown cluster" {

@@ -1,6 +1,7 @@
 package plugin
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"strings"
@@ -64,7 +65,7 @@ func (o *options) proxyStatus(ctx context.Context, args []string) error {
 		return nil
 	}
 	tw := tabwriter.NewWriter(o.stdout, 0, 4, 2, ' ', 0)
-	header := []string{"NAME", "SCOPE", "PROTOCOL"}
+	header := []string{"NAME", "PEER", "SCOPE", "PROTOCOL"}
 	for _, t := range xdstype.All() {
 		header = append(header, t.String())
 	}
@@ -78,7 +79,8 @@ func (o *options) proxyStatus(ctx context.Context, args []string) error {
 				continue
 			}
 			meta := cc.GetNode().GetMetadata().GetFields()
-			row := []string{cc.GetNode().GetId(), cc.GetClientScope(), meta[csds.ProtocolKey].GetStringValue()}
+			peer := cmp.Or(meta[csds.PeerKey].GetStringValue(), "-")
+			row := []string{cc.GetNode().GetId(), peer, cc.GetClientScope(), meta[csds.ProtocolKey].GetStringValue()}
 			for _, g := range cc.GetGenericXdsConfigs() {
 				if g.GetName() != "" {
 					continue // a subscription entry, sent with resource contents only
@@ -86,7 +88,7 @@ func (o *options) proxyStatus(ctx context.Context, args []string) error {
 				row = append(row, o.cell(g, current[cc.GetClientScope()][g.GetTypeUrl()]))
 				if e := g.GetErrorState(); e != nil && g.GetConfigStatus() == statusv3.ConfigStatus_ERROR {
 					t, _ := xdstype.ByURL(g.GetTypeUrl())
-					nacks = append(nacks, fmt.Sprintf("%s %s rejected version %s %s ago: %s", cc.GetNode().GetId(), t,
+					nacks = append(nacks, fmt.Sprintf("%s (%s) %s rejected version %s %s ago: %s", cc.GetNode().GetId(), peer, t,
 						e.GetVersionInfo(), since(e.GetLastUpdateAttempt().AsTime()), e.GetDetails()))
 				}
 			}

@@ -49,10 +49,16 @@ func Start(name string) (*Backend, error) {
 	if err != nil {
 		return nil, err
 	}
+	return Serve(name, lis), nil
+}
+
+// Serve serves whoami as name on lis, a TCP listener: the client matrix
+// listens inside a network namespace it made.
+func Serve(name string, lis net.Listener) *Backend {
 	g := grpc.NewServer()
 	g.RegisterService(&serviceDesc, server{name: name})
 	go func() { _ = g.Serve(lis) }()
-	return &Backend{Name: name, Port: lis.Addr().(*net.TCPAddr).Port, srv: g}, nil
+	return &Backend{Name: name, Port: lis.Addr().(*net.TCPAddr).Port, srv: g}
 }
 
 // Stop stops the backend.

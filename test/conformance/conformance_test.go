@@ -144,12 +144,14 @@ func TestServiceAddedAndRemoved(t *testing.T) {
 			synced(px, "shop/b:80", "shop/c:80", "shop/d:80")
 			got = summary(px.settled()[before:])
 			// Make before break: the route stops using the cluster before the
-			// cluster goes away.
+			// cluster goes away; and children first: a delta proxy is told to
+			// drop the assignment before its cluster. (A SotW proxy drops the
+			// assignment itself with the cluster: nothing is sent for it.)
 			var wantSeq []string
 			if pr.client == adsclient.SotW {
 				wantSeq = []string{"CDS[all 4]", "RDS[http-10080]", "CDS[3]"}
 			} else {
-				wantSeq = []string{"RDS[http-10080]", "CDS[]-[shop/a:80]"}
+				wantSeq = []string{"RDS[http-10080]", "EDS[]-[shop/a:80]", "CDS[]-[shop/a:80]"}
 			}
 			if fmt.Sprint(normalizeRemoval(got, pr.client)) != fmt.Sprint(wantSeq) {
 				t.Errorf("removing a Service sent %v, want %v", got, wantSeq)
@@ -161,17 +163,36 @@ func TestServiceAddedAndRemoved(t *testing.T) {
 	}
 }
 
-// normalizeRemoval abbreviates full cluster sets, and drops the endpoint
-// removal a delta server may send along with the cluster's (its position
-// does not matter once the cluster is gone).
+// TestListenerPortChangeRemovesRouteBeforeListener moves an Envoy scope's
+// listener to another port: a delta proxy must be told to drop the old
+// route configuration before the old listener that names it (children
+// first), after the new listener is in place.
+func TestListenerPortChangeRemovesRouteBeforeListener(t *testing.T) {
+	p := world(t, model.Delta)
+	px := p.connect(testkit.WildcardClient(adsclient.Delta, testkit.Node("envoy-1", "shop/gw")))
+	synced(px, "shop/a:80", "shop/b:80", "shop/c:80")
+	before := len(px.settled())
+	sc := envoyScope("shop", "gw", model.Delta)
+	sc.Listener.Port = 10081
+	p.Catalog.UpsertScope(sc)
+	p.Sync()
+	px.wait("the new listener alone", holds(xdstype.Listener.URL(), "http-10081"))
+	got := summary(px.settled()[before:])
+	removes := func(e string) bool { return strings.HasPrefix(e, "RDS[") && strings.HasSuffix(e, "-[http-10080]") }
+	rds, lds := slices.IndexFunc(got, removes), slices.Index(got, "LDS[]-[http-10080]")
+	add := slices.Index(got, "LDS[http-10081]")
+	if rds < 0 || lds < 0 || add < 0 || rds > lds || add > rds {
+		t.Errorf("moving the listener sent %v; want LDS[http-10081], then the route http-10080's removal, then LDS[]-[http-10080]", got)
+	}
+}
+
+// normalizeRemoval abbreviates full cluster sets.
 func normalizeRemoval(evs []string, p adsclient.Protocol) []string {
 	var out []string
 	for _, e := range evs {
 		switch {
 		case p == adsclient.SotW && strings.HasPrefix(e, "CDS["):
 			out = append(out, fmt.Sprintf("CDS[%d]", len(strings.Fields(strings.Trim(e[3:], "[]")))))
-		case strings.HasPrefix(e, "EDS[]-"):
-			continue
 		default:
 			out = append(out, e)
 		}
@@ -342,6 +363,35 @@ func TestRefusals(t *testing.T) {
 			t.Errorf("an unknown type URL ended the stream with %v", err)
 		}
 	})
+}
+
+// TestWrongProtocolAdviceFitsTheClient: a gRPC client cannot switch to
+// delta, so on a Delta scope it is told to change the scope; Envoy is told
+// the api_type that fits.
+func TestWrongProtocolAdviceFitsTheClient(t *testing.T) {
+	p := world(t, model.Delta)
+	cases := []struct {
+		userAgent string
+		says      string
+		never     string
+	}{
+		{"gRPC Go", "gRPC xDS clients speak State of the World only: set the scope's spec.protocol: SotW", "api_type"},
+		{"gRPC C-core", "set the scope's spec.protocol: SotW", "api_type"},
+		{"gRPC Node Pure JS", "set the scope's spec.protocol: SotW", "api_type"},
+		{"envoy", "set api_type: DELTA_GRPC in the ADS config of its bootstrap", "gRPC"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.userAgent, func(t *testing.T) {
+			node := testkit.Node("client", "shop/gw")
+			node.UserAgentName = tc.userAgent
+			px := p.connect(testkit.WildcardClient(adsclient.SotW, node))
+			err := <-px.done
+			msg := status.Convert(err).Message()
+			if status.Code(err) != codes.FailedPrecondition || !strings.Contains(msg, tc.says) || strings.Contains(msg, tc.never) {
+				t.Errorf("got %v\nwant FailedPrecondition containing %q and not %q", err, tc.says, tc.never)
+			}
+		})
+	}
 }
 
 func TestGracefulStopSendsProxiesElsewhere(t *testing.T) {

@@ -117,9 +117,14 @@ func GRPC(scope model.Key, server string) ([]byte, error) {
 		ChannelCreds   []creds  `json:"channel_creds"`
 		ServerFeatures []string `json:"server_features"`
 	}
+	// locality is empty but present: grpc-js-xds refuses a bootstrap whose
+	// node has no locality object ("locality field missing in node
+	// element"), and every other gRPC reads an empty one as no locality.
+	type locality struct{}
 	type node struct {
 		ID       string            `json:"id"`
 		Cluster  string            `json:"cluster"`
+		Locality locality          `json:"locality"`
 		Metadata map[string]string `json:"metadata"`
 	}
 	return json.MarshalIndent(struct {

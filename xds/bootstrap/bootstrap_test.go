@@ -68,10 +68,15 @@ func TestGRPCBootstrapIsAcceptedByGRPC(t *testing.T) {
 	var parsed struct {
 		Node struct {
 			Metadata map[string]string `json:"metadata"`
+			Locality map[string]any    `json:"locality"`
 		} `json:"node"`
 	}
 	if err := json.Unmarshal(out, &parsed); err != nil || parsed.Node.Metadata["scopeplane.dev/scope"] != "shop/gw" {
 		t.Errorf("node metadata: %v %v", parsed.Node.Metadata, err)
+	}
+	// grpc-js-xds refuses a node without a locality object, even an empty one.
+	if parsed.Node.Locality == nil {
+		t.Errorf("node has no locality object; grpc-js-xds refuses it:\n%s", out)
 	}
 }
 

@@ -66,6 +66,9 @@ const (
 	ProtocolKey = "scopeplane.dev/protocol"
 	// ConnectedKey is when the proxy's stream was bound to its scope (RFC 3339).
 	ConnectedKey = "scopeplane.dev/connected-since"
+	// PeerKey is the address the proxy's stream came from (host:port): the
+	// gRPC clients of a scope share one node id, and this tells them apart.
+	PeerKey = "scopeplane.dev/peer"
 )
 
 // Wildcard is the resource name that stands for a wildcard subscription in
@@ -202,6 +205,7 @@ func proxyConfig(key model.Key, p *feedback.Proxy, cur *[xdstype.Count]string, a
 				model.ScopeMetadataKey: structpb.NewStringValue(key.String()),
 				ProtocolKey:            structpb.NewStringValue(string(p.Protocol)),
 				ConnectedKey:           structpb.NewStringValue(p.Since.UTC().Format(time.RFC3339)),
+				PeerKey:                structpb.NewStringValue(p.Peer),
 			}},
 		},
 	}

@@ -32,7 +32,11 @@ const MaxNACKs = 10
 // UTF-8 cut to the limits of status.recentNACKs (MaxNodeChars and the rest):
 // Node is the proxy's node id in that form (NodeID).
 type NACK struct {
-	Node    string
+	Node string
+	// Peer is the address the proxy's stream came from: gRPC clients of a
+	// scope share one node id (their bootstrap is one ConfigMap), so it is
+	// what tells them apart.
+	Peer    string
 	TypeURL string
 	Version string
 	Detail  string
@@ -48,6 +52,9 @@ type Proxy struct {
 	// user agent as "name version"), kept for the proxy-status view.
 	Cluster   string
 	UserAgent string
+	// Peer is the stream's remote address (host:port), which tells apart
+	// proxies of one node id, as every gRPC client of a scope is.
+	Peer string
 	// Since is when the stream was bound to the scope.
 	Since time.Time
 	// Acked is the last version the proxy ACKed, by type URL.
@@ -139,8 +146,9 @@ func (t *Tracker) proxyLocked(key model.Key, id uint64) *Proxy {
 	return nil
 }
 
-// Connect records a new stream of node and returns its id.
-func (t *Tracker) Connect(key model.Key, node *corev3.Node, p model.Protocol) uint64 {
+// Connect records a new stream of node from peer (its remote address, ""
+// when unknown) and returns its id.
+func (t *Tracker) Connect(key model.Key, node *corev3.Node, p model.Protocol, peer string) uint64 {
 	ua := node.GetUserAgentName()
 	if v := node.GetUserAgentVersion(); v != "" {
 		ua += " " + v
@@ -149,7 +157,7 @@ func (t *Tracker) Connect(key model.Key, node *corev3.Node, p model.Protocol) ui
 	defer t.mu.Unlock()
 	t.nextID++
 	t.scopeLocked(key).Proxies[t.nextID] = &Proxy{
-		ID: t.nextID, Node: node.GetId(), Protocol: p, Cluster: node.GetCluster(), UserAgent: ua, Since: t.now(),
+		ID: t.nextID, Node: node.GetId(), Protocol: p, Cluster: node.GetCluster(), UserAgent: ua, Peer: peer, Since: t.now(),
 		Acked: map[string]string{}, Nacked: map[string]bool{}, LastNACK: map[string]NACK{}, asks: map[model.Key]int{},
 	}
 	metrics.ConnectedProxies.WithLabelValues(key.String(), string(p)).Inc()
@@ -225,7 +233,7 @@ func (t *Tracker) NACKed(key model.Key, id uint64, typeURL, version, detail stri
 	p.AtVersion = ""
 	metrics.NACKs.WithLabelValues(key.String(), typeURL).Inc()
 	n := NACK{
-		Node: NodeID(p.Node), TypeURL: Cut(typeURL, MaxTypeURLChars, math.MaxInt), Version: Cut(version, MaxVersionChars, math.MaxInt),
+		Node: NodeID(p.Node), Peer: p.Peer, TypeURL: Cut(typeURL, MaxTypeURLChars, math.MaxInt), Version: Cut(version, MaxVersionChars, math.MaxInt),
 		Detail: Cut(detail, MaxDetailChars, math.MaxInt), Time: t.now(),
 	}
 	p.LastNACK[typeURL] = n

@@ -43,7 +43,13 @@ func (k Key) Compare(o Key) int {
 
 // Service is one Kubernetes Service with the endpoints of all its EndpointSlices.
 type Service struct {
-	Key    Key
+	Key Key
+	// UID is the Service's metadata.uid: which incarnation of the name this
+	// is. ProxylessGRPC cluster, assignment and route configuration names
+	// carry it (see translate.GRPCRouteName), so that a Service deleted and
+	// re-created is new to gRPC clients that cache what they saw; "" leaves
+	// the names without it.
+	UID    string
 	Labels map[string]string
 	// ExternalName is the DNS name of an ExternalName Service; such a Service
 	// has no endpoints and is resolved by the proxy.

@@ -211,9 +211,8 @@ func (st *delta) diff(v snapshot.View, ts *deltaType, name string, resp *respons
 	}
 }
 
-// push sends what changed in the scope since the stream last looked, in ADS
-// order; removals of clusters and endpoints are sent last, after listeners
-// and routes stopped using them.
+// push sends what changed in the scope since the stream last looked:
+// upserts in ADS order, then removals children first (see plan).
 func (st *delta) push() error {
 	resps, err := catchUp(st.stream, model.Delta, st.plan)
 	if err != nil {
@@ -243,35 +242,69 @@ func (st *delta) plan(v snapshot.View) []*response {
 			removesLater = true
 		}
 	}
-	var out, late []*response
+	// Each type's change is split into its upserts and its removals, each
+	// priced as the SotW responses that would have carried it.
+	var adds, rms [xdstype.Count]*response
 	for _, r := range byType {
 		if r == nil {
 			continue
 		}
-		if removesLater && r.t.Info().RemovedLast && len(r.removed) > 0 {
-			// Make before break: the removal waits for the listeners and
-			// routes that used what it removes. SotW makes before breaking
-			// too, with a full set that still holds the departing resources
-			// and then the final one; for a by-name type it sends nothing.
-			l := &response{t: r.t, version: r.version, removed: r.removed, priced: true}
-			if r.t.FullState() {
-				l.other = r.other
-				r.other.entries += departing(st.types[r.t], r.removed)
-				r.other.drains = 1
-			}
-			late = append(late, l)
-			if r.removed = nil; len(r.res) == 0 {
-				// The SotW full set that keeps the departing resources
-				// has no delta counterpart here: price it with the removal.
-				l.other.entries += r.other.entries
-				l.other.responses += r.other.responses
-				l.other.drains += r.other.drains
-				continue
-			}
+		addOther, rmOther := r.other, otherResponse{}
+		if removesLater && r.t.Info().RemovedLast && len(r.removed) > 0 && r.t.FullState() {
+			// Make before break: SotW first sends the full set with the
+			// departing resources still in, and drops them only in a
+			// second, final set after the listeners and routes.
+			rmOther = r.other
+			addOther.entries += departing(st.types[r.t], r.removed)
+			addOther.drains = 1
 		}
-		out = append(out, r)
+		if len(r.res) > 0 {
+			adds[r.t] = &response{t: r.t, version: r.version, res: r.res, other: addOther, priced: true}
+		} else {
+			rmOther = sumOther(rmOther, addOther)
+		}
+		if len(r.removed) > 0 {
+			rms[r.t] = &response{t: r.t, version: r.version, removed: r.removed, other: rmOther, priced: true}
+		} else if adds[r.t] != nil {
+			adds[r.t].other = sumOther(addOther, rmOther)
+		}
 	}
-	return append(out, late...)
+	// Upserts go in ADS order, a cluster before its endpoints and both
+	// before the listeners and routes that use them (make before break);
+	// removals go after them, children first: routes before their
+	// listener, assignments before their cluster, so no client is left
+	// holding a resource whose parent it already dropped (Istio's delta
+	// client fails on that). A type's upserts and removals go in one
+	// response where nothing has to go between them.
+	var seq []*response
+	for t := range xdstype.Count {
+		if adds[t] != nil {
+			seq = append(seq, adds[t])
+		}
+	}
+	for t := xdstype.Count; t > 0; t-- {
+		r := rms[t-1]
+		if r == nil {
+			continue
+		}
+		if n := len(seq); n > 0 && seq[n-1].t == r.t {
+			seq[n-1].removed = r.removed
+			seq[n-1].other = sumOther(seq[n-1].other, r.other)
+			continue
+		}
+		seq = append(seq, r)
+	}
+	return seq
+}
+
+// sumOther is the SotW responses that carry both parts a and b of one
+// type's change. Both count the resources of the same final set, so the
+// proxy would hold those once, not twice.
+func sumOther(a, b otherResponse) otherResponse {
+	return otherResponse{
+		entries: a.entries + b.entries, resources: max(a.resources, b.resources),
+		responses: a.responses + b.responses, drains: a.drains + b.drains,
+	}
 }
 
 func (st *delta) send(r *response) error {

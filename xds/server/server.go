@@ -26,6 +26,7 @@ import (
 	"golang.org/x/time/rate"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -261,13 +262,20 @@ func (s *Server) resolve(node *corev3.Node, p model.Protocol) (model.Key, *snaps
 	}
 	if !spec.Serves(p, time.Now()) {
 		s.fb.Refuse(key, feedback.RefusedWrongProto)
-		return model.Key{}, nil, wrongProtocol(key, spec.Protocol, p)
+		return model.Key{}, nil, wrongProtocol(key, spec.Protocol, p, isGRPC(node))
 	}
 	return key, sc, nil
 }
 
-// wrongProtocol is the refusal for a stream of the other xDS variant.
-func wrongProtocol(key model.Key, want, got model.Protocol) error {
+// wrongProtocol is the refusal for a stream of the other xDS variant. A
+// gRPC client cannot be told to switch: every gRPC xDS client speaks State
+// of the World only, so the only fix is the scope's protocol.
+func wrongProtocol(key model.Key, want, got model.Protocol, grpcClient bool) error {
+	if grpcClient && want == model.Delta {
+		return status.Errorf(codes.FailedPrecondition,
+			"ProxyScope %q requires the Delta protocol but this is a gRPC client, and gRPC xDS clients speak State of the World only: set the scope's spec.protocol: SotW",
+			key.String())
+	}
 	return status.Errorf(codes.FailedPrecondition,
 		"ProxyScope %q requires the %s protocol (spec.protocol: %s) but this proxy opened a %s stream: set api_type: %s in the ADS config of its bootstrap, or change the scope's spec.protocol",
 		key.String(), want, want, got, want.APIType())
@@ -343,6 +351,26 @@ type stream struct {
 	// transition that still serves the stream's protocol is over.
 	spec *model.Scope
 	ends <-chan time.Time
+	// grpc is set for a gRPC client (see isGRPC), which is told a different
+	// fix when its scope stops serving its protocol.
+	grpc bool
+}
+
+// peerOf is the remote address of the stream of ctx, "" when gRPC knows
+// none: what tells apart the proxies of one node id in reports.
+func peerOf(ctx context.Context) string {
+	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
+		return p.Addr.String()
+	}
+	return ""
+}
+
+// isGRPC reports whether node is a gRPC xDS client: every gRPC language
+// names itself in user_agent_name starting with "gRPC" ("gRPC Go",
+// "gRPC C-core", "gRPC Java", grpc-js "gRPC Node Pure JS"); Envoy sends "envoy".
+func isGRPC(node *corev3.Node) bool {
+	ua := node.GetUserAgentName()
+	return len(ua) >= 4 && strings.EqualFold(ua[:4], "grpc")
 }
 
 // caughtUp records that the stream has processed the scope as v shows it.
@@ -359,7 +387,7 @@ func (st *stream) stillServes(v snapshot.View, p model.Protocol) error {
 		return scopeGone(st.key)
 	}
 	if !spec.Serves(p, time.Now()) {
-		return wrongProtocol(st.key, spec.Protocol, p)
+		return wrongProtocol(st.key, spec.Protocol, p, st.grpc)
 	}
 	return nil
 }
@@ -427,7 +455,7 @@ func serve[Req request](s *Server, p model.Protocol, srv interface {
 	if err != nil {
 		return err
 	}
-	st := &stream{srv: s, key: key, sc: sc, id: s.fb.Connect(key, kept(first.GetNode()), p),
+	st := &stream{srv: s, key: key, sc: sc, id: s.fb.Connect(key, kept(first.GetNode()), p, peerOf(ctx)), grpc: isGRPC(first.GetNode()),
 		nacks: rate.NewLimiter(rate.Limit(s.opts.NACKsPerSecond), s.opts.NACKBurst)}
 	defer s.fb.Disconnect(key, st.id)
 	sc.Read(func(v snapshot.View) { st.caughtUp(v); st.watchTransition(v, p) })

@@ -235,6 +235,14 @@ func (st *sotw) fullResponse(v snapshot.View, ts *sotwType, force bool) *respons
 // order, making before breaking: when clusters go away while listeners or
 // routes change, the clusters are first sent with the departing ones still
 // in, and removed only after the listeners and routes stopped using them.
+//
+// That is also children first, as delta orders removals: in SotW only
+// Clusters and Listeners are removed, by omission from their full sets;
+// an assignment or route configuration is never removed by a message (the
+// proxy drops it with the cluster or listener that named it), so no
+// response can remove a child after its parent. Listeners and routes are
+// sent before the clusters' final set, so nothing still names a cluster
+// when it goes.
 func (st *sotw) push() error {
 	resps, err := catchUp(st.stream, model.SotW, st.plan)
 	if err != nil {

@@ -44,7 +44,7 @@ func BenchmarkService(b *testing.B) {
 	b.Run("Endpoints", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			_ = Endpoints(svc)
+			_ = Endpoints(svc, model.ListenerEnvoy)
 		}
 	})
 }

@@ -37,7 +37,7 @@ func isHTTP2(appProtocol string) bool {
 // ADS, or for an ExternalName Service a DNS cluster, since such a Service has
 // no endpoints to send.
 func cluster(svc *model.Service, port *model.ServicePort, mode model.ListenerMode) *clusterv3.Cluster {
-	name := model.ClusterName(svc.Key, port.Port)
+	name := clusterName(svc, port.Port, mode)
 	c := &clusterv3.Cluster{
 		Name:           name,
 		ConnectTimeout: durationpb.New(ConnectTimeout),

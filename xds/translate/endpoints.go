@@ -16,16 +16,16 @@ import (
 // Endpoints returns the ClusterLoadAssignments of a Service, one per EDS
 // cluster, sorted by cluster name. It is the part of Service that an
 // endpoint-only change invalidates, exported so such a change can redo only
-// these; it does not depend on the listener mode. ExternalName Services have
+// these; the mode names them (see clusterName). ExternalName Services have
 // none.
-func Endpoints(svc *model.Service) []*endpointv3.ClusterLoadAssignment {
-	out := endpointsFor(svc, tcpPorts(svc))
+func Endpoints(svc *model.Service, mode model.ListenerMode) []*endpointv3.ClusterLoadAssignment {
+	out := endpointsFor(svc, tcpPorts(svc), mode)
 	sortByName(out, (*endpointv3.ClusterLoadAssignment).GetClusterName)
 	return out
 }
 
 // endpointsFor builds the assignments of the given (already filtered) ports.
-func endpointsFor(svc *model.Service, ports []model.ServicePort) []*endpointv3.ClusterLoadAssignment {
+func endpointsFor(svc *model.Service, ports []model.ServicePort, mode model.ListenerMode) []*endpointv3.ClusterLoadAssignment {
 	if svc.ExternalName != "" {
 		return nil
 	}
@@ -33,7 +33,7 @@ func endpointsFor(svc *model.Service, ports []model.ServicePort) []*endpointv3.C
 	var scratch []candidate
 	for i := range ports {
 		var cla *endpointv3.ClusterLoadAssignment
-		cla, scratch = loadAssignment(svc, &ports[i], scratch[:0])
+		cla, scratch = loadAssignment(svc, &ports[i], clusterName(svc, ports[i].Port, mode), scratch[:0])
 		out = append(out, cla)
 	}
 	return out
@@ -70,8 +70,9 @@ type candidate struct {
 // for the empty zone, because grpc-go rejects a locality without one; its
 // weight is its number of HEALTHY endpoints (at least 1, since grpc-go drops
 // a zero-weight locality and Envoy forbids it), so that a zone full of
-// draining pods does not draw traffic onto its few ready ones.
-func loadAssignment(svc *model.Service, port *model.ServicePort, scratch []candidate) (*endpointv3.ClusterLoadAssignment, []candidate) {
+// draining pods does not draw traffic onto its few ready ones. name is the
+// cluster's name, which the assignment carries.
+func loadAssignment(svc *model.Service, port *model.ServicePort, name string, scratch []candidate) (*endpointv3.ClusterLoadAssignment, []candidate) {
 	cands := scratch
 	for i := range svc.Endpoints {
 		ep := &svc.Endpoints[i]
@@ -109,7 +110,7 @@ func loadAssignment(svc *model.Service, port *model.ServicePort, scratch []candi
 	cands = slices.CompactFunc(cands, func(a, b candidate) bool { return a.addr == b.addr && a.port == b.port })
 	slices.SortStableFunc(cands, func(a, b candidate) int { return strings.Compare(a.zone, b.zone) })
 
-	cla := &endpointv3.ClusterLoadAssignment{ClusterName: model.ClusterName(svc.Key, port.Port)}
+	cla := &endpointv3.ClusterLoadAssignment{ClusterName: name}
 	for start := 0; start < len(cands); {
 		end := start + 1
 		for end < len(cands) && cands[end].zone == cands[start].zone {

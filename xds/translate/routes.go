@@ -184,11 +184,34 @@ func httpRouteConfig(scope *model.Scope, port int32, fragments []*Fragment) *rou
 	return &routev3.RouteConfiguration{Name: HTTPListenerName(port), VirtualHosts: vhosts}
 }
 
+// GRPCRouteName is the name of a Service port's route configuration for
+// gRPC clients: the port's first listener name and, after "@", the
+// Service's UID when it has one.
+//
+// The UID is there for clients that compare what they are sent with what
+// they cached: grpc-js-xds keeps a deleted listener or cluster and ignores
+// an equal one sent again, and gRPC C-core ignores a route configuration
+// equal to the one it had before the listener was deleted. Versions and
+// contents are derived from the API state alone, so a Service deleted and
+// re-created would otherwise come back byte for byte and reach neither.
+// With the UID in the route and cluster names (see clusterName), its
+// listeners and route configuration differ and its cluster and assignment
+// are names they never saw, while every replica still serves the same
+// bytes. Envoy has no such cache, so Envoy-mode names go without it.
+func GRPCRouteName(svc *model.Service, port int32) string {
+	fqdn, _ := GRPCListenerNames(svc.Key, port)
+	if svc.UID == "" {
+		return fqdn
+	}
+	return fqdn + "@" + svc.UID
+}
+
 // apiListeners builds the two gRPC API listeners of a Service port; both
 // fetch the same route configuration.
-func apiListeners(svc model.Key, port int32) []*listenerv3.Listener {
-	fqdn, short := GRPCListenerNames(svc, port)
-	return []*listenerv3.Listener{apiListener(fqdn, fqdn), apiListener(short, fqdn)}
+func apiListeners(svc *model.Service, port int32) []*listenerv3.Listener {
+	fqdn, short := GRPCListenerNames(svc.Key, port)
+	route := GRPCRouteName(svc, port)
+	return []*listenerv3.Listener{apiListener(fqdn, route), apiListener(short, route)}
 }
 
 // apiListener builds a gRPC API listener exactly as grpc-go's xDS client
@@ -204,11 +227,11 @@ func apiListener(name, routeConfig string) *listenerv3.Listener {
 // grpcRouteConfig builds the route configuration of a Service port for gRPC
 // clients: one virtual host matching both listener names and, for clients
 // that override the authority, anything.
-func grpcRouteConfig(svc model.Key, port int32) *routev3.RouteConfiguration {
-	fqdn, short := GRPCListenerNames(svc, port)
-	cluster := model.ClusterName(svc, port)
+func grpcRouteConfig(svc *model.Service, port int32) *routev3.RouteConfiguration {
+	fqdn, short := GRPCListenerNames(svc.Key, port)
+	cluster := clusterName(svc, port, model.ListenerProxylessGRPC)
 	return &routev3.RouteConfiguration{
-		Name: fqdn,
+		Name: GRPCRouteName(svc, port),
 		VirtualHosts: []*routev3.VirtualHost{{
 			Name:    cluster,
 			Domains: []string{fqdn, short, "*"},

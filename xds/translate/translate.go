@@ -95,14 +95,14 @@ func Service(svc *model.Service, mode model.ListenerMode) Fragment {
 	for i := range ports {
 		out.Clusters = append(out.Clusters, cluster(svc, &ports[i], mode))
 	}
-	out.Endpoints = endpointsFor(svc, ports)
+	out.Endpoints = endpointsFor(svc, ports, mode)
 	switch mode {
 	case model.ListenerProxylessGRPC:
 		out.Listeners = make([]*listenerv3.Listener, 0, 2*len(ports))
 		out.Routes = make([]*routev3.RouteConfiguration, 0, len(ports))
 		for i := range ports {
-			out.Listeners = append(out.Listeners, apiListeners(svc.Key, ports[i].Port)...)
-			out.Routes = append(out.Routes, grpcRouteConfig(svc.Key, ports[i].Port))
+			out.Listeners = append(out.Listeners, apiListeners(svc, ports[i].Port)...)
+			out.Routes = append(out.Routes, grpcRouteConfig(svc, ports[i].Port))
 		}
 	default:
 		out.VirtualHosts = envoyVirtualHosts(svc.Key, ports)

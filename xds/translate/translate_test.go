@@ -81,7 +81,7 @@ func TestGolden(t *testing.T) {
 			}
 			for _, svc := range services {
 				frag := Service(svc, scope.Listener.Mode)
-				if got := Endpoints(svc); !equalMessages(got, frag.Endpoints) {
+				if got := Endpoints(svc, scope.Listener.Mode); !equalMessages(got, frag.Endpoints) {
 					t.Errorf("%v: Endpoints differs from Service(...).Endpoints", svc.Key)
 				}
 			}
@@ -232,7 +232,7 @@ func TestRules(t *testing.T) {
 	}
 
 	empty := &model.Service{Key: model.Key{Namespace: "ns", Name: "e"}, Ports: []model.ServicePort{{Name: "p", Port: 80}}}
-	if e := Endpoints(empty); len(e) != 1 || e[0].GetClusterName() != "ns/e:80" || len(e[0].GetEndpoints()) != 0 {
+	if e := Endpoints(empty, model.ListenerEnvoy); len(e) != 1 || e[0].GetClusterName() != "ns/e:80" || len(e[0].GetEndpoints()) != 0 {
 		t.Errorf("a Service without endpoints wants one empty assignment, got %v", e)
 	}
 
@@ -300,7 +300,7 @@ func TestLocalityWeight(t *testing.T) {
 	add("10.0.0.5", "c", true)
 	add("10.0.0.6", "c", true)
 	got := map[string]uint32{}
-	for _, loc := range Endpoints(svc)[0].GetEndpoints() {
+	for _, loc := range Endpoints(svc, model.ListenerEnvoy)[0].GetEndpoints() {
 		got[loc.GetLocality().GetZone()] = loc.GetLoadBalancingWeight().GetValue()
 	}
 	if want := map[string]uint32{"a": 1, "b": 1, "c": 2}; !reflect.DeepEqual(got, want) {
