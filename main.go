@@ -88,6 +88,8 @@ func bindLimits(fs *flag.FlagSet, o *server.Options) {
 	fs.DurationVar(&o.SendTimeout, "xds-send-timeout", d.SendTimeout, "How long one ADS response may wait for the proxy to read the ones before it; then the stream ends with DeadlineExceeded and its connection is closed.")
 	fs.Float64Var(&o.NACKsPerSecond, "xds-nacks-per-second", d.NACKsPerSecond, "Rejections (NACKs) per second one stream gets reported to status, Events and metrics; the rest are answered but only counted.")
 	fs.IntVar(&o.NACKBurst, "xds-nack-burst", d.NACKBurst, "Rejections one stream gets reported at once above the per-second pace.")
+	fs.DurationVar(&o.MaxConnectionAge, "xds-max-connection-age", d.MaxConnectionAge, "How long an xDS connection lives (±10% jitter) before the server sends GOAWAY, so proxies reconnect and spread over the replicas.")
+	fs.DurationVar(&o.MaxConnectionAgeGrace, "xds-max-connection-age-grace", d.MaxConnectionAgeGrace, "How long ADS streams may go on after that GOAWAY (long enough to finish a push in flight); then the connection is closed and the proxy reconnects.")
 }
 
 func main() {

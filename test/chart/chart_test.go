@@ -290,6 +290,7 @@ func TestSchemaRefusesInvalidValues(t *testing.T) {
 		{"empty network policy peer", `networkPolicy: {xds: {from: [{}]}}`, []string{"at '/networkPolicy/xds/from/0': minProperties"}},
 		{"extra env without a name", `extraEnv: [{value: "1"}]`, []string{"at '/extraEnv/0': missing property 'name'"}},
 		{"metrics.secure as a string", `metrics: {secure: "no"}`, []string{"at '/metrics/secure': got string, want boolean"}},
+		{"connection age without a unit", `xds: {limits: {maxConnectionAge: "30"}}`, []string{"at '/xds/limits/maxConnectionAge': '30' does not match pattern"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			values := filepath.Join(t.TempDir(), "values.yaml")

@@ -31,6 +31,8 @@ func TestLimitsAreTheServerDefaults(t *testing.T) {
 				SendTimeout             string  `json:"sendTimeout"`
 				NACKsPerSecond          float64 `json:"nacksPerSecond"`
 				NACKBurst               int     `json:"nackBurst"`
+				MaxConnectionAge        string  `json:"maxConnectionAge"`
+				MaxConnectionAgeGrace   string  `json:"maxConnectionAgeGrace"`
 			} `json:"limits"`
 		} `json:"xds"`
 	}
@@ -38,14 +40,18 @@ func TestLimitsAreTheServerDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	l := values.XDS.Limits
-	timeout, err := time.ParseDuration(l.FirstRequestTimeout)
-	if err != nil {
-		t.Fatalf("xds.limits.firstRequestTimeout: %v", err)
+	duration := func(field, v string) time.Duration {
+		t.Helper()
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			t.Fatalf("xds.limits.%s: %v", field, err)
+		}
+		return d
 	}
-	sendTimeout, err := time.ParseDuration(l.SendTimeout)
-	if err != nil {
-		t.Fatalf("xds.limits.sendTimeout: %v", err)
-	}
+	timeout := duration("firstRequestTimeout", l.FirstRequestTimeout)
+	sendTimeout := duration("sendTimeout", l.SendTimeout)
+	maxAge := duration("maxConnectionAge", l.MaxConnectionAge)
+	maxAgeGrace := duration("maxConnectionAgeGrace", l.MaxConnectionAgeGrace)
 	got := server.Options{
 		MaxRequestBytes: l.MaxRequestBytes, MaxNamesPerRequest: l.MaxNamesPerRequest, ExtraNamesPerType: l.ExtraNamesPerType,
 		MaxStreamsPerConnection: l.MaxStreamsPerConnection, FirstRequestTimeout: timeout,
@@ -53,6 +59,7 @@ func TestLimitsAreTheServerDefaults(t *testing.T) {
 		NewStreamsPerSecond: l.NewStreamsPerSecond, NewStreamsBurst: l.NewStreamsBurst,
 		NewConnectionsPerSecond: l.NewConnectionsPerSecond, NewConnectionsBurst: l.NewConnectionsBurst,
 		SendTimeout: sendTimeout, NACKsPerSecond: l.NACKsPerSecond, NACKBurst: l.NACKBurst,
+		MaxConnectionAge: maxAge, MaxConnectionAgeGrace: maxAgeGrace,
 	}
 	if got != server.DefaultOptions {
 		t.Errorf("xds.limits in values.yaml:\n %+v\nserver.DefaultOptions:\n %+v", got, server.DefaultOptions)

@@ -26,6 +26,7 @@ import (
 
 	"github.com/scopeplane/scopeplane/internal/testkit"
 	"github.com/scopeplane/scopeplane/xds/adsclient"
+	"github.com/scopeplane/scopeplane/xds/catalog"
 	"github.com/scopeplane/scopeplane/xds/feedback"
 	"github.com/scopeplane/scopeplane/xds/model"
 	"github.com/scopeplane/scopeplane/xds/pipeline"
@@ -203,16 +204,24 @@ func (cs *countingStream) RecvMsg(m any) error {
 // startControlPlane builds a control plane from the world, as a restarted
 // operator does from its informers' initial lists, and serves it.
 func startControlPlane(w *world, opts server.Options) (*controlPlane, error) {
+	return startFedControlPlane(func(cat *catalog.Catalog) {
+		for _, name := range slices.Sorted(maps.Keys(w.namespaces)) {
+			cat.UpsertNamespace(name, w.namespaces[name])
+		}
+		for _, svc := range w.services {
+			cat.UpsertService(svc)
+		}
+		for _, sc := range w.scopes {
+			cat.UpsertScope(sc)
+		}
+	}, opts)
+}
+
+// startFedControlPlane is startControlPlane with the initial lists fed to
+// the catalog by fill, in the order it chooses.
+func startFedControlPlane(fill func(*catalog.Catalog), opts server.Options) (*controlPlane, error) {
 	cp := &controlPlane{Pipeline: pipeline.New(pipeline.Options{Server: opts})}
-	for _, name := range slices.Sorted(maps.Keys(w.namespaces)) {
-		cp.Catalog.UpsertNamespace(name, w.namespaces[name])
-	}
-	for _, svc := range w.services {
-		cp.Catalog.UpsertService(svc)
-	}
-	for _, sc := range w.scopes {
-		cp.Catalog.UpsertScope(sc)
-	}
+	fill(cp.Catalog)
 	cp.Sync()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

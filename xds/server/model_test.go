@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/scopeplane/scopeplane/xds/adsclient"
+	"github.com/scopeplane/scopeplane/xds/catalog"
 	"github.com/scopeplane/scopeplane/xds/model"
 	"github.com/scopeplane/scopeplane/xds/server"
 )
@@ -419,29 +420,29 @@ func (h *harness) close() {
 // worldChange applies a world-change step to the world and to the catalog.
 func (h *harness) worldChange(s *step) {
 	applyToWorld(h.w, s)
-	var feed func(s *step)
-	feed = func(s *step) {
-		cat := h.cp.Catalog
-		switch s.kind {
-		case kUpsertService:
-			cat.UpsertService(s.svc)
-		case kDeleteService:
-			cat.DeleteService(s.key)
-		case kUpsertNamespace:
-			cat.UpsertNamespace(s.ns, s.labels)
-		case kDeleteNamespace:
-			cat.DeleteNamespace(s.ns)
-		case kUpsertScope:
-			cat.UpsertScope(s.scope)
-		case kDeleteScope:
-			cat.DeleteScope(s.key)
-		case kBatch:
-			for i := range s.batch {
-				feed(&s.batch[i])
-			}
+	feed(h.cp.Catalog, s)
+}
+
+// feed applies a world-change step to a catalog, as the reconcilers would.
+func feed(cat *catalog.Catalog, s *step) {
+	switch s.kind {
+	case kUpsertService:
+		cat.UpsertService(s.svc)
+	case kDeleteService:
+		cat.DeleteService(s.key)
+	case kUpsertNamespace:
+		cat.UpsertNamespace(s.ns, s.labels)
+	case kDeleteNamespace:
+		cat.DeleteNamespace(s.ns)
+	case kUpsertScope:
+		cat.UpsertScope(s.scope)
+	case kDeleteScope:
+		cat.DeleteScope(s.key)
+	case kBatch:
+		for i := range s.batch {
+			feed(cat, &s.batch[i])
 		}
 	}
-	feed(s)
 }
 
 // malformedRefs are scope references the server must refuse as malformed.

@@ -29,9 +29,10 @@ func (s *Server) GRPCServer(extra ...grpc.ServerOption) *grpc.Server {
 // GRPCOptions are the transport limits of opts (zero fields take the
 // defaults) and the gRPC metrics interceptor GRPCServer applies: keepalive
 // pings are enforced (a proxy pinging more than every 10 seconds is
-// disconnected), dead connections are detected, requests are bounded in
-// size, and so are the streams of one connection (grpc-go's rapid-reset
-// protection runs at most that many handlers per connection). The
+// disconnected), dead connections are detected, connections are aged out
+// (Options.MaxConnectionAge) so proxies spread over the replicas, requests
+// are bounded in size, and so are the streams of one connection (grpc-go's
+// rapid-reset protection runs at most that many handlers per connection). The
 // benchmark gives its baseline the same, so neither wins by transport
 // settings or saved bookkeeping.
 func GRPCOptions(opts Options) []grpc.ServerOption {
@@ -41,7 +42,10 @@ func GRPCOptions(opts Options) []grpc.ServerOption {
 		grpc.MaxRecvMsgSize(opts.MaxRequestBytes),
 		grpc.MaxConcurrentStreams(uint32(min(opts.MaxStreamsPerConnection, math.MaxUint32))),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
-		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{
+			Time: 30 * time.Second, Timeout: 10 * time.Second,
+			MaxConnectionAge: opts.MaxConnectionAge, MaxConnectionAgeGrace: opts.MaxConnectionAgeGrace,
+		}),
 	}
 }
 

@@ -78,6 +78,18 @@ type Options struct {
 	// only counted.
 	NACKsPerSecond float64
 	NACKBurst      int
+	// MaxConnectionAge is how long a proxy's connection lives before the
+	// server asks it, with an HTTP/2 GOAWAY, to reconnect: grpc-go adds
+	// ±10% jitter, so connections made together (after a restart) age out
+	// spread over a fifth of it. Without it a proxy stays on the replica it
+	// first reached, and new replicas of a scale-up or a rollout get none.
+	MaxConnectionAge time.Duration
+	// MaxConnectionAgeGrace is how long streams may go on after the GOAWAY
+	// before the connection is closed. An ADS stream never ends by itself,
+	// so it always runs to the end of the grace: it needs only long enough
+	// to finish a push in flight, since a reconnecting proxy is sent again
+	// only what it does not hold.
+	MaxConnectionAgeGrace time.Duration
 }
 
 // DefaultOptions are the limits used when an Options field is zero.
@@ -96,6 +108,8 @@ var DefaultOptions = Options{
 	SendTimeout:             30 * time.Second,
 	NACKsPerSecond:          1,
 	NACKBurst:               10,
+	MaxConnectionAge:        30 * time.Minute,
+	MaxConnectionAgeGrace:   10 * time.Second,
 }
 
 // keptNodeText bounds the node's cluster and user agent as a stream keeps
@@ -119,6 +133,8 @@ func (o Options) withDefaults() Options {
 	o.SendTimeout = orDefault(o.SendTimeout, d.SendTimeout)
 	o.NACKsPerSecond = orDefault(o.NACKsPerSecond, d.NACKsPerSecond)
 	o.NACKBurst = orDefault(o.NACKBurst, d.NACKBurst)
+	o.MaxConnectionAge = orDefault(o.MaxConnectionAge, d.MaxConnectionAge)
+	o.MaxConnectionAgeGrace = orDefault(o.MaxConnectionAgeGrace, d.MaxConnectionAgeGrace)
 	return o
 }
 
