@@ -7,6 +7,8 @@ package tls_test
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"net"
 	"os"
@@ -141,6 +143,47 @@ func TestGRPCClientOverTLSFromTheSelfManagedCA(t *testing.T) {
 	}
 	defer func() { _ = conn.Close() }()
 	testkit.Eventually(t, "an RPC routed through the scope learnt over TLS", func() (bool, string) {
+		cctx, ccancel := context.WithTimeout(ctx, 2*time.Second)
+		defer ccancel()
+		got, err := whoami.Call(cctx, conn)
+		return got == "backend", fmt.Sprintf("%q, %v", got, err)
+	})
+
+	// A new CA (here: the Secret deleted, so the leader makes another)
+	// reaches the bootstrap ConfigMap, and new connections get a
+	// certificate of it, while the client's open xDS stream goes on.
+	oldCA := cm.Data[bootstrap.CAKey]
+	if err := env.Client.Delete(ctx, sec); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Eventually(t, "the new CA in the bootstrap ConfigMap", func() (bool, string) {
+		err := env.Client.Get(ctx, client.ObjectKey{Namespace: "app", Name: bootstrap.ConfigMapName("grpc")}, cm)
+		fresh := &corev1.Secret{}
+		if err == nil {
+			err = env.Client.Get(ctx, secret, fresh)
+		}
+		return err == nil && cm.Data[bootstrap.CAKey] != oldCA && cm.Data[bootstrap.CAKey] == string(fresh.Data[xdstls.CAFile]), fmt.Sprint(err)
+	})
+	// A new handshake gets the new CA's certificate (grpc-go's own xDS
+	// client would see the new bundle when it next reads ca.crt, every 10
+	// minutes, so a TLS client stands in for it).
+	handshake := func(ca string) error {
+		roots := x509.NewCertPool()
+		roots.AppendCertsFromPEM([]byte(ca))
+		c, err := tls.Dial("tcp", lis.Addr().String(), &tls.Config{RootCAs: roots, NextProtos: []string{"h2"}, MinVersion: tls.VersionTLS12})
+		if err == nil {
+			_ = c.Close()
+		}
+		return err
+	}
+	testkit.Eventually(t, "a new handshake verified by the new CA", func() (bool, string) {
+		err := handshake(cm.Data[bootstrap.CAKey])
+		return err == nil, fmt.Sprint(err)
+	})
+	if err := handshake(oldCA); err == nil {
+		t.Error("a new handshake still verified by the deleted CA")
+	}
+	testkit.Eventually(t, "an RPC routed for the client connected before", func() (bool, string) {
 		cctx, ccancel := context.WithTimeout(ctx, 2*time.Second)
 		defer ccancel()
 		got, err := whoami.Call(cctx, conn)
