@@ -86,8 +86,8 @@ func (s *SelfSigned) Load(ctx context.Context, c *Certificates) error {
 // write of another replica is retried at the next call.
 func (s *SelfSigned) Rotate(ctx context.Context, c *Certificates) error {
 	sec := &corev1.Secret{}
-	err := s.Reader.Get(ctx, s.Secret, sec)
-	if apierrors.IsNotFound(err) {
+	switch err := s.Reader.Get(ctx, s.Secret, sec); {
+	case apierrors.IsNotFound(err):
 		sec = &corev1.Secret{
 			ObjectMeta: metav1.ObjectMeta{Namespace: s.Secret.Namespace, Name: s.Secret.Name, Labels: map[string]string{
 				"app.kubernetes.io/managed-by": "scopeplane",
@@ -100,9 +100,9 @@ func (s *SelfSigned) Rotate(ctx context.Context, c *Certificates) error {
 		if err := s.Writer.Create(ctx, sec); err != nil {
 			return fmt.Errorf("creating the xDS TLS Secret %s: %w", s.Secret, err)
 		}
-	} else if err != nil {
+	case err != nil:
 		return fmt.Errorf("reading the xDS TLS Secret %s: %w", s.Secret, err)
-	} else {
+	default:
 		data, changed, err := s.renew(sec.Data)
 		if err != nil {
 			return err
