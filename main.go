@@ -9,8 +9,10 @@ import (
 	"os"
 	"runtime"
 	"runtime/debug"
+	"strings"
 	"time"
 
+	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	clientconfig "sigs.k8s.io/controller-runtime/pkg/client/config"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
@@ -41,6 +43,10 @@ type config struct {
 	adminAddr     string
 	pprofAddr     string
 	showVersion   bool
+	xdsInsecure   bool
+	xdsTLSDir     string
+	xdsTLSSecret  string
+	xdsTLSNS      string
 	limits        server.Options
 	zap           zap.Options
 }
@@ -57,6 +63,10 @@ func bindFlags(fs *flag.FlagSet) *config {
 	fs.StringVar(&c.leaderNS, "leader-election-namespace", "", "Namespace of the leader election Lease (default: the pod's namespace).")
 	fs.StringVar(&c.xdsAddr, "xds-bind-address", ":18000", "Address the ADS gRPC server (SotW and delta) binds to.")
 	fs.StringVar(&c.xdsServer, "xds-server-address", "127.0.0.1:18000", "host:port proxies dial to reach this control plane, written into each scope's bootstrap ConfigMap (in a cluster: the xDS Service's DNS name).")
+	fs.BoolVar(&c.xdsInsecure, "xds-insecure", false, "Serve xDS in plaintext: anyone who can reach the port can read every scope's configuration and alter what proxies receive, and proxies cannot verify the control plane. Off by default: xDS is served over TLS.")
+	fs.StringVar(&c.xdsTLSDir, "xds-tls-dir", "", "Directory holding the xDS serving certificate as tls.crt, tls.key and the CA bundle proxies trust as ca.crt (a mounted Secret, e.g. cert-manager's); reloaded when the files change. Empty: scopeplane keeps its own CA in --xds-tls-secret.")
+	fs.StringVar(&c.xdsTLSSecret, "xds-tls-secret", "scopeplane-xds-tls", "Secret of the self-managed xDS CA and serving certificate (used without --xds-tls-dir): the leader creates it when missing and renews it before expiry; every replica serves from it.")
+	fs.StringVar(&c.xdsTLSNS, "xds-tls-secret-namespace", "", "Namespace of --xds-tls-secret (default: the pod's namespace).")
 	fs.DurationVar(&c.window, "coalesce-window", 10*time.Millisecond, "How long to wait after a change for more changes before pushing them as one version.")
 	fs.DurationVar(&c.costBucket, "cost-bucket", time.Minute, "Width of one of the 60 buckets of each ProxyScope's status.cost window (what was sent, and what the other protocol would have sent): a minute gives the last hour.")
 	fs.StringVar(&c.adminAddr, "admin-bind-address", "127.0.0.1:18001", "Loopback address of the admin gRPC service: Envoy's Client Status Discovery Service (proxy status and config dumps, what kubectl scopeplane reads through port-forward); empty disables it.")
@@ -90,6 +100,27 @@ func bindLimits(fs *flag.FlagSet, o *server.Options) {
 	fs.IntVar(&o.NACKBurst, "xds-nack-burst", d.NACKBurst, "Rejections one stream gets reported at once above the per-second pace.")
 	fs.DurationVar(&o.MaxConnectionAge, "xds-max-connection-age", d.MaxConnectionAge, "How long an xDS connection lives (±10% jitter) before the server sends GOAWAY, so proxies reconnect and spread over the replicas.")
 	fs.DurationVar(&o.MaxConnectionAgeGrace, "xds-max-connection-age-grace", d.MaxConnectionAgeGrace, "How long ADS streams may go on after that GOAWAY (long enough to finish a push in flight); then the connection is closed and the proxy reconnects.")
+}
+
+// serviceAccountNamespace is the file that holds the pod's namespace.
+const serviceAccountNamespace = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+// tls is the xDS TLS the flags ask for; the self-managed CA's Secret is
+// in the pod's namespace unless named.
+func (c *config) tls() (controlplane.TLS, error) {
+	t := controlplane.TLS{Insecure: c.xdsInsecure, Dir: c.xdsTLSDir}
+	if t.Insecure || t.Dir != "" {
+		return t, nil
+	}
+	t.Secret = types.NamespacedName{Namespace: c.xdsTLSNS, Name: c.xdsTLSSecret}
+	if t.Secret.Namespace == "" {
+		ns, err := os.ReadFile(serviceAccountNamespace)
+		if err != nil {
+			return t, fmt.Errorf("the namespace of the self-managed CA's Secret: not in a pod (%w); set --xds-tls-secret-namespace, --xds-tls-dir or --xds-insecure", err)
+		}
+		t.Secret.Namespace = strings.TrimSpace(string(ns))
+	}
+	return t, nil
 }
 
 func main() {
@@ -135,11 +166,16 @@ func main() {
 		log.Error(err, "adding the health check")
 		os.Exit(1)
 	}
+	xdsTLS, err := c.tls()
+	if err != nil {
+		log.Error(err, "xDS TLS")
+		os.Exit(2)
+	}
 	ctx := ctrl.SetupSignalHandler()
 	if _, err := controlplane.Setup(ctx, mgr, controlplane.Options{
 		XDSAddress: c.xdsAddr, XDSServerAddress: c.xdsServer, CoalesceWindow: c.window, AdminAddress: c.adminAddr,
 		CostBucket: c.costBucket, NoBootstrapConfigMaps: !c.bootstrapCMs, Server: c.limits,
-		LeaderElection: controlplane.LeaderElection{Enabled: c.leaderElect, Namespace: c.leaderNS},
+		LeaderElection: controlplane.LeaderElection{Enabled: c.leaderElect, Namespace: c.leaderNS}, TLS: xdsTLS,
 	}); err != nil {
 		log.Error(err, "setting up the control plane")
 		os.Exit(1)

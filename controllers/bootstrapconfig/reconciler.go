@@ -5,20 +5,24 @@
 package bootstrapconfig
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"path"
 	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
 	"github.com/scopeplane/scopeplane/controllers/convert"
@@ -45,7 +49,28 @@ type Reconciler struct {
 	// Conflicts records the scopes whose ConfigMap name is taken, for the
 	// status.
 	Conflicts *Conflicts
+	// CA is the CA bundle proxies verify the xDS server with, written
+	// into every ConfigMap (key ca.crt) and named by its bootstraps; nil
+	// when the xDS port is plaintext. Every ConfigMap is rewritten when
+	// the bundle changes.
+	CA CABundle
+	// MountPath is where pods mount the ConfigMap (bootstrap.MountPath
+	// when empty), so the bootstraps can name the CA file in it.
+	MountPath string
 }
+
+// CABundle is the CA bundle of the xDS port's certificate, as
+// xdstls.Certificates holds it.
+type CABundle interface {
+	// CABundle is the PEM bundle, empty until there is one.
+	CABundle() []byte
+	// Changed is closed when the bundle (or the certificate) changes.
+	Changed() <-chan struct{}
+}
+
+// caWait is how soon a scope is tried again while the CA bundle is not
+// there yet (the leader creates it at the start of its term).
+const caWait = time.Second
 
 // conflictRecheck is how often a scope whose ConfigMap name is taken is
 // tried again: the ConfigMap in the way is not cached (it lacks the label),
@@ -99,11 +124,21 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
-	envoy, err := bootstrap.Envoy(key, convert.Protocol(ps.Spec.Protocol), r.XDSServer)
+	var (
+		tls *bootstrap.TLS
+		ca  []byte
+	)
+	if r.CA != nil {
+		if ca = r.CA.CABundle(); len(ca) == 0 {
+			return ctrl.Result{RequeueAfter: caWait}, nil
+		}
+		tls = &bootstrap.TLS{CAFile: path.Join(cmp.Or(r.MountPath, bootstrap.MountPath), bootstrap.CAKey)}
+	}
+	envoy, err := bootstrap.Envoy(key, convert.Protocol(ps.Spec.Protocol), r.XDSServer, tls)
 	if err != nil {
 		return ctrl.Result{}, reconcile.TerminalError(err)
 	}
-	grpc, err := bootstrap.GRPC(key, r.XDSServer)
+	grpc, err := bootstrap.GRPC(key, r.XDSServer, tls)
 	if err != nil {
 		return ctrl.Result{}, reconcile.TerminalError(err)
 	}
@@ -126,6 +161,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		cm.Labels[ManagedByLabel] = ManagedBy
 		cm.Labels[xdsv1alpha1.ScopeLabel] = ps.Name
 		cm.Data = map[string]string{bootstrap.EnvoyKey: string(envoy), bootstrap.GRPCKey: string(grpc)}
+		if tls != nil {
+			cm.Data[bootstrap.CAKey] = string(ca)
+		}
 		return controllerutil.SetControllerReference(ps, cm, r.Client.Scheme())
 	})
 	if apierrors.IsAlreadyExists(err) {
@@ -138,11 +176,42 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	return ctrl.Result{}, err
 }
 
-// SetupWithManager watches ProxyScopes and the ConfigMaps they own.
+// SetupWithManager watches ProxyScopes, the ConfigMaps they own and the
+// CA bundle.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
-	return ctrl.NewControllerManagedBy(mgr).
+	b := ctrl.NewControllerManagedBy(mgr).
 		Named("bootstrap").
 		For(&xdsv1alpha1.ProxyScope{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
-		Owns(&corev1.ConfigMap{}).
-		Complete(r)
+		Owns(&corev1.ConfigMap{})
+	if r.CA != nil {
+		b = b.WatchesRawSource(source.Func(r.watchCA))
+	}
+	return b.Complete(r)
+}
+
+// watchCA queues every scope each time the CA bundle changes, until ctx
+// ends.
+func (r *Reconciler) watchCA(ctx context.Context, q workqueue.TypedRateLimitingInterface[reconcile.Request]) error {
+	go func() {
+		changed := r.CA.Changed()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-changed:
+			}
+			// The next change is waited for from before the list, so
+			// that none goes unseen.
+			changed = r.CA.Changed()
+			scopes := &xdsv1alpha1.ProxyScopeList{}
+			if err := r.Client.List(ctx, scopes); err != nil {
+				ctrl.LoggerFrom(ctx).Error(err, "listing the ProxyScopes to write the new CA bundle into their bootstrap ConfigMaps")
+				continue
+			}
+			for _, ps := range scopes.Items {
+				q.Add(reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&ps)})
+			}
+		}
+	}()
+	return nil
 }

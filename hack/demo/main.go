@@ -17,6 +17,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -33,11 +35,14 @@ import (
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	"go.uber.org/zap/zapcore"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/xds"
 	"google.golang.org/protobuf/types/known/structpb"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
@@ -68,6 +73,7 @@ type demo struct {
 	env        *localapi.Env
 	kubeconfig string
 	admin      string // the operator's admin (CSDS) address
+	mount      string // where the demo's "pods" mount their bootstrap ConfigMaps
 	backends   map[string]*whoami.Backend
 }
 
@@ -84,7 +90,10 @@ func run(ctx context.Context) error {
 		return err
 	}
 	defer func() { _ = os.RemoveAll(dir) }()
-	d := &demo{env: env, kubeconfig: filepath.Join(dir, "kubeconfig"), backends: map[string]*whoami.Backend{}}
+	d := &demo{env: env, kubeconfig: filepath.Join(dir, "kubeconfig"), mount: filepath.Join(dir, "xds"), backends: map[string]*whoami.Backend{}}
+	if err := os.Mkdir(d.mount, 0o700); err != nil {
+		return err
+	}
 	if err := env.WriteKubeconfig(d.kubeconfig); err != nil {
 		return err
 	}
@@ -108,8 +117,15 @@ func run(ctx context.Context) error {
 		return err
 	}
 	d.admin = admin.Addr().String()
+	// xDS is served over TLS from a CA the operator creates in its own
+	// namespace, as a default install does.
+	if err := env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "scopeplane-system"}}); err != nil {
+		return err
+	}
 	if _, err := controlplane.Setup(mgrCtx, mgr, controlplane.Options{
-		XDSListener: lis, XDSServerAddress: lis.Addr().String(), CoalesceWindow: 10 * time.Millisecond, StatusWindow: 100 * time.Millisecond,
+		TLS:                controlplane.TLS{Secret: types.NamespacedName{Namespace: "scopeplane-system", Name: "scopeplane-xds-tls"}},
+		BootstrapMountPath: d.mount,
+		XDSListener:        lis, XDSServerAddress: lis.Addr().String(), CoalesceWindow: 10 * time.Millisecond, StatusWindow: 100 * time.Millisecond,
 		AdminListener: admin,
 		// Second-wide cost buckets, so that the demo's minute shows the
 		// figures a minute-wide bucket shows over an hour.
@@ -125,7 +141,7 @@ func run(ctx context.Context) error {
 			fmt.Fprintln(os.Stderr, "operator:", err)
 		}
 	}()
-	fmt.Printf("    ADS server on %s, admin (CSDS) on %s\n", lis.Addr(), d.admin)
+	fmt.Printf("    ADS server on %s over TLS (CA and certificate in Secret scopeplane-system/scopeplane-xds-tls), admin (CSDS) on %s\n", lis.Addr(), d.admin)
 
 	step("starting gRPC backends on 127.0.0.1")
 	for _, name := range []string{"greeter-a", "greeter-b", "inventory-a"} {
@@ -392,8 +408,13 @@ func (d *demo) bootstrapOf(ctx context.Context, scope, key string) ([]byte, erro
 	for {
 		cm := &corev1.ConfigMap{}
 		err := d.env.Client.Get(ctx, client.ObjectKey{Namespace: "demo", Name: bootstrap.ConfigMapName(scope)}, cm)
-		if err == nil && cm.Data[key] != "" {
-			fmt.Printf("    ConfigMap demo/%s, key %s:\n", cm.Name, key)
+		if err == nil && cm.Data[key] != "" && cm.Data[bootstrap.CAKey] != "" {
+			// What the kubelet does with the pod's ConfigMap volume: the
+			// bootstraps name the CA bundle's file in it.
+			if err := os.WriteFile(filepath.Join(d.mount, bootstrap.CAKey), []byte(cm.Data[bootstrap.CAKey]), 0o600); err != nil {
+				return nil, err
+			}
+			fmt.Printf("    ConfigMap demo/%s, key %s (and %s, mounted at %s):\n", cm.Name, key, bootstrap.CAKey, d.mount)
 			return []byte(cm.Data[key]), nil
 		}
 		select {
@@ -430,7 +451,17 @@ func (d *demo) deltaProxy(ctx context.Context, server string) (*adsclient.Client
 		Protocol: adsclient.Delta, Node: &corev3.Node{Id: b.Node.ID, Metadata: meta}, Types: types, Validate: true,
 		Wildcard: map[string]bool{types[0]: true, types[1]: true, types[2]: true, types[3]: true},
 	})
-	conn, err := grpc.NewClient(server, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	// TLS as the Envoy bootstrap's xDS cluster has it: the CA file from the
+	// ConfigMap, TLS 1.2 or later.
+	ca, err := os.ReadFile(filepath.Join(d.mount, bootstrap.CAKey))
+	if err != nil {
+		return nil, nil, err
+	}
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(ca) {
+		return nil, nil, errors.New("the bootstrap ConfigMap's ca.crt holds no certificate")
+	}
+	conn, err := grpc.NewClient(server, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12})))
 	if err != nil {
 		return nil, nil, err
 	}

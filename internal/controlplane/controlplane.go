@@ -4,6 +4,7 @@
 package controlplane
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -12,8 +13,11 @@ import (
 	"net/http"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -26,6 +30,7 @@ import (
 	"github.com/scopeplane/scopeplane/controllers/status"
 	"github.com/scopeplane/scopeplane/internal/apiwatch"
 	"github.com/scopeplane/scopeplane/internal/scheme"
+	"github.com/scopeplane/scopeplane/internal/xdstls"
 	"github.com/scopeplane/scopeplane/xds/pipeline"
 	"github.com/scopeplane/scopeplane/xds/server"
 )
@@ -59,6 +64,28 @@ type Options struct {
 	NoBootstrapConfigMaps bool
 	// LeaderElection decides which replica writes to the API.
 	LeaderElection LeaderElection
+	// BootstrapMountPath is where pods mount their bootstrap ConfigMap
+	// (bootstrap.MountPath when empty): the bootstraps name the CA file
+	// in it.
+	BootstrapMountPath string
+	// TLS is the xDS port's TLS.
+	TLS TLS
+}
+
+// TLS configures the xDS port's TLS, on unless Insecure. The serving
+// certificate comes from Dir when set (a mounted Secret: tls.crt, tls.key,
+// ca.crt, reloaded when they change), otherwise from a CA scopeplane keeps
+// in Secret, which the leader creates and renews (package xdstls).
+type TLS struct {
+	// Insecure serves xDS in plaintext: anyone who can reach the port can
+	// read and alter what proxies get, and no proxy can be authenticated
+	// by certificate.
+	Insecure bool
+	Dir      string
+	Secret   types.NamespacedName
+	// Refresh is how often the self-managed Secret is read again (and
+	// renewed, on the leader); a minute when zero.
+	Refresh time.Duration
 }
 
 // MetricsOptions serves the metrics endpoint on addr. When secure, it is
@@ -110,9 +137,16 @@ func CacheOptions() cache.Options {
 // ControlPlane is the running pipeline, fed by the reconcilers.
 type ControlPlane struct {
 	*pipeline.Pipeline
-	Sync    *controllers.InitialSync
-	opts    Options
-	elector *elector
+	Sync *controllers.InitialSync
+	// XDSTLS is the xDS port's TLS configuration, nil when plaintext: it
+	// requests (never requires or verifies) a client certificate, which
+	// the ADS handler may verify itself.
+	XDSTLS *tls.Config
+	// Certificates is the serving certificate and CA bundle in use, nil
+	// when plaintext.
+	Certificates *xdstls.Certificates
+	opts         Options
+	elector      *elector
 }
 
 // Leading reports whether this replica runs the leader-only work (status,
@@ -134,6 +168,12 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) (*ControlPlane, 
 	if cp.Sync, err = controllers.Setup(ctx, mgr, cp.Catalog); err != nil {
 		return nil, err
 	}
+	var runTLS func(context.Context) error
+	if !opts.TLS.Insecure {
+		if runTLS, err = cp.setupTLS(mgr); err != nil {
+			return nil, err
+		}
+	}
 	conflicts := bootstrapconfig.NewConflicts()
 	if opts.StatusWindow <= 0 {
 		opts.StatusWindow = 200 * time.Millisecond
@@ -143,7 +183,11 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) (*ControlPlane, 
 	// term (see elector).
 	leaderOnly := func(m manager.Manager) error {
 		if !opts.NoBootstrapConfigMaps {
-			if err := (&bootstrapconfig.Reconciler{Client: m.GetClient(), XDSServer: opts.XDSServerAddress, Conflicts: conflicts}).SetupWithManager(m); err != nil {
+			r := &bootstrapconfig.Reconciler{Client: m.GetClient(), XDSServer: opts.XDSServerAddress, Conflicts: conflicts, MountPath: opts.BootstrapMountPath}
+			if cp.Certificates != nil {
+				r.CA = cp.Certificates
+			}
+			if err := r.SetupWithManager(m); err != nil {
 				return err
 			}
 		}
@@ -165,17 +209,52 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) (*ControlPlane, 
 			return nil, err
 		}
 	}
+	if runTLS != nil {
+		if err := mgr.Add(everyReplica(runTLS)); err != nil {
+			return nil, err
+		}
+		if err := mgr.AddReadyzCheck("xds-certificate", func(*http.Request) error { return cp.Certificates.Loaded() }); err != nil {
+			return nil, err
+		}
+	}
 	if err := mgr.AddReadyzCheck("first-build", cp.Ready); err != nil {
 		return nil, err
 	}
 	return cp, nil
 }
 
-func (cp *ControlPlane) serve(ctx context.Context) error {
-	if cp.opts.XDSListener != nil {
-		return cp.Server.ServeListener(ctx, cp.opts.XDSListener)
+// setupTLS makes the xDS port's certificate store and returns what keeps
+// it current on every replica: the watch of the TLS directory, or the
+// self-managed CA's Secret (renewed by the leader, read by all).
+func (cp *ControlPlane) setupTLS(mgr ctrl.Manager) (func(context.Context) error, error) {
+	cp.Certificates = xdstls.NewCertificates()
+	cp.XDSTLS = cp.Certificates.ServerConfig()
+	log := ctrl.Log.WithName("xds-tls")
+	t := cp.opts.TLS
+	if t.Dir != "" {
+		return func(ctx context.Context) error { return xdstls.WatchDir(ctx, t.Dir, cp.Certificates, log) }, nil
 	}
-	return cp.Server.Serve(ctx, cp.opts.XDSAddress)
+	if t.Secret.Name == "" || t.Secret.Namespace == "" {
+		return nil, errors.New("xDS TLS: name a directory holding the certificate, or the Secret (name and namespace) of the self-managed CA; or serve plaintext explicitly")
+	}
+	dns, ips, err := xdstls.ServingNames(cp.opts.XDSServerAddress)
+	if err != nil {
+		return nil, fmt.Errorf("xDS TLS: the serving certificate's names: %w", err)
+	}
+	ss := &xdstls.SelfSigned{Reader: mgr.GetAPIReader(), Writer: mgr.GetClient(), Secret: t.Secret, DNSNames: dns, IPs: ips}
+	refresh := cmp.Or(t.Refresh, time.Minute)
+	return func(ctx context.Context) error { return ss.Run(ctx, cp.Certificates, cp.Leading, refresh, log) }, nil
+}
+
+func (cp *ControlPlane) serve(ctx context.Context) error {
+	var extra []grpc.ServerOption
+	if cp.XDSTLS != nil {
+		extra = append(extra, grpc.Creds(credentials.NewTLS(cp.XDSTLS)))
+	}
+	if cp.opts.XDSListener != nil {
+		return cp.Server.ServeListener(ctx, cp.opts.XDSListener, extra...)
+	}
+	return cp.Server.Serve(ctx, cp.opts.XDSAddress, extra...)
 }
 
 func (cp *ControlPlane) serveAdmin(ctx context.Context) error {

@@ -79,7 +79,7 @@ func run(m *testing.M) int {
 	adminAddr = admin.Addr().String()
 	if cp, err = controlplane.Setup(ctx, mgr, controlplane.Options{
 		XDSListener: lis, XDSServerAddress: lis.Addr().String(), CoalesceWindow: 5 * time.Millisecond, StatusWindow: 50 * time.Millisecond,
-		AdminListener: admin, CostBucket: costBucket,
+		AdminListener: admin, CostBucket: costBucket, TLS: controlplane.TLS{Insecure: true},
 	}); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

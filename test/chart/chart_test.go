@@ -57,7 +57,12 @@ var renderCases = []renderCase{
 			}
 			wantString(t, find(t, objs, "Deployment"), "ghcr.io/scopeplane/scopeplane:0.1.0", "spec", "template", "spec", "containers", "0", "image")
 			wantArgs(t, args, "--metrics-secure=true", "--bootstrap-configmaps=true")
-			for _, kind := range []string{"PodDisruptionBudget", "ServiceMonitor", "PrometheusRule", "Role", "NetworkPolicy", "Secret"} {
+			wantArgs(t, args, "--xds-tls-secret=scopeplane-xds-tls", "--xds-tls-secret-namespace=scopeplane-system")
+			checkSelfManagedTLS(t, objs, "scopeplane-xds-tls", "scopeplane-system")
+			if r := findNamedOptional(objs, "Role", "scopeplane"); r != nil {
+				t.Error("one replica without leaderElection.enabled must not get the leader election Role")
+			}
+			for _, kind := range []string{"PodDisruptionBudget", "ServiceMonitor", "PrometheusRule", "NetworkPolicy", "Secret", "Certificate"} {
 				if o := findOptional(objs, kind); o != nil {
 					t.Errorf("the default values must not render a %s", kind)
 				}
@@ -76,7 +81,7 @@ var renderCases = []renderCase{
 		check: func(t *testing.T, objs []*unstructured.Unstructured) {
 			wantArgs(t, containerArgs(t, objs), "--leader-elect")
 			wantString(t, find(t, objs, "PodDisruptionBudget"), "1", "spec", "minAvailable")
-			wantString(t, find(t, objs, "Role"), "scopeplane-system", "metadata", "namespace")
+			wantString(t, findNamed(t, objs, "Role", "scopeplane"), "scopeplane-system", "metadata", "namespace")
 			checkServiceMonitor(t, objs)
 			checkSecureScrape(t, objs)
 			checkObservability(t, objs)
@@ -117,6 +122,41 @@ var renderCases = []renderCase{
 			env := checkMemoryLimitEnv(t, objs)
 			if env["GOMEMLIMIT"] != "400MiB" {
 				t.Errorf("extraEnv's GOMEMLIMIT is not in the container's environment: %v", env)
+			}
+		},
+	},
+	{
+		name: "cert-manager", release: "scopeplane", namespace: "scopeplane-system",
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			wantArgs(t, containerArgs(t, objs), "--xds-tls-dir=/etc/scopeplane/tls")
+			c := findNamed(t, objs, "Certificate", "scopeplane-xds-tls")
+			wantString(t, c, "scopeplane-xds-tls", "spec", "secretName")
+			wantString(t, c, "xds-ca", "spec", "issuerRef", "name")
+			wantString(t, c, "ClusterIssuer", "spec", "issuerRef", "kind")
+			names, _, _ := unstructured.NestedStringSlice(c.Object, "spec", "dnsNames")
+			if want := []string{"scopeplane", "scopeplane.scopeplane-system", "scopeplane.scopeplane-system.svc", "scopeplane.scopeplane-system.svc.cluster.local"}; !slices.Equal(names, want) {
+				t.Errorf("the Certificate names %q, want the Service's names %q", names, want)
+			}
+			d := find(t, objs, "Deployment")
+			wantString(t, d, "scopeplane-xds-tls", "spec", "template", "spec", "volumes", "0", "secret", "secretName")
+			wantString(t, d, "/etc/scopeplane/tls", "spec", "template", "spec", "containers", "0", "volumeMounts", "0", "mountPath")
+			if r := findNamedOptional(objs, "Role", "scopeplane-xds-tls"); r != nil {
+				t.Error("with cert-manager, scopeplane needs no access to Secrets")
+			}
+		},
+	},
+	{
+		name: "insecure", release: "scopeplane", namespace: "scopeplane-system",
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			args := containerArgs(t, objs)
+			wantArgs(t, args, "--xds-insecure")
+			for _, a := range args {
+				if strings.HasPrefix(a, "--xds-tls-") {
+					t.Errorf("a plaintext xDS port with TLS argument %s", a)
+				}
+			}
+			if findOptional(objs, "Certificate") != nil || findNamedOptional(objs, "Role", "scopeplane-xds-tls") != nil {
+				t.Error("a plaintext xDS port needs neither a Certificate nor the Secret's Role")
 			}
 		},
 	},
@@ -524,7 +564,7 @@ rules:
 	if err != nil {
 		t.Fatalf("helm template: %v\n%s", err, stderr)
 	}
-	if o := findOptional(decode(t, out), "Role"); o != nil {
+	if o := findNamedOptional(decode(t, out), "Role", "sp-scopeplane"); o != nil {
 		t.Error("without leader election the chart must not install the leader election Role")
 	}
 	out, stderr, err = runHelm(t, "template", "sp", dir, "--namespace", "ops", "--set", "leaderElection.enabled=true")
@@ -532,10 +572,9 @@ rules:
 		t.Fatalf("helm template: %v\n%s", err, stderr)
 	}
 	objs := decode(t, out)
-	r := find(t, objs, "Role")
+	r := findNamed(t, objs, "Role", "sp-scopeplane")
 	wantString(t, r, "ops", "metadata", "namespace")
-	wantString(t, r, "sp-scopeplane", "metadata", "name")
-	rb := find(t, objs, "RoleBinding")
+	rb := findNamed(t, objs, "RoleBinding", "sp-scopeplane")
 	wantString(t, rb, "ops", "metadata", "namespace")
 	wantString(t, rb, "Role", "roleRef", "kind")
 	wantString(t, rb, "sp-scopeplane", "subjects", "0", "name")
@@ -560,6 +599,9 @@ func rolesOf(t *testing.T, manifest []byte) map[string][]rbacv1.PolicyRule {
 	for _, o := range decode(t, string(manifest)) {
 		if o.GetKind() != "ClusterRole" && o.GetKind() != "Role" || strings.HasSuffix(o.GetName(), "-metrics-reader") {
 			continue // the metrics-reader is for scrapers, not scopeplane
+		}
+		if strings.HasSuffix(o.GetName(), "-xds-tls") {
+			continue // not generated: checkSelfManagedTLS checks it
 		}
 		data, err := yaml.Marshal(o.Object["rules"])
 		if err != nil {
@@ -768,12 +810,20 @@ func copyDir(t *testing.T, from, to string) {
 
 func findNamed(t *testing.T, objs []*unstructured.Unstructured, kind, name string) *unstructured.Unstructured {
 	t.Helper()
+	if o := findNamedOptional(objs, kind, name); o != nil {
+		return o
+	}
+	t.Fatalf("no %s %s rendered", kind, name)
+	return nil
+}
+
+// findNamedOptional is the kind's object of that name, or nil.
+func findNamedOptional(objs []*unstructured.Unstructured, kind, name string) *unstructured.Unstructured {
 	for _, o := range objs {
 		if o.GetKind() == kind && o.GetName() == name {
 			return o
 		}
 	}
-	t.Fatalf("no %s %s rendered", kind, name)
 	return nil
 }
 
@@ -876,4 +926,24 @@ func checkNetworkPolicy(t *testing.T, objs []*unstructured.Unstructured) {
 	if diff := cmp.Diff(want, np.Object["spec"]); diff != "" {
 		t.Errorf("the NetworkPolicy's spec (-want +got):\n%s", diff)
 	}
+}
+
+// checkSelfManagedTLS checks the Role of the self-managed CA's Secret: in
+// the release namespace, create (which cannot be narrowed to a name) and
+// get and update of that Secret only, bound to scopeplane's ServiceAccount.
+func checkSelfManagedTLS(t *testing.T, objs []*unstructured.Unstructured, secret, namespace string) {
+	t.Helper()
+	r := findNamed(t, objs, "Role", secret)
+	wantString(t, r, namespace, "metadata", "namespace")
+	rules, _, _ := unstructured.NestedSlice(r.Object, "rules")
+	want := []any{
+		map[string]any{"apiGroups": []any{""}, "resources": []any{"secrets"}, "verbs": []any{"create"}},
+		map[string]any{"apiGroups": []any{""}, "resources": []any{"secrets"}, "resourceNames": []any{secret}, "verbs": []any{"get", "update"}},
+	}
+	if diff := cmp.Diff(want, rules); diff != "" {
+		t.Errorf("the xDS TLS Role (-want +got):\n%s", diff)
+	}
+	rb := findNamed(t, objs, "RoleBinding", secret)
+	wantString(t, rb, secret, "roleRef", "name")
+	wantString(t, rb, namespace, "subjects", "0", "namespace")
 }

@@ -443,6 +443,9 @@ func startOperator(t *testing.T) client.Client {
 	ctx, cancel := context.WithCancel(context.Background())
 	if _, err := controlplane.Setup(ctx, mgr, controlplane.Options{
 		XDSListener: lis, XDSServerAddress: lis.Addr().String(), CoalesceWindow: 5 * time.Millisecond, StatusWindow: 50 * time.Millisecond,
+		// The matrix is about protocol conformance: grpc-js and C-core
+		// connect in plaintext.
+		TLS: controlplane.TLS{Insecure: true},
 	}); err != nil {
 		cancel()
 		t.Fatal(err)

@@ -8,9 +8,15 @@ package hostile
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
+	"math/big"
 	"net"
 	"os"
 	"runtime"
@@ -27,6 +33,7 @@ import (
 	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -703,6 +710,81 @@ func TestSlowReaderIsDisconnected(t *testing.T) {
 		n := len(p.Feedback.Get(key).Proxies)
 		return n == 0, fmt.Sprintf("%d proxies", n)
 	})
+}
+
+// TestSlowReaderIsDisconnectedOverTLS is TestSlowReaderIsDisconnected on
+// a TLS port: the listener that closes a slow reader's connection sits
+// below TLS and finds it by remote address all the same.
+func TestSlowReaderIsDisconnectedOverTLS(t *testing.T) {
+	p := pipeline.New(pipeline.Options{Server: server.Options{SendTimeout: 200 * time.Millisecond}})
+	for i := range services {
+		p.Catalog.UpsertService(testkit.Service("default", fmt.Sprintf("svc-%04d", i), "10.0.0.1"))
+	}
+	key := model.Key{Namespace: "default", Name: "sotw"}
+	p.Catalog.UpsertScope(scope("sotw", model.SotW))
+	p.Sync()
+	cert, roots := selfSignedCert(t)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	creds := credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})
+	go func() { served <- p.Server.ServeListener(ctx, lis, grpc.Creds(creds)) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-served; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	})
+	addr := lis.Addr().String()
+	c, err := tls.Dial("tcp", addr, &tls.Config{RootCAs: roots, NextProtos: []string{"h2"}, MinVersion: tls.VersionTLS12})
+	if err != nil {
+		t.Fatal(err)
+	}
+	counted := refusals(server.RefusedSlowReader)
+	ended := slowReaderOn(t, c, addr, [][]byte{grpcMessage(&discoveryv3.DiscoveryRequest{Node: node("slow-tls", key.String()), TypeUrl: xdstype.Cluster.URL()})},
+		time.Now().Add(testkit.Timeout))
+	testkit.Eventually(t, "the stream was sent the clusters", func() (bool, string) {
+		n := p.Feedback.Get(key).Sent.Responses
+		return n == 1, fmt.Sprintf("%d responses", n)
+	})
+	p.Catalog.UpsertService(testkit.Service("default", "one-more", "10.0.0.2"))
+	p.Sync()
+	if err := <-ended; errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatal("the server kept the TLS connection of a stream that does not read")
+	}
+	if got := refusals(server.RefusedSlowReader) - counted; got != 1 {
+		t.Errorf("scopeplane_xds_refusals_total{reason=\"SlowReader\"} rose by %v, want 1", got)
+	}
+}
+
+// selfSignedCert is a serving certificate for 127.0.0.1 and the pool that
+// trusts it.
+func selfSignedCert(t *testing.T) (tls.Certificate, *x509.CertPool) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), NotBefore: now.Add(-time.Hour), NotAfter: now.Add(time.Hour),
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		KeyUsage: x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign, IsCA: true, BasicConstraintsValid: true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AddCert(leaf)
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}, roots
 }
 
 // handshakes connects to addr, sends the HTTP/2 preface and reports

@@ -126,6 +126,13 @@ func slowReader(t *testing.T, addr string, reqs [][]byte, deadline time.Time) <-
 	if err != nil {
 		t.Fatal(err)
 	}
+	return slowReaderOn(t, c, addr, reqs, deadline)
+}
+
+// slowReaderOn is slowReader on an open connection c to addr (a TLS one,
+// say).
+func slowReaderOn(t *testing.T, c net.Conn, addr string, reqs [][]byte, deadline time.Time) <-chan error {
+	t.Helper()
 	_ = c.SetDeadline(deadline)
 	w := bufio.NewWriterSize(c, 64<<10)
 	if _, err := w.WriteString(http2.ClientPreface); err != nil {

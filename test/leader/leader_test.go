@@ -57,7 +57,7 @@ func startReplica(t *testing.T, env *localapi.Env, name string) *replica {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cp, err := controlplane.Setup(ctx, mgr, controlplane.Options{
-		XDSListener: lis, XDSServerAddress: lis.Addr().String(), StatusWindow: 50 * time.Millisecond,
+		XDSListener: lis, XDSServerAddress: lis.Addr().String(), StatusWindow: 50 * time.Millisecond, TLS: controlplane.TLS{Insecure: true},
 		LeaderElection: controlplane.LeaderElection{
 			Enabled: true, ID: "scopeplane-test", Namespace: "default",
 			LeaseDuration: 3 * time.Second, RenewDeadline: 2 * time.Second, RetryPeriod: 200 * time.Millisecond,

@@ -15,7 +15,9 @@ import (
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	upstreamhttpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
+	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -29,7 +31,21 @@ import (
 const (
 	EnvoyKey = "envoy.yaml"
 	GRPCKey  = "grpc-bootstrap.json"
+	// CAKey holds the CA bundle the proxies verify the control plane's
+	// certificate with (absent when the xDS port is plaintext).
+	CAKey = "ca.crt"
 )
+
+// MountPath is where pods mount their scope's bootstrap ConfigMap, so
+// that the bootstraps can name the CA bundle's file: MountPath/ca.crt.
+const MountPath = "/etc/scopeplane/xds"
+
+// TLS says how a proxy verifies the control plane; a nil *TLS is a
+// plaintext xDS port (--xds-insecure).
+type TLS struct {
+	// CAFile is the path of the CA bundle in the proxy's file system.
+	CAFile string
+}
 
 // XDSClusterName is the Envoy cluster through which Envoy reaches scopeplane.
 const XDSClusterName = "scopeplane-xds"
@@ -38,10 +54,12 @@ const XDSClusterName = "scopeplane-xds"
 func ConfigMapName(scope string) string { return scope + "-xds-bootstrap" }
 
 // Envoy returns an Envoy bootstrap (YAML) that joins scope over ADS at
-// server (host:port) with the api_type the scope's protocol requires. The
+// server (host:port) with the api_type the scope's protocol requires. With
+// tls, the xDS cluster speaks TLS with SNI set to server's host and checks
+// the control plane's certificate against the CA file and that host. The
 // node id is a placeholder: run Envoy with --service-node set to the pod's
 // name so each proxy is told apart in the scope's status.
-func Envoy(scope model.Key, protocol model.Protocol, server string) ([]byte, error) {
+func Envoy(scope model.Key, protocol model.Protocol, server string, tls *TLS) ([]byte, error) {
 	host, port, err := splitHostPort(server)
 	if err != nil {
 		return nil, err
@@ -92,6 +110,13 @@ func Envoy(scope model.Key, protocol model.Protocol, server string) ([]byte, err
 		}}},
 		Admin: &bootstrapv3.Admin{Address: socketAddress("127.0.0.1", 9901)},
 	}
+	if tls != nil {
+		ts, err := envoyTLS(host, tls)
+		if err != nil {
+			return nil, err
+		}
+		b.StaticResources.Clusters[0].TransportSocket = ts
+	}
 	if err := b.ValidateAll(); err != nil {
 		return nil, fmt.Errorf("rendered Envoy bootstrap is invalid: %w", err)
 	}
@@ -102,15 +127,53 @@ func Envoy(scope model.Key, protocol model.Protocol, server string) ([]byte, err
 	return yaml.JSONToYAML(js)
 }
 
+// envoyTLS is the xDS cluster's transport socket: TLS 1.2 or later, SNI
+// host, the server's certificate verified against the CA file and required
+// to name host (Envoy checks no name unless told to).
+func envoyTLS(host string, t *TLS) (*corev3.TransportSocket, error) {
+	sanType := tlsv3.SubjectAltNameMatcher_DNS
+	if net.ParseIP(host) != nil {
+		sanType = tlsv3.SubjectAltNameMatcher_IP_ADDRESS
+	}
+	ctx, err := anypb.New(&tlsv3.UpstreamTlsContext{
+		Sni: host,
+		CommonTlsContext: &tlsv3.CommonTlsContext{
+			TlsParams:     &tlsv3.TlsParameters{TlsMinimumProtocolVersion: tlsv3.TlsParameters_TLSv1_2},
+			AlpnProtocols: []string{"h2"},
+			ValidationContextType: &tlsv3.CommonTlsContext_ValidationContext{ValidationContext: &tlsv3.CertificateValidationContext{
+				TrustedCa: &corev3.DataSource{Specifier: &corev3.DataSource_Filename{Filename: t.CAFile}},
+				MatchTypedSubjectAltNames: []*tlsv3.SubjectAltNameMatcher{{
+					SanType: sanType,
+					Matcher: &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: host}},
+				}},
+			}},
+		},
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &corev3.TransportSocket{Name: "envoy.transport_sockets.tls", ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: ctx}}, nil
+}
+
 // GRPC returns a gRPC xDS bootstrap (JSON, for GRPC_XDS_BOOTSTRAP or
-// GRPC_XDS_BOOTSTRAP_CONFIG) that joins scope at server. gRPC clients speak
+// GRPC_XDS_BOOTSTRAP_CONFIG) that joins scope at server, over TLS verified
+// against tls.CAFile (gRPC's "tls" channel credentials, which re-read the
+// file every 10 minutes) or, without tls, in plaintext. gRPC clients speak
 // only State of the World; a delta scope refuses them, which its status shows.
-func GRPC(scope model.Key, server string) ([]byte, error) {
+func GRPC(scope model.Key, server string, tls *TLS) ([]byte, error) {
 	if _, _, err := splitHostPort(server); err != nil {
 		return nil, err
 	}
+	type tlsConfig struct {
+		CACertificateFile string `json:"ca_certificate_file"`
+	}
 	type creds struct {
-		Type string `json:"type"`
+		Type   string     `json:"type"`
+		Config *tlsConfig `json:"config,omitempty"`
+	}
+	channel := creds{Type: "insecure"}
+	if tls != nil {
+		channel = creds{Type: "tls", Config: &tlsConfig{CACertificateFile: tls.CAFile}}
 	}
 	type xdsServer struct {
 		ServerURI      string   `json:"server_uri"`
@@ -131,7 +194,7 @@ func GRPC(scope model.Key, server string) ([]byte, error) {
 		XDSServers []xdsServer `json:"xds_servers"`
 		Node       node        `json:"node"`
 	}{
-		XDSServers: []xdsServer{{ServerURI: server, ChannelCreds: []creds{{Type: "insecure"}}, ServerFeatures: []string{"xds_v3"}}},
+		XDSServers: []xdsServer{{ServerURI: server, ChannelCreds: []creds{channel}, ServerFeatures: []string{"xds_v3"}}},
 		Node:       node{ID: scope.Name + "-grpc", Cluster: scope.Name, Metadata: map[string]string{model.ScopeMetadataKey: scope.String()}},
 	}, "", "  ")
 }

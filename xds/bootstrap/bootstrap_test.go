@@ -7,6 +7,7 @@ import (
 
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	"google.golang.org/grpc/xds"
 	"google.golang.org/protobuf/encoding/protojson"
 	"sigs.k8s.io/yaml"
@@ -26,7 +27,7 @@ func TestEnvoyBootstrapMatchesTheScopeProtocol(t *testing.T) {
 		{model.SotW, "scopeplane.system.svc:18000", corev3.ApiConfigSource_GRPC, false},
 		{model.Delta, "10.0.0.7:18000", corev3.ApiConfigSource_DELTA_GRPC, true},
 	} {
-		out, err := Envoy(scope, tc.protocol, tc.server)
+		out, err := Envoy(scope, tc.protocol, tc.server, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -58,7 +59,7 @@ func TestEnvoyBootstrapMatchesTheScopeProtocol(t *testing.T) {
 }
 
 func TestGRPCBootstrapIsAcceptedByGRPC(t *testing.T) {
-	out, err := GRPC(scope, "scopeplane.system.svc:18000")
+	out, err := GRPC(scope, "scopeplane.system.svc:18000", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,11 +83,49 @@ func TestGRPCBootstrapIsAcceptedByGRPC(t *testing.T) {
 
 func TestBadServerAddressIsAnError(t *testing.T) {
 	for _, addr := range []string{"", "no-port", "host:0", ":18000", "host:99999"} {
-		if _, err := Envoy(scope, model.SotW, addr); err == nil || !strings.Contains(err.Error(), "xDS server address") {
+		if _, err := Envoy(scope, model.SotW, addr, nil); err == nil || !strings.Contains(err.Error(), "xDS server address") {
 			t.Errorf("Envoy(%q): %v", addr, err)
 		}
-		if _, err := GRPC(scope, addr); err == nil {
+		if _, err := GRPC(scope, addr, nil); err == nil {
 			t.Errorf("GRPC(%q) accepted", addr)
+		}
+	}
+}
+
+func TestBootstrapsUseTLSWithTheCAFile(t *testing.T) {
+	tls := &TLS{CAFile: "/etc/scopeplane/xds/ca.crt"}
+	out, err := GRPC(scope, "scopeplane.system.svc:18000", tls)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := xds.NewXDSResolverWithConfigForTesting(out); err != nil {
+		t.Errorf("grpc-go refuses the TLS bootstrap: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), `"type": "tls"`) || !strings.Contains(string(out), `"ca_certificate_file": "/etc/scopeplane/xds/ca.crt"`) {
+		t.Errorf("the gRPC bootstrap does not use TLS channel credentials with the CA file:\n%s", out)
+	}
+	for _, server := range []string{"scopeplane.system.svc:18000", "10.0.0.7:18000"} {
+		y, err := Envoy(scope, model.SotW, server, tls)
+		if err != nil {
+			t.Fatal(err)
+		}
+		js, err := yaml.YAMLToJSON(y)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := &bootstrapv3.Bootstrap{}
+		if err := protojson.Unmarshal(js, b); err != nil {
+			t.Fatalf("not an Envoy bootstrap: %v\n%s", err, y)
+		}
+		ts := b.GetStaticResources().GetClusters()[0].GetTransportSocket()
+		up := &tlsv3.UpstreamTlsContext{}
+		if err := ts.GetTypedConfig().UnmarshalTo(up); err != nil {
+			t.Fatalf("the xDS cluster has no TLS transport socket: %v\n%s", err, y)
+		}
+		host := strings.Split(server, ":")[0]
+		vc := up.GetCommonTlsContext().GetValidationContext()
+		if up.GetSni() != host || vc.GetTrustedCa().GetFilename() != tls.CAFile || vc.GetMatchTypedSubjectAltNames()[0].GetMatcher().GetExact() != host {
+			t.Errorf("%s: want SNI and SAN %s and trusted CA %s:\n%s", server, host, tls.CAFile, y)
 		}
 	}
 }

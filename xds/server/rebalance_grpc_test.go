@@ -64,7 +64,7 @@ func TestGRPCClientFollowsMaxConnectionAge(t *testing.T) {
 		}
 	}()
 
-	boot, err := bootstrap.GRPC(key, cp.conn.Target())
+	boot, err := bootstrap.GRPC(key, cp.conn.Target(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,373 @@
+package xdstls
+
+import (
+	"bytes"
+	"context"
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"maps"
+	"math/big"
+	"net"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// Lifetimes of the self-managed CA and serving certificate. The CA is
+// replaced at two thirds of its life: the new CA joins the bundle (ca.crt)
+// next to the old one, which stays trusted until it expires, and the
+// serving certificate is renewed one last time by the old CA at that
+// moment. The new CA signs only at the next renewal, two thirds of a
+// serving lifetime (20 days) later, so the bootstrap ConfigMaps have
+// carried it to every proxy long before any server presents a
+// certificate that needs it.
+const (
+	CALifetime      = 365 * 24 * time.Hour
+	ServingLifetime = 30 * 24 * time.Hour
+)
+
+// CAKey is the Secret key of the signing CA's private key.
+const CAKey = "ca.key"
+
+// SelfSigned keeps a CA and a serving certificate for the xDS port in one
+// Secret of scopeplane's own namespace. The leader creates the Secret when
+// it is missing and renews what is due (Rotate); every replica serves what
+// the Secret holds (Load).
+type SelfSigned struct {
+	// Reader reads the Secret from the API server, uncached: the manager's
+	// cache holds no Secrets, and needs no list or watch on them.
+	Reader client.Reader
+	// Writer creates and updates it (the leader's client).
+	Writer client.Client
+	Secret types.NamespacedName
+	// DNSNames and IPs are the serving certificate's subject alternative
+	// names: what proxies dial (see ServingNames).
+	DNSNames []string
+	IPs      []net.IP
+	// Now is the clock (time.Now when nil).
+	Now func() time.Time
+}
+
+func (s *SelfSigned) now() time.Time {
+	if s.Now != nil {
+		return s.Now()
+	}
+	return time.Now()
+}
+
+// Load sets c from the Secret.
+func (s *SelfSigned) Load(ctx context.Context, c *Certificates) error {
+	sec := &corev1.Secret{}
+	if err := s.Reader.Get(ctx, s.Secret, sec); err != nil {
+		return fmt.Errorf("reading the xDS TLS Secret %s: %w", s.Secret, err)
+	}
+	if err := c.Set(sec.Data[CertFile], sec.Data[KeyFile], sec.Data[CAFile]); err != nil {
+		return fmt.Errorf("the xDS TLS Secret %s: %w", s.Secret, err)
+	}
+	return nil
+}
+
+// Rotate creates the Secret when it is missing and renews what is due
+// in it, then sets c from it. Only the leader calls it; a conflicting
+// write of another replica is retried at the next call.
+func (s *SelfSigned) Rotate(ctx context.Context, c *Certificates) error {
+	sec := &corev1.Secret{}
+	switch err := s.Reader.Get(ctx, s.Secret, sec); {
+	case apierrors.IsNotFound(err):
+		sec = &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Namespace: s.Secret.Namespace, Name: s.Secret.Name, Labels: map[string]string{
+				"app.kubernetes.io/managed-by": "scopeplane",
+			}},
+			Type: corev1.SecretTypeTLS,
+		}
+		if sec.Data, _, err = s.renew(nil); err != nil {
+			return err
+		}
+		if err := s.Writer.Create(ctx, sec); err != nil {
+			return fmt.Errorf("creating the xDS TLS Secret %s: %w", s.Secret, err)
+		}
+	case err != nil:
+		return fmt.Errorf("reading the xDS TLS Secret %s: %w", s.Secret, err)
+	default:
+		data, changed, err := s.renew(sec.Data)
+		if err != nil {
+			return err
+		}
+		if changed {
+			sec.Data = data
+			if err := s.Writer.Update(ctx, sec); err != nil {
+				return fmt.Errorf("renewing the xDS TLS Secret %s: %w", s.Secret, err)
+			}
+		}
+	}
+	if err := c.Set(sec.Data[CertFile], sec.Data[KeyFile], sec.Data[CAFile]); err != nil {
+		return fmt.Errorf("the xDS TLS Secret %s: %w", s.Secret, err)
+	}
+	return nil
+}
+
+// Run calls Rotate (leading) or Load (not leading) at once and then every
+// period until ctx ends, every second until the first success, so that a
+// replica starting next to a leader that has not yet created the Secret
+// serves as soon as it exists. Errors are logged and retried.
+func (s *SelfSigned) Run(ctx context.Context, c *Certificates, leading func() bool, period time.Duration, log logr.Logger) error {
+	loaded := false
+	for {
+		var err error
+		if leading() {
+			err = s.Rotate(ctx, c)
+		} else {
+			err = s.Load(ctx, c)
+		}
+		wait := period
+		if err != nil {
+			if loaded || !apierrors.IsNotFound(err) {
+				log.Error(err, "the self-managed xDS certificate")
+			}
+		} else {
+			loaded = true
+		}
+		if !loaded {
+			wait = min(period, time.Second)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(wait):
+		}
+	}
+}
+
+// renew returns the Secret data with whatever is due renewed, and whether
+// anything changed. Data that does not parse is replaced by a new CA.
+func (s *SelfSigned) renew(data map[string][]byte) (map[string][]byte, bool, error) {
+	now := s.now()
+	signer, signerKey, bundle, err := parseCA(data)
+	if err != nil {
+		ca, key, err := s.newCA(now)
+		if err != nil {
+			return nil, false, err
+		}
+		return s.withServing(ca, key, []*x509.Certificate{ca}, key, now)
+	}
+	// CAs that expired leave the bundle.
+	bundle = slices.DeleteFunc(bundle, func(ca *x509.Certificate) bool { return !now.Before(ca.NotAfter) })
+	if !now.Before(twoThirds(signer)) {
+		// The outgoing CA signs one last serving certificate; the new one
+		// joins the bundle and signs from the next renewal on.
+		next, nextKey, err := s.newCA(now)
+		if err != nil {
+			return nil, false, err
+		}
+		return s.withServing(signer, signerKey, append(bundle, next), nextKey, now)
+	}
+	if s.servingDue(data, bundle, now) {
+		return s.withServing(signer, signerKey, bundle, signerKey, now)
+	}
+	if len(bundle) != len(parseCerts(data[CAFile])) {
+		out := maps.Clone(data)
+		out[CAFile] = encodeCerts(bundle)
+		return out, true, nil
+	}
+	return data, false, nil
+}
+
+// servingDue reports whether the serving certificate in data must be
+// issued again: missing, unreadable, past two thirds of its life, not
+// verified by the bundle, or naming other hosts than s.
+func (s *SelfSigned) servingDue(data map[string][]byte, bundle []*x509.Certificate, now time.Time) bool {
+	certs := parseCerts(data[CertFile])
+	if len(certs) == 0 || len(data[KeyFile]) == 0 {
+		return true
+	}
+	leaf := certs[0]
+	if !now.Before(twoThirds(leaf)) {
+		return true
+	}
+	roots := x509.NewCertPool()
+	for _, ca := range bundle {
+		roots.AddCert(ca)
+	}
+	if _, err := leaf.Verify(x509.VerifyOptions{Roots: roots, CurrentTime: now, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err != nil {
+		return true
+	}
+	ips := func(l []net.IP) []string {
+		out := make([]string, 0, len(l))
+		for _, ip := range l {
+			out = append(out, ip.String())
+		}
+		slices.Sort(out)
+		return out
+	}
+	return !slices.Equal(sorted(leaf.DNSNames), sorted(s.DNSNames)) || !slices.Equal(ips(leaf.IPAddresses), ips(s.IPs))
+}
+
+// withServing is data holding bundle, signerKey (the key of the CA that
+// signs from now on) and a serving certificate issued now by issuer.
+func (s *SelfSigned) withServing(issuer *x509.Certificate, issuerKey crypto.Signer, bundle []*x509.Certificate, signerKey crypto.Signer, now time.Time) (map[string][]byte, bool, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, false, err
+	}
+	sn, err := serial()
+	if err != nil {
+		return nil, false, err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: sn,
+		Subject:      pkix.Name{CommonName: "scopeplane xDS server"},
+		NotBefore:    now.Add(-time.Minute), // clock skew between replicas and proxies
+		NotAfter:     minTime(now.Add(ServingLifetime), issuer.NotAfter),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		DNSNames:     s.DNSNames,
+		IPAddresses:  s.IPs,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, issuer, key.Public(), issuerKey)
+	if err != nil {
+		return nil, false, fmt.Errorf("issuing the xDS serving certificate: %w", err)
+	}
+	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		return nil, false, err
+	}
+	caKeyDER, err := x509.MarshalPKCS8PrivateKey(signerKey)
+	if err != nil {
+		return nil, false, err
+	}
+	return map[string][]byte{
+		CertFile: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		KeyFile:  pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}),
+		CAFile:   encodeCerts(bundle),
+		CAKey:    pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: caKeyDER}),
+	}, true, nil
+}
+
+func (s *SelfSigned) newCA(now time.Time) (*x509.Certificate, crypto.Signer, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, err
+	}
+	sn, err := serial()
+	if err != nil {
+		return nil, nil, err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          sn,
+		Subject:               pkix.Name{CommonName: "scopeplane xDS CA " + now.UTC().Format("2006-01-02T15:04:05Z"), Organization: []string{"scopeplane"}},
+		NotBefore:             now.Add(-time.Minute),
+		NotAfter:              now.Add(CALifetime),
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+		MaxPathLenZero:        true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
+	if err != nil {
+		return nil, nil, fmt.Errorf("creating the xDS CA: %w", err)
+	}
+	ca, err := x509.ParseCertificate(der)
+	return ca, key, err
+}
+
+// parseCA reads the bundle and the signing key from data; the signer is
+// the bundle's certificate that matches the key.
+func parseCA(data map[string][]byte) (*x509.Certificate, crypto.Signer, []*x509.Certificate, error) {
+	bundle := parseCerts(data[CAFile])
+	block, _ := pem.Decode(data[CAKey])
+	if block == nil {
+		return nil, nil, nil, errors.New("no CA key")
+	}
+	k, err := x509.ParsePKCS8PrivateKey(block.Bytes)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	key, ok := k.(*ecdsa.PrivateKey)
+	if !ok {
+		return nil, nil, nil, errors.New("the CA key is not ECDSA")
+	}
+	for _, ca := range bundle {
+		if pub, ok := ca.PublicKey.(*ecdsa.PublicKey); ok && pub.Equal(key.Public()) && ca.IsCA {
+			return ca, key, bundle, nil
+		}
+	}
+	return nil, nil, nil, errors.New("no CA in the bundle matches the CA key")
+}
+
+func parseCerts(b []byte) []*x509.Certificate {
+	var out []*x509.Certificate
+	for {
+		var block *pem.Block
+		block, b = pem.Decode(b)
+		if block == nil {
+			return out
+		}
+		if c, err := x509.ParseCertificate(block.Bytes); err == nil && block.Type == "CERTIFICATE" {
+			out = append(out, c)
+		}
+	}
+}
+
+func encodeCerts(certs []*x509.Certificate) []byte {
+	var b bytes.Buffer
+	for _, c := range certs {
+		_ = pem.Encode(&b, &pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})
+	}
+	return b.Bytes()
+}
+
+// twoThirds is the moment two thirds of c's life have passed.
+func twoThirds(c *x509.Certificate) time.Time {
+	return c.NotBefore.Add(c.NotAfter.Sub(c.NotBefore) * 2 / 3)
+}
+
+// serial is a random 127-bit certificate serial number.
+func serial() (*big.Int, error) {
+	return rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}
+
+func sorted(s []string) []string {
+	s = slices.Clone(s)
+	slices.Sort(s)
+	return s
+}
+
+// ServingNames are the names a serving certificate for addr (host:port,
+// what proxies dial) needs: an IP, or the DNS name and, for a Service's
+// name `<svc>.<namespace>.svc[.cluster.local]`, its other spellings.
+func ServingNames(addr string) (dnsNames []string, ips []net.IP, err error) {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, nil, fmt.Errorf("xDS server address %q: %w", addr, err)
+	}
+	if ip := net.ParseIP(host); ip != nil {
+		return nil, []net.IP{ip}, nil
+	}
+	labels := strings.Split(strings.TrimSuffix(host, "."), ".")
+	if len(labels) >= 3 && labels[2] == "svc" && (len(labels) == 3 || strings.Join(labels[3:], ".") == "cluster.local") {
+		svc, ns := labels[0], labels[1]
+		return []string{svc, svc + "." + ns, svc + "." + ns + ".svc", svc + "." + ns + ".svc.cluster.local"}, nil, nil
+	}
+	return []string{host}, nil, nil
+}

@@ -1,0 +1,298 @@
+package xdstls
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/peer"
+
+	"github.com/scopeplane/scopeplane/internal/testkit"
+)
+
+// issue returns Secret data with a fresh CA and a serving certificate for
+// 127.0.0.1.
+func issue(t *testing.T, now time.Time) map[string][]byte {
+	t.Helper()
+	s := &SelfSigned{IPs: []net.IP{net.ParseIP("127.0.0.1")}, Now: func() time.Time { return now }}
+	data, _, err := s.renew(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
+
+// writeSecretDir lays data out as the kubelet does in a Secret volume:
+// files in a timestamped directory, reached through the ..data symlink,
+// which is swapped atomically (rename) on every update.
+func writeSecretDir(t *testing.T, dir string, gen int, data map[string][]byte) {
+	t.Helper()
+	ts := filepath.Join(dir, "..gen"+strconv.Itoa(gen))
+	if err := os.Mkdir(ts, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range data {
+		if err := os.WriteFile(filepath.Join(ts, k), v, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tmp := filepath.Join(dir, "..data_tmp")
+	if err := os.Symlink(filepath.Base(ts), tmp); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, "..data")); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{CertFile, KeyFile, CAFile} {
+		if _, err := os.Lstat(filepath.Join(dir, k)); os.IsNotExist(err) {
+			if err := os.Symlink(filepath.Join("..data", k), filepath.Join(dir, k)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
+
+func clientCreds(t *testing.T, ca []byte) credentials.TransportCredentials {
+	t.Helper()
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(ca) {
+		t.Fatal("no CA")
+	}
+	return credentials.NewTLS(&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12})
+}
+
+// servedCert is the serving certificate a new connection with creds gets
+// and the TLS version negotiated, after one unary call.
+func servedCert(t *testing.T, addr string, creds credentials.TransportCredentials) (*x509.Certificate, uint16, error) {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = conn.Close() }()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var p peer.Peer
+	if _, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{}, grpc.Peer(&p)); err != nil {
+		return nil, 0, err
+	}
+	info := p.AuthInfo.(credentials.TLSInfo)
+	return info.State.PeerCertificates[0], info.State.Version, nil
+}
+
+// TestRotatedFilesReachNewHandshakesAndKeepStreams serves gRPC with the
+// watched directory's certificate, replaces the files the way a Secret
+// volume does, and checks that a stream opened before stays up while a new
+// connection gets the new certificate; a plaintext client is refused.
+func TestRotatedFilesReachNewHandshakesAndKeepStreams(t *testing.T) {
+	dir := t.TempDir()
+	now := time.Now()
+	first := issue(t, now)
+	writeSecretDir(t, dir, 1, first)
+	certs := NewCertificates()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	watched := make(chan error, 1)
+	go func() { watched <- WatchDir(ctx, dir, certs, logr.Discard()) }()
+	testkit.Eventually(t, "the first certificate loaded", func() (bool, string) {
+		err := certs.Loaded()
+		return err == nil, ""
+	})
+
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer(grpc.Creds(credentials.NewTLS(certs.ServerConfig())))
+	hs := health.NewServer()
+	healthpb.RegisterHealthServer(g, hs)
+	go func() { _ = g.Serve(lis) }()
+	defer g.Stop()
+	addr := lis.Addr().String()
+
+	cert, version, err := servedCert(t, addr, clientCreds(t, first[CAFile]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if version != tls.VersionTLS13 {
+		t.Errorf("negotiated TLS version %x, want TLS 1.3", version)
+	}
+	firstSerial := cert.SerialNumber
+
+	// A long-lived stream on a connection made with the first certificate.
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(clientCreds(t, first[CAFile])))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = conn.Close() }()
+	watch, err := healthpb.NewHealthClient(conn).Watch(ctx, &healthpb.HealthCheckRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := watch.Recv(); err != nil {
+		t.Fatal(err)
+	}
+
+	second := issue(t, now)
+	writeSecretDir(t, dir, 2, second)
+	testkit.Eventually(t, "a new connection served the new certificate", func() (bool, string) {
+		cert, _, err := servedCert(t, addr, clientCreds(t, second[CAFile]))
+		return err == nil && cert.SerialNumber.Cmp(firstSerial) != 0, ""
+	})
+	if _, _, err := servedCert(t, addr, clientCreds(t, first[CAFile])); err == nil {
+		t.Error("a client trusting only the old CA still verified a new connection")
+	}
+	// The stream opened before the rotation is still served.
+	hs.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+	if resp, err := watch.Recv(); err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Errorf("the stream opened before the rotation: %v, %v", resp, err)
+	}
+
+	// Half-written files are ignored; the certificate stays.
+	if err := os.WriteFile(filepath.Join(dir, "..gen2", KeyFile), []byte("garbage"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := LoadDir(dir, NewCertificates()); err == nil {
+		t.Error("a key that does not parse loaded")
+	}
+	if err := certs.Loaded(); err != nil {
+		t.Error(err)
+	}
+
+	if _, _, err := servedCert(t, addr, insecure.NewCredentials()); err == nil {
+		t.Error("a plaintext client got an answer from the TLS server")
+	}
+	cancel()
+	if err := <-watched; err != nil {
+		t.Error(err)
+	}
+}
+
+// TestSelfSignedRotation walks the self-managed CA through its lifetimes
+// with a fake clock.
+func TestSelfSignedRotation(t *testing.T) {
+	start := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	now := start
+	s := &SelfSigned{DNSNames: []string{"scopeplane", "scopeplane.sys", "scopeplane.sys.svc", "scopeplane.sys.svc.cluster.local"}, Now: func() time.Time { return now }}
+	data, changed, err := s.renew(nil)
+	if err != nil || !changed {
+		t.Fatal(changed, err)
+	}
+	check := func(data map[string][]byte, cas int) (*x509.Certificate, []*x509.Certificate) {
+		t.Helper()
+		c := NewCertificates()
+		c.now = func() time.Time { return now }
+		if err := c.Set(data[CertFile], data[KeyFile], data[CAFile]); err != nil {
+			t.Fatalf("at +%v: %v", now.Sub(start), err)
+		}
+		bundle := parseCerts(data[CAFile])
+		if len(bundle) != cas {
+			t.Fatalf("at +%v: %d CAs in the bundle, want %d", now.Sub(start), len(bundle), cas)
+		}
+		return parseCerts(data[CertFile])[0], bundle
+	}
+	leaf, bundle := check(data, 1)
+	oldCA := bundle[0]
+
+	// Nothing is due early on.
+	now = start.Add(10 * 24 * time.Hour)
+	if _, changed, err := s.renew(data); err != nil || changed {
+		t.Fatalf("renewed at day 10: %v %v", changed, err)
+	}
+	// The serving certificate renews at two thirds of its life.
+	now = start.Add(21 * 24 * time.Hour)
+	data, changed, err = s.renew(data)
+	if err != nil || !changed {
+		t.Fatal(changed, err)
+	}
+	if l, _ := check(data, 1); l.SerialNumber.Cmp(leaf.SerialNumber) == 0 {
+		t.Fatal("the serving certificate was not renewed")
+	}
+	// At two thirds of the CA's life a new CA joins the bundle; the old one
+	// signs this last serving certificate.
+	now = twoThirds(oldCA).Add(time.Hour)
+	data, _, err = s.renew(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, bundle = check(data, 2)
+	if string(leaf.RawIssuer) != string(oldCA.RawSubject) {
+		t.Error("the serving certificate issued at the CA rotation is not the outgoing CA's")
+	}
+	newCA := bundle[1]
+	// The next renewal is the new CA's.
+	now = now.Add(21 * 24 * time.Hour)
+	data, _, err = s.renew(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if leaf, _ = check(data, 2); string(leaf.RawIssuer) != string(newCA.RawSubject) {
+		t.Error("the serving certificate after the CA rotation is not the new CA's")
+	}
+	// The old CA leaves the bundle when it expires.
+	now = oldCA.NotAfter.Add(time.Hour)
+	data, _, err = s.renew(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check(data, 1)
+	// Other names renew the serving certificate at once.
+	s.DNSNames = []string{"xds.example.com"}
+	data, changed, err = s.renew(data)
+	if err != nil || !changed {
+		t.Fatal(changed, err)
+	}
+	if leaf, _ = check(data, 1); leaf.DNSNames[0] != "xds.example.com" {
+		t.Errorf("names %v", leaf.DNSNames)
+	}
+}
+
+func TestServingNames(t *testing.T) {
+	for addr, want := range map[string]string{
+		"scopeplane.sys.svc:18000":               "[scopeplane scopeplane.sys scopeplane.sys.svc scopeplane.sys.svc.cluster.local] []",
+		"scopeplane.sys.svc.cluster.local:18000": "[scopeplane scopeplane.sys scopeplane.sys.svc scopeplane.sys.svc.cluster.local] []",
+		"xds.example.com:443":                    "[xds.example.com] []",
+		"127.0.0.1:18000":                        "[] [127.0.0.1]",
+	} {
+		dns, ips, err := ServingNames(addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := fmtNames(dns, ips); got != want {
+			t.Errorf("%s: %s, want %s", addr, got, want)
+		}
+	}
+	if _, _, err := ServingNames("no-port"); err == nil {
+		t.Error("an address without a port was accepted")
+	}
+}
+
+func fmtNames(dns []string, ips []net.IP) string {
+	s := "["
+	for i, d := range dns {
+		if i > 0 {
+			s += " "
+		}
+		s += d
+	}
+	s += "] ["
+	for i, ip := range ips {
+		if i > 0 {
+			s += " "
+		}
+		s += ip.String()
+	}
+	return s + "]"
+}
