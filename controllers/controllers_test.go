@@ -72,7 +72,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	cat = catalog.New()
-	if initialSync, err = controllers.Setup(ctx, mgr, cat); err != nil {
+	if initialSync, err = controllers.Setup(ctx, mgr, cat, catalog.CrossNamespaceGrant); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}

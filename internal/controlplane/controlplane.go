@@ -26,6 +26,7 @@ import (
 	"github.com/scopeplane/scopeplane/controllers/status"
 	"github.com/scopeplane/scopeplane/internal/apiwatch"
 	"github.com/scopeplane/scopeplane/internal/scheme"
+	"github.com/scopeplane/scopeplane/xds/catalog"
 	"github.com/scopeplane/scopeplane/xds/pipeline"
 	"github.com/scopeplane/scopeplane/xds/server"
 )
@@ -59,6 +60,9 @@ type Options struct {
 	NoBootstrapConfigMaps bool
 	// LeaderElection decides which replica writes to the API.
 	LeaderElection LeaderElection
+	// CrossNamespace says whether selections of other namespaces' Services
+	// need their consent (ReferenceGrants; the zero value) or not.
+	CrossNamespace catalog.CrossNamespace
 }
 
 // MetricsOptions serves the metrics endpoint on addr. When secure, it is
@@ -131,7 +135,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) (*ControlPlane, 
 		opts:     opts,
 	}
 	var err error
-	if cp.Sync, err = controllers.Setup(ctx, mgr, cp.Catalog); err != nil {
+	if cp.Sync, err = controllers.Setup(ctx, mgr, cp.Catalog, opts.CrossNamespace); err != nil {
 		return nil, err
 	}
 	conflicts := bootstrapconfig.NewConflicts()

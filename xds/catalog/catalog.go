@@ -9,6 +9,7 @@
 package catalog
 
 import (
+	"fmt"
 	"maps"
 	"reflect"
 	"slices"
@@ -65,6 +66,27 @@ const (
 	// namespaces trust each other.
 	CrossNamespaceAllow
 )
+
+// String is the policy's flag value: grant or allow.
+func (m CrossNamespace) String() string {
+	if m == CrossNamespaceAllow {
+		return "allow"
+	}
+	return "grant"
+}
+
+// Set parses a flag value (flag.Value): grant or allow.
+func (m *CrossNamespace) Set(s string) error {
+	switch s {
+	case "grant":
+		*m = CrossNamespaceGrant
+	case "allow":
+		*m = CrossNamespaceAllow
+	default:
+		return fmt.Errorf("%q is neither grant nor allow", s)
+	}
+	return nil
+}
 
 // Update is what changed in one scope since the previous Take.
 type Update struct {
