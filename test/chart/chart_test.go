@@ -102,7 +102,7 @@ var renderCases = []renderCase{
 	{
 		name: "locked-down", release: "scopeplane", namespace: "mesh-system",
 		check: func(t *testing.T, objs []*unstructured.Unstructured) {
-			wantArgs(t, containerArgs(t, objs), "--metrics-secure=false", "--bootstrap-configmaps=false")
+			wantArgs(t, containerArgs(t, objs), "--metrics-secure=false", "--bootstrap-configmaps=false", "--cross-namespace=allow")
 			checkNetworkPolicy(t, objs)
 			sm := find(t, objs, "ServiceMonitor")
 			wantString(t, sm, "http", "spec", "endpoints", "0", "scheme")
@@ -427,6 +427,7 @@ func TestRBACFollowsValues(t *testing.T) {
 				{"the ClusterRole, ConfigMaps", "", "configmaps", roles["ClusterRole"], slices.Contains(args, "--bootstrap-configmaps=true")},
 				{"the ClusterRole, TokenReviews", "authentication.k8s.io", "tokenreviews", roles["ClusterRole"], slices.Contains(args, "--metrics-secure=true")},
 				{"the ClusterRole, SubjectAccessReviews", "authorization.k8s.io", "subjectaccessreviews", roles["ClusterRole"], slices.Contains(args, "--metrics-secure=true")},
+				{"the ClusterRole, ReferenceGrants", "gateway.networking.k8s.io", "referencegrants", roles["ClusterRole"], slices.Contains(args, "--cross-namespace=grant")},
 			} {
 				if got := grants(tc.rules, tc.group, tc.resource); got != tc.want {
 					t.Errorf("%s: granted %v, want %v (args %q)", tc.what, got, tc.want, args)
