@@ -20,6 +20,7 @@ import (
 
 	"github.com/scopeplane/scopeplane/internal/controlplane"
 	"github.com/scopeplane/scopeplane/internal/scheme"
+	"github.com/scopeplane/scopeplane/xds/catalog"
 	"github.com/scopeplane/scopeplane/xds/metrics"
 	"github.com/scopeplane/scopeplane/xds/server"
 )
@@ -47,6 +48,7 @@ type config struct {
 	xdsTLSDir     string
 	xdsTLSSecret  string
 	xdsTLSNS      string
+	crossNS       catalog.CrossNamespace
 	limits        server.Options
 	zap           zap.Options
 }
@@ -71,6 +73,7 @@ func bindFlags(fs *flag.FlagSet) *config {
 	fs.DurationVar(&c.costBucket, "cost-bucket", time.Minute, "Width of one of the 60 buckets of each ProxyScope's status.cost window (what was sent, and what the other protocol would have sent): a minute gives the last hour.")
 	fs.StringVar(&c.adminAddr, "admin-bind-address", "127.0.0.1:18001", "Loopback address of the admin gRPC service: Envoy's Client Status Discovery Service (proxy status and config dumps, what kubectl scopeplane reads through port-forward); empty disables it.")
 	fs.StringVar(&c.pprofAddr, "pprof-bind-address", "", "Address net/http/pprof binds to; empty (the default) disables it.")
+	fs.Var(&c.crossNS, "cross-namespace", "How a ProxyScope may select Services of other namespaces: grant serves them only where that namespace holds a Gateway API ReferenceGrant from ProxyScopes of the scope's namespace to Services; allow serves every selection (for single-tenant clusters).")
 	fs.BoolVar(&c.showVersion, "version", false, "Print the version and exit.")
 	bindLimits(fs, &c.limits)
 	c.zap.BindFlags(fs)
@@ -176,6 +179,7 @@ func main() {
 		XDSAddress: c.xdsAddr, XDSServerAddress: c.xdsServer, CoalesceWindow: c.window, AdminAddress: c.adminAddr,
 		CostBucket: c.costBucket, NoBootstrapConfigMaps: !c.bootstrapCMs, Server: c.limits,
 		LeaderElection: controlplane.LeaderElection{Enabled: c.leaderElect, Namespace: c.leaderNS}, TLS: xdsTLS,
+		CrossNamespace: c.crossNS,
 	}); err != nil {
 		log.Error(err, "setting up the control plane")
 		os.Exit(1)

@@ -20,6 +20,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	gatewayv1beta1 "sigs.k8s.io/gateway-api/apis/v1beta1"
 
 	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
 	"github.com/scopeplane/scopeplane/controllers"
@@ -72,7 +73,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	cat = catalog.New()
-	if initialSync, err = controllers.Setup(ctx, mgr, cat); err != nil {
+	if initialSync, err = controllers.Setup(ctx, mgr, cat, catalog.CrossNamespaceGrant); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
@@ -151,6 +152,19 @@ func proxyScope(ns, name string, listener xdsv1alpha1.ListenerSpec, sels ...xdsv
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
 		Spec:       xdsv1alpha1.ProxyScopeSpec{Services: sels, Listener: listener},
 	}
+}
+
+// grantAll is a ReferenceGrant of all Services of ns to the ProxyScopes of
+// the from namespaces.
+func grantAll(ns string, from ...string) *gatewayv1beta1.ReferenceGrant {
+	g := &gatewayv1beta1.ReferenceGrant{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "proxyscopes"},
+		Spec:       gatewayv1beta1.ReferenceGrantSpec{To: []gatewayv1beta1.ReferenceGrantTo{{Group: "", Kind: "Service"}}},
+	}
+	for _, f := range from {
+		g.Spec.From = append(g.Spec.From, gatewayv1beta1.ReferenceGrantFrom{Group: gatewayv1beta1.Group(xdsv1alpha1.GroupVersion.Group), Kind: "ProxyScope", Namespace: gatewayv1beta1.Namespace(f)})
+	}
+	return g
 }
 
 var (
@@ -232,6 +246,8 @@ func TestScopesConvergeAndOnlyAffectedScopesChange(t *testing.T) {
 		slice("shop", "checkout-a", "checkout", "grpc", 9090, endpoint("10.0.2.1", "z1", true, true, false)),
 		slice("team-a", "api-a", "api", "http", 8080, endpoint("10.1.0.1", "z1", true, true, false)),
 		slice("team-b", "api-a", "api", "http", 8080, endpoint("10.2.0.1", "z1", true, true, false)),
+		// team-a and team-b consent to the scopes of mesh and shop.
+		grantAll("team-a", "mesh", "shop"), grantAll("team-b", "mesh", "shop"),
 		proxyScope("shop", "gw", envoyListener, xdsv1alpha1.ServiceSelection{Selector: &metav1.LabelSelector{}}),
 		proxyScope("shop", "grpc", proxylessListener, xdsv1alpha1.ServiceSelection{Names: []xdsv1alpha1.DNSLabel{"checkout"}}),
 		proxyScope("mesh", "shared", proxylessListener, xdsv1alpha1.ServiceSelection{

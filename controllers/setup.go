@@ -2,10 +2,12 @@ package controllers
 
 import (
 	"context"
+	"fmt"
 
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/scopeplane/scopeplane/xds/catalog"
 )
@@ -15,13 +17,35 @@ import (
 var everyReplica = controller.Options{NeedLeaderElection: ptr.To(false)}
 
 // Setup registers every reconciler with the manager, feeding cat, and
-// returns the tracker that tells when the first full sync is done.
-func Setup(ctx context.Context, mgr ctrl.Manager, cat *catalog.Catalog) (*InitialSync, error) {
+// returns the tracker that tells when the first full sync is done. With
+// crossNS CrossNamespaceGrant it watches ReferenceGrants when the cluster
+// serves them; when it does not, cross-namespace selections are refused
+// (the scopes' status says why) until the control plane restarts after the
+// CRD is installed.
+func Setup(ctx context.Context, mgr ctrl.Manager, cat *catalog.Catalog, crossNS catalog.CrossNamespace) (*InitialSync, error) {
 	sync := NewInitialSync(mgr.GetCache())
+	watchGrants := false
+	if crossNS == catalog.CrossNamespaceGrant {
+		served, err := grantsServed(mgr.GetRESTMapper())
+		if err != nil {
+			return nil, fmt.Errorf("looking up the ReferenceGrant API: %w", err)
+		}
+		if !served {
+			log.FromContext(ctx).Info("the cluster does not serve ReferenceGrants (gateway.networking.k8s.io/v1beta1): cross-namespace selections are refused; install the CRD and restart to permit them")
+		}
+		watchGrants = served
+		sync.grants = served
+	}
+	cat.SetCrossNamespace(crossNS, crossNS == catalog.CrossNamespaceGrant && !watchGrants)
 	if err := mgr.Add(sync); err != nil {
 		return nil, err
 	}
 	reader := mgr.GetCache()
+	if watchGrants {
+		if err := (&ReferenceGrantReconciler{Reader: reader, Catalog: cat, Sync: sync}).SetupWithManager(mgr); err != nil {
+			return nil, err
+		}
+	}
 	if err := (&ServiceReconciler{Reader: reader, Catalog: cat, Sync: sync}).SetupWithManager(ctx, mgr); err != nil {
 		return nil, err
 	}

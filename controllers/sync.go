@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	gatewayv1beta1 "sigs.k8s.io/gateway-api/apis/v1beta1"
 
 	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
 )
@@ -21,6 +22,8 @@ const (
 	kindService kind = iota
 	kindNamespace
 	kindProxyScope
+	// kindGrants is a namespace's ReferenceGrants, reconciled together.
+	kindGrants
 )
 
 type objectRef struct {
@@ -36,6 +39,8 @@ type objectRef struct {
 // reconcilers and overwrite a newer object with an older one.
 type InitialSync struct {
 	cache cache.Cache
+	// grants says ReferenceGrants are watched, so their namespaces count.
+	grants bool
 
 	mu       sync.Mutex
 	listed   bool
@@ -93,6 +98,19 @@ func (s *InitialSync) Start(ctx context.Context) error {
 	add(kindService, ptrs(svcs.Items))
 	add(kindNamespace, ptrs(nss.Items))
 	add(kindProxyScope, ptrs(pss.Items))
+	if s.grants {
+		rgs := &gatewayv1beta1.ReferenceGrantList{}
+		if err := s.cache.List(ctx, rgs); err != nil {
+			return fmt.Errorf("listing the cache: %w", err)
+		}
+		seen := map[string]bool{}
+		for i := range rgs.Items {
+			if ns := rgs.Items[i].Namespace; !seen[ns] {
+				seen[ns] = true
+				refs = append(refs, objectRef{kindGrants, grantsRequest(ns)})
+			}
+		}
+	}
 
 	s.mu.Lock()
 	for _, r := range refs {

@@ -44,6 +44,15 @@ const (
 	// ReasonInvalidSelector (Accepted=False): a label selector cannot be
 	// parsed (for example an unknown operator); the message names it.
 	ReasonInvalidSelector = "InvalidSelector"
+	// ReasonRefNotPermitted (the name Gateway API gives a reference no
+	// ReferenceGrant permits): selections reach Services of other
+	// namespaces that do not consent, which the message lists; their
+	// Services are not served. Accepted stays True when other Services are
+	// served (as a Gateway API route stays Accepted with ResolvedRefs=False),
+	// and Degraded is True with the same reason, so that a scope that only
+	// partly works is not reported healthy silently; Accepted is False when
+	// nothing else is selected.
+	ReasonRefNotPermitted = "RefNotPermitted"
 )
 
 // Reasons of the Ready condition.
@@ -86,6 +95,9 @@ const (
 	// streams of the other protocol and are refused; their bootstrap's
 	// ads_config.api_type must match spec.protocol.
 	ReasonWrongProtocol = "WrongProtocol"
+	// ReasonRefNotPermitted (Degraded=True) is also a reason of Degraded:
+	// see the Accepted reason above.
+
 	// ReasonBootstrapConfigMapConflict (Degraded=True): a ConfigMap that
 	// scopeplane does not own already has the name of the scope's bootstrap
 	// ConfigMap, so the bootstraps are not written (status.bootstrapConfigMap

@@ -18,6 +18,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
+	gatewayv1beta1 "sigs.k8s.io/gateway-api/apis/v1beta1"
+
 	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
 	"github.com/scopeplane/scopeplane/xds/model"
 )
@@ -234,4 +236,52 @@ func Scope(ps *xdsv1alpha1.ProxyScope) (*model.Scope, error) {
 		out.Selections = append(out.Selections, s)
 	}
 	return out, nil
+}
+
+// Grants converts the ReferenceGrants of one namespace into the consent it
+// gives to ProxyScopes of other namespaces: an entry of spec.from counts
+// when it names group xds.scopeplane.dev, kind ProxyScope and a namespace,
+// and an entry of spec.to when it names the core group and kind Service,
+// optionally one Service by name. Each grant pairs all its from entries
+// with all its to entries, as Gateway API defines it.
+func Grants(grants []gatewayv1beta1.ReferenceGrant) model.Grants {
+	out := model.Grants{}
+	for i := range grants {
+		spec := &grants[i].Spec
+		var all bool
+		var named []string
+		for _, to := range spec.To {
+			if to.Group != "" || to.Kind != "Service" {
+				continue
+			}
+			if to.Name == nil || *to.Name == "" {
+				all = true
+			} else {
+				named = append(named, string(*to.Name))
+			}
+		}
+		if !all && len(named) == 0 {
+			continue
+		}
+		for _, from := range spec.From {
+			if from.Group != gatewayv1beta1.Group(xdsv1alpha1.GroupVersion.Group) || from.Kind != "ProxyScope" || from.Namespace == "" {
+				continue
+			}
+			ns := string(from.Namespace)
+			names, seen := out[ns]
+			switch {
+			case all || (seen && names == nil):
+				out[ns] = nil
+			default:
+				if names == nil {
+					names = map[string]struct{}{}
+				}
+				for _, n := range named {
+					names[n] = struct{}{}
+				}
+				out[ns] = names
+			}
+		}
+	}
+	return out
 }

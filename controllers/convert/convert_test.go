@@ -1,6 +1,7 @@
 package convert
 
 import (
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
+	gatewayv1beta1 "sigs.k8s.io/gateway-api/apis/v1beta1"
 
 	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
 	"github.com/scopeplane/scopeplane/xds/model"
@@ -191,5 +193,44 @@ func TestServiceRepairsInvalidUTF8(t *testing.T) {
 	ext := Service(&corev1.Service{Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeExternalName, ExternalName: "pay\xff.example.com"}}, nil)
 	if ext.ExternalName != "pay\uFFFD.example.com" {
 		t.Errorf("ExternalName converted to %q", ext.ExternalName)
+	}
+}
+
+// TestGrants checks which ReferenceGrant entries count: from ProxyScopes of
+// a namespace, to core Services by name or all; grants of one namespace add
+// up, and one for all Services covers the named ones.
+func TestGrants(t *testing.T) {
+	from := func(group, kind, ns string) gatewayv1beta1.ReferenceGrantFrom {
+		return gatewayv1beta1.ReferenceGrantFrom{Group: gatewayv1beta1.Group(group), Kind: gatewayv1beta1.Kind(kind), Namespace: gatewayv1beta1.Namespace(ns)}
+	}
+	to := func(group, kind, name string) gatewayv1beta1.ReferenceGrantTo {
+		r := gatewayv1beta1.ReferenceGrantTo{Group: gatewayv1beta1.Group(group), Kind: gatewayv1beta1.Kind(kind)}
+		if name != "" {
+			r.Name = ptr.To(gatewayv1beta1.ObjectName(name))
+		}
+		return r
+	}
+	grant := func(f []gatewayv1beta1.ReferenceGrantFrom, to ...gatewayv1beta1.ReferenceGrantTo) gatewayv1beta1.ReferenceGrant {
+		return gatewayv1beta1.ReferenceGrant{Spec: gatewayv1beta1.ReferenceGrantSpec{From: f, To: to}}
+	}
+	ps := "xds.scopeplane.dev"
+	got := Grants([]gatewayv1beta1.ReferenceGrant{
+		grant([]gatewayv1beta1.ReferenceGrantFrom{from(ps, "ProxyScope", "a"), from(ps, "ProxyScope", "b")}, to("", "Service", "api")),
+		grant([]gatewayv1beta1.ReferenceGrantFrom{from(ps, "ProxyScope", "a")}, to("", "Service", "db")),
+		grant([]gatewayv1beta1.ReferenceGrantFrom{from(ps, "ProxyScope", "b")}, to("", "Service", "")),
+		grant([]gatewayv1beta1.ReferenceGrantFrom{from("gateway.networking.k8s.io", "HTTPRoute", "c"), from(ps, "Gateway", "d")}, to("", "Service", "")),
+		grant([]gatewayv1beta1.ReferenceGrantFrom{from(ps, "ProxyScope", "e")}, to("", "Secret", ""), to("apps", "Service", "api")),
+	})
+	want := model.Grants{"a": {"api": {}, "db": {}}, "b": nil}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("Grants = %v, want %v", got, want)
+	}
+	for _, c := range []struct {
+		from, name string
+		want       bool
+	}{{"a", "api", true}, {"a", "web", false}, {"b", "web", true}, {"c", "api", false}, {"e", "api", false}} {
+		if got.Permits(c.from, c.name) != c.want {
+			t.Errorf("Permits(%s, %s) = %v, want %v", c.from, c.name, !c.want, c.want)
+		}
 	}
 }

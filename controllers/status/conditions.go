@@ -82,11 +82,17 @@ func accepted(in *Inputs) condition {
 	case len(r.MissingNamespaces) > 0:
 		return condition{metav1.ConditionFalse, xdsv1alpha1.ReasonNamespaceNotFound,
 			"spec.services names namespaces that do not exist: " + strings.Join(r.MissingNamespaces, ", ")}
+	case r.SelectedServices == 0 && len(r.RefusedNamespaces) > 0:
+		return condition{metav1.ConditionFalse, xdsv1alpha1.ReasonRefNotPermitted,
+			refusedMessage(r) + "; no other Service is selected, so the scope's proxies receive an empty configuration"}
 	case r.SelectedServices == 0:
 		return condition{metav1.ConditionFalse, xdsv1alpha1.ReasonNoMatchingServices,
 			"the selections match no Service; the scope's proxies receive an empty configuration"}
 	}
 	resolved := fmt.Sprintf("%d Services selected: %d clusters, %d endpoints", r.SelectedServices, r.Clusters, r.Endpoints)
+	if len(r.RefusedNamespaces) > 0 {
+		return condition{metav1.ConditionTrue, xdsv1alpha1.ReasonRefNotPermitted, resolved + "; " + refusedMessage(r)}
+	}
 	if in.Mode == model.ListenerProxylessGRPC && in.Protocol == model.Delta {
 		// Still accepted: an Envoy speaking delta is served, and the
 		// scope may be on its way to SotW. But it is almost surely a
@@ -95,6 +101,15 @@ func accepted(in *Inputs) condition {
 			resolved + "; but no gRPC xDS client speaks Delta: this ProxylessGRPC scope refuses every gRPC client until spec.protocol is SotW"}
 	}
 	return condition{metav1.ConditionTrue, xdsv1alpha1.ReasonResolved, resolved}
+}
+
+// refusedMessage names the namespaces that refused the scope's selections.
+func refusedMessage(r *snapshot.Resolution) string {
+	msg := "not served, as no ReferenceGrant in their namespace permits this scope's namespace to select them: Services of " + strings.Join(r.RefusedNamespaces, ", ")
+	if r.GrantsUnavailable {
+		msg += " (the cluster does not serve ReferenceGrants: install Gateway API's ReferenceGrant CRD and restart scopeplane, or run it with --cross-namespace=allow)"
+	}
+	return msg
 }
 
 // proxyCounts are the connected proxies and those at the served version.
@@ -145,6 +160,9 @@ func degraded(in *Inputs) (condition, time.Duration) {
 	}
 	if held := in.Resolution.Unservable; len(held) > 0 {
 		return condition{metav1.ConditionTrue, xdsv1alpha1.ReasonUnservableResource, unservableMessage(held)}, 0
+	}
+	if r := &in.Resolution; in.current() && len(r.RefusedNamespaces) > 0 {
+		return condition{metav1.ConditionTrue, xdsv1alpha1.ReasonRefNotPermitted, refusedMessage(r)}, 0
 	}
 	if in.BootstrapConflict != "" {
 		return condition{metav1.ConditionTrue, xdsv1alpha1.ReasonBootstrapConfigMapConflict, in.BootstrapConflict}, 0

@@ -62,6 +62,27 @@ func TestConditions(t *testing.T) {
 			metav1.ConditionTrue, xdsv1alpha1.ReasonResolved, "1 Services selected"},
 		{"no matching services", func() *Inputs { in := served(); in.Resolution.SelectedServices = 0; return in }(), accepted,
 			metav1.ConditionFalse, xdsv1alpha1.ReasonNoMatchingServices, "match no Service"},
+		{"part of the selection refused", func() *Inputs {
+			in := served()
+			in.Resolution.RefusedNamespaces = []string{"team-a", "team-b"}
+			return in
+		}(), accepted,
+			metav1.ConditionTrue, xdsv1alpha1.ReasonRefNotPermitted, "1 Services selected: 1 clusters, 3 endpoints; not served, as no ReferenceGrant in their namespace permits this scope's namespace to select them: Services of team-a, team-b"},
+		{"part of the selection refused: Degraded", func() *Inputs { in := served(); in.Resolution.RefusedNamespaces = []string{"team-a"}; return in }(),
+			func(in *Inputs) condition { c, _ := degraded(in); return c },
+			metav1.ConditionTrue, xdsv1alpha1.ReasonRefNotPermitted, "Services of team-a"},
+		{"all of the selection refused", func() *Inputs {
+			in := served()
+			in.Resolution.SelectedServices, in.Resolution.RefusedNamespaces = 0, []string{"team-a"}
+			return in
+		}(), accepted,
+			metav1.ConditionFalse, xdsv1alpha1.ReasonRefNotPermitted, "Services of team-a; no other Service is selected"},
+		{"refused without the ReferenceGrant API", func() *Inputs {
+			in := served()
+			in.Resolution.RefusedNamespaces, in.Resolution.GrantsUnavailable = []string{"team-a"}, true
+			return in
+		}(), accepted,
+			metav1.ConditionTrue, xdsv1alpha1.ReasonRefNotPermitted, "(the cluster does not serve ReferenceGrants: install Gateway API's ReferenceGrant CRD and restart scopeplane, or run it with --cross-namespace=allow)"},
 		{"namespace not found", func() *Inputs { in := served(); in.Resolution.MissingNamespaces = []string{"a", "b"}; return in }(), accepted,
 			metav1.ConditionFalse, xdsv1alpha1.ReasonNamespaceNotFound, "do not exist: a, b"},
 		{"invalid selector", func() *Inputs {

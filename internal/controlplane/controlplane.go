@@ -31,6 +31,7 @@ import (
 	"github.com/scopeplane/scopeplane/internal/apiwatch"
 	"github.com/scopeplane/scopeplane/internal/scheme"
 	"github.com/scopeplane/scopeplane/internal/xdstls"
+	"github.com/scopeplane/scopeplane/xds/catalog"
 	"github.com/scopeplane/scopeplane/xds/pipeline"
 	"github.com/scopeplane/scopeplane/xds/server"
 )
@@ -70,6 +71,9 @@ type Options struct {
 	BootstrapMountPath string
 	// TLS is the xDS port's TLS.
 	TLS TLS
+	// CrossNamespace says whether selections of other namespaces' Services
+	// need their consent (ReferenceGrants; the zero value) or not.
+	CrossNamespace catalog.CrossNamespace
 }
 
 // TLS configures the xDS port's TLS, on unless Insecure. The serving
@@ -165,7 +169,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) (*ControlPlane, 
 		opts:     opts,
 	}
 	var err error
-	if cp.Sync, err = controllers.Setup(ctx, mgr, cp.Catalog); err != nil {
+	if cp.Sync, err = controllers.Setup(ctx, mgr, cp.Catalog, opts.CrossNamespace); err != nil {
 		return nil, err
 	}
 	var runTLS func(context.Context) error

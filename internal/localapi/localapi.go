@@ -4,9 +4,12 @@
 package localapi
 
 import (
+	"bytes"
+	"errors"
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"time"
@@ -34,9 +37,16 @@ func RepoRoot() string {
 }
 
 // Start starts kube-apiserver and etcd from KUBEBUILDER_ASSETS and installs
-// the CRDs of config/crd/bases. It fails, rather than skips, when the
-// binaries are missing: `make test` and `make demo` provide them.
-func Start() (*Env, error) {
+// the CRDs of config/crd/bases and Gateway API's ReferenceGrant CRD. It
+// fails, rather than skips, when the binaries are missing: `make test` and
+// `make demo` provide them.
+func Start() (*Env, error) { return start(true) }
+
+// StartWithoutReferenceGrants is Start on a cluster that does not serve
+// ReferenceGrants, where no namespace can consent to another's scopes.
+func StartWithoutReferenceGrants() (*Env, error) { return start(false) }
+
+func start(grants bool) (*Env, error) {
 	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
 		return nil, fmt.Errorf("KUBEBUILDER_ASSETS is not set: run the tests with `make test`, or export KUBEBUILDER_ASSETS=$(hack/envtest.sh)")
 	}
@@ -44,6 +54,13 @@ func Start() (*Env, error) {
 		CRDDirectoryPaths:     []string{filepath.Join(RepoRoot(), "config", "crd", "bases")},
 		ErrorIfCRDPathMissing: true,
 		Scheme:                scheme.Scheme,
+	}
+	if grants {
+		crd, err := ReferenceGrantCRD()
+		if err != nil {
+			return nil, err
+		}
+		env.CRDDirectoryPaths = append(env.CRDDirectoryPaths, crd)
 	}
 	// A certificate directory of its own, which envtest then keeps across
 	// a restart of the API server (StartAPIServer), so that the serving
@@ -68,6 +85,28 @@ func Start() (*Env, error) {
 		return nil, err
 	}
 	return e, nil
+}
+
+// ReferenceGrantCRD is the path of the ReferenceGrant CRD in the
+// sigs.k8s.io/gateway-api module go.mod requires, as the go command finds
+// it (downloading the module when it is not in the module cache), so that
+// the CRD installed is the one of the Go types compiled in.
+func ReferenceGrantCRD() (string, error) {
+	cmd := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "sigs.k8s.io/gateway-api")
+	cmd.Dir = RepoRoot()
+	out, err := cmd.Output()
+	if err != nil {
+		var exit *exec.ExitError
+		if errors.As(err, &exit) {
+			err = fmt.Errorf("%w: %s", err, bytes.TrimSpace(exit.Stderr))
+		}
+		return "", fmt.Errorf("locating the sigs.k8s.io/gateway-api module: %w", err)
+	}
+	path := filepath.Join(string(bytes.TrimSpace(out)), "config", "crd", "standard", "gateway.networking.k8s.io_referencegrants.yaml")
+	if _, err := os.Stat(path); err != nil {
+		return "", fmt.Errorf("the ReferenceGrant CRD: %w", err)
+	}
+	return path, nil
 }
 
 // Stop stops the API server and etcd.

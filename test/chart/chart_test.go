@@ -107,7 +107,7 @@ var renderCases = []renderCase{
 	{
 		name: "locked-down", release: "scopeplane", namespace: "mesh-system",
 		check: func(t *testing.T, objs []*unstructured.Unstructured) {
-			wantArgs(t, containerArgs(t, objs), "--metrics-secure=false", "--bootstrap-configmaps=false")
+			wantArgs(t, containerArgs(t, objs), "--metrics-secure=false", "--bootstrap-configmaps=false", "--cross-namespace=allow")
 			checkNetworkPolicy(t, objs)
 			sm := find(t, objs, "ServiceMonitor")
 			wantString(t, sm, "http", "spec", "endpoints", "0", "scheme")
@@ -467,6 +467,7 @@ func TestRBACFollowsValues(t *testing.T) {
 				{"the ClusterRole, ConfigMaps", "", "configmaps", roles["ClusterRole"], slices.Contains(args, "--bootstrap-configmaps=true")},
 				{"the ClusterRole, TokenReviews", "authentication.k8s.io", "tokenreviews", roles["ClusterRole"], slices.Contains(args, "--metrics-secure=true")},
 				{"the ClusterRole, SubjectAccessReviews", "authorization.k8s.io", "subjectaccessreviews", roles["ClusterRole"], slices.Contains(args, "--metrics-secure=true")},
+				{"the ClusterRole, ReferenceGrants", "gateway.networking.k8s.io", "referencegrants", roles["ClusterRole"], slices.Contains(args, "--cross-namespace=grant")},
 			} {
 				if got := grants(tc.rules, tc.group, tc.resource); got != tc.want {
 					t.Errorf("%s: granted %v, want %v (args %q)", tc.what, got, tc.want, args)
@@ -480,12 +481,14 @@ func TestRBACFollowsValues(t *testing.T) {
 // Services, EndpointSlices and Namespaces; read ProxyScopes and write their
 // status; write the bootstrap ConfigMaps; hold the leader election Lease;
 // record Events; ask the API server who calls the metrics endpoint and
-// whether it may. A new permission must be added here on purpose.
+// whether it may; read the ReferenceGrants through which namespaces consent
+// to cross-namespace selections. A new permission must be added here on purpose.
 var allowedAccess = map[string][]string{
 	"/services":                                 {"get", "list", "watch"},
 	"discovery.k8s.io/endpointslices":           {"get", "list", "watch"},
 	"/namespaces":                               {"get", "list", "watch"},
 	"xds.scopeplane.dev/proxyscopes":            {"get", "list", "watch"},
+	"gateway.networking.k8s.io/referencegrants": {"get", "list", "watch"},
 	"xds.scopeplane.dev/proxyscopes/status":     {"get", "update", "patch"},
 	"/configmaps":                               {"get", "list", "watch", "create", "update", "patch"},
 	"coordination.k8s.io/leases":                {"get", "create", "update"},

@@ -9,6 +9,7 @@
 package catalog
 
 import (
+	"fmt"
 	"maps"
 	"reflect"
 	"slices"
@@ -43,6 +44,48 @@ type Resolution struct {
 	// MissingNamespaces lists namespaces that selections name and that do
 	// not exist, sorted.
 	MissingNamespaces []string
+	// RefusedNamespaces lists the other namespaces whose Services the
+	// selections reach but which gave no consent (see CrossNamespace),
+	// sorted: a namespace named explicitly that grants the scope nothing, or
+	// one holding a matched Service that is not granted.
+	RefusedNamespaces []string
+	// GrantsUnavailable says consent cannot be given at all: the
+	// ReferenceGrant API is not served by the cluster.
+	GrantsUnavailable bool
+}
+
+// CrossNamespace is how the catalog treats a selection of Services outside
+// the scope's own namespace.
+type CrossNamespace int
+
+const (
+	// CrossNamespaceGrant serves another namespace's Service only where
+	// that namespace grants it (SetGrants); the default.
+	CrossNamespaceGrant CrossNamespace = iota
+	// CrossNamespaceAllow serves every selected Service, for clusters whose
+	// namespaces trust each other.
+	CrossNamespaceAllow
+)
+
+// String is the policy's flag value: grant or allow.
+func (m CrossNamespace) String() string {
+	if m == CrossNamespaceAllow {
+		return "allow"
+	}
+	return "grant"
+}
+
+// Set parses a flag value (flag.Value): grant or allow.
+func (m *CrossNamespace) Set(s string) error {
+	switch s {
+	case "grant":
+		*m = CrossNamespaceGrant
+	case "allow":
+		*m = CrossNamespaceAllow
+	default:
+		return fmt.Errorf("%q is neither grant nor allow", s)
+	}
+	return nil
 }
 
 // Update is what changed in one scope since the previous Take.
@@ -71,6 +114,12 @@ type Catalog struct {
 	byNS       map[string]map[model.Key]*serviceEntry
 	namespaces map[string]map[string]string
 	scopes     map[model.Key]*scopeEntry
+	// grants holds each namespace's consent to scopes of other namespaces.
+	grants map[string]model.Grants
+	// crossNS is the cross-namespace policy; grantsUnavailable records that
+	// no ReferenceGrant can exist, which the resolution reports.
+	crossNS           CrossNamespace
+	grantsUnavailable bool
 	// deleted holds scopes deleted (zero Resolution) or rejected since the
 	// previous Take.
 	deleted map[model.Key]Resolution
@@ -93,7 +142,10 @@ type serviceEntry struct {
 type scopeEntry struct {
 	scope    *model.Scope
 	services map[model.Key]*serviceEntry
-	res      Set
+	// refused holds the Services the selections match that their
+	// namespaces do not grant to the scope.
+	refused map[model.Key]struct{}
+	res     Set
 	// changed holds, per type, the names upserted or removed since the last Take.
 	changed [xdstype.Count]map[string]struct{}
 	// touched records that a resource changed since the last takeTouched.
@@ -114,6 +166,7 @@ func New() *Catalog {
 		byNS:       map[string]map[model.Key]*serviceEntry{},
 		namespaces: map[string]map[string]string{},
 		scopes:     map[model.Key]*scopeEntry{},
+		grants:     map[string]model.Grants{},
 		deleted:    map[model.Key]Resolution{},
 		rejected:   map[model.Key]struct{}{},
 		dirty:      keyset.New(),
@@ -159,7 +212,7 @@ func (c *Catalog) UpsertService(svc *model.Service) {
 	nsLabels, nsKnown := c.namespaces[svc.Key.Namespace]
 	for key, sc := range c.scopes {
 		_, was := sc.services[svc.Key]
-		is := sc.scope.Selects(svc, nsLabels, nsKnown)
+		is, refusal := c.admits(sc, svc, nsLabels, nsKnown)
 		switch {
 		case was && is:
 			sc.replaceService(e, old[sc.scope.Listener.Mode])
@@ -167,10 +220,8 @@ func (c *Catalog) UpsertService(svc *model.Service) {
 			sc.addService(e)
 		case was:
 			sc.removeService(e, old[sc.scope.Listener.Mode])
-		default:
-			continue
 		}
-		if sc.settle() {
+		if sc.settle() || refusal {
 			c.markDirty(key)
 		}
 	}
@@ -193,6 +244,12 @@ func (c *Catalog) DeleteService(key model.Key) {
 		sc := c.scopes[sk]
 		sc.removeService(e, e.frags[sc.scope.Listener.Mode])
 		if sc.settle() {
+			c.markDirty(sk)
+		}
+	}
+	for sk, sc := range c.scopes {
+		if _, ok := sc.refused[key]; ok {
+			delete(sc.refused, key)
 			c.markDirty(sk)
 		}
 	}
@@ -234,17 +291,85 @@ func (c *Catalog) reselectNamespace(name string, existenceChanged bool) {
 		if !selectsByNamespaceLabels(sc.scope) {
 			continue
 		}
-		for _, e := range c.byNS[name] {
-			_, was := sc.services[e.svc.Key]
-			is := sc.scope.Selects(e.svc, nsLabels, nsKnown)
-			switch {
-			case is && !was:
-				sc.addService(e)
-			case was && !is:
-				sc.removeService(e, e.frags[sc.scope.Listener.Mode])
-			}
+		if c.reselect(sc, name, nsLabels, nsKnown) {
+			c.markDirty(key)
 		}
-		if sc.settle() {
+	}
+}
+
+// reselect re-evaluates the scope's selection of the Services of namespace
+// ns and reports whether the scope changed (its resources or its refusals).
+func (c *Catalog) reselect(sc *scopeEntry, ns string, nsLabels map[string]string, nsKnown bool) bool {
+	changed := false
+	for _, e := range c.byNS[ns] {
+		_, was := sc.services[e.svc.Key]
+		is, refusal := c.admits(sc, e.svc, nsLabels, nsKnown)
+		changed = changed || refusal
+		switch {
+		case is && !was:
+			sc.addService(e)
+		case was && !is:
+			sc.removeService(e, e.frags[sc.scope.Listener.Mode])
+		}
+	}
+	return sc.settle() || changed
+}
+
+// admits reports whether the scope serves the Service: a selection matches
+// it and its namespace consents (the scope's own, or one that grants it).
+// It records a match that is refused in the scope's refusals, and reports
+// whether those changed.
+func (c *Catalog) admits(sc *scopeEntry, svc *model.Service, nsLabels map[string]string, nsKnown bool) (is, refusalChanged bool) {
+	matched := sc.scope.Selects(svc, nsLabels, nsKnown)
+	is = matched && c.permits(sc.scope.Key.Namespace, svc.Key)
+	_, wasRefused := sc.refused[svc.Key]
+	switch refused := matched && !is; {
+	case refused && !wasRefused:
+		sc.refused[svc.Key] = struct{}{}
+	case !refused && wasRefused:
+		delete(sc.refused, svc.Key)
+	default:
+		return is, false
+	}
+	return is, true
+}
+
+// permits reports whether a scope of namespace from may serve the Service.
+func (c *Catalog) permits(from string, svc model.Key) bool {
+	return svc.Namespace == from || c.crossNS == CrossNamespaceAllow || c.grants[svc.Namespace].Permits(from, svc.Name)
+}
+
+// SetCrossNamespace sets the cross-namespace policy, and whether the
+// cluster can hold ReferenceGrants at all (which only the resolution's
+// message reflects: without them nothing is granted). Call it before
+// recording anything.
+func (c *Catalog) SetCrossNamespace(mode CrossNamespace, grantsUnavailable bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.crossNS, c.grantsUnavailable = mode, grantsUnavailable
+}
+
+// SetGrants records the consent namespace ns gives to scopes of other
+// namespaces (nil or empty: none) and re-evaluates, in those scopes, the
+// Services of ns: a grant adds them on the next Take, a revocation removes
+// them.
+func (c *Catalog) SetGrants(ns string, g model.Grants) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if reflect.DeepEqual(c.grants[ns], g) || (len(g) == 0 && len(c.grants[ns]) == 0) {
+		return
+	}
+	if len(g) == 0 {
+		delete(c.grants, ns)
+	} else {
+		c.grants[ns] = g
+	}
+	nsLabels, nsKnown := c.namespaces[ns]
+	for key, sc := range c.scopes {
+		if sc.scope.Key.Namespace == ns {
+			continue
+		}
+		if c.reselect(sc, ns, nsLabels, nsKnown) || namesNamespace(sc.scope, ns) {
 			c.markDirty(key)
 		}
 	}
@@ -289,9 +414,10 @@ func (c *Catalog) UpsertScope(scope *model.Scope) {
 	}
 	sc.scope = scope
 	sc.services = map[model.Key]*serviceEntry{}
+	sc.refused = map[model.Key]struct{}{}
 	for _, e := range c.services {
 		nsLabels, nsKnown := c.namespaces[e.svc.Key.Namespace]
-		if scope.Selects(e.svc, nsLabels, nsKnown) {
+		if is, _ := c.admits(sc, e.svc, nsLabels, nsKnown); is {
 			sc.services[e.svc.Key] = e
 			e.scopes[scope.Key] = struct{}{}
 		}
@@ -401,16 +527,30 @@ func (c *Catalog) resolution(sc *scopeEntry) Resolution {
 		Clusters:         len(sc.res[xdstype.Cluster]),
 		Endpoints:        sc.endpoints,
 	}
+	from := sc.scope.Key.Namespace
 	for i := range sc.scope.Selections {
 		s := &sc.scope.Selections[i]
 		if s.NamespaceSelector != nil {
 			continue
 		}
-		if _, ok := c.namespaces[s.Namespace]; !ok && !slices.Contains(r.MissingNamespaces, s.Namespace) {
-			r.MissingNamespaces = append(r.MissingNamespaces, s.Namespace)
+		if _, ok := c.namespaces[s.Namespace]; !ok {
+			if !slices.Contains(r.MissingNamespaces, s.Namespace) {
+				r.MissingNamespaces = append(r.MissingNamespaces, s.Namespace)
+			}
+			continue
+		}
+		if _, granted := c.grants[s.Namespace][from]; s.Namespace != from && c.crossNS == CrossNamespaceGrant && !granted && !slices.Contains(r.RefusedNamespaces, s.Namespace) {
+			r.RefusedNamespaces = append(r.RefusedNamespaces, s.Namespace)
+		}
+	}
+	for k := range sc.refused {
+		if !slices.Contains(r.RefusedNamespaces, k.Namespace) {
+			r.RefusedNamespaces = append(r.RefusedNamespaces, k.Namespace)
 		}
 	}
 	slices.Sort(r.MissingNamespaces)
+	slices.Sort(r.RefusedNamespaces)
+	r.GrantsUnavailable = len(r.RefusedNamespaces) > 0 && c.grantsUnavailable
 	return r
 }
 

@@ -86,6 +86,7 @@ func short[T int | xdstype.Type](t T) string { return xdstype.Type(t).String() }
 
 func TestEndpointChangeTouchesOnlyThatLoadAssignmentInSelectingScopes(t *testing.T) {
 	c := New()
+	c.SetCrossNamespace(CrossNamespaceAllow, false) // selection itself, without consent
 	c.UpsertService(service("shop", "cart", nil, "10.0.0.1"))
 	c.UpsertService(service("shop", "checkout", nil, "10.0.0.2"))
 	c.UpsertScope(scope("shop", "gw", model.ListenerEnvoy, model.Selection{Namespace: "shop", Selector: labels.Everything()}))
@@ -107,6 +108,7 @@ func TestEndpointChangeTouchesOnlyThatLoadAssignmentInSelectingScopes(t *testing
 
 func TestServiceAddedAndRemoved(t *testing.T) {
 	c := New()
+	c.SetCrossNamespace(CrossNamespaceAllow, false) // selection itself, without consent
 	c.UpsertScope(scope("shop", "gw", model.ListenerEnvoy, model.Selection{Namespace: "shop", Selector: labels.Everything()}))
 	c.UpsertScope(scope("shop", "grpc", model.ListenerProxylessGRPC, model.Selection{Namespace: "shop", Selector: labels.Everything()}))
 	c.UpsertScope(scope("other", "grpc", model.ListenerProxylessGRPC, model.Selection{Namespace: "other", Selector: labels.Everything()}))
@@ -145,6 +147,7 @@ func TestServiceAddedAndRemoved(t *testing.T) {
 
 func TestNamespaceRelabelMovesServicesInAndOutOfScope(t *testing.T) {
 	c := New()
+	c.SetCrossNamespace(CrossNamespaceAllow, false) // selection itself, without consent
 	c.UpsertNamespace("team-a", map[string]string{"shared": "true"})
 	c.UpsertNamespace("team-b", nil)
 	c.UpsertService(service("team-a", "api", map[string]string{"tier": "shared"}, "10.0.1.1"))
@@ -171,6 +174,7 @@ func TestNamespaceRelabelMovesServicesInAndOutOfScope(t *testing.T) {
 
 func TestScopeChangeRecomputesOnlyThatScope(t *testing.T) {
 	c := New()
+	c.SetCrossNamespace(CrossNamespaceAllow, false) // selection itself, without consent
 	c.UpsertService(service("shop", "cart", nil, "10.0.0.1"))
 	c.UpsertService(service("shop", "checkout", nil, "10.0.0.2"))
 	c.UpsertScope(scope("shop", "a", model.ListenerEnvoy, model.Selection{Namespace: "shop", Names: names("cart")}))
@@ -201,6 +205,7 @@ func TestScopeChangeRecomputesOnlyThatScope(t *testing.T) {
 // namespace appears, and a rejected spec reported with its reason.
 func TestResolutionTravelsWithTheUpdate(t *testing.T) {
 	c := New()
+	c.SetCrossNamespace(CrossNamespaceAllow, false) // selection itself, without consent
 	key := model.Key{Namespace: "shop", Name: "gw"}
 	c.UpsertNamespace("shop", nil)
 	c.UpsertService(service("shop", "cart", nil, "10.0.0.1", "10.0.0.2"))
@@ -287,6 +292,7 @@ func TestRandomChangesMatchTranslationFromScratch(t *testing.T) {
 	seed := *seedFlag
 	rng := rand.New(rand.NewPCG(seed, 42))
 	c := New()
+	c.SetCrossNamespace(CrossNamespaceAllow, false) // selection itself, without consent
 	world := map[model.Key]*model.Service{}
 	nsLabels := map[string]map[string]string{}
 	scopes := map[model.Key]*model.Scope{}
@@ -429,6 +435,7 @@ func diff(got, want Set) string {
 // later edits of the same protocol; a scope without a window has none.
 func TestProtocolChangeStartsATransition(t *testing.T) {
 	c := New()
+	c.SetCrossNamespace(CrossNamespaceAllow, false) // selection itself, without consent
 	clock := time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)
 	c.now = func() time.Time { return clock }
 	sc := func(p model.Protocol, gen int64, window time.Duration) *model.Scope {
@@ -474,6 +481,7 @@ func TestProtocolChangeStartsATransition(t *testing.T) {
 // catalog knows keeps its own.
 func TestTransitionFromTheStatusOnlyForANewScope(t *testing.T) {
 	c := New()
+	c.SetCrossNamespace(CrossNamespaceAllow, false) // selection itself, without consent
 	clock := time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)
 	c.now = func() time.Time { return clock }
 	fromStatus := model.Transition{From: model.SotW, Since: clock.Add(-time.Minute), Until: clock.Add(9 * time.Minute)}
@@ -513,4 +521,50 @@ func TestTransitionFromTheStatusOnlyForANewScope(t *testing.T) {
 	if tr := transition(); tr != nil {
 		t.Errorf("a known scope without a transition took one from its status: %+v", tr)
 	}
+}
+
+// TestCrossNamespaceNeedsConsent checks that a Service of another namespace
+// is served only while its namespace grants it to the scope's namespace, by
+// name or all of them, and that the refusal is reported per namespace.
+func TestCrossNamespaceNeedsConsent(t *testing.T) {
+	c := New()
+	for _, ns := range []string{"mesh", "team-a", "team-b"} {
+		c.UpsertNamespace(ns, nil)
+	}
+	c.UpsertService(service("mesh", "own", nil))
+	c.UpsertService(service("team-a", "api", nil))
+	c.UpsertService(service("team-a", "db", nil))
+	c.UpsertService(service("team-b", "api", nil))
+	c.UpsertScope(scope("mesh", "gw", model.ListenerEnvoy,
+		model.Selection{Namespace: "mesh", Selector: labels.Everything()},
+		model.Selection{NamespaceSelector: labels.Everything(), Names: names("api", "db")}))
+	refused := func(what string, want ...string) {
+		t.Helper()
+		us := c.Take()
+		if len(us) != 1 {
+			t.Fatalf("%s: want one update, got %d", what, len(us))
+		}
+		if got := us[0].Resolution.RefusedNamespaces; fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("%s: refused namespaces %v, want %v", what, got, want)
+		}
+	}
+	assertClusters(t, c, "mesh/gw", "mesh/own:80")
+	refused("no grant", "team-a", "team-b")
+
+	c.SetGrants("team-a", model.Grants{"mesh": names("api")})
+	assertClusters(t, c, "mesh/gw", "mesh/own:80", "team-a/api:80")
+	refused("team-a grants api", "team-a", "team-b")
+
+	c.SetGrants("team-a", model.Grants{"mesh": nil})
+	c.SetGrants("team-b", model.Grants{"elsewhere": nil})
+	assertClusters(t, c, "mesh/gw", "mesh/own:80", "team-a/api:80", "team-a/db:80")
+	refused("team-a grants all, team-b another namespace", "team-b")
+
+	c.SetGrants("team-a", nil)
+	assertClusters(t, c, "mesh/gw", "mesh/own:80")
+	refused("team-a revoked", "team-a", "team-b")
+
+	c.SetCrossNamespace(CrossNamespaceAllow, false)
+	c.UpsertScope(scope("mesh", "all", model.ListenerEnvoy, model.Selection{Namespace: "team-b", Selector: labels.Everything()}))
+	assertClusters(t, c, "mesh/all", "team-b/api:80")
 }

@@ -281,3 +281,22 @@ func (sc *Scope) Selects(svc *Service, nsLabels map[string]string, nsKnown bool)
 func ClusterName(svc Key, port int32) string {
 	return fmt.Sprintf("%s/%s:%d", svc.Namespace, svc.Name, port)
 }
+
+// Grants is the consent one namespace gives, through its ReferenceGrants, to
+// ProxyScopes of other namespaces to select its Services: by the scope's
+// namespace, the names of the Services granted, or nil for all of them.
+type Grants map[string]map[string]struct{}
+
+// Permits reports whether a scope of namespace from may select the Service
+// named name of the namespace that holds g.
+func (g Grants) Permits(from, name string) bool {
+	names, ok := g[from]
+	if !ok {
+		return false
+	}
+	if names == nil {
+		return true
+	}
+	_, ok = names[name]
+	return ok
+}

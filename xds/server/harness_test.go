@@ -221,6 +221,9 @@ func startControlPlane(w *world, opts server.Options) (*controlPlane, error) {
 // the catalog by fill, in the order it chooses.
 func startFedControlPlane(fill func(*catalog.Catalog), opts server.Options) (*controlPlane, error) {
 	cp := &controlPlane{Pipeline: pipeline.New(pipeline.Options{Server: opts})}
+	// The model's truth selects across namespaces freely: these tests are
+	// about serving, and consent is the catalog's (tested there).
+	cp.Catalog.SetCrossNamespace(catalog.CrossNamespaceAllow, false)
 	fill(cp.Catalog)
 	cp.Sync()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
