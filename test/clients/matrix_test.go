@@ -42,7 +42,9 @@ import (
 	"github.com/scopeplane/scopeplane/internal/scheme"
 	"github.com/scopeplane/scopeplane/internal/testkit"
 	"github.com/scopeplane/scopeplane/internal/whoami"
+	"github.com/scopeplane/scopeplane/xds/auth"
 	"github.com/scopeplane/scopeplane/xds/bootstrap"
+	"github.com/scopeplane/scopeplane/xds/server"
 )
 
 // The network the test creates: a namespace with one end of a veth pair,
@@ -443,6 +445,7 @@ func startOperator(t *testing.T) client.Client {
 	ctx, cancel := context.WithCancel(context.Background())
 	if _, err := controlplane.Setup(ctx, mgr, controlplane.Options{
 		XDSListener: lis, XDSServerAddress: lis.Addr().String(), CoalesceWindow: 5 * time.Millisecond, StatusWindow: 50 * time.Millisecond,
+		Server: server.Options{Authenticator: &auth.Authenticator{AllowAnonymous: true}},
 	}); err != nil {
 		cancel()
 		t.Fatal(err)
