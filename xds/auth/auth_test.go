@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/scopeplane/scopeplane/xds/auth"
+	"github.com/scopeplane/scopeplane/xds/auth/authtest"
 )
 
 type reviewer struct{ calls int }
@@ -21,16 +22,18 @@ func (r *reviewer) Review(_ context.Context, _, audience string) (*auth.Identity
 
 type reviewErr struct{ audience string }
 
-func (e *reviewErr) Error() string { return "the API server does not authenticate it for audience " + e.audience }
+func (e *reviewErr) Error() string {
+	return "the API server does not authenticate it for audience " + e.audience
+}
 
 // TestTokenVerifier checks each claim a ServiceAccount token is held to,
 // with tokens signed by a local key: TokenRequest cannot mint an expired
 // or not-yet-valid token.
 func TestTokenVerifier(t *testing.T) {
-	iss := newIssuer(t, "k1")
+	iss := authtest.NewIssuer(t, "k1")
 	now := time.Now()
 	v := auth.NewTokenVerifier("scopeplane", iss, nil)
-	id, err := v.Verify(context.Background(), iss.sign(saClaims("shop", "envoy", "scopeplane", now.Add(-time.Minute), now.Add(10*time.Minute))))
+	id, err := v.Verify(context.Background(), iss.Sign(authtest.SAClaims("shop", "envoy", "scopeplane", now.Add(-time.Minute), now.Add(10*time.Minute))))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,17 +44,17 @@ func TestTokenVerifier(t *testing.T) {
 	if got := id.String(); got != "system:serviceaccount:shop:envoy (pod envoy-7f9)" {
 		t.Errorf("String() = %q", got)
 	}
-	other := newIssuer(t, "k1") // same kid, another key
+	other := authtest.NewIssuer(t, "k1") // same kid, another key
 	for _, tc := range []struct {
 		name, token, want string
 	}{
-		{"expired", iss.sign(saClaims("shop", "envoy", "scopeplane", now.Add(-time.Hour), now.Add(-5*time.Minute))),
+		{"expired", iss.Sign(authtest.SAClaims("shop", "envoy", "scopeplane", now.Add(-time.Hour), now.Add(-5*time.Minute))),
 			"it has expired: the kubelet refreshes a projected token; a proxy must read the file again on reconnect"},
-		{"not yet valid", iss.sign(saClaims("shop", "envoy", "scopeplane", now.Add(5*time.Minute), now.Add(time.Hour))),
+		{"not yet valid", iss.Sign(authtest.SAClaims("shop", "envoy", "scopeplane", now.Add(5*time.Minute), now.Add(time.Hour))),
 			"it is not valid yet (nbf/iat in the future): check the node's clock"},
-		{"wrong audience", iss.sign(saClaims("shop", "envoy", "api", now, now.Add(time.Hour))),
+		{"wrong audience", iss.Sign(authtest.SAClaims("shop", "envoy", "api", now, now.Add(time.Hour))),
 			`its audience is not "scopeplane": set audience: scopeplane on the projected serviceAccountToken volume (--xds-token-audience)`},
-		{"forged", other.sign(saClaims("shop", "envoy", "scopeplane", now, now.Add(time.Hour))), "its signature does not verify"},
+		{"forged", other.Sign(authtest.SAClaims("shop", "envoy", "scopeplane", now, now.Add(time.Hour))), "its signature does not verify"},
 		{"not a JWT", "abc", "it is not a signed JWT"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -61,9 +64,9 @@ func TestTokenVerifier(t *testing.T) {
 			}
 		})
 	}
-	c := saClaims("shop", "envoy", "scopeplane", now, now.Add(time.Hour))
+	c := authtest.SAClaims("shop", "envoy", "scopeplane", now, now.Add(time.Hour))
 	c.Issuer = "https://elsewhere"
-	if _, err := v.Verify(context.Background(), iss.sign(c)); err == nil || err.Error() != "its issuer is not this cluster's ("+testIssuer+")" {
+	if _, err := v.Verify(context.Background(), iss.Sign(c)); err == nil || err.Error() != "its issuer is not this cluster's ("+authtest.IssuerURL+")" {
 		t.Errorf("foreign issuer: %v", err)
 	}
 }
@@ -72,41 +75,41 @@ func TestTokenVerifier(t *testing.T) {
 // issuer's keys cannot be fetched: the cached keys still verify it, and a
 // token of an unknown key goes to the reviewer.
 func TestTokenVerifierKeepsKeysThroughOutage(t *testing.T) {
-	iss := newIssuer(t, "k1")
+	iss := authtest.NewIssuer(t, "k1")
 	r := &reviewer{}
 	v := auth.NewTokenVerifier("scopeplane", iss, r)
 	now := time.Now()
 	clock := now
 	auth.SetClock(v, func() time.Time { return clock })
-	token := iss.sign(saClaims("shop", "envoy", "scopeplane", now, now.Add(time.Hour)))
+	token := iss.Sign(authtest.SAClaims("shop", "envoy", "scopeplane", now, now.Add(time.Hour)))
 	if _, err := v.Verify(context.Background(), token); err != nil {
 		t.Fatal(err)
 	}
-	iss.setDown(true)
+	iss.SetDown(true)
 	if _, err := v.Verify(context.Background(), token); err != nil {
 		t.Fatalf("with the API server away: %v", err)
 	}
-	stranger := newIssuer(t, "k2")
+	stranger := authtest.NewIssuer(t, "k2")
 	clock = clock.Add(11 * time.Second) // past the pace of fetches for unknown keys
-	_, err := v.Verify(context.Background(), stranger.sign(saClaims("shop", "envoy", "scopeplane", now, now.Add(time.Hour))))
+	_, err := v.Verify(context.Background(), stranger.Sign(authtest.SAClaims("shop", "envoy", "scopeplane", now, now.Add(time.Hour))))
 	if err == nil || r.calls != 1 {
 		t.Fatalf("unknown key: error %v after %d reviews, want the reviewer's refusal", err, r.calls)
 	}
-	if iss.fetches != 2 {
-		t.Errorf("%d fetches of the keys, want 2 (the first, and one for the unknown key)", iss.fetches)
+	if iss.Fetches != 2 {
+		t.Errorf("%d fetches of the keys, want 2 (the first, and one for the unknown key)", iss.Fetches)
 	}
 	// Past the refresh interval the keys are fetched again; failing, the
 	// cached ones still verify.
 	clock = clock.Add(auth.KeyRefreshInterval)
-	if _, err := v.Verify(context.Background(), token); err != nil || iss.fetches != 3 {
-		t.Fatalf("after the refresh interval: error %v, %d fetches, want none and 3", err, iss.fetches)
+	if _, err := v.Verify(context.Background(), token); err != nil || iss.Fetches != 3 {
+		t.Fatalf("after the refresh interval: error %v, %d fetches, want none and 3", err, iss.Fetches)
 	}
 }
 
-func writeBundle(t *testing.T, cas ...*ca) string {
+func writeBundle(t *testing.T, cas ...*authtest.CA) string {
 	var b []byte
 	for _, c := range cas {
-		b = append(b, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.cert.Raw})...)
+		b = append(b, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Cert.Raw})...)
 	}
 	p := filepath.Join(t.TempDir(), "bundle.pem")
 	if err := os.WriteFile(p, b, 0o600); err != nil {
@@ -117,12 +120,12 @@ func writeBundle(t *testing.T, cas ...*ca) string {
 
 // TestSPIFFEVerifier checks client certificates against a trust bundle.
 func TestSPIFFEVerifier(t *testing.T) {
-	trusted, foreign := newCA(t, "trusted"), newCA(t, "foreign")
+	trusted, foreign := authtest.NewCA(t, "trusted"), authtest.NewCA(t, "foreign")
 	v, err := auth.NewSPIFFEVerifier("cluster.local", writeBundle(t, trusted))
 	if err != nil {
 		t.Fatal(err)
 	}
-	good, _ := trusted.leaf("spiffe://cluster.local/ns/shop/sa/envoy")
+	good, _ := trusted.Leaf("spiffe://cluster.local/ns/shop/sa/envoy")
 	id, err := v.Verify([][]byte{good})
 	if err != nil {
 		t.Fatal(err)
@@ -135,10 +138,10 @@ func TestSPIFFEVerifier(t *testing.T) {
 		cert []byte
 		want string
 	}{
-		{"another CA", first(foreign.leaf("spiffe://cluster.local/ns/shop/sa/envoy")), "it does not verify against the trust bundle of cluster.local"},
-		{"no SPIFFE ID", first(trusted.leaf("")), "it carries no SPIFFE ID (want one URI SAN spiffe://cluster.local/ns/<namespace>/sa/<serviceaccount>)"},
-		{"another trust domain", first(trusted.leaf("spiffe://example.org/ns/shop/sa/envoy")), "it does not verify against the trust bundle of cluster.local"},
-		{"not a ServiceAccount", first(trusted.leaf("spiffe://cluster.local/workload/envoy")), "SPIFFE ID spiffe://cluster.local/workload/envoy: the path is not /ns/<namespace>/sa/<serviceaccount>"},
+		{"another CA", first(foreign.Leaf("spiffe://cluster.local/ns/shop/sa/envoy")), "it does not verify against the trust bundle of cluster.local"},
+		{"no SPIFFE ID", first(trusted.Leaf("")), "it carries no SPIFFE ID (want one URI SAN spiffe://cluster.local/ns/<namespace>/sa/<serviceaccount>)"},
+		{"another trust domain", first(trusted.Leaf("spiffe://example.org/ns/shop/sa/envoy")), "it does not verify against the trust bundle of cluster.local"},
+		{"not a ServiceAccount", first(trusted.Leaf("spiffe://cluster.local/workload/envoy")), "SPIFFE ID spiffe://cluster.local/workload/envoy: the path is not /ns/<namespace>/sa/<serviceaccount>"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := v.Verify([][]byte{tc.cert})
