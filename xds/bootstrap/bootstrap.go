@@ -31,6 +31,11 @@ const (
 	GRPCKey  = "grpc-bootstrap.json"
 )
 
+// TokenPath is where a proxy's pod mounts its projected ServiceAccount
+// token (audience scopeplane), which the gRPC bootstrap sends as call
+// credentials; docs/bootstrap.md shows the volume.
+const TokenPath = "/var/run/secrets/scopeplane/token"
+
 // XDSClusterName is the Envoy cluster through which Envoy reaches scopeplane.
 const XDSClusterName = "scopeplane-xds"
 
@@ -112,10 +117,21 @@ func GRPC(scope model.Key, server string) ([]byte, error) {
 	type creds struct {
 		Type string `json:"type"`
 	}
+	type tokenFile struct {
+		Path string `json:"jwt_token_file"`
+	}
+	type callCreds struct {
+		Type   string    `json:"type"`
+		Config tokenFile `json:"config"`
+	}
+	// call_creds is read by grpc-go with
+	// GRPC_EXPERIMENTAL_XDS_BOOTSTRAP_CALL_CREDS=true (gRFC A97), and only
+	// over a secure channel; other gRPC languages ignore it.
 	type xdsServer struct {
-		ServerURI      string   `json:"server_uri"`
-		ChannelCreds   []creds  `json:"channel_creds"`
-		ServerFeatures []string `json:"server_features"`
+		ServerURI      string      `json:"server_uri"`
+		ChannelCreds   []creds     `json:"channel_creds"`
+		CallCreds      []callCreds `json:"call_creds"`
+		ServerFeatures []string    `json:"server_features"`
 	}
 	// locality is empty but present: grpc-js-xds refuses a bootstrap whose
 	// node has no locality object ("locality field missing in node
@@ -131,8 +147,9 @@ func GRPC(scope model.Key, server string) ([]byte, error) {
 		XDSServers []xdsServer `json:"xds_servers"`
 		Node       node        `json:"node"`
 	}{
-		XDSServers: []xdsServer{{ServerURI: server, ChannelCreds: []creds{{Type: "insecure"}}, ServerFeatures: []string{"xds_v3"}}},
-		Node:       node{ID: scope.Name + "-grpc", Cluster: scope.Name, Metadata: map[string]string{model.ScopeMetadataKey: scope.String()}},
+		XDSServers: []xdsServer{{ServerURI: server, ChannelCreds: []creds{{Type: "insecure"}},
+			CallCreds: []callCreds{{Type: "jwt_token_file", Config: tokenFile{Path: TokenPath}}}, ServerFeatures: []string{"xds_v3"}}},
+		Node: node{ID: scope.Name + "-grpc", Cluster: scope.Name, Metadata: map[string]string{model.ScopeMetadataKey: scope.String()}},
 	}, "", "  ")
 }
 
