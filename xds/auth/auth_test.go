@@ -2,9 +2,6 @@ package auth_test
 
 import (
 	"context"
-	"encoding/pem"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -106,22 +103,10 @@ func TestTokenVerifierKeepsKeysThroughOutage(t *testing.T) {
 	}
 }
 
-func writeBundle(t *testing.T, cas ...*authtest.CA) string {
-	var b []byte
-	for _, c := range cas {
-		b = append(b, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Cert.Raw})...)
-	}
-	p := filepath.Join(t.TempDir(), "bundle.pem")
-	if err := os.WriteFile(p, b, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
-
 // TestSPIFFEVerifier checks client certificates against a trust bundle.
 func TestSPIFFEVerifier(t *testing.T) {
 	trusted, foreign := authtest.NewCA(t, "trusted"), authtest.NewCA(t, "foreign")
-	v, err := auth.NewSPIFFEVerifier("cluster.local", writeBundle(t, trusted))
+	v, err := auth.NewSPIFFEVerifier("cluster.local", authtest.BundleFile(t, t.TempDir(), trusted))
 	if err != nil {
 		t.Fatal(err)
 	}
