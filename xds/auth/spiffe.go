@@ -104,11 +104,11 @@ func (v *SPIFFEVerifier) Verify(raw [][]byte) (*Identity, error) {
 	}
 	id, _, err := x509svid.Verify(certs, v.current(), x509svid.WithTime(v.now()))
 	if err != nil {
-		return nil, fmt.Errorf("it does not verify against the trust bundle of %s (--xds-spiffe-trust-bundle): %v", v.trustDomain, err)
+		return nil, fmt.Errorf("it does not verify against the trust bundle of %s (--xds-spiffe-trust-bundle): %w", v.trustDomain, err)
 	}
 	ns, sa, err := serviceAccountOf(id.Path())
 	if err != nil {
-		return nil, fmt.Errorf("SPIFFE ID %s: %v", id, err)
+		return nil, fmt.Errorf("SPIFFE ID %s: %w", id, err)
 	}
 	return &Identity{Method: MethodSPIFFE, Namespace: ns, ServiceAccount: sa, SPIFFEID: id.String()}, nil
 }
