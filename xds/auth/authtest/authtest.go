@@ -5,9 +5,11 @@ package authtest
 
 import (
 	"context"
+	"crypto"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/rsa"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
@@ -33,7 +35,8 @@ const IssuerURL = "https://kubernetes.default.svc.cluster.local"
 // whose availability a test switches off as an API-server outage would.
 type Issuer struct {
 	t   testing.TB
-	key *ecdsa.PrivateKey
+	key crypto.Signer
+	alg jose.SignatureAlgorithm
 	kid string
 
 	mu   sync.Mutex
@@ -48,7 +51,17 @@ func NewIssuer(t testing.TB, kid string) *Issuer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &Issuer{t: t, key: k, kid: kid}
+	return &Issuer{t: t, key: k, alg: jose.ES256, kid: kid}
+}
+
+// NewRSAIssuer makes an issuer with one RS256 key (2048 bits) named kid,
+// the kind of key kube-apiserver signs ServiceAccount tokens with by default.
+func NewRSAIssuer(t testing.TB, kid string) *Issuer {
+	k, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &Issuer{t: t, key: k, alg: jose.RS256, kid: kid}
 }
 
 // Fetch implements auth.Keys.
@@ -59,7 +72,7 @@ func (i *Issuer) Fetch(context.Context) (string, jose.JSONWebKeySet, error) {
 	if i.down {
 		return "", jose.JSONWebKeySet{}, errors.New("connection refused")
 	}
-	return IssuerURL, jose.JSONWebKeySet{Keys: []jose.JSONWebKey{{Key: i.key.Public(), KeyID: i.kid, Algorithm: string(jose.ES256), Use: "sig"}}}, nil
+	return IssuerURL, jose.JSONWebKeySet{Keys: []jose.JSONWebKey{{Key: i.key.Public(), KeyID: i.kid, Algorithm: string(i.alg), Use: "sig"}}}, nil
 }
 
 // SetDown makes Fetch fail, as when the API server is away.
@@ -94,7 +107,7 @@ func SAClaims(ns, sa, aud string, notBefore, expiry time.Time) Claims {
 
 // Sign signs c with the issuer's key.
 func (i *Issuer) Sign(c Claims) string {
-	s, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.ES256, Key: i.key}, (&jose.SignerOptions{}).WithHeader(jose.HeaderKey("kid"), i.kid))
+	s, err := jose.NewSigner(jose.SigningKey{Algorithm: i.alg, Key: i.key}, (&jose.SignerOptions{}).WithHeader(jose.HeaderKey("kid"), i.kid))
 	if err != nil {
 		i.t.Fatal(err)
 	}
