@@ -161,3 +161,24 @@ func TestAdmits(t *testing.T) {
 		t.Error("an anonymous stream (allowed explicitly) is not admitted")
 	}
 }
+
+// TestTokenReviewsArePaced sends twice the review burst of tokens of an
+// unknown key: the reviewer is not asked for all of them, and the rest are
+// told to retry.
+func TestTokenReviewsArePaced(t *testing.T) {
+	r := &reviewer{}
+	v := auth.NewTokenVerifier("scopeplane", authtest.NewIssuer(t, "k1"), r)
+	stranger := authtest.NewIssuer(t, "k2")
+	now := time.Now()
+	token := stranger.Sign(authtest.SAClaims("shop", "envoy", "scopeplane", now, now.Add(time.Hour)))
+	paced := 0
+	for range 2 * auth.ReviewBurst {
+		_, err := v.Verify(context.Background(), token)
+		if err != nil && err.Error() == "its signing key is not known, and this replica reviews at most 10 such tokens a second; retry" {
+			paced++
+		}
+	}
+	if paced == 0 || r.calls+paced != 2*auth.ReviewBurst {
+		t.Fatalf("%d reviews and %d paced of %d tokens, want the burst reviewed and the rest paced", r.calls, paced, 2*auth.ReviewBurst)
+	}
+}

@@ -11,6 +11,7 @@ import (
 
 	jose "github.com/go-jose/go-jose/v4"
 	"github.com/go-jose/go-jose/v4/jwt"
+	"golang.org/x/time/rate"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -27,6 +28,14 @@ const DefaultAudience = "scopeplane"
 const (
 	KeyRefreshInterval = 5 * time.Minute
 	minKeyRefresh      = 10 * time.Second
+)
+
+// ReviewsPerSecond and ReviewBurst bound the TokenReviews the verifier
+// asks for: anyone reaching the xDS port can send a token of a made-up
+// key, and each would otherwise cost the API server a review.
+const (
+	ReviewsPerSecond = 10
+	ReviewBurst      = 100
 )
 
 // signatureAlgorithms are those kube-apiserver signs ServiceAccount tokens with.
@@ -54,6 +63,7 @@ type TokenVerifier struct {
 	audience string
 	keys     Keys
 	reviewer Reviewer
+	reviews  *rate.Limiter
 	now      func() time.Time
 
 	mu        sync.Mutex
@@ -66,7 +76,8 @@ type TokenVerifier struct {
 // NewTokenVerifier verifies tokens for audience with keys from keys and
 // reviews those it cannot verify with reviewer (nil: refuse them).
 func NewTokenVerifier(audience string, keys Keys, reviewer Reviewer) *TokenVerifier {
-	return &TokenVerifier{audience: audience, keys: keys, reviewer: reviewer, now: time.Now}
+	return &TokenVerifier{audience: audience, keys: keys, reviewer: reviewer, now: time.Now,
+		reviews: rate.NewLimiter(ReviewsPerSecond, ReviewBurst)}
 }
 
 // kubernetesClaims is the "kubernetes.io" claim of a ServiceAccount token.
@@ -104,6 +115,9 @@ func (v *TokenVerifier) Verify(ctx context.Context, raw string) (*Identity, erro
 	}
 	id, err := v.verifyLocally(ctx, tok)
 	if errors.Is(err, errUnknownKey) && v.reviewer != nil {
+		if !v.reviews.Allow() {
+			return nil, fmt.Errorf("its signing key is not known, and this replica reviews at most %d such tokens a second; retry", ReviewsPerSecond)
+		}
 		return v.reviewer.Review(ctx, raw, v.audience)
 	}
 	return id, err
