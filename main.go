@@ -20,6 +20,7 @@ import (
 
 	"github.com/scopeplane/scopeplane/internal/controlplane"
 	"github.com/scopeplane/scopeplane/internal/scheme"
+	"github.com/scopeplane/scopeplane/xds/auth"
 	"github.com/scopeplane/scopeplane/xds/catalog"
 	"github.com/scopeplane/scopeplane/xds/metrics"
 	"github.com/scopeplane/scopeplane/xds/server"
@@ -50,6 +51,7 @@ type config struct {
 	xdsTLSNS      string
 	crossNS       catalog.CrossNamespace
 	limits        server.Options
+	auth          auth.Config
 	zap           zap.Options
 }
 
@@ -76,11 +78,22 @@ func bindFlags(fs *flag.FlagSet) *config {
 	fs.Var(&c.crossNS, "cross-namespace", "How a ProxyScope may select Services of other namespaces: grant serves them only where that namespace holds a Gateway API ReferenceGrant from ProxyScopes of the scope's namespace to Services; allow serves every selection (for single-tenant clusters).")
 	fs.BoolVar(&c.showVersion, "version", false, "Print the version and exit.")
 	bindLimits(fs, &c.limits)
+	bindAuth(fs, &c.auth)
 	c.zap.BindFlags(fs)
 	// --kubeconfig, which controller-runtime registers on the command line
 	// itself (a no-op there), so that the reference lists it too.
 	clientconfig.RegisterFlags(fs)
 	return c
+}
+
+// bindAuth defines the flags of how proxies authenticate to the ADS server;
+// docs/bootstrap.md shows the proxy side.
+func bindAuth(fs *flag.FlagSet, c *auth.Config) {
+	fs.StringVar(&c.Methods, "xds-auth", "token", "Credentials proxies authenticate with, comma-separated: token (a projected ServiceAccount token as gRPC call credentials, verified against the API server's service-account issuer keys, TokenReview as fallback) and spiffe (a TLS client certificate with a SPIFFE ID spiffe://<trust-domain>/ns/<namespace>/sa/<name>). A scope admits only ServiceAccounts of its namespace (and of its spec.proxies).")
+	fs.StringVar(&c.Audience, "xds-token-audience", auth.DefaultAudience, "Audience a proxy's ServiceAccount token must carry (the projected volume's audience).")
+	fs.StringVar(&c.TrustDomain, "xds-spiffe-trust-domain", "cluster.local", "SPIFFE trust domain of proxies' client certificates.")
+	fs.StringVar(&c.TrustBundle, "xds-spiffe-trust-bundle", "", "PEM file of the SPIFFE trust domain's CA certificates, read again when it changes; required with --xds-auth=spiffe.")
+	fs.BoolVar(&c.AllowAnonymous, "xds-allow-anonymous", false, "Admit proxies that present no credentials, to any scope they name: gives up knowing who a proxy is and keeping a scope's configuration (its Services and endpoints) to its namespace. Invalid credentials are still refused.")
 }
 
 // bindLimits defines the flags of the per-client limits of the ADS server;
@@ -174,6 +187,12 @@ func main() {
 		log.Error(err, "xDS TLS")
 		os.Exit(2)
 	}
+	authn, err := c.auth.Build(mgr.GetConfig())
+	if err != nil {
+		log.Error(err, "xDS authentication")
+		os.Exit(2)
+	}
+	c.limits.Authenticator = authn
 	ctx := ctrl.SetupSignalHandler()
 	if _, err := controlplane.Setup(ctx, mgr, controlplane.Options{
 		XDSAddress: c.xdsAddr, XDSServerAddress: c.xdsServer, CoalesceWindow: c.window, AdminAddress: c.adminAddr,

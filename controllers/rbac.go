@@ -20,7 +20,11 @@ package controllers
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
 // The metrics endpoint (--metrics-secure) asks the API server who a caller
-// is and whether it may get /metrics.
+// is and whether it may get /metrics; the xDS server (--xds-auth=token)
+// reviews proxies' tokens whose signing key it does not know. It reads the
+// service-account issuer's discovery document and keys, to verify the
+// others itself, through Kubernetes' default binding of
+// system:service-account-issuer-discovery to every ServiceAccount.
 
 // +kubebuilder:rbac:groups=authentication.k8s.io,resources=tokenreviews,verbs=create
 // +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create

@@ -80,7 +80,28 @@ type ProxyScopeSpec struct {
 	// clients.
 	// +required
 	Listener ListenerSpec `json:"listener"`
+
+	// proxies narrows who may receive this scope's configuration. A proxy
+	// authenticates to the control plane as a ServiceAccount (a projected
+	// token, or a SPIFFE certificate spiffe://<trust-domain>/ns/<namespace>/sa/<name>),
+	// and a scope admits only ServiceAccounts of its own namespace; when
+	// proxies is set, only the ServiceAccounts named here. Any other proxy
+	// naming this scope is refused with PermissionDenied, answered exactly
+	// as for a scope that does not exist.
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:XValidation:rule="self.all(x, self.exists_one(y, y == x))",message="each ServiceAccount may be listed only once"
+	// +listType=atomic
+	// +optional
+	Proxies []ServiceAccountName `json:"proxies,omitempty"`
 }
+
+// ServiceAccountName is the name of a ServiceAccount in the scope's
+// namespace, a DNS-1123 subdomain.
+// +kubebuilder:validation:MinLength=1
+// +kubebuilder:validation:MaxLength=253
+// +kubebuilder:validation:XValidation:rule="self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')",message="must be a ServiceAccount name (a DNS-1123 subdomain): lowercase letters, digits, '-' and '.', starting and ending with a letter or digit"
+type ServiceAccountName string
 
 // ServiceSelection selects Services either in one namespace (by names and/or
 // a label selector) or in every namespace whose labels match namespaceSelector.
@@ -144,6 +165,14 @@ type ProxyNACK struct {
 	// +kubebuilder:validation:MaxLength=253
 	// +optional
 	Peer string `json:"peer,omitempty"`
+
+	// identity is who the proxy authenticated as: its ServiceAccount,
+	// "system:serviceaccount:<namespace>:<name>", followed by its pod when
+	// its token is bound to one. Empty when the control plane admits
+	// anonymous proxies (--xds-allow-anonymous).
+	// +kubebuilder:validation:MaxLength=512
+	// +optional
+	Identity string `json:"identity,omitempty"`
 
 	// typeURL is the xDS resource type that was rejected.
 	// +kubebuilder:validation:MaxLength=253

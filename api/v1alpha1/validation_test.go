@@ -123,6 +123,12 @@ func TestProxyScopeRejectsInvalidSpecs(t *testing.T) {
 			`spec.listener.port: Invalid value: 0: spec.listener.port in body should be greater than or equal to 1`, false},
 		{"envoy-port-too-big", "services: [{names: [a]}]\nlistener: {mode: Envoy, port: 70000}\n",
 			`spec.listener.port: Invalid value: 70000: spec.listener.port in body should be less than or equal to 65535`, false},
+		{"proxies-not-a-name", "services: [{names: [a]}]\nproxies: [Envoy]\n" + proxyless,
+			`spec.proxies[0]: Invalid value: "Envoy": must be a ServiceAccount name (a DNS-1123 subdomain): lowercase letters, digits, '-' and '.', starting and ending with a letter or digit`, false},
+		{"proxies-duplicate", "services: [{names: [a]}]\nproxies: [envoy, gateway, envoy]\n" + proxyless,
+			`spec.proxies: Invalid value: each ServiceAccount may be listed only once`, false},
+		{"proxies-empty", "services: [{names: [a]}]\nproxies: []\n" + proxyless,
+			`spec.proxies: Invalid value: 0: spec.proxies in body should have at least 1 items`, false},
 		{"proxyless-with-port", "services: [{names: [a]}]\nlistener: {mode: ProxylessGRPC, port: 8080}\n",
 			`spec.listener: Invalid value: a ProxylessGRPC listener has no port: gRPC clients dial each Service's own port; remove listener.port`, false},
 	}
@@ -150,6 +156,11 @@ func TestProxyScopeAcceptsValidSpecsWithDefaults(t *testing.T) {
 		spec  string
 		check func(*testing.T, *xdsv1alpha1.ProxyScope)
 	}{
+		{"proxies", "services: [{selector: {}}]\nproxies: [envoy, gateway.v1]\n" + proxyless, func(t *testing.T, ps *xdsv1alpha1.ProxyScope) {
+			if len(ps.Spec.Proxies) != 2 || ps.Spec.Proxies[1] != "gateway.v1" {
+				t.Errorf("proxies %v, want [envoy gateway.v1]", ps.Spec.Proxies)
+			}
+		}},
 		{"minimal", "services: [{selector: {}}]\n" + proxyless, func(t *testing.T, ps *xdsv1alpha1.ProxyScope) {
 			if ps.Spec.Protocol != xdsv1alpha1.ProtocolSotW {
 				t.Errorf("protocol defaulted to %q, want SotW", ps.Spec.Protocol)

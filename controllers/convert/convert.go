@@ -196,6 +196,9 @@ func Scope(ps *xdsv1alpha1.ProxyScope) (*model.Scope, error) {
 		Protocol:   Protocol(ps.Spec.Protocol),
 		Listener:   model.Listener{Mode: model.ListenerMode(ps.Spec.Listener.Mode)},
 	}
+	for _, sa := range ps.Spec.Proxies {
+		out.Proxies = append(out.Proxies, string(sa))
+	}
 	if ps.Spec.Listener.Port != nil {
 		out.Listener.Port = *ps.Spec.Listener.Port
 	}

@@ -226,7 +226,7 @@ func nacking() *Inputs {
 	p := at("")
 	p.Nacked = map[string]bool{"t": true}
 	in := served(p)
-	in.Feedback.NACKs = []feedback.NACK{{Node: p.Node, Peer: "10.1.2.3:40000", TypeURL: "t", Version: "v1", Detail: "bad route"}}
+	in.Feedback.NACKs = []feedback.NACK{{Node: p.Node, Peer: "10.1.2.3:40000", Identity: "system:serviceaccount:shop:envoy (pod envoy-1)", TypeURL: "t", Version: "v1", Detail: "bad route"}}
 	return in
 }
 
@@ -295,8 +295,8 @@ func TestKstatus(t *testing.T) {
 // gRPC clients of a scope (they share one node id).
 func TestRecentNACKsNameThePeer(t *testing.T) {
 	st, _ := compute(&xdsv1alpha1.ProxyScopeStatus{}, nacking())
-	if len(st.RecentNACKs) != 1 || st.RecentNACKs[0].Peer != "10.1.2.3:40000" {
-		t.Errorf("recentNACKs %+v, want one naming peer 10.1.2.3:40000", st.RecentNACKs)
+	if len(st.RecentNACKs) != 1 || st.RecentNACKs[0].Peer != "10.1.2.3:40000" || st.RecentNACKs[0].Identity != "system:serviceaccount:shop:envoy (pod envoy-1)" {
+		t.Errorf("recentNACKs %+v, want one naming peer 10.1.2.3:40000 and identity system:serviceaccount:shop:envoy (pod envoy-1)", st.RecentNACKs)
 	}
 	if c := meta.FindStatusCondition(st.Conditions, xdsv1alpha1.ConditionDegraded); c == nil || !strings.Contains(c.Message, "proxy p- at 10.1.2.3:40000 rejected") {
 		t.Errorf("Degraded %+v does not name the rejecting peer", c)

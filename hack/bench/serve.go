@@ -27,6 +27,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/scopeplane/scopeplane/xds/auth"
 	"github.com/scopeplane/scopeplane/xds/model"
 	"github.com/scopeplane/scopeplane/xds/pipeline"
 	"github.com/scopeplane/scopeplane/xds/server"
@@ -242,7 +243,7 @@ func cpuNanos() int64 {
 type scopeplaneCP struct{ *pipeline.Pipeline }
 
 func newScopeplane(w *World) *scopeplaneCP {
-	p := pipeline.New(pipeline.Options{})
+	p := pipeline.New(pipeline.Options{Server: server.Options{Authenticator: &auth.Authenticator{AllowAnonymous: true}}})
 	for _, svc := range w.Services {
 		p.Catalog.UpsertService(svc)
 	}

@@ -55,7 +55,9 @@ import (
 	"github.com/scopeplane/scopeplane/internal/scheme"
 	"github.com/scopeplane/scopeplane/internal/whoami"
 	"github.com/scopeplane/scopeplane/xds/adsclient"
+	"github.com/scopeplane/scopeplane/xds/auth"
 	"github.com/scopeplane/scopeplane/xds/bootstrap"
+	"github.com/scopeplane/scopeplane/xds/server"
 	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
@@ -127,6 +129,8 @@ func run(ctx context.Context) error {
 		BootstrapMountPath: d.mount,
 		XDSListener:        lis, XDSServerAddress: lis.Addr().String(), CoalesceWindow: 10 * time.Millisecond, StatusWindow: 100 * time.Millisecond,
 		AdminListener: admin,
+		// The demo's clients connect over plaintext without credentials.
+		Server: server.Options{Authenticator: &auth.Authenticator{AllowAnonymous: true}},
 		// Second-wide cost buckets, so that the demo's minute shows the
 		// figures a minute-wide bucket shows over an hour.
 		CostBucket: time.Second,

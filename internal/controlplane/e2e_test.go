@@ -28,7 +28,9 @@ import (
 	"github.com/scopeplane/scopeplane/internal/scheme"
 	"github.com/scopeplane/scopeplane/internal/testkit"
 	"github.com/scopeplane/scopeplane/internal/whoami"
+	"github.com/scopeplane/scopeplane/xds/auth"
 	"github.com/scopeplane/scopeplane/xds/bootstrap"
+	"github.com/scopeplane/scopeplane/xds/server"
 )
 
 var (
@@ -80,6 +82,7 @@ func run(m *testing.M) int {
 	if cp, err = controlplane.Setup(ctx, mgr, controlplane.Options{
 		XDSListener: lis, XDSServerAddress: lis.Addr().String(), CoalesceWindow: 5 * time.Millisecond, StatusWindow: 50 * time.Millisecond,
 		AdminListener: admin, CostBucket: costBucket, TLS: controlplane.TLS{Insecure: true},
+		Server: server.Options{Authenticator: &auth.Authenticator{AllowAnonymous: true}},
 	}); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

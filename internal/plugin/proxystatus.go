@@ -65,7 +65,7 @@ func (o *options) proxyStatus(ctx context.Context, args []string) error {
 		return nil
 	}
 	tw := tabwriter.NewWriter(o.stdout, 0, 4, 2, ' ', 0)
-	header := []string{"NAME", "PEER", "SCOPE", "PROTOCOL"}
+	header := []string{"NAME", "PEER", "IDENTITY", "SCOPE", "PROTOCOL"}
 	for _, t := range xdstype.All() {
 		header = append(header, t.String())
 	}
@@ -80,7 +80,8 @@ func (o *options) proxyStatus(ctx context.Context, args []string) error {
 			}
 			meta := cc.GetNode().GetMetadata().GetFields()
 			peer := cmp.Or(meta[csds.PeerKey].GetStringValue(), "-")
-			row := []string{cc.GetNode().GetId(), peer, cc.GetClientScope(), meta[csds.ProtocolKey].GetStringValue()}
+			identity := cmp.Or(meta[csds.IdentityKey].GetStringValue(), "-")
+			row := []string{cc.GetNode().GetId(), peer, identity, cc.GetClientScope(), meta[csds.ProtocolKey].GetStringValue()}
 			for _, g := range cc.GetGenericXdsConfigs() {
 				if g.GetName() != "" {
 					continue // a subscription entry, sent with resource contents only

@@ -26,6 +26,7 @@ import (
 	"github.com/scopeplane/scopeplane/internal/scheme"
 	"github.com/scopeplane/scopeplane/internal/testkit"
 	"github.com/scopeplane/scopeplane/xds/adsclient"
+	"github.com/scopeplane/scopeplane/xds/auth"
 	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
@@ -57,6 +58,9 @@ func startReplica(t *testing.T, env *localapi.Env, name string, opts controlplan
 		t.Fatal(err)
 	}
 	opts.XDSListener, opts.XDSServerAddress = lis, lis.Addr().String()
+	if opts.Server.Authenticator == nil {
+		opts.Server.Authenticator = &auth.Authenticator{AllowAnonymous: true}
+	}
 	opts.CoalesceWindow, opts.StatusWindow = 5*time.Millisecond, 50*time.Millisecond
 	opts.TLS.Insecure = true // these tests are about replicas, not TLS
 	ctx, cancel := context.WithCancel(context.Background())

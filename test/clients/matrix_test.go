@@ -42,7 +42,9 @@ import (
 	"github.com/scopeplane/scopeplane/internal/scheme"
 	"github.com/scopeplane/scopeplane/internal/testkit"
 	"github.com/scopeplane/scopeplane/internal/whoami"
+	"github.com/scopeplane/scopeplane/xds/auth"
 	"github.com/scopeplane/scopeplane/xds/bootstrap"
+	"github.com/scopeplane/scopeplane/xds/server"
 )
 
 // The network the test creates: a namespace with one end of a veth pair,
@@ -446,6 +448,7 @@ func startOperator(t *testing.T) client.Client {
 		// The matrix is about protocol conformance: grpc-js and C-core
 		// connect in plaintext.
 		TLS: controlplane.TLS{Insecure: true},
+		Server: server.Options{Authenticator: &auth.Authenticator{AllowAnonymous: true}},
 	}); err != nil {
 		cancel()
 		t.Fatal(err)

@@ -20,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/scopeplane/scopeplane/xds/adsclient"
+	"github.com/scopeplane/scopeplane/xds/auth"
 	"github.com/scopeplane/scopeplane/xds/model"
 	"github.com/scopeplane/scopeplane/xds/pipeline"
 	"github.com/scopeplane/scopeplane/xds/server"
@@ -38,7 +39,7 @@ type plane struct {
 
 func newPlane(t *testing.T) *plane {
 	t.Helper()
-	p := &plane{t: t, Pipeline: pipeline.New(pipeline.Options{Server: server.Options{MaxNamesPerRequest: 1000}})}
+	p := &plane{t: t, Pipeline: pipeline.New(pipeline.Options{Server: server.Options{MaxNamesPerRequest: 1000, Authenticator: &auth.Authenticator{AllowAnonymous: true}}})}
 	srv := p.Server
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

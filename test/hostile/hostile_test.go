@@ -42,6 +42,7 @@ import (
 
 	"github.com/scopeplane/scopeplane/internal/testkit"
 	"github.com/scopeplane/scopeplane/xds/adsclient"
+	"github.com/scopeplane/scopeplane/xds/auth"
 	"github.com/scopeplane/scopeplane/xds/feedback"
 	"github.com/scopeplane/scopeplane/xds/metrics"
 	"github.com/scopeplane/scopeplane/xds/model"
@@ -95,7 +96,7 @@ func scope(name string, p model.Protocol) *model.Scope {
 }
 
 func start(t *testing.T) *plane {
-	p := &plane{t: t, Pipeline: pipeline.New(pipeline.Options{Server: server.Options{FirstRequestTimeout: firstRequestTimeout, SendTimeout: sendTimeout}})}
+	p := &plane{t: t, Pipeline: pipeline.New(pipeline.Options{Server: server.Options{FirstRequestTimeout: firstRequestTimeout, SendTimeout: sendTimeout, Authenticator: &auth.Authenticator{AllowAnonymous: true}}})}
 	for i := range services {
 		p.Catalog.UpsertService(testkit.Service("default", fmt.Sprintf("svc-%04d", i), "10.0.0.1", "10.0.0.2"))
 	}
@@ -683,7 +684,7 @@ func TestNewConnectionsArePaced(t *testing.T) {
 // After the send timeout the stream is ended, its connection closed, and
 // the end counted.
 func TestSlowReaderIsDisconnected(t *testing.T) {
-	p := pipeline.New(pipeline.Options{Server: server.Options{SendTimeout: 200 * time.Millisecond}})
+	p := pipeline.New(pipeline.Options{Server: server.Options{SendTimeout: 200 * time.Millisecond, Authenticator: &auth.Authenticator{AllowAnonymous: true}}})
 	for i := range services {
 		p.Catalog.UpsertService(testkit.Service("default", fmt.Sprintf("svc-%04d", i), "10.0.0.1"))
 	}
@@ -836,6 +837,7 @@ func serve(t *testing.T, p *pipeline.Pipeline) string {
 // small serves a one-Service world, scope default/sotw, with opts.
 func small(t *testing.T, opts server.Options) (*pipeline.Pipeline, *grpc.ClientConn) {
 	t.Helper()
+	opts.Authenticator = &auth.Authenticator{AllowAnonymous: true}
 	p := pipeline.New(pipeline.Options{Server: opts})
 	p.Catalog.UpsertService(testkit.Service("default", "one", "10.0.0.1"))
 	p.Catalog.UpsertScope(scope("sotw", model.SotW))

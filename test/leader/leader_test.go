@@ -27,6 +27,8 @@ import (
 	"github.com/scopeplane/scopeplane/internal/scheme"
 	"github.com/scopeplane/scopeplane/internal/testkit"
 	"github.com/scopeplane/scopeplane/xds/adsclient"
+	"github.com/scopeplane/scopeplane/xds/auth"
+	"github.com/scopeplane/scopeplane/xds/server"
 	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
@@ -58,6 +60,7 @@ func startReplica(t *testing.T, env *localapi.Env, name string) *replica {
 	ctx, cancel := context.WithCancel(context.Background())
 	cp, err := controlplane.Setup(ctx, mgr, controlplane.Options{
 		XDSListener: lis, XDSServerAddress: lis.Addr().String(), StatusWindow: 50 * time.Millisecond, TLS: controlplane.TLS{Insecure: true},
+		Server: server.Options{Authenticator: &auth.Authenticator{AllowAnonymous: true}},
 		LeaderElection: controlplane.LeaderElection{
 			Enabled: true, ID: "scopeplane-test", Namespace: "default",
 			LeaseDuration: 3 * time.Second, RenewDeadline: 2 * time.Second, RetryPeriod: 200 * time.Millisecond,

@@ -47,6 +47,11 @@ type TLS struct {
 	CAFile string
 }
 
+// TokenPath is where a proxy's pod mounts its projected ServiceAccount
+// token (audience scopeplane), which the gRPC bootstrap sends as call
+// credentials; docs/bootstrap.md shows the volume.
+const TokenPath = "/var/run/secrets/scopeplane/token"
+
 // XDSClusterName is the Envoy cluster through which Envoy reaches scopeplane.
 const XDSClusterName = "scopeplane-xds"
 
@@ -175,10 +180,26 @@ func GRPC(scope model.Key, server string, tls *TLS) ([]byte, error) {
 	if tls != nil {
 		channel = creds{Type: "tls", Config: &tlsConfig{CACertificateFile: tls.CAFile}}
 	}
+	type tokenFile struct {
+		Path string `json:"jwt_token_file"`
+	}
+	type callCreds struct {
+		Type   string    `json:"type"`
+		Config tokenFile `json:"config"`
+	}
+	// call_creds is read by grpc-go with
+	// GRPC_EXPERIMENTAL_XDS_BOOTSTRAP_CALL_CREDS=true (gRFC A97), and only
+	// over a secure channel, so a plaintext port's bootstrap has none;
+	// other gRPC languages ignore it.
+	var call []callCreds
+	if tls != nil {
+		call = []callCreds{{Type: "jwt_token_file", Config: tokenFile{Path: TokenPath}}}
+	}
 	type xdsServer struct {
-		ServerURI      string   `json:"server_uri"`
-		ChannelCreds   []creds  `json:"channel_creds"`
-		ServerFeatures []string `json:"server_features"`
+		ServerURI      string      `json:"server_uri"`
+		ChannelCreds   []creds     `json:"channel_creds"`
+		CallCreds      []callCreds `json:"call_creds,omitempty"`
+		ServerFeatures []string    `json:"server_features"`
 	}
 	// locality is empty but present: grpc-js-xds refuses a bootstrap whose
 	// node has no locality object ("locality field missing in node
@@ -194,7 +215,7 @@ func GRPC(scope model.Key, server string, tls *TLS) ([]byte, error) {
 		XDSServers []xdsServer `json:"xds_servers"`
 		Node       node        `json:"node"`
 	}{
-		XDSServers: []xdsServer{{ServerURI: server, ChannelCreds: []creds{channel}, ServerFeatures: []string{"xds_v3"}}},
+		XDSServers: []xdsServer{{ServerURI: server, ChannelCreds: []creds{channel}, CallCreds: call, ServerFeatures: []string{"xds_v3"}}},
 		Node:       node{ID: scope.Name + "-grpc", Cluster: scope.Name, Metadata: map[string]string{model.ScopeMetadataKey: scope.String()}},
 	}, "", "  ")
 }

@@ -69,6 +69,10 @@ const (
 	// PeerKey is the address the proxy's stream came from (host:port): the
 	// gRPC clients of a scope share one node id, and this tells them apart.
 	PeerKey = "scopeplane.dev/peer"
+	// IdentityKey is who the proxy authenticated as
+	// ("system:serviceaccount:<namespace>:<name>", with its pod when the
+	// token names one); absent for an anonymous stream.
+	IdentityKey = "scopeplane.dev/identity"
 )
 
 // Wildcard is the resource name that stands for a wildcard subscription in
@@ -208,6 +212,9 @@ func proxyConfig(key model.Key, p *feedback.Proxy, cur *[xdstype.Count]string, a
 				PeerKey:                structpb.NewStringValue(p.Peer),
 			}},
 		},
+	}
+	if p.Identity != "" {
+		cc.Node.Metadata.Fields[IdentityKey] = structpb.NewStringValue(p.Identity)
 	}
 	inSync := p.AtVersion != "" && p.AtVersion == at
 	for _, t := range xdstype.All() {

@@ -16,6 +16,7 @@ func TestProxyConfigStatusPerType(t *testing.T) {
 	cur := [xdstype.Count]string{xdstype.Cluster: "c2", xdstype.Endpoint: "e2", xdstype.Listener: "l1", xdstype.Route: "r1"}
 	p := &feedback.Proxy{
 		Node: "envoy-1", Protocol: model.SotW, Since: time.Unix(1700000000, 0), Peer: "10.1.2.3:40000",
+		Identity: "system:serviceaccount:shop:envoy",
 		Acked:    map[string]string{xdstype.Cluster.URL(): "c1", xdstype.Endpoint.URL(): "e2", xdstype.Listener.URL(): "l0"},
 		Nacked:   map[string]bool{xdstype.Listener.URL(): true},
 		LastNACK: map[string]feedback.NACK{xdstype.Listener.URL(): {Version: "l1", Detail: "bad listener"}},
@@ -37,6 +38,9 @@ func TestProxyConfigStatusPerType(t *testing.T) {
 	}
 	if got := cc.GetNode().GetMetadata().GetFields()[ConnectedKey].GetStringValue(); got != "2023-11-14T22:13:20Z" {
 		t.Errorf("connected-since %q", got)
+	}
+	if got := cc.GetNode().GetMetadata().GetFields()[IdentityKey].GetStringValue(); got != "system:serviceaccount:shop:envoy" {
+		t.Errorf("%s = %q, want the proxy's identity", IdentityKey, got)
 	}
 	if got := cc.GetNode().GetMetadata().GetFields()[PeerKey].GetStringValue(); got != "10.1.2.3:40000" {
 		t.Errorf("peer %q; two gRPC clients of one node id are told apart by it", got)

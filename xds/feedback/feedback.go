@@ -36,11 +36,14 @@ type NACK struct {
 	// Peer is the address the proxy's stream came from: gRPC clients of a
 	// scope share one node id (their bootstrap is one ConfigMap), so it is
 	// what tells them apart.
-	Peer    string
-	TypeURL string
-	Version string
-	Detail  string
-	Time    time.Time
+	Peer string
+	// Identity is who the proxy authenticated as (auth.Identity's String),
+	// empty for an anonymous stream.
+	Identity string
+	TypeURL  string
+	Version  string
+	Detail   string
+	Time     time.Time
 }
 
 // Proxy is one connected stream.
@@ -55,6 +58,10 @@ type Proxy struct {
 	// Peer is the stream's remote address (host:port), which tells apart
 	// proxies of one node id, as every gRPC client of a scope is.
 	Peer string
+	// Identity is who the proxy authenticated as (auth.Identity's String),
+	// empty for an anonymous stream: never a metrics label, which stay
+	// bounded.
+	Identity string
 	// Since is when the stream was bound to the scope.
 	Since time.Time
 	// Acked is the last version the proxy ACKed, by type URL.
@@ -147,8 +154,9 @@ func (t *Tracker) proxyLocked(key model.Key, id uint64) *Proxy {
 }
 
 // Connect records a new stream of node from peer (its remote address, ""
-// when unknown) and returns its id.
-func (t *Tracker) Connect(key model.Key, node *corev3.Node, p model.Protocol, peer string) uint64 {
+// when unknown), authenticated as identity ("" when anonymous), and
+// returns its id.
+func (t *Tracker) Connect(key model.Key, node *corev3.Node, p model.Protocol, peer, identity string) uint64 {
 	ua := node.GetUserAgentName()
 	if v := node.GetUserAgentVersion(); v != "" {
 		ua += " " + v
@@ -157,7 +165,7 @@ func (t *Tracker) Connect(key model.Key, node *corev3.Node, p model.Protocol, pe
 	defer t.mu.Unlock()
 	t.nextID++
 	t.scopeLocked(key).Proxies[t.nextID] = &Proxy{
-		ID: t.nextID, Node: node.GetId(), Protocol: p, Cluster: node.GetCluster(), UserAgent: ua, Peer: peer, Since: t.now(),
+		ID: t.nextID, Node: node.GetId(), Protocol: p, Cluster: node.GetCluster(), UserAgent: ua, Peer: peer, Identity: identity, Since: t.now(),
 		Acked: map[string]string{}, Nacked: map[string]bool{}, LastNACK: map[string]NACK{}, asks: map[model.Key]int{},
 	}
 	metrics.ConnectedProxies.WithLabelValues(key.String(), string(p)).Inc()
@@ -233,7 +241,7 @@ func (t *Tracker) NACKed(key model.Key, id uint64, typeURL, version, detail stri
 	p.AtVersion = ""
 	metrics.NACKs.WithLabelValues(key.String(), typeURL).Inc()
 	n := NACK{
-		Node: NodeID(p.Node), Peer: p.Peer, TypeURL: Cut(typeURL, MaxTypeURLChars, math.MaxInt), Version: Cut(version, MaxVersionChars, math.MaxInt),
+		Node: NodeID(p.Node), Peer: p.Peer, Identity: p.Identity, TypeURL: Cut(typeURL, MaxTypeURLChars, math.MaxInt), Version: Cut(version, MaxVersionChars, math.MaxInt),
 		Detail: Cut(detail, MaxDetailChars, math.MaxInt), Time: t.now(),
 	}
 	p.LastNACK[typeURL] = n

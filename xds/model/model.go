@@ -164,6 +164,10 @@ type Scope struct {
 	Protocol   Protocol
 	Listener   Listener
 	Selections []Selection
+	// Proxies, when not empty, are the ServiceAccounts (of Key.Namespace)
+	// whose proxies the scope admits; empty admits every ServiceAccount of
+	// the namespace.
+	Proxies []string
 	// TransitionWindow is how long proxies of the previous protocol are
 	// still served after Protocol changes.
 	TransitionWindow time.Duration

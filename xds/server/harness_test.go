@@ -26,6 +26,7 @@ import (
 
 	"github.com/scopeplane/scopeplane/internal/testkit"
 	"github.com/scopeplane/scopeplane/xds/adsclient"
+	"github.com/scopeplane/scopeplane/xds/auth"
 	"github.com/scopeplane/scopeplane/xds/catalog"
 	"github.com/scopeplane/scopeplane/xds/feedback"
 	"github.com/scopeplane/scopeplane/xds/model"
@@ -220,6 +221,9 @@ func startControlPlane(w *world, opts server.Options) (*controlPlane, error) {
 // startFedControlPlane is startControlPlane with the initial lists fed to
 // the catalog by fill, in the order it chooses.
 func startFedControlPlane(fill func(*catalog.Catalog), opts server.Options) (*controlPlane, error) {
+	if opts.Authenticator == nil {
+		opts.Authenticator = &auth.Authenticator{AllowAnonymous: true}
+	}
 	cp := &controlPlane{Pipeline: pipeline.New(pipeline.Options{Server: opts})}
 	// The model's truth selects across namespaces freely: these tests are
 	// about serving, and consent is the catalog's (tested there).

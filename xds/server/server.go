@@ -1,9 +1,11 @@
 // Package server is scopeplane's ADS gRPC service. It serves both xDS
 // variants from the shared per-scope snapshots: State of the World
 // (StreamAggregatedResources) and delta (DeltaAggregatedResources). Each
-// stream is bound to the ProxyScope its node names in metadata, and refused
-// with a status that says what to fix when that scope is missing, unknown, or
-// requires the other protocol.
+// stream is authenticated (package auth) before anything it sends is read,
+// then bound to the ProxyScope its node names in metadata if that scope
+// admits the stream's identity, and refused with PermissionDenied
+// otherwise, the same whether the scope exists or not; an admitted stream
+// of the other protocol is told what to fix.
 //
 // The stream handlers are scopeplane's own rather than go-control-plane's
 // server over a cache: a scope's resources are marshalled once and shared by
@@ -31,6 +33,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"k8s.io/apimachinery/pkg/util/validation"
 
+	"github.com/scopeplane/scopeplane/xds/auth"
 	"github.com/scopeplane/scopeplane/xds/clip"
 	"github.com/scopeplane/scopeplane/xds/feedback"
 	"github.com/scopeplane/scopeplane/xds/model"
@@ -90,6 +93,11 @@ type Options struct {
 	// to finish a push in flight, since a reconnecting proxy is sent again
 	// only what it does not hold.
 	MaxConnectionAgeGrace time.Duration
+	// Authenticator establishes each stream's identity before its scope is
+	// resolved. Nil refuses every stream with Unauthenticated: anonymous
+	// proxies are admitted only when asked for explicitly
+	// (auth.Authenticator.AllowAnonymous).
+	Authenticator *auth.Authenticator
 }
 
 // DefaultOptions are the limits used when an Options field is zero.
@@ -195,6 +203,12 @@ const (
 	// because their proxy did not read (Options.SendTimeout).
 	RefusedConnectionPaced = "ConnectionPaced"
 	RefusedSlowReader      = "SlowReader"
+	// RefusedUnauthenticated counts streams without valid credentials, and
+	// RefusedNotAdmitted those naming a scope that is missing or does not
+	// admit their identity: both globally, so that a stranger cannot mark
+	// someone else's scope Degraded.
+	RefusedUnauthenticated = "Unauthenticated"
+	RefusedNotAdmitted     = "NotAdmitted"
 )
 
 // admit refuses a new stream before it reads anything: while the replica
@@ -245,9 +259,35 @@ func kept(node *corev3.Node) *corev3.Node {
 	}
 }
 
+// authenticate establishes the identity of a new stream (nil for an
+// anonymous one, when allowed), before anything the stream sends is read.
+func (s *Server) authenticate(ctx context.Context) (*auth.Identity, error) {
+	if s.opts.Authenticator == nil {
+		s.fb.Refuse(model.Key{}, RefusedUnauthenticated)
+		return nil, status.Error(codes.Unauthenticated, "this server has no authentication configured and does not admit anonymous proxies")
+	}
+	id, err := s.opts.Authenticator.Authenticate(ctx)
+	if err != nil {
+		s.fb.Refuse(model.Key{}, RefusedUnauthenticated)
+		return nil, err
+	}
+	return id, nil
+}
+
+// notAdmitted is the refusal of a scope that does not exist and of one
+// that does not admit the stream's identity alike, so that a proxy learns
+// nothing about scopes it may not use.
+func notAdmitted(value string, id *auth.Identity) error {
+	return status.Errorf(codes.PermissionDenied,
+		"ProxyScope %s does not exist or does not admit %s: a scope admits the ServiceAccounts of its own namespace, narrowed by its spec.proxies",
+		clip.Quote(value), id.String())
+}
+
 // resolve binds a stream to the scope its node names, or refuses it.
-// Refusals quote what the proxy sent only through clip.Quote.
-func (s *Server) resolve(node *corev3.Node, p model.Protocol) (model.Key, *snapshot.Snapshot, error) {
+// Refusals quote what the proxy sent only through clip.Quote. Until a
+// scope admits id, refusals are counted globally and say nothing about the
+// scope.
+func (s *Server) resolve(node *corev3.Node, p model.Protocol, id *auth.Identity) (model.Key, *snapshot.Snapshot, error) {
 	if err := s.checkNode(node); err != nil {
 		return model.Key{}, nil, err
 	}
@@ -269,6 +309,10 @@ func (s *Server) resolve(node *corev3.Node, p model.Protocol) (model.Key, *snaps
 	var spec *model.Scope
 	if sc != nil {
 		sc.Read(func(v snapshot.View) { spec = v.Spec() })
+	}
+	if id != nil && (spec == nil || !auth.Admits(id, key.Namespace, spec.Proxies)) {
+		s.fb.Refuse(model.Key{}, RefusedNotAdmitted)
+		return model.Key{}, nil, notAdmitted(value, id)
 	}
 	if spec == nil {
 		s.fb.Refuse(model.Key{}, feedback.RefusedUnknownScope)
@@ -449,6 +493,10 @@ func serve[Req request](s *Server, p model.Protocol, srv interface {
 		return err
 	}
 	ctx := srv.Context()
+	id, err := s.authenticate(ctx)
+	if err != nil {
+		return err
+	}
 	reqs, errc := recv(ctx, srv, s.countRecvError)
 	var first Req
 	silent := time.NewTimer(s.opts.FirstRequestTimeout)
@@ -467,11 +515,11 @@ func serve[Req request](s *Server, p model.Protocol, srv interface {
 		return nil
 	}
 	// The node is on the first request (the only one, in delta).
-	key, sc, err := s.resolve(first.GetNode(), p)
+	key, sc, err := s.resolve(first.GetNode(), p, id)
 	if err != nil {
 		return err
 	}
-	st := &stream{srv: s, key: key, sc: sc, id: s.fb.Connect(key, kept(first.GetNode()), p, peerOf(ctx)), grpc: isGRPC(first.GetNode()),
+	st := &stream{srv: s, key: key, sc: sc, id: s.fb.Connect(key, kept(first.GetNode()), p, peerOf(ctx), id.String()), grpc: isGRPC(first.GetNode()),
 		nacks: rate.NewLimiter(rate.Limit(s.opts.NACKsPerSecond), s.opts.NACKBurst)}
 	defer s.fb.Disconnect(key, st.id)
 	sc.Read(func(v snapshot.View) { st.caughtUp(v); st.watchTransition(v, p) })

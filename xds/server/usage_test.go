@@ -12,8 +12,10 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/scopeplane/scopeplane/internal/testkit"
+	"github.com/scopeplane/scopeplane/xds/auth"
 	"github.com/scopeplane/scopeplane/xds/model"
 	"github.com/scopeplane/scopeplane/xds/pipeline"
+	"github.com/scopeplane/scopeplane/xds/server"
 	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
@@ -23,7 +25,7 @@ import (
 // served Service and none of the made-up ones.
 func TestUsageKeepsOnlyServedNames(t *testing.T) {
 	key := model.Key{Namespace: "default", Name: "sotw"}
-	p := pipeline.New(pipeline.Options{})
+	p := pipeline.New(pipeline.Options{Server: server.Options{Authenticator: &auth.Authenticator{AllowAnonymous: true}}})
 	p.Catalog.UpsertService(testkit.Service("default", "one", "10.0.0.1"))
 	p.Catalog.UpsertScope(&model.Scope{
 		Key: key, Protocol: model.SotW,

@@ -1,0 +1,163 @@
+// Package auth establishes who a proxy is before its ADS stream is bound to
+// a scope: a Kubernetes ServiceAccount token sent as gRPC call credentials
+// (metadata "authorization: Bearer <jwt>"), or an mTLS client certificate
+// whose URI SAN is a SPIFFE ID of the form
+// spiffe://<trust-domain>/ns/<namespace>/sa/<serviceaccount>. Either way the
+// result is an Identity naming a namespace and a ServiceAccount, which is
+// what a ProxyScope admits (see Admits).
+package auth
+
+import (
+	"context"
+	"strings"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+)
+
+// Method names how an identity was established.
+type Method string
+
+const (
+	// MethodToken is a ServiceAccount token (bearer call credentials).
+	MethodToken Method = "token"
+	// MethodSPIFFE is a SPIFFE X.509 SVID presented as the TLS client certificate.
+	MethodSPIFFE Method = "spiffe"
+)
+
+// Identity is who a proxy proved to be. Pod and node fields come from a
+// token bound to a pod (projected tokens are); they are empty otherwise.
+type Identity struct {
+	Method         Method
+	Namespace      string
+	ServiceAccount string
+	// SPIFFEID is the certificate's SPIFFE ID (MethodSPIFFE only).
+	SPIFFEID string
+	PodName  string
+	PodUID   string
+	NodeName string
+}
+
+// String names the identity as Kubernetes names a ServiceAccount user,
+// "system:serviceaccount:<namespace>:<name>", followed by the pod it is
+// bound to when known: it is what status, CSDS and the proxy-status view
+// show.
+func (id *Identity) String() string {
+	if id == nil {
+		return ""
+	}
+	s := "system:serviceaccount:" + id.Namespace + ":" + id.ServiceAccount
+	if id.PodName != "" {
+		s += " (pod " + id.PodName + ")"
+	}
+	return s
+}
+
+// Authenticator establishes the identity of a new stream from its gRPC
+// context. Tokens and SPIFFE certificates are each used when their verifier
+// is set; AllowAnonymous lets a stream without credentials through with no
+// identity, which is what the insecure opt-out gives up.
+type Authenticator struct {
+	Tokens         *TokenVerifier
+	SPIFFE         *SPIFFEVerifier
+	AllowAnonymous bool
+}
+
+// noCredentials is the message of a stream that presented nothing the
+// server accepts.
+const noCredentials = "no credentials: scopeplane requires a ServiceAccount token (gRPC call credentials, metadata authorization: Bearer <token>) or a SPIFFE client certificate; see docs/bootstrap.md"
+
+// Authenticate returns the identity of the stream ctx belongs to, nil for
+// an anonymous stream when AllowAnonymous is set, or an Unauthenticated
+// status. A bearer token, when sent, is authoritative: an invalid one is
+// refused even if a certificate came with it, so a proxy learns that its
+// token is wrong instead of silently being someone else.
+func (a *Authenticator) Authenticate(ctx context.Context) (*Identity, error) {
+	if token, ok, err := bearer(ctx); err != nil {
+		return nil, err
+	} else if ok {
+		if a.Tokens == nil {
+			return nil, status.Error(codes.Unauthenticated,
+				"a bearer token was sent but this server does not accept ServiceAccount tokens (--xds-auth): present a SPIFFE client certificate")
+		}
+		id, err := a.Tokens.Verify(ctx, token)
+		if err != nil {
+			return nil, status.Error(codes.Unauthenticated, "the ServiceAccount token is not accepted: "+err.Error())
+		}
+		return id, nil
+	}
+	if a.SPIFFE != nil {
+		if certs := peerCertificates(ctx); len(certs) > 0 {
+			id, err := a.SPIFFE.Verify(certs)
+			if err != nil {
+				return nil, status.Error(codes.Unauthenticated, "the client certificate is not accepted: "+err.Error())
+			}
+			return id, nil
+		}
+	}
+	if a.AllowAnonymous {
+		return nil, nil
+	}
+	return nil, status.Error(codes.Unauthenticated, noCredentials)
+}
+
+// bearer returns the token of the stream's authorization metadata. More
+// than one authorization value, or one that is not a bearer token, is
+// refused rather than guessed at.
+func bearer(ctx context.Context) (string, bool, error) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	values := md.Get("authorization")
+	switch len(values) {
+	case 0:
+		return "", false, nil
+	case 1:
+	default:
+		return "", false, status.Errorf(codes.Unauthenticated, "%d authorization metadata values were sent; send exactly one, \"Bearer <token>\"", len(values))
+	}
+	scheme, token, ok := strings.Cut(values[0], " ")
+	if !ok || !strings.EqualFold(scheme, "bearer") || strings.TrimSpace(token) == "" {
+		return "", false, status.Error(codes.Unauthenticated, "the authorization metadata is not \"Bearer <token>\"")
+	}
+	return strings.TrimSpace(token), true, nil
+}
+
+func peerCertificates(ctx context.Context) [][]byte {
+	p, ok := peer.FromContext(ctx)
+	if !ok {
+		return nil
+	}
+	info, ok := p.AuthInfo.(credentials.TLSInfo)
+	if !ok {
+		return nil
+	}
+	raw := make([][]byte, 0, len(info.State.PeerCertificates))
+	for _, c := range info.State.PeerCertificates {
+		raw = append(raw, c.Raw)
+	}
+	return raw
+}
+
+// Admits reports whether a scope in namespace, narrowed to the named
+// ServiceAccounts when proxies is not empty, admits id. A nil id (an
+// anonymous stream, allowed only with the insecure opt-out) is admitted
+// everywhere: that is what the opt-out gives up.
+func Admits(id *Identity, namespace string, proxies []string) bool {
+	if id == nil {
+		return true
+	}
+	if id.Namespace != namespace {
+		return false
+	}
+	if len(proxies) == 0 {
+		return true
+	}
+	for _, p := range proxies {
+		if p == id.ServiceAccount {
+			return true
+		}
+	}
+	return false
+}
