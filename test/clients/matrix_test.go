@@ -447,7 +447,7 @@ func startOperator(t *testing.T) client.Client {
 		XDSListener: lis, XDSServerAddress: lis.Addr().String(), CoalesceWindow: 5 * time.Millisecond, StatusWindow: 50 * time.Millisecond,
 		// The matrix is about protocol conformance: grpc-js and C-core
 		// connect in plaintext.
-		TLS: controlplane.TLS{Insecure: true},
+		TLS:    controlplane.TLS{Insecure: true},
 		Server: server.Options{Authenticator: &auth.Authenticator{AllowAnonymous: true}},
 	}); err != nil {
 		cancel()

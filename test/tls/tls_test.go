@@ -36,7 +36,9 @@ import (
 	"github.com/scopeplane/scopeplane/internal/testkit"
 	"github.com/scopeplane/scopeplane/internal/whoami"
 	"github.com/scopeplane/scopeplane/internal/xdstls"
+	"github.com/scopeplane/scopeplane/xds/auth"
 	"github.com/scopeplane/scopeplane/xds/bootstrap"
+	"github.com/scopeplane/scopeplane/xds/server"
 )
 
 func TestGRPCClientOverTLSFromTheSelfManagedCA(t *testing.T) {
@@ -74,6 +76,9 @@ func TestGRPCClientOverTLSFromTheSelfManagedCA(t *testing.T) {
 	if _, err := controlplane.Setup(ctx, mgr, controlplane.Options{
 		XDSListener: lis, XDSServerAddress: lis.Addr().String(), CoalesceWindow: 5 * time.Millisecond, StatusWindow: 50 * time.Millisecond,
 		BootstrapMountPath: mount, TLS: controlplane.TLS{Secret: secret, Refresh: time.Second},
+		// This test is about the transport; proxy authentication is
+		// test/authn's and test/apiserver's.
+		Server: server.Options{Authenticator: &auth.Authenticator{AllowAnonymous: true}},
 	}); err != nil {
 		t.Fatal(err)
 	}
