@@ -37,12 +37,16 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/xds"
 	"google.golang.org/protobuf/types/known/structpb"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
@@ -61,7 +65,20 @@ import (
 	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
+// callCredsEnv turns on grpc-go's bootstrap call_creds (gRFC A97), which
+// carry the ServiceAccount token. grpc-go reads it when it is loaded, so
+// the demo sets it by starting itself again, as a pod spec's env would.
+const callCredsEnv = "GRPC_EXPERIMENTAL_XDS_BOOTSTRAP_CALL_CREDS"
+
 func main() {
+	if os.Getenv(callCredsEnv) != "true" {
+		exe, err := os.Executable()
+		if err == nil {
+			err = syscall.Exec(exe, os.Args, append(os.Environ(), callCredsEnv+"=true"))
+		}
+		fmt.Fprintln(os.Stderr, "demo: starting with", callCredsEnv+"=true:", err)
+		os.Exit(1)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := run(ctx)
 	stop()
@@ -77,6 +94,30 @@ type demo struct {
 	admin      string // the operator's admin (CSDS) address
 	mount      string // where the demo's "pods" mount their bootstrap ConfigMaps
 	backends   map[string]*whoami.Backend
+	tokens     map[string]string // ServiceAccount tokens by ServiceAccount name
+}
+
+// tokenAudience is the audience the operator requires (--xds-token-audience).
+const tokenAudience = "scopeplane"
+
+// token creates ServiceAccount demo/name and returns a TokenRequest token
+// for the operator's audience: what a pod's projected volume would hold.
+func (d *demo) token(ctx context.Context, name string) (string, error) {
+	if err := d.env.Client.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: "demo", Name: name}}); err != nil {
+		return "", err
+	}
+	cs, err := kubernetes.NewForConfig(d.env.Config)
+	if err != nil {
+		return "", err
+	}
+	tr, err := cs.CoreV1().ServiceAccounts("demo").CreateToken(ctx, name, &authenticationv1.TokenRequest{
+		Spec: authenticationv1.TokenRequestSpec{Audiences: []string{tokenAudience}, ExpirationSeconds: ptr.To(int64(3600))},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		return "", fmt.Errorf("TokenRequest for demo/%s: %w", name, err)
+	}
+	fmt.Printf("    demo/%s: token for audience %s, valid until %s\n", name, tokenAudience, tr.Status.ExpirationTimestamp.UTC().Format(time.RFC3339))
+	return tr.Status.Token, nil
 }
 
 func run(ctx context.Context) error {
@@ -124,13 +165,18 @@ func run(ctx context.Context) error {
 	if err := env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "scopeplane-system"}}); err != nil {
 		return err
 	}
+	authn, err := auth.Config{Methods: "token", Audience: tokenAudience}.Build(env.Config)
+	if err != nil {
+		return err
+	}
 	if _, err := controlplane.Setup(mgrCtx, mgr, controlplane.Options{
 		TLS:                controlplane.TLS{Secret: types.NamespacedName{Namespace: "scopeplane-system", Name: "scopeplane-xds-tls"}},
 		BootstrapMountPath: d.mount,
 		XDSListener:        lis, XDSServerAddress: lis.Addr().String(), CoalesceWindow: 10 * time.Millisecond, StatusWindow: 100 * time.Millisecond,
 		AdminListener: admin,
-		// The demo's clients connect over plaintext without credentials.
-		Server: server.Options{Authenticator: &auth.Authenticator{AllowAnonymous: true}},
+		// Proxies authenticate with ServiceAccount tokens, as a default
+		// install requires.
+		Server: server.Options{Authenticator: authn},
 		// Second-wide cost buckets, so that the demo's minute shows the
 		// figures a minute-wide bucket shows over an hour.
 		CostBucket: time.Second,
@@ -164,6 +210,15 @@ func run(ctx context.Context) error {
 		return err
 	}
 
+	step("ServiceAccounts demo/greeter-client and demo/shop-envoy, each with a TokenRequest token (audience scopeplane), as a projected volume holds")
+	tokens := map[string]string{}
+	for _, sa := range []string{"greeter-client", "shop-envoy"} {
+		if tokens[sa], err = d.token(ctx, sa); err != nil {
+			return err
+		}
+	}
+	d.tokens = tokens
+
 	step("kubectl apply: scope demo/greeter (SotW, ProxylessGRPC) and demo/shop (Delta, Envoy: gRPC clients speak SotW only)")
 	if _, err := d.kubectl(scopes, "apply", "-f", "-"); err != nil {
 		return err
@@ -174,6 +229,17 @@ func run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// What the kubelet does with the pod's projected token volume: the
+	// bootstrap names the token's file, here in the demo's mount.
+	tokenFile := filepath.Join(d.mount, "greeter-client.token")
+	if err := os.WriteFile(tokenFile, []byte(tokens["greeter-client"]), 0o600); err != nil {
+		return err
+	}
+	if !bytes.Contains(grpcBootstrap, []byte(bootstrap.TokenPath)) {
+		return fmt.Errorf("the gRPC bootstrap names no token file %s", bootstrap.TokenPath)
+	}
+	grpcBootstrap = bytes.ReplaceAll(grpcBootstrap, []byte(bootstrap.TokenPath), []byte(tokenFile))
+	fmt.Printf("    (the token of demo/greeter-client at %s, where the projected volume would mount it)\n", tokenFile)
 	fmt.Print(indent(string(grpcBootstrap)))
 	resolver, err := xds.NewXDSResolverWithConfigForTesting(grpcBootstrap)
 	if err != nil {
@@ -469,6 +535,8 @@ func (d *demo) deltaProxy(ctx context.Context, server string) (*adsclient.Client
 	if err != nil {
 		return nil, nil, err
 	}
+	// The token as Envoy's google_grpc call credentials would send it.
+	ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+d.tokens["shop-envoy"])
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx, conn); _ = conn.Close() }()
 	return c, done, nil
