@@ -57,6 +57,10 @@ var renderCases = []renderCase{
 			}
 			wantString(t, find(t, objs, "Deployment"), "ghcr.io/scopeplane/scopeplane:0.1.0", "spec", "template", "spec", "containers", "0", "image")
 			wantArgs(t, args, "--metrics-secure=true", "--bootstrap-configmaps=true")
+			wantArgs(t, args, "--xds-auth=token", "--xds-token-audience=scopeplane")
+			if slices.Contains(args, "--xds-allow-anonymous") {
+				t.Error("a default install must not admit anonymous proxies")
+			}
 			wantArgs(t, args, "--xds-tls-secret=scopeplane-xds-tls", "--xds-tls-secret-namespace=scopeplane-system")
 			checkSelfManagedTLS(t, objs, "scopeplane-xds-tls", "scopeplane-system")
 			if r := findNamedOptional(objs, "Role", "scopeplane"); r != nil {
@@ -90,8 +94,11 @@ var renderCases = []renderCase{
 	{
 		name: "custom", release: "edge", namespace: "mesh",
 		check: func(t *testing.T, objs []*unstructured.Unstructured) {
-			wantArgs(t, containerArgs(t, objs), "--leader-elect", "--xds-server-address=xds.mesh.example.com:443", "--zap-log-level=debug")
+			wantArgs(t, containerArgs(t, objs), "--leader-elect", "--xds-server-address=xds.mesh.example.com:443", "--zap-log-level=debug",
+				"--xds-auth=token,spiffe", "--xds-spiffe-trust-domain=mesh.example.com", "--xds-spiffe-trust-bundle=/etc/scopeplane/spiffe/ca.crt")
 			d := find(t, objs, "Deployment")
+			wantString(t, d, "spire-bundle", "spec", "template", "spec", "volumes", "0", "configMap", "name")
+			wantString(t, d, "/etc/scopeplane/spiffe", "spec", "template", "spec", "containers", "0", "volumeMounts", "0", "mountPath")
 			wantString(t, d, "edge-scopeplane", "metadata", "name")
 			wantString(t, d, "2", "spec", "template", "spec", "containers", "0", "resources", "limits", "cpu")
 			wantString(t, d, "registry.example.com/scopeplane:0.2.0-rc.1", "spec", "template", "spec", "containers", "0", "image")
@@ -331,6 +338,7 @@ func TestSchemaRefusesInvalidValues(t *testing.T) {
 		{"extra env without a name", `extraEnv: [{value: "1"}]`, []string{"at '/extraEnv/0': missing property 'name'"}},
 		{"metrics.secure as a string", `metrics: {secure: "no"}`, []string{"at '/metrics/secure': got string, want boolean"}},
 		{"connection age without a unit", `xds: {limits: {maxConnectionAge: "30"}}`, []string{"at '/xds/limits/maxConnectionAge': '30' does not match pattern"}},
+		{"unknown authentication method", `xds: {auth: {methods: kerberos}}`, []string{"at '/xds/auth/methods': value must be one of"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			values := filepath.Join(t.TempDir(), "values.yaml")
@@ -361,6 +369,8 @@ func TestRefusesUselessValues(t *testing.T) {
 			"networkPolicy.enabled needs networkPolicy.xds.namespaces or networkPolicy.xds.from"},
 		{"a secure ServiceMonitor without RBAC", "serviceMonitor.enabled=true,rbac.create=false",
 			"serviceMonitor.enabled with metrics.secure needs rbac.create"},
+		{"SPIFFE without a trust bundle", "xds.auth.methods=spiffe",
+			"xds.auth.methods includes spiffe: set xds.auth.spiffe.trustBundleConfigMap"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			out, stderr, err := runHelm(t, "template", "scopeplane", chartDir, "--set", c.set)
@@ -440,7 +450,8 @@ func TestRBACFollowsGenerated(t *testing.T) {
 
 // TestRBACFollowsValues checks every case's rendered RBAC: least privilege,
 // the leader election Role exactly when the pods elect a leader, ConfigMap
-// access exactly when bootstrap ConfigMaps are written, and TokenReviews and
+// access exactly when bootstrap ConfigMaps are written, TokenReviews exactly
+// when the metrics are secure or proxies authenticate with tokens, and
 // SubjectAccessReviews exactly when the metrics are secure.
 func TestRBACFollowsValues(t *testing.T) {
 	for _, c := range renderCases {
@@ -453,6 +464,10 @@ func TestRBACFollowsValues(t *testing.T) {
 			checkLeastPrivilege(t, "ClusterRole", roles["ClusterRole"])
 			checkLeastPrivilege(t, "Role", roles["Role"])
 			args := containerArgs(t, decode(t, rendered))
+			// Token authentication falls back to TokenReview.
+			tokenAuth := slices.ContainsFunc(args, func(a string) bool {
+				return strings.HasPrefix(a, "--xds-auth=") && strings.Contains(a, "token")
+			})
 			grants := func(rules []rbacv1.PolicyRule, group, resource string) bool {
 				return slices.ContainsFunc(rules, func(r rbacv1.PolicyRule) bool {
 					return slices.Contains(r.APIGroups, group) && slices.Contains(r.Resources, resource)
@@ -465,7 +480,7 @@ func TestRBACFollowsValues(t *testing.T) {
 			}{
 				{"the Role, leases", "coordination.k8s.io", "leases", roles["Role"], slices.Contains(args, "--leader-elect")},
 				{"the ClusterRole, ConfigMaps", "", "configmaps", roles["ClusterRole"], slices.Contains(args, "--bootstrap-configmaps=true")},
-				{"the ClusterRole, TokenReviews", "authentication.k8s.io", "tokenreviews", roles["ClusterRole"], slices.Contains(args, "--metrics-secure=true")},
+				{"the ClusterRole, TokenReviews", "authentication.k8s.io", "tokenreviews", roles["ClusterRole"], slices.Contains(args, "--metrics-secure=true") || tokenAuth},
 				{"the ClusterRole, SubjectAccessReviews", "authorization.k8s.io", "subjectaccessreviews", roles["ClusterRole"], slices.Contains(args, "--metrics-secure=true")},
 				{"the ClusterRole, ReferenceGrants", "gateway.networking.k8s.io", "referencegrants", roles["ClusterRole"], slices.Contains(args, "--cross-namespace=grant")},
 			} {
