@@ -1,10 +1,12 @@
 // Package authn_test runs a real grpc-go xDS client against the xDS server
-// with the bootstrap scopeplane writes: its call_creds send the projected
-// token file, and the server authenticates the client by it.
+// with the bootstrap scopeplane writes, authenticated either way a proxy
+// can be: its call_creds send the projected token file, or its TLS channel
+// credentials present a SPIFFE client certificate.
 package authn_test
 
 import (
 	"context"
+	"crypto/x509"
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
@@ -65,11 +67,68 @@ func runClient(target string) int {
 func TestGRPCClientSendsToken(t *testing.T) {
 	ca := authtest.NewCA(t, "xds")
 	iss := authtest.NewIssuer(t, "k1")
-	key := model.Key{Namespace: "shop", Name: "payments"}
-	p := pipeline.New(pipeline.Options{Server: server.Options{Authenticator: &auth.Authenticator{Tokens: auth.NewTokenVerifier("scopeplane", iss, nil)}}})
+	p, addr := serve(t, ca, &auth.Authenticator{Tokens: auth.NewTokenVerifier("scopeplane", iss, nil)})
+
+	dir := t.TempDir()
+	caFile := writePEM(t, dir, "ca.pem", "CERTIFICATE", ca.Cert.Raw)
+	tokenFile := filepath.Join(dir, "token")
+	now := time.Now()
+	if err := os.WriteFile(tokenFile, []byte(iss.Sign(authtest.SAClaims("shop", "payments-app", "scopeplane", now.Add(-time.Minute), now.Add(time.Hour)))), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// scopeplane's bootstrap with the paths of this test: the CA file and
+	// the token where the ConfigMap and the projected volume would put them.
+	b := scopeBootstrap(t, addr, caFile)
+	srv := b["xds_servers"].([]any)[0].(map[string]any)
+	cc := srv["call_creds"].([]any)[0].(map[string]any)
+	if got := cc["config"].(map[string]any)["jwt_token_file"]; got != bootstrap.TokenPath {
+		t.Fatalf("the bootstrap's token file is %v, want %s", got, bootstrap.TokenPath)
+	}
+	cc["config"].(map[string]any)["jwt_token_file"] = tokenFile
+	startClient(t, b)
+	waitForIdentity(t, p, "system:serviceaccount:shop:payments-app (pod envoy-7f9)")
+}
+
+// TestGRPCClientPresentsSPIFFECertificate starts a grpc-go xDS client whose
+// bootstrap's TLS channel credentials carry a SPIFFE client certificate (as
+// cert-manager's SPIFFE CSI driver or SPIRE mount it), and checks that the
+// server bound it to its scope as the certificate's ServiceAccount.
+func TestGRPCClientPresentsSPIFFECertificate(t *testing.T) {
+	ca := authtest.NewCA(t, "xds")
+	workloads := authtest.NewCA(t, "workloads")
+	dir := t.TempDir()
+	spiffe, err := auth.NewSPIFFEVerifier("cluster.local", authtest.BundleFile(t, dir, workloads))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, addr := serve(t, ca, &auth.Authenticator{SPIFFE: spiffe})
+
+	der, key := workloads.Leaf("spiffe://cluster.local/ns/shop/sa/payments-app")
+	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := scopeBootstrap(t, addr, writePEM(t, dir, "ca.pem", "CERTIFICATE", ca.Cert.Raw))
+	srv := b["xds_servers"].([]any)[0].(map[string]any)
+	// gRPC's tls channel credentials with a certificate provider of files
+	// (gRFC A65), the paths the CSI driver mounts; no call credentials.
+	cfg := srv["channel_creds"].([]any)[0].(map[string]any)["config"].(map[string]any)
+	cfg["certificate_file"] = writePEM(t, dir, "tls.crt", "CERTIFICATE", der)
+	cfg["private_key_file"] = writePEM(t, dir, "tls.key", "PRIVATE KEY", keyDER)
+	delete(srv, "call_creds")
+	startClient(t, b)
+	waitForIdentity(t, p, "system:serviceaccount:shop:payments-app")
+}
+
+// serve runs an xDS server over TLS with a certificate of ca, authenticating
+// with a, for one ProxylessGRPC scope shop/payments of Service shop/one; it
+// returns the pipeline and the server's address.
+func serve(t *testing.T, ca *authtest.CA, a *auth.Authenticator) (*pipeline.Pipeline, string) {
+	t.Helper()
+	p := pipeline.New(pipeline.Options{Server: server.Options{Authenticator: a}})
 	p.Catalog.UpsertService(testkit.Service("shop", "one", "10.0.0.1"))
 	p.Catalog.UpsertScope(&model.Scope{
-		Key: key, Protocol: model.SotW, Listener: model.Listener{Mode: model.ListenerProxylessGRPC},
+		Key: scopeKey, Protocol: model.SotW, Listener: model.Listener{Mode: model.ListenerProxylessGRPC},
 		Selections: []model.Selection{{Namespace: "shop", Selector: labels.Everything()}},
 	})
 	p.Sync()
@@ -86,20 +145,17 @@ func TestGRPCClientSendsToken(t *testing.T) {
 			t.Errorf("serve: %v", err)
 		}
 	})
+	return p, lis.Addr().String()
+}
 
-	dir := t.TempDir()
-	caFile := filepath.Join(dir, "ca.pem")
-	if err := os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.Cert.Raw}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	tokenFile := filepath.Join(dir, "token")
-	now := time.Now()
-	if err := os.WriteFile(tokenFile, []byte(iss.Sign(authtest.SAClaims("shop", "payments-app", "scopeplane", now.Add(-time.Minute), now.Add(time.Hour)))), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	// scopeplane's bootstrap with the paths of this test: the CA file and
-	// the token where the ConfigMap and the projected volume would put them.
-	raw, err := bootstrap.GRPC(key, lis.Addr().String(), &bootstrap.TLS{CAFile: caFile})
+// scopeKey is the scope every test's client joins.
+var scopeKey = model.Key{Namespace: "shop", Name: "payments"}
+
+// scopeBootstrap is scopeplane's gRPC bootstrap of scopeKey for a server at
+// addr over TLS, decoded so that a test can put its own paths in.
+func scopeBootstrap(t *testing.T, addr, caFile string) map[string]any {
+	t.Helper()
+	raw, err := bootstrap.GRPC(scopeKey, addr, &bootstrap.TLS{CAFile: caFile})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,17 +163,27 @@ func TestGRPCClientSendsToken(t *testing.T) {
 	if err := json.Unmarshal(raw, &b); err != nil {
 		t.Fatal(err)
 	}
-	srv := b["xds_servers"].([]any)[0].(map[string]any)
-	cc := srv["call_creds"].([]any)[0].(map[string]any)
-	if got := cc["config"].(map[string]any)["jwt_token_file"]; got != bootstrap.TokenPath {
-		t.Fatalf("the bootstrap's token file is %v, want %s", got, bootstrap.TokenPath)
+	return b
+}
+
+// writePEM writes one PEM block into dir/name and returns its path.
+func writePEM(t *testing.T, dir, name, typ string, der []byte) string {
+	t.Helper()
+	path := filepath.Join(dir, name)
+	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
 	}
-	cc["config"].(map[string]any)["jwt_token_file"] = tokenFile
-	raw, err = json.Marshal(b)
+	return path
+}
+
+// startClient runs the gRPC client (this test binary again) with bootstrap
+// b, dialing Service shop/one through the xDS resolver.
+func startClient(t *testing.T, b map[string]any) {
+	t.Helper()
+	raw, err := json.Marshal(b)
 	if err != nil {
 		t.Fatal(err)
 	}
-
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), clientEnv+"=xds:///one.shop.svc.cluster.local:80",
 		"GRPC_XDS_BOOTSTRAP_CONFIG="+string(raw), "GRPC_EXPERIMENTAL_XDS_BOOTSTRAP_CALL_CREDS=true")
@@ -126,11 +192,16 @@ func TestGRPCClientSendsToken(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	testkit.Eventually(t, "the gRPC client bound to its scope as its token's ServiceAccount", func() (bool, string) {
+}
+
+// waitForIdentity waits until the scope's one connected proxy is identity.
+func waitForIdentity(t *testing.T, p *pipeline.Pipeline, identity string) {
+	t.Helper()
+	testkit.Eventually(t, "the gRPC client bound to its scope as "+identity, func() (bool, string) {
 		var ids []string
-		for _, px := range p.Feedback.Get(key).Proxies {
+		for _, px := range p.Feedback.Get(scopeKey).Proxies {
 			ids = append(ids, px.Identity)
 		}
-		return len(ids) == 1 && ids[0] == "system:serviceaccount:shop:payments-app (pod envoy-7f9)", fmt.Sprintf("identities %q", ids)
+		return len(ids) == 1 && ids[0] == identity, fmt.Sprintf("identities %q", ids)
 	})
 }
