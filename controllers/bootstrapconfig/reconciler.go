@@ -57,6 +57,10 @@ type Reconciler struct {
 	// MountPath is where pods mount the ConfigMap (bootstrap.MountPath
 	// when empty), so the bootstraps can name the CA file in it.
 	MountPath string
+	// Token and SPIFFEDir are the credentials the bootstraps present, as
+	// the server accepts them (bootstrap.TLS); they need TLS (CA).
+	Token     bool
+	SPIFFEDir string
 }
 
 // CABundle is the CA bundle of the xDS port's certificate, as
@@ -132,7 +136,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		if ca = r.CA.CABundle(); len(ca) == 0 {
 			return ctrl.Result{RequeueAfter: caWait}, nil
 		}
-		tls = &bootstrap.TLS{CAFile: path.Join(cmp.Or(r.MountPath, bootstrap.MountPath), bootstrap.CAKey)}
+		tls = &bootstrap.TLS{CAFile: path.Join(cmp.Or(r.MountPath, bootstrap.MountPath), bootstrap.CAKey), Token: r.Token, SPIFFEDir: r.SPIFFEDir}
+	}
+	sds, err := bootstrap.EnvoySDS(tls)
+	if err != nil {
+		return ctrl.Result{}, reconcile.TerminalError(err)
 	}
 	envoy, err := bootstrap.Envoy(key, convert.Protocol(ps.Spec.Protocol), r.XDSServer, tls)
 	if err != nil {
@@ -163,6 +171,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		cm.Data = map[string]string{bootstrap.EnvoyKey: string(envoy), bootstrap.GRPCKey: string(grpc)}
 		if tls != nil {
 			cm.Data[bootstrap.CAKey] = string(ca)
+		}
+		if sds != nil {
+			cm.Data[bootstrap.SDSKey] = string(sds)
 		}
 		return controllerutil.SetControllerReference(ps, cm, r.Client.Scheme())
 	})

@@ -31,6 +31,7 @@ import (
 	"github.com/scopeplane/scopeplane/internal/apiwatch"
 	"github.com/scopeplane/scopeplane/internal/scheme"
 	"github.com/scopeplane/scopeplane/internal/xdstls"
+	"github.com/scopeplane/scopeplane/xds/bootstrap"
 	"github.com/scopeplane/scopeplane/xds/catalog"
 	"github.com/scopeplane/scopeplane/xds/pipeline"
 	"github.com/scopeplane/scopeplane/xds/server"
@@ -190,6 +191,13 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) (*ControlPlane, 
 			r := &bootstrapconfig.Reconciler{Client: m.GetClient(), XDSServer: opts.XDSServerAddress, Conflicts: conflicts, MountPath: opts.BootstrapMountPath}
 			if cp.Certificates != nil {
 				r.CA = cp.Certificates
+			}
+			// The bootstraps present what the server accepts.
+			if a := opts.Server.Authenticator; a != nil {
+				r.Token = a.Tokens != nil
+				if a.SPIFFE != nil {
+					r.SPIFFEDir = bootstrap.SPIFFEDir
+				}
 			}
 			if err := r.SetupWithManager(m); err != nil {
 				return err

@@ -78,7 +78,7 @@ func TestGRPCClientSendsToken(t *testing.T) {
 	}
 	// scopeplane's bootstrap with the paths of this test: the CA file and
 	// the token where the ConfigMap and the projected volume would put them.
-	b := scopeBootstrap(t, addr, caFile)
+	b := scopeBootstrap(t, addr, &bootstrap.TLS{CAFile: caFile, Token: true})
 	srv := b["xds_servers"].([]any)[0].(map[string]any)
 	cc := srv["call_creds"].([]any)[0].(map[string]any)
 	if got := cc["config"].(map[string]any)["jwt_token_file"]; got != bootstrap.TokenPath {
@@ -89,9 +89,10 @@ func TestGRPCClientSendsToken(t *testing.T) {
 	waitForIdentity(t, p, "system:serviceaccount:shop:payments-app (pod envoy-7f9)")
 }
 
-// TestGRPCClientPresentsSPIFFECertificate starts a grpc-go xDS client whose
-// bootstrap's TLS channel credentials carry a SPIFFE client certificate (as
-// cert-manager's SPIFFE CSI driver or SPIRE mount it), and checks that the
+// TestGRPCClientPresentsSPIFFECertificate starts a grpc-go xDS client with
+// scopeplane's bootstrap for SPIFFE certificates, whose TLS channel
+// credentials present the certificate files where cert-manager's SPIFFE CSI
+// driver or SPIRE mount them, and checks that the
 // server bound it to its scope as the certificate's ServiceAccount.
 func TestGRPCClientPresentsSPIFFECertificate(t *testing.T) {
 	ca := authtest.NewCA(t, "xds")
@@ -108,14 +109,14 @@ func TestGRPCClientPresentsSPIFFECertificate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := scopeBootstrap(t, addr, writePEM(t, dir, "ca.pem", "CERTIFICATE", ca.Cert.Raw))
-	srv := b["xds_servers"].([]any)[0].(map[string]any)
-	// gRPC's tls channel credentials with a certificate provider of files
-	// (gRFC A65), the paths the CSI driver mounts; no call credentials.
-	cfg := srv["channel_creds"].([]any)[0].(map[string]any)["config"].(map[string]any)
-	cfg["certificate_file"] = writePEM(t, dir, "tls.crt", "CERTIFICATE", der)
-	cfg["private_key_file"] = writePEM(t, dir, "tls.key", "PRIVATE KEY", keyDER)
-	delete(srv, "call_creds")
+	// The files as the CSI driver mounts them, in the directory the
+	// bootstrap names.
+	writePEM(t, dir, "tls.crt", "CERTIFICATE", der)
+	writePEM(t, dir, "tls.key", "PRIVATE KEY", keyDER)
+	b := scopeBootstrap(t, addr, &bootstrap.TLS{CAFile: writePEM(t, dir, "ca.pem", "CERTIFICATE", ca.Cert.Raw), SPIFFEDir: dir})
+	if _, ok := b["xds_servers"].([]any)[0].(map[string]any)["call_creds"]; ok {
+		t.Fatal("a bootstrap for SPIFFE certificates sends call credentials")
+	}
 	startClient(t, b)
 	waitForIdentity(t, p, "system:serviceaccount:shop:payments-app")
 }
@@ -152,10 +153,10 @@ func serve(t *testing.T, ca *authtest.CA, a *auth.Authenticator) (*pipeline.Pipe
 var scopeKey = model.Key{Namespace: "shop", Name: "payments"}
 
 // scopeBootstrap is scopeplane's gRPC bootstrap of scopeKey for a server at
-// addr over TLS, decoded so that a test can put its own paths in.
-func scopeBootstrap(t *testing.T, addr, caFile string) map[string]any {
+// addr over tls, decoded so that a test can put its own paths in.
+func scopeBootstrap(t *testing.T, addr string, tls *bootstrap.TLS) map[string]any {
 	t.Helper()
-	raw, err := bootstrap.GRPC(scopeKey, addr, &bootstrap.TLS{CAFile: caFile})
+	raw, err := bootstrap.GRPC(scopeKey, addr, tls)
 	if err != nil {
 		t.Fatal(err)
 	}

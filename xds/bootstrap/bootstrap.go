@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"path"
 	"strconv"
 	"time"
 
@@ -17,6 +18,7 @@ import (
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	upstreamhttpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -34,18 +36,38 @@ const (
 	// CAKey holds the CA bundle the proxies verify the control plane's
 	// certificate with (absent when the xDS port is plaintext).
 	CAKey = "ca.crt"
+	// SDSKey holds the file-based SDS resource through which Envoy reads
+	// its SPIFFE client certificate (only when proxies present one).
+	SDSKey = "envoy-sds.yaml"
 )
 
 // MountPath is where pods mount their scope's bootstrap ConfigMap, so
 // that the bootstraps can name the CA bundle's file: MountPath/ca.crt.
 const MountPath = "/etc/scopeplane/xds"
 
-// TLS says how a proxy verifies the control plane; a nil *TLS is a
-// plaintext xDS port (--xds-insecure).
+// TLS says how a proxy verifies the control plane and proves who it is; a
+// nil *TLS is a plaintext xDS port (--xds-insecure), over which neither a
+// token nor a client certificate can be presented.
 type TLS struct {
-	// CAFile is the path of the CA bundle in the proxy's file system.
+	// CAFile is the path of the CA bundle in the proxy's file system; the
+	// ConfigMap's other files are beside it.
 	CAFile string
+	// Token makes the gRPC bootstrap send the projected ServiceAccount
+	// token at TokenPath (the server accepts tokens).
+	Token bool
+	// SPIFFEDir, when set, is where the pod mounts its SPIFFE certificate
+	// (tls.crt and tls.key; the server accepts SPIFFE certificates): Envoy
+	// presents it, since Envoy cannot send a rotating token, and so does
+	// gRPC when Token is false.
+	SPIFFEDir string
 }
+
+// SPIFFEDir is where cert-manager's SPIFFE CSI driver is conventionally
+// mounted (tls.crt, tls.key, ca.crt); SPIRE's helper can write there too.
+const SPIFFEDir = "/var/run/secrets/spiffe.io"
+
+// spiffeSecret is the SDS name of the SPIFFE certificate in SDSKey.
+const spiffeSecret = "spiffe"
 
 // TokenPath is where a proxy's pod mounts its projected ServiceAccount
 // token (audience scopeplane), which the gRPC bootstrap sends as call
@@ -143,8 +165,9 @@ func envoyTLS(host string, t *TLS) (*corev3.TransportSocket, error) {
 	ctx, err := anypb.New(&tlsv3.UpstreamTlsContext{
 		Sni: host,
 		CommonTlsContext: &tlsv3.CommonTlsContext{
-			TlsParams:     &tlsv3.TlsParameters{TlsMinimumProtocolVersion: tlsv3.TlsParameters_TLSv1_2},
-			AlpnProtocols: []string{"h2"},
+			TlsParams:                      &tlsv3.TlsParameters{TlsMinimumProtocolVersion: tlsv3.TlsParameters_TLSv1_2},
+			AlpnProtocols:                  []string{"h2"},
+			TlsCertificateSdsSecretConfigs: clientCertificate(t),
 			ValidationContextType: &tlsv3.CommonTlsContext_ValidationContext{ValidationContext: &tlsv3.CertificateValidationContext{
 				TrustedCa: &corev3.DataSource{Specifier: &corev3.DataSource_Filename{Filename: t.CAFile}},
 				MatchTypedSubjectAltNames: []*tlsv3.SubjectAltNameMatcher{{
@@ -160,6 +183,50 @@ func envoyTLS(host string, t *TLS) (*corev3.TransportSocket, error) {
 	return &corev3.TransportSocket{Name: "envoy.transport_sockets.tls", ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: ctx}}, nil
 }
 
+// clientCertificate is Envoy's SPIFFE certificate, read through the
+// ConfigMap's SDS file so that Envoy reloads it when the kubelet swaps the
+// files (a static certificate is read once, and a SPIFFE certificate lives
+// about an hour); nil when proxies present none.
+func clientCertificate(t *TLS) []*tlsv3.SdsSecretConfig {
+	if t.SPIFFEDir == "" {
+		return nil
+	}
+	dir := path.Dir(t.CAFile)
+	return []*tlsv3.SdsSecretConfig{{Name: spiffeSecret, SdsConfig: &corev3.ConfigSource{
+		ResourceApiVersion: corev3.ApiVersion_V3,
+		ConfigSourceSpecifier: &corev3.ConfigSource_PathConfigSource{PathConfigSource: &corev3.PathConfigSource{
+			Path: path.Join(dir, SDSKey), WatchedDirectory: &corev3.WatchedDirectory{Path: dir},
+		}},
+	}}}
+}
+
+// EnvoySDS returns the file-based SDS resource (YAML, ConfigMap key
+// SDSKey) holding Envoy's SPIFFE certificate, or nil when proxies present
+// none. Envoy reads the certificate files again when the kubelet swaps the
+// directory they are in.
+func EnvoySDS(t *TLS) ([]byte, error) {
+	if t == nil || t.SPIFFEDir == "" {
+		return nil, nil
+	}
+	secret := &tlsv3.Secret{Name: spiffeSecret, Type: &tlsv3.Secret_TlsCertificate{TlsCertificate: &tlsv3.TlsCertificate{
+		CertificateChain: &corev3.DataSource{Specifier: &corev3.DataSource_Filename{Filename: path.Join(t.SPIFFEDir, "tls.crt")}},
+		PrivateKey:       &corev3.DataSource{Specifier: &corev3.DataSource_Filename{Filename: path.Join(t.SPIFFEDir, "tls.key")}},
+		WatchedDirectory: &corev3.WatchedDirectory{Path: t.SPIFFEDir},
+	}}}
+	if err := secret.ValidateAll(); err != nil {
+		return nil, fmt.Errorf("rendered SDS secret is invalid: %w", err)
+	}
+	res, err := anypb.New(secret)
+	if err != nil {
+		return nil, err
+	}
+	js, err := protojson.Marshal(&discoveryv3.DiscoveryResponse{Resources: []*anypb.Any{res}})
+	if err != nil {
+		return nil, err
+	}
+	return yaml.JSONToYAML(js)
+}
+
 // GRPC returns a gRPC xDS bootstrap (JSON, for GRPC_XDS_BOOTSTRAP or
 // GRPC_XDS_BOOTSTRAP_CONFIG) that joins scope at server, over TLS verified
 // against tls.CAFile (gRPC's "tls" channel credentials, which re-read the
@@ -171,6 +238,8 @@ func GRPC(scope model.Key, server string, tls *TLS) ([]byte, error) {
 	}
 	type tlsConfig struct {
 		CACertificateFile string `json:"ca_certificate_file"`
+		CertificateFile   string `json:"certificate_file,omitempty"`
+		PrivateKeyFile    string `json:"private_key_file,omitempty"`
 	}
 	type creds struct {
 		Type   string     `json:"type"`
@@ -179,6 +248,12 @@ func GRPC(scope model.Key, server string, tls *TLS) ([]byte, error) {
 	channel := creds{Type: "insecure"}
 	if tls != nil {
 		channel = creds{Type: "tls", Config: &tlsConfig{CACertificateFile: tls.CAFile}}
+		// gRPC's tls channel credentials present a certificate from files
+		// (gRFC A65), read again as they rotate.
+		if !tls.Token && tls.SPIFFEDir != "" {
+			channel.Config.CertificateFile = path.Join(tls.SPIFFEDir, "tls.crt")
+			channel.Config.PrivateKeyFile = path.Join(tls.SPIFFEDir, "tls.key")
+		}
 	}
 	type tokenFile struct {
 		Path string `json:"jwt_token_file"`
@@ -192,7 +267,7 @@ func GRPC(scope model.Key, server string, tls *TLS) ([]byte, error) {
 	// over a secure channel, so a plaintext port's bootstrap has none;
 	// other gRPC languages ignore it.
 	var call []callCreds
-	if tls != nil {
+	if tls != nil && tls.Token {
 		call = []callCreds{{Type: "jwt_token_file", Config: tokenFile{Path: TokenPath}}}
 	}
 	type xdsServer struct {

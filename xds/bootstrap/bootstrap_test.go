@@ -8,6 +8,7 @@ import (
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/grpc/xds"
 	"google.golang.org/protobuf/encoding/protojson"
 	"sigs.k8s.io/yaml"
@@ -127,5 +128,92 @@ func TestBootstrapsUseTLSWithTheCAFile(t *testing.T) {
 		if up.GetSni() != host || vc.GetTrustedCa().GetFilename() != tls.CAFile || vc.GetMatchTypedSubjectAltNames()[0].GetMatcher().GetExact() != host {
 			t.Errorf("%s: want SNI and SAN %s and trusted CA %s:\n%s", server, host, tls.CAFile, y)
 		}
+	}
+}
+
+// TestBootstrapsPresentTheCredentialsTheServerAccepts checks what each
+// bootstrap presents: gRPC the token (call_creds) when tokens are accepted,
+// else the SPIFFE certificate files; Envoy, which cannot send a rotating
+// token, the SPIFFE certificate through the ConfigMap's SDS file, which
+// names the certificate files and the directory Envoy watches for their
+// rotation.
+func TestBootstrapsPresentTheCredentialsTheServerAccepts(t *testing.T) {
+	const ca = "/etc/scopeplane/xds/ca.crt"
+	for _, c := range []struct {
+		name                string
+		tls                 TLS
+		wantToken, wantCert bool
+	}{
+		{"tokens", TLS{CAFile: ca, Token: true}, true, false},
+		{"SPIFFE", TLS{CAFile: ca, SPIFFEDir: SPIFFEDir}, false, true},
+		{"both", TLS{CAFile: ca, Token: true, SPIFFEDir: SPIFFEDir}, true, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			g, err := GRPC(scope, "scopeplane.system.svc:18000", &c.tls)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := xds.NewXDSResolverWithConfigForTesting(g); err != nil {
+				t.Errorf("grpc-go refuses the bootstrap: %v\n%s", err, g)
+			}
+			if got := strings.Contains(string(g), `"jwt_token_file": "`+TokenPath+`"`); got != c.wantToken {
+				t.Errorf("gRPC sends the token: %v, want %v\n%s", got, c.wantToken, g)
+			}
+			if got := strings.Contains(string(g), `"certificate_file": "`+SPIFFEDir+`/tls.crt"`) && strings.Contains(string(g), `"private_key_file": "`+SPIFFEDir+`/tls.key"`); got != c.wantCert {
+				t.Errorf("gRPC presents the SPIFFE certificate: %v, want %v\n%s", got, c.wantCert, g)
+			}
+
+			y, err := Envoy(scope, model.SotW, "scopeplane.system.svc:18000", &c.tls)
+			if err != nil {
+				t.Fatal(err)
+			}
+			js, err := yaml.YAMLToJSON(y)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b := &bootstrapv3.Bootstrap{}
+			if err := protojson.Unmarshal(js, b); err != nil {
+				t.Fatal(err)
+			}
+			up := &tlsv3.UpstreamTlsContext{}
+			if err := b.GetStaticResources().GetClusters()[0].GetTransportSocket().GetTypedConfig().UnmarshalTo(up); err != nil {
+				t.Fatal(err)
+			}
+			sdsConfigs := up.GetCommonTlsContext().GetTlsCertificateSdsSecretConfigs()
+			sds, err := EnvoySDS(&c.tls)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.tls.SPIFFEDir == "" {
+				if len(sdsConfigs) != 0 || sds != nil {
+					t.Fatalf("Envoy presents a certificate the server does not accept:\n%s\n%s", y, sds)
+				}
+				return
+			}
+			if len(sdsConfigs) != 1 {
+				t.Fatalf("Envoy presents %d certificates, want the SPIFFE one:\n%s", len(sdsConfigs), y)
+			}
+			src := sdsConfigs[0].GetSdsConfig().GetPathConfigSource()
+			if src.GetPath() != "/etc/scopeplane/xds/"+SDSKey || src.GetWatchedDirectory().GetPath() != "/etc/scopeplane/xds" {
+				t.Errorf("Envoy reads its certificate from %q watching %q, want the ConfigMap's %s:\n%s", src.GetPath(), src.GetWatchedDirectory().GetPath(), SDSKey, y)
+			}
+			sj, err := yaml.YAMLToJSON(sds)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp := &discoveryv3.DiscoveryResponse{}
+			if err := protojson.Unmarshal(sj, resp); err != nil || len(resp.GetResources()) != 1 {
+				t.Fatalf("the SDS file is not one resource: %v\n%s", err, sds)
+			}
+			secret := &tlsv3.Secret{}
+			if err := resp.GetResources()[0].UnmarshalTo(secret); err != nil {
+				t.Fatal(err)
+			}
+			cert := secret.GetTlsCertificate()
+			if secret.GetName() != sdsConfigs[0].GetName() || cert.GetCertificateChain().GetFilename() != SPIFFEDir+"/tls.crt" ||
+				cert.GetPrivateKey().GetFilename() != SPIFFEDir+"/tls.key" || cert.GetWatchedDirectory().GetPath() != SPIFFEDir {
+				t.Errorf("the SDS secret does not name the SPIFFE files and their directory:\n%s", sds)
+			}
+		})
 	}
 }
