@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"flag"
 	"fmt"
 	"io"
@@ -43,7 +44,7 @@ func freePort(t *testing.T) string {
 // TestBinaryServesProbesMetricsAndXDS builds the real binary and runs it
 // against the test API server, as a Deployment would: /readyz passes once
 // the first build is done, the metrics endpoint serves scopeplane's
-// metrics, and the xDS port accepts connections.
+// metrics, and the xDS port serves TLS from the CA the binary created.
 func TestBinaryServesProbesMetricsAndXDS(t *testing.T) {
 	env, err := localapi.Start()
 	if err != nil {
@@ -60,8 +61,14 @@ func TestBinaryServesProbesMetricsAndXDS(t *testing.T) {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
 	metrics, probes, xds, admin := freePort(t), freePort(t), freePort(t), freePort(t)
+	// xDS over TLS from the self-managed CA, as a default install: the
+	// binary creates its Secret in its namespace before /readyz passes.
+	if err := env.Client.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "scopeplane-test"}}); err != nil {
+		t.Fatal(err)
+	}
 	cmd := exec.Command(bin, "--metrics-bind-address="+metrics, "--health-probe-bind-address="+probes,
-		"--xds-bind-address="+xds, "--xds-server-address=scopeplane.test.svc:18000", "--admin-bind-address="+admin)
+		"--xds-bind-address="+xds, "--xds-server-address=scopeplane.test.svc:18000", "--admin-bind-address="+admin,
+		"--xds-tls-secret-namespace=scopeplane-test")
 	// The chart passes the container's memory limit (512Mi) this way.
 	cmd.Env = append(withoutEnv(os.Environ(), "GOMEMLIMIT"), "KUBECONFIG="+kubeconfig, memoryLimitEnv+"=536870912")
 	var logs strings.Builder
@@ -107,9 +114,20 @@ func TestBinaryServesProbesMetricsAndXDS(t *testing.T) {
 	if !strings.Contains(body, `scopeplane_build_info{goversion="`+runtime.Version()+`",version="test-1"} 1`) {
 		t.Errorf("the metrics endpoint does not serve scopeplane_build_info for version test-1:\n%.2000s", body)
 	}
-	conn, err := net.DialTimeout("tcp", xds, 5*time.Second)
+	// The xDS port completes a TLS handshake whose certificate the CA in
+	// the self-managed Secret verifies for the advertised name.
+	sec := &corev1.Secret{}
+	if err := env.Client.Get(context.Background(), client.ObjectKey{Namespace: "scopeplane-test", Name: "scopeplane-xds-tls"}, sec); err != nil {
+		t.Fatalf("the self-managed CA's Secret: %v", err)
+	}
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(sec.Data["ca.crt"]) {
+		t.Fatalf("the Secret's ca.crt holds no certificate")
+	}
+	conn, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", xds,
+		&tls.Config{RootCAs: roots, ServerName: "scopeplane.test.svc", NextProtos: []string{"h2"}, MinVersion: tls.VersionTLS12})
 	if err != nil {
-		t.Fatalf("the xDS port does not accept connections: %v", err)
+		t.Fatalf("the xDS port does not complete a verified TLS handshake: %v", err)
 	}
 	_ = conn.Close()
 	cc, err := grpc.NewClient(admin, grpc.WithTransportCredentials(insecure.NewCredentials()))

@@ -28,6 +28,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/scopeplane/scopeplane/xds/auth"
+	"github.com/scopeplane/scopeplane/xds/catalog"
 	"github.com/scopeplane/scopeplane/xds/model"
 	"github.com/scopeplane/scopeplane/xds/pipeline"
 	"github.com/scopeplane/scopeplane/xds/server"
@@ -244,6 +245,9 @@ type scopeplaneCP struct{ *pipeline.Pipeline }
 
 func newScopeplane(w *World) *scopeplaneCP {
 	p := pipeline.New(pipeline.Options{Server: server.Options{Authenticator: &auth.Authenticator{AllowAnonymous: true}}})
+	// The baseline serves every scope the Services its selections name, in
+	// any namespace; so does scopeplane here, as with --cross-namespace=allow.
+	p.Catalog.SetCrossNamespace(catalog.CrossNamespaceAllow, false)
 	for _, svc := range w.Services {
 		p.Catalog.UpsertService(svc)
 	}
