@@ -717,7 +717,7 @@ func TestSlowReaderIsDisconnected(t *testing.T) {
 // a TLS port: the listener that closes a slow reader's connection sits
 // below TLS and finds it by remote address all the same.
 func TestSlowReaderIsDisconnectedOverTLS(t *testing.T) {
-	p := pipeline.New(pipeline.Options{Server: server.Options{SendTimeout: 200 * time.Millisecond}})
+	p := pipeline.New(pipeline.Options{Server: server.Options{SendTimeout: 200 * time.Millisecond, Authenticator: &auth.Authenticator{AllowAnonymous: true}}})
 	for i := range services {
 		p.Catalog.UpsertService(testkit.Service("default", fmt.Sprintf("svc-%04d", i), "10.0.0.1"))
 	}
