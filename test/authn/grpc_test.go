@@ -1,7 +1,8 @@
 // Package authn_test runs a real grpc-go xDS client against the xDS server
 // with the bootstrap scopeplane writes, authenticated either way a proxy
 // can be: its call_creds send the projected token file, or its TLS channel
-// credentials present a SPIFFE client certificate.
+// credentials present a SPIFFE client certificate. The token is signed by a
+// local issuer, or issued by the real API server (TokenRequest).
 package authn_test
 
 import (
@@ -21,8 +22,14 @@ import (
 	"google.golang.org/grpc/credentials"
 	grpcinsecure "google.golang.org/grpc/credentials/insecure"
 	_ "google.golang.org/grpc/xds" // the xds:/// resolver
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
 
+	"github.com/scopeplane/scopeplane/internal/localapi"
 	"github.com/scopeplane/scopeplane/internal/testkit"
 	"github.com/scopeplane/scopeplane/xds/auth"
 	"github.com/scopeplane/scopeplane/xds/auth/authtest"
@@ -87,6 +94,49 @@ func TestGRPCClientSendsToken(t *testing.T) {
 	cc["config"].(map[string]any)["jwt_token_file"] = tokenFile
 	startClient(t, b)
 	waitForIdentity(t, p, "system:serviceaccount:shop:payments-app (pod envoy-7f9)")
+}
+
+// TestGRPCClientSendsTokenRequestToken is TestGRPCClientSendsToken with a
+// token the real API server issued (TokenRequest, as the kubelet asks for a
+// projected volume), verified through the API server's issuer keys.
+func TestGRPCClientSendsTokenRequestToken(t *testing.T) {
+	env, err := localapi.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Stop() })
+	cs, err := kubernetes.NewForConfig(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.CoreV1().ServiceAccounts("shop").Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "payments-app"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	tr, err := cs.CoreV1().ServiceAccounts("shop").CreateToken(ctx, "payments-app", &authenticationv1.TokenRequest{
+		Spec: authenticationv1.TokenRequestSpec{Audiences: []string{"scopeplane"}, ExpirationSeconds: ptr.To(int64(600))},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := auth.Config{Methods: "token", Audience: "scopeplane"}.Build(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca := authtest.NewCA(t, "xds")
+	p, addr := serve(t, ca, a)
+	dir := t.TempDir()
+	tokenFile := filepath.Join(dir, "token")
+	if err := os.WriteFile(tokenFile, []byte(tr.Status.Token), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b := scopeBootstrap(t, addr, &bootstrap.TLS{CAFile: writePEM(t, dir, "ca.pem", "CERTIFICATE", ca.Cert.Raw), Token: true})
+	b["xds_servers"].([]any)[0].(map[string]any)["call_creds"].([]any)[0].(map[string]any)["config"].(map[string]any)["jwt_token_file"] = tokenFile
+	startClient(t, b)
+	waitForIdentity(t, p, "system:serviceaccount:shop:payments-app")
 }
 
 // TestGRPCClientPresentsSPIFFECertificate starts a grpc-go xDS client with
