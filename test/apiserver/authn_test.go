@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"net"
 	"strings"
 	"testing"
 	"time"
@@ -116,20 +115,9 @@ func streamAuthenticates(t *testing.T, a *auth.Authenticator, token string) {
 		})
 	}
 	p.Sync()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- p.Server.ServeListener(ctx, lis, grpc.Creds(credentials.NewTLS(ca.ServerTLS()))) }()
-	defer func() {
-		cancel()
-		if err := <-served; err != nil {
-			t.Errorf("serve: %v", err)
-		}
-	}()
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(credentials.NewTLS(ca.ClientTLS(nil, nil))))
+	addr := testkit.ServeTLS(t, p.Server.ServeListener, ca.ServerTLS())
+	ctx := context.Background()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(ca.ClientTLS(nil, nil))))
 	if err != nil {
 		t.Fatal(err)
 	}

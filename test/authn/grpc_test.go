@@ -11,7 +11,6 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,7 +18,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
 	grpcinsecure "google.golang.org/grpc/credentials/insecure"
 	_ "google.golang.org/grpc/xds" // the xds:/// resolver
 	authenticationv1 "k8s.io/api/authentication/v1"
@@ -183,20 +181,7 @@ func serve(t *testing.T, ca *authtest.CA, a *auth.Authenticator) (*pipeline.Pipe
 		Selections: []model.Selection{{Namespace: "shop", Selector: labels.Everything()}},
 	})
 	p.Sync()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- p.Server.ServeListener(ctx, lis, grpc.Creds(credentials.NewTLS(ca.ServerTLS()))) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-served; err != nil {
-			t.Errorf("serve: %v", err)
-		}
-	})
-	return p, lis.Addr().String()
+	return p, testkit.ServeTLS(t, p.Server.ServeListener, ca.ServerTLS())
 }
 
 // scopeKey is the scope every test's client joins.

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"testing"
 	"time"
 
@@ -59,20 +58,8 @@ func startAuthnPlane(t *testing.T) *authnPlane {
 		p.Catalog.UpsertScope(sc)
 	}
 	p.Sync()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- p.Server.ServeListener(ctx, lis, grpc.Creds(credentials.NewTLS(ca.ServerTLS()))) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-served; err != nil {
-			t.Errorf("serve: %v", err)
-		}
-	})
-	return &authnPlane{p: p, addr: lis.Addr().String(), ca: ca, iss: iss}
+	addr := testkit.ServeTLS(t, p.Server.ServeListener, ca.ServerTLS())
+	return &authnPlane{p: p, addr: addr, ca: ca, iss: iss}
 }
 
 // open opens a SotW stream naming scope, with the client certificate der
