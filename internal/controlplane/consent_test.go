@@ -79,17 +79,20 @@ func TestNamespaceConsent(t *testing.T) {
 			Services: sel[1:], Listener: xdsv1alpha1.ListenerSpec{Mode: xdsv1alpha1.ListenerModeEnvoy, Port: ptr.To[int32](10080)},
 		}},
 	)
-	refused := func(what string) {
+	// refused expects sotw to be served with consent-b's Services left out,
+	// and only-b, which selects nothing else, Accepted as onlyB says: False
+	// while none of consent-b's Services is granted, True once some are.
+	refused := func(what string, onlyB metav1.ConditionStatus) {
 		t.Helper()
 		ps := expectCondition(t, "consent-a", "sotw", xdsv1alpha1.ConditionAccepted, metav1.ConditionTrue, xdsv1alpha1.ReasonRefNotPermitted)
 		if c := meta.FindStatusCondition(ps.Status.Conditions, xdsv1alpha1.ConditionAccepted); !strings.Contains(c.Message, "Services of consent-b") {
 			t.Errorf("%s: the Accepted message does not name consent-b: %s", what, c.Message)
 		}
 		expectCondition(t, "consent-a", "sotw", xdsv1alpha1.ConditionDegraded, metav1.ConditionTrue, xdsv1alpha1.ReasonRefNotPermitted)
-		expectCondition(t, "consent-a", "only-b", xdsv1alpha1.ConditionAccepted, metav1.ConditionFalse, xdsv1alpha1.ReasonRefNotPermitted)
+		expectCondition(t, "consent-a", "only-b", xdsv1alpha1.ConditionAccepted, onlyB, xdsv1alpha1.ReasonRefNotPermitted)
 	}
 
-	refused("no ReferenceGrant")
+	refused("no ReferenceGrant", metav1.ConditionFalse)
 	// Connected once the scopes are built (a proxy naming a scope not built
 	// yet is refused).
 	expectCondition(t, "consent-a", "delta", xdsv1alpha1.ConditionAccepted, metav1.ConditionTrue, xdsv1alpha1.ReasonRefNotPermitted)
@@ -111,12 +114,12 @@ func TestNamespaceConsent(t *testing.T) {
 		referenceGrant("consent-b", "other-kind", "consent-a", "", "Secret", ""),
 	)
 	expectAll("grants from another namespace or to another kind", "consent-a/own:80")
-	refused("grants that do not count")
+	refused("grants that do not count", metav1.ConditionFalse)
 
 	byName := referenceGrant("consent-b", "api", "consent-a", "", "Service", "api")
 	create(t, byName)
 	expectAll("api granted by name", "consent-a/own:80", "consent-b/api:80")
-	refused("db is still not granted")
+	refused("db is still not granted", metav1.ConditionTrue)
 
 	all := referenceGrant("consent-b", "all", "consent-a", "", "Service", "")
 	create(t, all)
@@ -132,7 +135,7 @@ func TestNamespaceConsent(t *testing.T) {
 		}
 	}
 	expectAll("grants revoked", "consent-a/own:80")
-	refused("grants revoked")
+	refused("grants revoked", metav1.ConditionFalse)
 	if !sotw.Running() || !delta.Running() {
 		t.Errorf("a proxy's stream ended on the revocation: SotW %v, delta %v", sotw.Err(), delta.Err())
 	}
