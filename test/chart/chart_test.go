@@ -480,6 +480,7 @@ func TestRBACFollowsValues(t *testing.T) {
 			}{
 				{"the Role, leases", "coordination.k8s.io", "leases", roles["Role"], slices.Contains(args, "--leader-elect")},
 				{"the ClusterRole, ConfigMaps", "", "configmaps", roles["ClusterRole"], slices.Contains(args, "--bootstrap-configmaps=true")},
+				{"the Role, ConfigMaps (replicas' feedback)", "", "configmaps", roles["Role"], slices.Contains(args, "--leader-elect")},
 				{"the ClusterRole, TokenReviews", "authentication.k8s.io", "tokenreviews", roles["ClusterRole"], slices.Contains(args, "--metrics-secure=true") || tokenAuth},
 				{"the ClusterRole, SubjectAccessReviews", "authorization.k8s.io", "subjectaccessreviews", roles["ClusterRole"], slices.Contains(args, "--metrics-secure=true")},
 				{"the ClusterRole, ReferenceGrants", "gateway.networking.k8s.io", "referencegrants", roles["ClusterRole"], slices.Contains(args, "--cross-namespace=grant")},
@@ -494,7 +495,7 @@ func TestRBACFollowsValues(t *testing.T) {
 
 // allowedAccess is everything scopeplane may do, by "group/resource": read
 // Services, EndpointSlices and Namespaces; read ProxyScopes and write their
-// status; write the bootstrap ConfigMaps; hold the leader election Lease;
+// status; write the bootstrap ConfigMaps (and, in the release namespace, the replicas' feedback ConfigMaps); hold the leader election Lease;
 // record Events; ask the API server who calls the metrics endpoint and
 // whether it may; read the ReferenceGrants through which namespaces consent
 // to cross-namespace selections. A new permission must be added here on purpose.
@@ -512,6 +513,11 @@ var allowedAccess = map[string][]string{
 	"authentication.k8s.io/tokenreviews":        {"create"},
 	"authorization.k8s.io/subjectaccessreviews": {"create"},
 }
+
+// namespacedVerbs are verbs allowed only in the Role of the release
+// namespace: a replica deletes its own feedback ConfigMap there when it
+// stops, and may delete no other ConfigMap.
+var namespacedVerbs = map[string][]string{"/configmaps": {"delete"}}
 
 // namespacedOnly is what scopeplane may do only in its own namespace, so
 // only a Role may grant it: the leader election Lease (a ClusterRole would
@@ -537,6 +543,9 @@ func checkLeastPrivilege(t *testing.T, kind string, rules []rbacv1.PolicyRule) {
 				}
 				if kind == "ClusterRole" && slices.Contains(namespacedOnly, g+"/"+res) {
 					t.Errorf("the ClusterRole grants %q in group %q cluster-wide: it belongs in the Role of the release namespace", res, g)
+				}
+				if kind == "Role" {
+					allowed = append(slices.Clone(allowed), namespacedVerbs[g+"/"+res]...)
 				}
 				for _, v := range r.Verbs {
 					if !slices.Contains(allowed, v) {
