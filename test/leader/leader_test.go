@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -22,6 +23,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
+	"github.com/scopeplane/scopeplane/controllers/replicafeedback"
 	"github.com/scopeplane/scopeplane/internal/controlplane"
 	"github.com/scopeplane/scopeplane/internal/localapi"
 	"github.com/scopeplane/scopeplane/internal/scheme"
@@ -44,7 +46,9 @@ func startReplica(t *testing.T, env *localapi.Env, name string) *replica {
 	t.Helper()
 	// The manager as main builds it, and leader election as main asks
 	// controlplane.Setup for it, with shorter timings.
-	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
+	cfg := rest.CopyConfig(env.Config)
+	cfg.UserAgent = userAgent(name)
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme: scheme.Scheme, Cache: controlplane.CacheOptions(),
 		Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
 		// Two replicas share this test process, and so controller names.
@@ -65,6 +69,7 @@ func startReplica(t *testing.T, env *localapi.Env, name string) *replica {
 			Enabled: true, ID: "scopeplane-test", Namespace: "default",
 			LeaseDuration: 3 * time.Second, RenewDeadline: 2 * time.Second, RetryPeriod: 200 * time.Millisecond,
 		},
+		Replica: replicafeedback.Replica{Name: name},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -79,6 +84,9 @@ func startReplica(t *testing.T, env *localapi.Env, name string) *replica {
 	t.Cleanup(r.stop)
 	return r
 }
+
+// userAgent is what replica name's writes are recorded under.
+func userAgent(name string) string { return "scopeplane-replica-" + name }
 
 func (r *replica) stop() {
 	r.cancel()
@@ -162,28 +170,31 @@ func TestOnlyTheLeaderWritesStatusAndAnotherTakesOver(t *testing.T) {
 		}
 		return true, ""
 	})
-	// The status is the leader's view (its own proxies), and only the leader
-	// writes it: were the other replica writing too, the count would flip.
-	connected := func() int32 {
+	// The status counts every replica's proxies, and only the leader writes
+	// it: each replica's manager writes under its own name (its user
+	// agent), so the status's field managers say who wrote.
+	get := func() *xdsv1alpha1.ProxyScope {
 		ps := &xdsv1alpha1.ProxyScope{}
 		if err := env.Client.Get(ctx, client.ObjectKey{Namespace: "default", Name: "ha"}, ps); err != nil {
 			t.Fatal(err)
 		}
-		return ptr.Deref(ps.Status.ConnectedProxies, 0)
+		return ps
 	}
-	want := int32(len(proxies[leader]))
-	testkit.Eventually(t, "status written by the leader "+leader.name, func() (bool, string) {
+	connected := func() int32 { return ptr.Deref(get().Status.ConnectedProxies, 0) }
+	want := int32(len(proxies[a]) + len(proxies[b]))
+	testkit.Eventually(t, "status written by the leader "+leader.name+", counting both replicas' proxies", func() (bool, string) {
 		return connected() == want, fmt.Sprint(connected())
 	})
-	for range 20 {
-		if got := connected(); got != want {
-			t.Fatalf("status.connectedProxies flipped to %d while %s leads (its count is %d): another replica wrote status", got, leader.name, want)
+	for _, f := range get().ManagedFields {
+		if f.Subresource == "status" && f.Manager != userAgent(leader.name) {
+			t.Errorf("the status was written by %s too, while %s leads", f.Manager, leader.name)
 		}
-		time.Sleep(100 * time.Millisecond)
 	}
 
 	// The leader goes away; the other replica takes over the status.
 	leader.stop()
+	// Its proxies, whose streams ended with it, leave the counts: it
+	// deleted its feedback ConfigMap as it stopped.
 	want = int32(len(proxies[other]))
 	testkit.Eventually(t, "replica "+other.name+" leading and writing status", func() (bool, string) {
 		return other.leads() && connected() == want, fmt.Sprintf("leads %v, connectedProxies %d", other.leads(), connected())
