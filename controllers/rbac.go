@@ -1,9 +1,10 @@
 package controllers
 
 // The permissions the operator needs, generated into config/rbac by
-// controller-gen: read the inputs of translation.
+// controller-gen: read the inputs of translation, and Nodes' metadata for
+// the zone of a proxy whose token names its Node.
 
-// +kubebuilder:rbac:groups="",resources=services;namespaces,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=services;namespaces;nodes,verbs=get;list;watch
 // +kubebuilder:rbac:groups=discovery.k8s.io,resources=endpointslices,verbs=get;list;watch
 // +kubebuilder:rbac:groups=xds.scopeplane.dev,resources=proxyscopes,verbs=get;list;watch
 // +kubebuilder:rbac:groups=gateway.networking.k8s.io,resources=referencegrants,verbs=get;list;watch

@@ -96,7 +96,7 @@ func TestReplicasReachTheLeader(t *testing.T) {
 		tr := feedback.New(0)
 		trackers[name] = tr
 		for j := range i + 1 {
-			id := tr.Connect(web, &corev3.Node{Id: fmt.Sprintf("%s-%d", name, j)}, model.Delta, "127.0.0.1:1", "")
+			id := tr.Connect(web, &corev3.Node{Id: fmt.Sprintf("%s-%d", name, j)}, model.Delta, "127.0.0.1:1", "", model.Location{})
 			tr.AtVersion(web, id, "v1", time.Time{})
 		}
 		p := &Publisher{Client: env.Client, Feedback: tr, Replica: Replica{Name: name, Namespace: ns, Heartbeat: time.Second}, Log: logr.Discard()}
@@ -107,7 +107,7 @@ func TestReplicasReachTheLeader(t *testing.T) {
 		return all == 3 && synced == 3, fmt.Sprintf("%d connected, %d at v1", all, synced)
 	})
 
-	id := trackers["r2"].Connect(web, &corev3.Node{Id: "bad"}, model.SotW, "127.0.0.1:2", "system:serviceaccount:shop:envoy")
+	id := trackers["r2"].Connect(web, &corev3.Node{Id: "bad"}, model.SotW, "127.0.0.1:2", "system:serviceaccount:shop:envoy", model.Location{})
 	trackers["r2"].NACKed(web, id, "type.googleapis.com/envoy.config.cluster.v3.Cluster", "v1", "bad cluster", feedback.HeldBack{})
 	testkit.Eventually(t, "a follower's NACK counted", func() (bool, string) {
 		s := feedback.Merge(leader.Get(web)...)
@@ -143,7 +143,7 @@ func TestDamagedReportIsLeftOut(t *testing.T) {
 	ns := namespace(t, "damaged")
 	leader := collector(t, Replica{Name: "leader", Namespace: ns})
 	tr := feedback.New(0)
-	tr.Connect(web, &corev3.Node{Id: "p"}, model.SotW, "", "")
+	tr.Connect(web, &corev3.Node{Id: "p"}, model.SotW, "", "", model.Location{})
 	p := &Publisher{Client: env.Client, Feedback: tr, Replica: Replica{Name: "damaged", Namespace: ns}, Log: logr.Discard()}
 	if err := p.publish(context.Background(), time.Now()); err != nil {
 		t.Fatal(err)
@@ -172,7 +172,7 @@ func TestWritesAreBoundedUnderChurn(t *testing.T) {
 	tr := feedback.New(0)
 	ids := make([]uint64, 1000)
 	for i := range ids {
-		ids[i] = tr.Connect(web, &corev3.Node{Id: fmt.Sprintf("p-%d", i)}, model.Delta, "", "")
+		ids[i] = tr.Connect(web, &corev3.Node{Id: fmt.Sprintf("p-%d", i)}, model.Delta, "", "", model.Location{})
 	}
 	const interval = DefaultInterval
 	p := &Publisher{Client: env.Client, Feedback: tr, Replica: Replica{Name: "churn", Namespace: ns}, Log: logr.Discard()}

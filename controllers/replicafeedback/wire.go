@@ -76,6 +76,7 @@ type nack struct {
 	Node     string `json:"node"`
 	Peer     string `json:"peer,omitempty"`
 	Identity string `json:"identity,omitempty"`
+	Zone     string `json:"zone,omitempty"`
 	TypeURL  string `json:"typeURL"`
 	Version  string `json:"version"`
 	Detail   string `json:"detail"`
@@ -123,7 +124,7 @@ func toWire(s *feedback.Summary, services bool, nacks int) *scope {
 		}
 	}
 	for _, n := range s.NACKs[:min(len(s.NACKs), nacks)] {
-		w.NACKs = append(w.NACKs, nack{Node: n.Node, Peer: n.Peer, Identity: n.Identity, TypeURL: n.TypeURL, Version: n.Version, Detail: n.Detail, Time: millis(n.Time)})
+		w.NACKs = append(w.NACKs, nack{Node: n.Node, Peer: n.Peer, Identity: n.Identity, Zone: n.Zone, TypeURL: n.TypeURL, Version: n.Version, Detail: n.Detail, Time: millis(n.Time)})
 	}
 	c := &s.Cost
 	w.Cost = cost{
@@ -157,7 +158,7 @@ func (w *scope) summary() feedback.Summary {
 		s.LastRefused[k] = fromMillis(v)
 	}
 	for _, n := range w.NACKs {
-		s.NACKs = append(s.NACKs, feedback.NACK{Node: n.Node, Peer: n.Peer, Identity: n.Identity, TypeURL: n.TypeURL, Version: n.Version, Detail: n.Detail, Time: fromMillis(n.Time)})
+		s.NACKs = append(s.NACKs, feedback.NACK{Node: n.Node, Peer: n.Peer, Identity: n.Identity, Zone: n.Zone, TypeURL: n.TypeURL, Version: n.Version, Detail: n.Detail, Time: fromMillis(n.Time)})
 	}
 	c := &w.Cost
 	s.Cost = feedback.CostWindow{

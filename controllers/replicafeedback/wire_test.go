@@ -24,7 +24,7 @@ func sample(services, nacks int) feedback.Summary {
 		NackingCount: 1,
 	}
 	for i := range nacks {
-		s.NACKs = append(s.NACKs, feedback.NACK{Node: "envoy-1", Peer: "10.0.0.1:1", Identity: "system:serviceaccount:shop:envoy", TypeURL: "t", Version: "v1",
+		s.NACKs = append(s.NACKs, feedback.NACK{Node: "envoy-1", Peer: "10.0.0.1:1", Identity: "system:serviceaccount:shop:envoy", Zone: "zone-a", TypeURL: "t", Version: "v1",
 			Detail: fmt.Sprint(i, strings.Repeat("x", 1000)), Time: at})
 	}
 	if services > 0 {

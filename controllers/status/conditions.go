@@ -263,7 +263,7 @@ func compute(prev *xdsv1alpha1.ProxyScopeStatus, in *Inputs) (xdsv1alpha1.ProxyS
 	st.RecentNACKs = nil
 	for _, n := range in.Feedback.NACKs {
 		st.RecentNACKs = append(st.RecentNACKs, xdsv1alpha1.ProxyNACK{
-			Node: n.Node, Peer: n.Peer, Identity: n.Identity, TypeURL: n.TypeURL, Version: n.Version, Detail: n.Detail, Time: metav1.NewTime(n.Time.Truncate(time.Second)),
+			Node: n.Node, Peer: n.Peer, Identity: n.Identity, Zone: n.Zone, TypeURL: n.TypeURL, Version: n.Version, Detail: n.Detail, Time: metav1.NewTime(n.Time.Truncate(time.Second)),
 		})
 	}
 	d, recheck := degraded(in)

@@ -29,6 +29,7 @@ import (
 
 	"github.com/scopeplane/scopeplane/controllers"
 	"github.com/scopeplane/scopeplane/controllers/bootstrapconfig"
+	"github.com/scopeplane/scopeplane/controllers/nodezones"
 	"github.com/scopeplane/scopeplane/controllers/replicafeedback"
 	"github.com/scopeplane/scopeplane/controllers/status"
 	"github.com/scopeplane/scopeplane/internal/apiwatch"
@@ -176,6 +177,13 @@ func (cp *ControlPlane) Leading() bool { return cp.elector.Leading() }
 // election: losing the Lease then stops only the writing, never the
 // manager and the ADS streams it serves.
 func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) (*ControlPlane, error) {
+	if opts.Server.Zones == nil {
+		zones, err := nodezones.New(ctx, mgr.GetCache())
+		if err != nil {
+			return nil, err
+		}
+		opts.Server.Zones = zones
+	}
 	cp := &ControlPlane{
 		Pipeline: pipeline.New(pipeline.Options{CoalesceWindow: opts.CoalesceWindow, Server: opts.Server, CostBucket: opts.CostBucket}),
 		opts:     opts,

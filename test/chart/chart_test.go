@@ -529,16 +529,17 @@ func TestRBACFollowsValues(t *testing.T) {
 }
 
 // allowedAccess is everything scopeplane may do, by "group/resource": read
-// Services, EndpointSlices and Namespaces; read ProxyScopes and write their
+// Services, EndpointSlices and Namespaces, and Nodes (their zone label); read ProxyScopes and write their
 // status; write the bootstrap ConfigMaps (and, in the release namespace, the replicas' feedback ConfigMaps); hold the leader election Lease;
 // record Events; ask the API server who calls the metrics endpoint and
 // whether it may; read the ReferenceGrants through which namespaces consent
 // to cross-namespace selections. A new permission must be added here on purpose.
 var allowedAccess = map[string][]string{
-	"/services":                                 {"get", "list", "watch"},
-	"discovery.k8s.io/endpointslices":           {"get", "list", "watch"},
-	"/namespaces":                               {"get", "list", "watch"},
-	"xds.scopeplane.dev/proxyscopes":            {"get", "list", "watch"},
+	"/services":                       {"get", "list", "watch"},
+	"discovery.k8s.io/endpointslices": {"get", "list", "watch"},
+	"/namespaces":                     {"get", "list", "watch"},
+	"/nodes":                          {"get", "list", "watch"},
+	"xds.scopeplane.dev/proxyscopes":  {"get", "list", "watch"},
 	"gateway.networking.k8s.io/referencegrants": {"get", "list", "watch"},
 	"xds.scopeplane.dev/proxyscopes/status":     {"get", "update", "patch"},
 	"/configmaps":                               {"get", "list", "watch", "create", "update", "patch"},

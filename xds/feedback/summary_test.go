@@ -20,7 +20,7 @@ func TestMergeAddsUpReplicas(t *testing.T) {
 		tr.now = func() time.Time { return clock }
 	}
 	connect := func(tr *Tracker, node string, p model.Protocol, version string) uint64 {
-		id := tr.Connect(key, &corev3.Node{Id: node}, p, "", "")
+		id := tr.Connect(key, &corev3.Node{Id: node}, p, "", "", model.Location{})
 		tr.AtVersion(key, id, version, time.Time{})
 		tr.Sent(key, p, "t", Push{Resources: 1, Bytes: 100, OtherBytes: 80, Connect: true})
 		return id
@@ -37,7 +37,7 @@ func TestMergeAddsUpReplicas(t *testing.T) {
 	connect(all, "delta", model.Delta, "v1")
 	clock = clock.Add(time.Second)
 	for _, tr := range []*Tracker{b, all} {
-		id := tr.Connect(key, &corev3.Node{Id: "bad"}, model.SotW, "", "")
+		id := tr.Connect(key, &corev3.Node{Id: "bad"}, model.SotW, "", "", model.Location{})
 		tr.NACKed(key, id, "t", "v1", "bad", HeldBack{Resources: 2})
 		tr.Refuse(key, RefusedWrongProto)
 	}
