@@ -224,5 +224,10 @@ func panel(m metric, a axis, fixed int, cells []*Result) (*plot.Plot, error) {
 	case slices.Min(ys) == slices.Max(ys):
 		p.Y.Min, p.Y.Max = ys[0]/2, ys[0]*2
 	}
+	// Headroom above the highest line for the legend, which is drawn in
+	// the top left corner.
+	if len(ys) > 0 {
+		p.Y.Max = max(p.Y.Max, slices.Max(ys)) * 30
+	}
 	return p, nil
 }
