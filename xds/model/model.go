@@ -137,11 +137,11 @@ type Location struct {
 type LocationSource string
 
 const (
-	// LocatedByNode: the authenticated ServiceAccount token names the
+	// LocatedByNode says the authenticated ServiceAccount token names the
 	// proxy's pod and Node, and the zone is that Node's
 	// topology.kubernetes.io/zone label.
 	LocatedByNode LocationSource = "Node"
-	// LocatedByBootstrap: the proxy declares node.locality.zone in its
+	// LocatedByBootstrap says the proxy declares node.locality.zone in its
 	// bootstrap, which nothing verifies.
 	LocatedByBootstrap LocationSource = "Bootstrap"
 )
