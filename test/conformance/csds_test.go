@@ -173,10 +173,10 @@ func TestClientStatus(t *testing.T) {
 			// The kubectl plugin, at the same address.
 			out := runPlugin(t, "proxy-status", "--address", addr)
 			for _, want := range []string{
-				// PEER is the address each stream came from; IDENTITY is "-"
-				// for these anonymous streams.
-				`(?m)^envoy-1\s+127\.0\.0\.1:\d+\s+-\s+shop/gw\s+` + pr.name + `\s+SYNCED\s+SYNCED\s+SYNCED\s+SYNCED\s+` + regexp.QuoteMeta(addr),
-				`(?m)^picky\s+127\.0\.0\.1:\d+\s+-\s+shop/gw\s+` + pr.name + `\s+NACKED\s`,
+				// PEER is the address each stream came from; IDENTITY and ZONE
+				// are "-" for these anonymous streams that declare no zone.
+				`(?m)^envoy-1\s+127\.0\.0\.1:\d+\s+-\s+-\s+shop/gw\s+` + pr.name + `\s+SYNCED\s+SYNCED\s+SYNCED\s+SYNCED\s+` + regexp.QuoteMeta(addr),
+				`(?m)^picky\s+127\.0\.0\.1:\d+\s+-\s+-\s+shop/gw\s+` + pr.name + `\s+NACKED\s`,
 				`NACK: picky \(127\.0\.0\.1:\d+\) CDS rejected version ` + current[xdstype.Cluster] + ` .* ago: cluster shop/a:80: bad timeout`,
 			} {
 				if !regexp.MustCompile(want).MatchString(out) {
