@@ -119,8 +119,9 @@ helm: ## Build (once, cached) the pinned Helm that tests the chart; print its pa
 	@hack/helm.sh
 
 .PHONY: bench
-bench: ## Benchmark scopeplane against stock go-control-plane, every cell of docs/performance.md (minutes; BENCH_FLAGS adds flags).
+bench: ## Benchmark scopeplane against stock go-control-plane, every cell of docs/performance.md, and redraw its charts in docs/bench (minutes; BENCH_FLAGS adds flags).
 	go run ./hack/bench -preset full $(BENCH_FLAGS)
+	go run ./hack/bench -preset sweep -plots docs/bench $(BENCH_FLAGS)
 
 .PHONY: bench-quick
 bench-quick: ## The same benchmark on a small world (S=500, N=50, every cell, under 2 minutes); fails if any proxy is wrong or a figure for the other protocol disagrees.

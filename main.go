@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
+	"github.com/scopeplane/scopeplane/controllers/replicafeedback"
 	"github.com/scopeplane/scopeplane/internal/controlplane"
 	"github.com/scopeplane/scopeplane/internal/scheme"
 	"github.com/scopeplane/scopeplane/xds/auth"
@@ -38,6 +39,7 @@ type config struct {
 	probeAddr     string
 	leaderElect   bool
 	leaderNS      string
+	replicaName   string
 	xdsAddr       string
 	xdsServer     string
 	window        time.Duration
@@ -61,10 +63,11 @@ func bindFlags(fs *flag.FlagSet) *config {
 	c := &config{}
 	fs.StringVar(&c.metricsAddr, "metrics-bind-address", ":8080", "Address the Prometheus metrics endpoint binds to; 0 disables it.")
 	fs.BoolVar(&c.metricsSecure, "metrics-secure", true, "Serve metrics over HTTPS (a self-signed certificate) to callers whose bearer token the API server authenticates and authorizes for get on the non-resource URL /metrics (TokenReview, SubjectAccessReview); false serves plain, unauthenticated HTTP.")
-	fs.BoolVar(&c.bootstrapCMs, "bootstrap-configmaps", true, "Write each ProxyScope's bootstrap ConfigMap (an Envoy and a gRPC xDS bootstrap) in its namespace; false writes none and reads no ConfigMaps, so no ConfigMap access is needed.")
+	fs.BoolVar(&c.bootstrapCMs, "bootstrap-configmaps", true, "Write each ProxyScope's bootstrap ConfigMap (an Envoy and a gRPC xDS bootstrap) in its namespace; false writes none and reads no ConfigMaps of the scopes' namespaces, so no cluster-wide ConfigMap access is needed (with --leader-elect, replicas still publish their proxies' feedback in ConfigMaps of the pod's namespace).")
 	fs.StringVar(&c.probeAddr, "health-probe-bind-address", ":8081", "Address /healthz and /readyz bind to.")
 	fs.BoolVar(&c.leaderElect, "leader-elect", false, "Elect a leader among replicas; only the leader writes ProxyScope status, every replica serves xDS.")
-	fs.StringVar(&c.leaderNS, "leader-election-namespace", "", "Namespace of the leader election Lease (default: the pod's namespace).")
+	fs.StringVar(&c.leaderNS, "leader-election-namespace", "", "Namespace of the leader election Lease and of each replica's proxy-feedback ConfigMap, which the leader merges into status (default: the pod's namespace).")
+	fs.StringVar(&c.replicaName, "replica-name", "", "This replica's name among the replicas, unique: it names the replica's proxy-feedback ConfigMap (default: $POD_NAME, else the host name). With $POD_UID set, the Pod owns that ConfigMap.")
 	fs.StringVar(&c.xdsAddr, "xds-bind-address", ":18000", "Address the ADS gRPC server (SotW and delta) binds to.")
 	fs.StringVar(&c.xdsServer, "xds-server-address", "127.0.0.1:18000", "host:port proxies dial to reach this control plane, written into each scope's bootstrap ConfigMap (in a cluster: the xDS Service's DNS name).")
 	fs.BoolVar(&c.xdsInsecure, "xds-insecure", false, "Serve xDS in plaintext: anyone who can reach the port can read every scope's configuration and alter what proxies receive, and proxies cannot verify the control plane. Off by default: xDS is served over TLS.")
@@ -139,6 +142,31 @@ func (c *config) tls() (controlplane.TLS, error) {
 	return t, nil
 }
 
+// replica names this replica for leader election's feedback ConfigMaps:
+// by the flags, else by the Pod's name and namespace (the chart passes
+// them from the downward API, the namespace is the service account's).
+func (c *config) replica(getenv func(string) string) (replicafeedback.Replica, error) {
+	r := replicafeedback.Replica{Name: c.replicaName, Namespace: c.leaderNS, PodUID: types.UID(getenv("POD_UID"))}
+	if r.Name == "" {
+		r.Name = getenv("POD_NAME")
+	}
+	if r.Name == "" {
+		host, err := os.Hostname()
+		if err != nil {
+			return r, fmt.Errorf("this replica's name: %w; set --replica-name", err)
+		}
+		r.Name = strings.ToLower(host)
+	}
+	if r.Namespace == "" {
+		ns, err := os.ReadFile(serviceAccountNamespace)
+		if err != nil {
+			return r, fmt.Errorf("the namespace of the replicas' feedback ConfigMaps: not in a pod (%w); set --leader-election-namespace", err)
+		}
+		r.Namespace = strings.TrimSpace(string(ns))
+	}
+	return r, nil
+}
+
 func main() {
 	c := bindFlags(flag.CommandLine)
 	flag.Parse()
@@ -193,11 +221,18 @@ func main() {
 		os.Exit(2)
 	}
 	c.limits.Authenticator = authn
+	var replica replicafeedback.Replica
+	if c.leaderElect {
+		if replica, err = c.replica(os.Getenv); err != nil {
+			log.Error(err, "leader election")
+			os.Exit(2)
+		}
+	}
 	ctx := ctrl.SetupSignalHandler()
 	if _, err := controlplane.Setup(ctx, mgr, controlplane.Options{
 		XDSAddress: c.xdsAddr, XDSServerAddress: c.xdsServer, CoalesceWindow: c.window, AdminAddress: c.adminAddr,
 		CostBucket: c.costBucket, NoBootstrapConfigMaps: !c.bootstrapCMs, Server: c.limits,
-		LeaderElection: controlplane.LeaderElection{Enabled: c.leaderElect, Namespace: c.leaderNS}, TLS: xdsTLS,
+		LeaderElection: controlplane.LeaderElection{Enabled: c.leaderElect, Namespace: c.leaderNS}, Replica: replica, TLS: xdsTLS,
 		CrossNamespace: c.crossNS,
 	}); err != nil {
 		log.Error(err, "setting up the control plane")

@@ -287,3 +287,26 @@ The Helm chart sets the addresses, ` + "`--leader-elect`" + `, ` + "`--metrics-s
 | Flag | Default | Description |
 |---|---|---|
 `
+
+// A replica is named by --replica-name, else by its Pod (the chart's
+// downward API), and its feedback ConfigMap is owned by the Pod's UID.
+func TestReplicaName(t *testing.T) {
+	env := map[string]string{"POD_NAME": "scopeplane-7d9f-abcde", "POD_UID": "1234"}
+	c := &config{leaderNS: "scopeplane-system"}
+	r, err := c.replica(func(k string) string { return env[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Name != "scopeplane-7d9f-abcde" || r.Namespace != "scopeplane-system" || r.PodUID != "1234" {
+		t.Errorf("from the Pod: %+v", r)
+	}
+	c.replicaName = "a"
+	if r, err := c.replica(func(k string) string { return env[k] }); err != nil || r.Name != "a" {
+		t.Errorf("--replica-name a: %+v, %v", r, err)
+	}
+	c.replicaName = ""
+	host, _ := os.Hostname()
+	if r, err := c.replica(func(string) string { return "" }); err != nil || r.Name != strings.ToLower(host) {
+		t.Errorf("outside a pod: %+v, %v; want the host name %q", r, err, host)
+	}
+}

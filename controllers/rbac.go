@@ -1,9 +1,10 @@
 package controllers
 
 // The permissions the operator needs, generated into config/rbac by
-// controller-gen: read the inputs of translation.
+// controller-gen: read the inputs of translation, and Nodes' metadata for
+// the zone of a proxy whose token names its Node.
 
-// +kubebuilder:rbac:groups="",resources=services;namespaces,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=services;namespaces;nodes,verbs=get;list;watch
 // +kubebuilder:rbac:groups=discovery.k8s.io,resources=endpointslices,verbs=get;list;watch
 // +kubebuilder:rbac:groups=xds.scopeplane.dev,resources=proxyscopes,verbs=get;list;watch
 // +kubebuilder:rbac:groups=gateway.networking.k8s.io,resources=referencegrants,verbs=get;list;watch
@@ -30,10 +31,13 @@ package controllers
 // +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create
 
 // Leader election (--leader-elect) holds a Lease and records Events about it
-// (core/v1), both in the pod's namespace only: a namespaced Role, which the
-// chart installs in the release namespace when leader election is on.
-// client-go's Lease lock only gets, creates and updates (a leader that
-// steps down updates the Lease to release it).
+// (core/v1), and every replica publishes its proxies' feedback in a
+// ConfigMap that the leader reads (package replicafeedback), all in the
+// pod's namespace only: a namespaced Role, which the chart installs in the
+// release namespace when leader election is on. client-go's Lease lock only
+// gets, creates and updates (a leader that steps down updates the Lease to
+// release it); a replica deletes its ConfigMap when it stops.
 
 // +kubebuilder:rbac:groups=coordination.k8s.io,namespace=scopeplane-system,resources=leases,verbs=get;create;update
 // +kubebuilder:rbac:groups="",namespace=scopeplane-system,resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups="",namespace=scopeplane-system,resources=configmaps,verbs=get;list;watch;create;update;delete

@@ -174,6 +174,13 @@ type ProxyNACK struct {
 	// +optional
 	Identity string `json:"identity,omitempty"`
 
+	// zone is the topology zone the proxy runs in: its Node's
+	// topology.kubernetes.io/zone when its token names its pod, otherwise
+	// the node.locality.zone its bootstrap declares. Empty when unknown.
+	// +kubebuilder:validation:MaxLength=63
+	// +optional
+	Zone string `json:"zone,omitempty"`
+
 	// typeURL is the xDS resource type that was rejected.
 	// +kubebuilder:validation:MaxLength=253
 	TypeURL string `json:"typeURL"`

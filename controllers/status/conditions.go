@@ -2,6 +2,7 @@ package status
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -36,7 +37,8 @@ type Inputs struct {
 	Resolution snapshot.Resolution
 	Version    string
 	RevTime    time.Time
-	Feedback   feedback.Report
+	// Feedback is the proxies' feedback, from every replica.
+	Feedback feedback.Summary
 	// Transition is the served spec's change of protocol, if any.
 	Transition *model.Transition
 	// Footprint is what each Service holds in the served snapshot, when
@@ -113,15 +115,7 @@ func refusedMessage(r *snapshot.Resolution) string {
 }
 
 // proxyCounts are the connected proxies and those at the served version.
-func proxyCounts(in *Inputs) (connected, synced int) {
-	for _, p := range in.Feedback.Proxies {
-		connected++
-		if p.AtVersion == in.Version {
-			synced++
-		}
-	}
-	return connected, synced
-}
+func proxyCounts(in *Inputs) (connected, synced int) { return in.Feedback.Connected(in.Version) }
 
 // ready says whether the accepted spec of this generation is served and
 // every connected proxy, if any, ACKed it. It is never True while Accepted
@@ -149,14 +143,8 @@ func ready(in *Inputs) condition {
 // taken, or proxies keep knocking with the other protocol, in that order; the second value is how long until a
 // WrongProtocol verdict expires (0 when none applies), for a re-check.
 func degraded(in *Inputs) (condition, time.Duration) {
-	var nacking []*feedback.Proxy
-	for _, p := range in.Feedback.Proxies {
-		if len(p.Nacked) > 0 {
-			nacking = append(nacking, p)
-		}
-	}
-	if len(nacking) > 0 {
-		return condition{metav1.ConditionTrue, xdsv1alpha1.ReasonProxyNACKed, nackMessage(in.Feedback.NACKs, nacking)}, 0
+	if f := &in.Feedback; f.NackingCount > 0 {
+		return condition{metav1.ConditionTrue, xdsv1alpha1.ReasonProxyNACKed, nackMessage(f.NACKs, f.Nacking, f.NackingCount)}, 0
 	}
 	if held := in.Resolution.Unservable; len(held) > 0 {
 		return condition{metav1.ConditionTrue, xdsv1alpha1.ReasonUnservableResource, unservableMessage(held)}, 0
@@ -193,28 +181,24 @@ func stalled(in *Inputs, nacked condition) condition {
 	return condition{metav1.ConditionFalse, xdsv1alpha1.ReasonAsExpected, "the scope is served or on its way"}
 }
 
-// nackMessage names the newest rejection of a proxy that is still NACKing.
-// A NACK names its proxy by the cut node id (feedback.NodeID), so a proxy
-// whose id is longer than that is found by the same cut.
-func nackMessage(nacks []feedback.NACK, nacking []*feedback.Proxy) string {
-	nodes := map[string]bool{}
-	for _, p := range nacking {
-		nodes[feedback.NodeID(p.Node)] = true
-	}
+// nackMessage names the newest rejection of a proxy that is still NACKing,
+// of the count rejecting: nacking holds (some of) their cut node ids, as a
+// NACK names its proxy (feedback.NodeID).
+func nackMessage(nacks []feedback.NACK, nacking []string, count int) string {
 	for _, n := range nacks { // newest first
-		if nodes[n.Node] {
+		if slices.Contains(nacking, n.Node) {
 			who := n.Node
 			if n.Peer != "" {
 				who += " at " + n.Peer // gRPC clients of a scope share the node id
 			}
 			msg := fmt.Sprintf("proxy %s rejected %s version %s: %s", who, n.TypeURL, n.Version, n.Detail)
-			if len(nacking) > 1 {
-				msg += fmt.Sprintf(" (%d proxies are rejecting configuration)", len(nacking))
+			if count > 1 {
+				msg += fmt.Sprintf(" (%d proxies are rejecting configuration)", count)
 			}
 			return msg
 		}
 	}
-	return fmt.Sprintf("%d proxies are rejecting configuration", len(nacking))
+	return fmt.Sprintf("%d proxies are rejecting configuration", count)
 }
 
 // maxUnservableNamed is how many held-back resources the Degraded message
@@ -279,7 +263,7 @@ func compute(prev *xdsv1alpha1.ProxyScopeStatus, in *Inputs) (xdsv1alpha1.ProxyS
 	st.RecentNACKs = nil
 	for _, n := range in.Feedback.NACKs {
 		st.RecentNACKs = append(st.RecentNACKs, xdsv1alpha1.ProxyNACK{
-			Node: n.Node, Peer: n.Peer, Identity: n.Identity, TypeURL: n.TypeURL, Version: n.Version, Detail: n.Detail, Time: metav1.NewTime(n.Time.Truncate(time.Second)),
+			Node: n.Node, Peer: n.Peer, Identity: n.Identity, Zone: n.Zone, TypeURL: n.TypeURL, Version: n.Version, Detail: n.Detail, Time: metav1.NewTime(n.Time.Truncate(time.Second)),
 		})
 	}
 	d, recheck := degraded(in)
@@ -304,13 +288,7 @@ func transition(in *Inputs) (*xdsv1alpha1.ProtocolTransition, time.Duration) {
 	if tr == nil || !in.Now.Before(tr.Until) {
 		return nil, 0
 	}
-	n := int32(0)
-	for _, p := range in.Feedback.Proxies {
-		if p.Protocol == tr.From {
-			n++
-		}
-	}
 	return &xdsv1alpha1.ProtocolTransition{
-		From: xdsv1alpha1.Protocol(tr.From), Until: metav1.NewTime(tr.Until.Truncate(time.Second)), Proxies: n,
+		From: xdsv1alpha1.Protocol(tr.From), Until: metav1.NewTime(tr.Until.Truncate(time.Second)), Proxies: int32(in.Feedback.Speaking(tr.From)),
 	}, tr.Until.Sub(in.Now) + time.Second
 }

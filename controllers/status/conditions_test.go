@@ -26,15 +26,15 @@ var now = time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
 // served is a scope of generation 2 built and served at version v1, with
 // one Service selected and the given proxies.
 func served(proxies ...*feedback.Proxy) *Inputs {
-	in := &Inputs{
+	r := feedback.Report{Proxies: map[uint64]*feedback.Proxy{}, Refused: map[string]int64{}, LastRefused: map[string]time.Time{}}
+	for i, p := range proxies {
+		r.Proxies[uint64(i)] = p
+	}
+	return &Inputs{
 		Name: "web", Generation: 2, Protocol: model.SotW, Built: true, Version: "v1", Now: now,
 		Resolution: snapshot.Resolution{Resolution: catalog.Resolution{Generation: 2, SelectedServices: 1, Clusters: 1, Endpoints: 3}},
-		Feedback:   feedback.Report{Proxies: map[uint64]*feedback.Proxy{}, Refused: map[string]int64{}, LastRefused: map[string]time.Time{}},
+		Feedback:   r.Summary(),
 	}
-	for i, p := range proxies {
-		in.Feedback.Proxies[uint64(i)] = p
-	}
-	return in
 }
 
 func at(version string) *feedback.Proxy {

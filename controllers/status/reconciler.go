@@ -5,8 +5,9 @@
 // the conditions are pure functions joining the two (conditions.go).
 //
 // It runs on the leader only, so replicas never fight over status; every
-// replica still serves xDS. Feedback is per replica: the leader reports the
-// proxies connected to it.
+// replica still serves xDS. The leader counts its own proxies from its
+// tracker and the other replicas' from what they publish (package
+// replicafeedback).
 package status
 
 import (
@@ -53,6 +54,9 @@ type Reconciler struct {
 	Client   client.Client
 	Store    *snapshot.Store
 	Feedback *feedback.Tracker
+	// Replicas is the other replicas' feedback; nil when this replica
+	// serves every proxy (no leader election).
+	Replicas Replicas
 	// Bootstrap says which scopes' bootstrap ConfigMaps cannot be written.
 	Bootstrap *bootstrapconfig.Conflicts
 	// NoBootstrapConfigMaps says the control plane writes no bootstrap
@@ -61,6 +65,14 @@ type Reconciler struct {
 	Recorder              events.EventRecorder
 	// Window coalesces bursts of changes into one write per scope.
 	Window time.Duration
+}
+
+// Replicas reports what the proxies of the other replicas said.
+type Replicas interface {
+	// Get returns each other replica's Summary of a scope.
+	Get(model.Key) []feedback.Summary
+	// Changes holds the scopes whose reports changed.
+	Changes() *keyset.Set
 }
 
 // Reconcile computes the scope's status and patches it when it changed.
@@ -110,7 +122,10 @@ func (r *Reconciler) inputs(ps *xdsv1alpha1.ProxyScope) *Inputs {
 			}
 		})
 	}
-	in.Feedback = r.Feedback.Get(key)
+	in.Feedback = r.Feedback.Summary(key)
+	if r.Replicas != nil {
+		in.Feedback = feedback.Merge(append(r.Replicas.Get(key), in.Feedback)...)
+	}
 	in.BootstrapConflict = r.Bootstrap.Get(key)
 	in.NoBootstrapConfigMap = r.NoBootstrapConfigMaps
 	if sc := r.Store.Get(key); sc != nil && in.Feedback.Cost.Pushes > 0 && !in.Feedback.Usage.All {
@@ -199,7 +214,11 @@ func retryLimiter() workqueue.TypedRateLimiter[reconcile.Request] {
 // changed: the workqueue dedups them and retries failed patches with backoff.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	changes := make(chan event.TypedGenericEvent[*xdsv1alpha1.ProxyScope])
-	if err := mgr.Add(&feeder{served: r.Store.Changes(), proxies: r.Feedback.Changes(), bootstrap: r.Bootstrap.Changes(), window: r.Window, out: changes}); err != nil {
+	f := &feeder{served: r.Store.Changes(), proxies: r.Feedback.Changes(), replicas: keyset.New(), bootstrap: r.Bootstrap.Changes(), window: r.Window, out: changes}
+	if r.Replicas != nil {
+		f.replicas = r.Replicas.Changes()
+	}
+	if err := mgr.Add(f); err != nil {
 		return err
 	}
 	return ctrl.NewControllerManagedBy(mgr).
@@ -213,11 +232,12 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 // feeder turns the pipeline's changed-scope sets into events for the status
 // controller, at most once per window per burst.
 type feeder struct {
-	// served, proxies and bootstrap are the scopes whose served state,
-	// proxies' feedback or bootstrap ConfigMap conflict changed.
-	served, proxies, bootstrap *keyset.Set
-	window                     time.Duration
-	out                        chan<- event.TypedGenericEvent[*xdsv1alpha1.ProxyScope]
+	// served, proxies, replicas and bootstrap are the scopes whose served
+	// state, proxies' feedback (here, or on other replicas) or bootstrap
+	// ConfigMap conflict changed.
+	served, proxies, replicas, bootstrap *keyset.Set
+	window                               time.Duration
+	out                                  chan<- event.TypedGenericEvent[*xdsv1alpha1.ProxyScope]
 }
 
 var _ manager.LeaderElectionRunnable = (*feeder)(nil)
@@ -234,6 +254,7 @@ func (f *feeder) Start(ctx context.Context) error {
 		case <-f.served.Changed():
 		case <-f.proxies.Changed():
 		case <-f.bootstrap.Changed():
+		case <-f.replicas.Changed():
 		}
 		select {
 		case <-ctx.Done():
@@ -241,7 +262,7 @@ func (f *feeder) Start(ctx context.Context) error {
 		case <-time.After(f.window):
 		}
 		seen := map[model.Key]struct{}{}
-		for _, s := range []*keyset.Set{f.served, f.proxies, f.bootstrap} {
+		for _, s := range []*keyset.Set{f.served, f.proxies, f.replicas, f.bootstrap} {
 			for _, k := range s.Take() {
 				if _, dup := seen[k]; dup || k == (model.Key{}) {
 					continue // the zero key counts refusals that name no scope

@@ -2,8 +2,10 @@ package main
 
 import (
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/scopeplane/scopeplane/xds/model"
 	"github.com/scopeplane/scopeplane/xds/xdstype"
@@ -233,4 +235,72 @@ func grepLine(s, sub string) string {
 		}
 	}
 	return ""
+}
+
+// Plot draws each axis the unscoped cells vary along, a line per
+// implementation and protocol, and leaves out what a log scale cannot show.
+func TestPlot(t *testing.T) {
+	var results []*Result
+	for _, sz := range [][2]int{{100, 10}, {1000, 10}, {1000, 100}, {10000, 10}} {
+		for _, impl := range []string{"scopeplane", "baseline"} {
+			for _, proto := range []model.Protocol{model.SotW, model.Delta} {
+				r := &Result{Cell: Cell{Impl: impl, Protocol: proto, Layout: Unscoped, S: sz[0], N: sz[1]}, RSSAfter: int64(sz[0]) * 1000}
+				for _, cpu := range []time.Duration{time.Millisecond, 3 * time.Millisecond} {
+					r.Phases = append(r.Phases, &Phase{Name: EvEndpoint, Bytes: int64(sz[0] * sz[1]), CPU: cpu * time.Duration(sz[0]), Lat: []time.Duration{time.Millisecond}})
+				}
+				results = append(results, r)
+			}
+		}
+	}
+	// A scoped cell and a failed one are not drawn.
+	results = append(results, &Result{Cell: Cell{Impl: "scopeplane", Protocol: model.SotW, Layout: Scoped, S: 5, N: 7}},
+		&Result{Cell: Cell{Impl: "scopeplane", Protocol: model.SotW, Layout: Unscoped, S: 99999, N: 10}, Err: "timed out"})
+	dir := t.TempDir()
+	files, err := Plot(dir, results)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(files) != 2 {
+		t.Fatalf("wrote %v, want vs-services.svg and vs-proxies.svg", files)
+	}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		svg := string(b)
+		for _, want := range []string{"<svg", "bytes sent per proxy", "control-plane CPU", "convergence p99", "memory per proxy", "scopeplane SotW", "baseline Delta"} {
+			if !strings.Contains(svg, want) {
+				t.Errorf("%s does not show %q", filepath.Base(f), want)
+			}
+		}
+		// Along the Services, N=10 holds three sizes (and the failed
+		// cell's S is not one of them); along the proxies, S=1000 two.
+		for _, gone := range []string{"99999", "S=5,", "N=7"} {
+			if strings.Contains(svg, gone) {
+				t.Errorf("%s shows %q, of a cell it must leave out", filepath.Base(f), gone)
+			}
+		}
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, "vs-services.svg")); !strings.Contains(string(b), "N=10") {
+		t.Error("vs-services.svg is not drawn at N=10, the N with the most sizes")
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, "vs-proxies.svg")); !strings.Contains(string(b), "S=1000") {
+		t.Error("vs-proxies.svg is not drawn at S=1000")
+	}
+}
+
+// A panel with nothing to draw says so instead of failing the run.
+func TestPlotWithoutEndpointEvents(t *testing.T) {
+	var results []*Result
+	for _, s := range []int{100, 1000} {
+		results = append(results, &Result{Cell: Cell{Impl: "scopeplane", Protocol: model.SotW, Layout: Unscoped, S: s, N: 10}, RSSAfter: 1e6})
+	}
+	files, err := Plot(t.TempDir(), results)
+	if err != nil || len(files) != 1 {
+		t.Fatalf("wrote %v: %v", files, err)
+	}
+	if b, _ := os.ReadFile(files[0]); !strings.Contains(string(b), "(no data)") {
+		t.Error("the endpoint panels do not say they have no data")
+	}
 }

@@ -72,6 +72,17 @@ var Presets = map[string]Preset{
 	}, EndpointEvents: 3, Timeout: 5 * time.Minute},
 	"quick": {Sizes: []size{{S: 500, N: 50, Layouts: []Layout{Unscoped, Scoped}}}, EndpointEvents: 2, Timeout: time.Minute},
 	"tiny":  {Sizes: []size{{S: 60, N: 10, Layouts: []Layout{Unscoped, Scoped}}}, EndpointEvents: 1, Timeout: 30 * time.Second},
+	// sweep varies one dimension at a time, unscoped, for the plots:
+	// the Services at N=100, then the proxies at S=1000.
+	"sweep": {Sizes: []size{
+		{S: 100, N: 100, Layouts: []Layout{Unscoped}},
+		{S: 300, N: 100, Layouts: []Layout{Unscoped}},
+		{S: 1000, N: 100, Layouts: []Layout{Unscoped}},
+		{S: 3000, N: 100, Layouts: []Layout{Unscoped}},
+		{S: 1000, N: 10, Layouts: []Layout{Unscoped}},
+		{S: 1000, N: 30, Layouts: []Layout{Unscoped}},
+		{S: 1000, N: 300, Layouts: []Layout{Unscoped}},
+	}, EndpointEvents: 2, Timeout: 5 * time.Minute},
 }
 
 // Cells lists a preset's cells, baseline next to scopeplane.
@@ -92,12 +103,13 @@ func (p Preset) Cells(impls []string, protocols []model.Protocol) []Cell {
 func runMain(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	preset := fs.String("preset", "quick", "full, quick or tiny")
+	preset := fs.String("preset", "quick", "full, quick, tiny or sweep (one dimension at a time, for -plots)")
 	impls := fs.String("impl", "baseline,scopeplane", "implementations to measure")
 	protocols := fs.String("protocol", "SotW,Delta", "protocols to measure")
 	layouts := fs.String("layout", "", "only these layouts (default: the preset's)")
 	only := fs.String("size", "", "measure this size instead of the preset's, as SxN (e.g. 1000x1000)")
 	out := fs.String("out", "", "also write the markdown report to this file")
+	plots := fs.String("plots", "", "also write SVG charts of the unscoped cells' cost vs Services and vs proxies into this directory")
 	profile := fs.String("profile", "", "write into this directory a CPU profile of each control plane per phase (sync, each event), and a heap profile after the initial sync")
 	loadprofile := fs.String("loadprofile", "", "write a CPU profile of this (the proxies') process to this file")
 	if err := fs.Parse(args); err != nil {
@@ -150,6 +162,16 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 		if err := os.WriteFile(*out, buf.Bytes(), 0o644); err != nil {
 			fmt.Fprintln(stderr, err)
 			return 1
+		}
+	}
+	if *plots != "" {
+		files, err := Plot(*plots, results)
+		if err != nil {
+			fmt.Fprintln(stderr, err)
+			return 1
+		}
+		for _, f := range files {
+			fmt.Fprintln(stderr, "bench: wrote", f)
 		}
 	}
 	failed := 0

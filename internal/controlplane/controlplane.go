@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc"
@@ -18,6 +19,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -27,6 +29,8 @@ import (
 
 	"github.com/scopeplane/scopeplane/controllers"
 	"github.com/scopeplane/scopeplane/controllers/bootstrapconfig"
+	"github.com/scopeplane/scopeplane/controllers/nodezones"
+	"github.com/scopeplane/scopeplane/controllers/replicafeedback"
 	"github.com/scopeplane/scopeplane/controllers/status"
 	"github.com/scopeplane/scopeplane/internal/apiwatch"
 	"github.com/scopeplane/scopeplane/internal/scheme"
@@ -60,12 +64,20 @@ type Options struct {
 	AdminListener net.Listener
 	AdminAddress  string
 	// NoBootstrapConfigMaps turns the bootstrap ConfigMaps off: no
-	// ConfigMap is read or written, so the control plane needs no access
-	// to ConfigMaps at all (RBAC cannot narrow ConfigMap writes to the
-	// bootstrap names, which are not known before the scopes exist).
+	// ConfigMap of the scopes' namespaces is read or written, so the
+	// control plane needs no cluster-wide access to ConfigMaps (RBAC cannot
+	// narrow ConfigMap writes to the bootstrap names, which are not known
+	// before the scopes exist). The replicas' feedback ConfigMaps, under
+	// leader election, stay in Replica.Namespace.
 	NoBootstrapConfigMaps bool
 	// LeaderElection decides which replica writes to the API.
 	LeaderElection LeaderElection
+	// Replica names this replica to the others. Under leader election
+	// every replica publishes its proxies' feedback in a ConfigMap of
+	// Replica.Namespace (LeaderElection.Namespace when empty), and the
+	// leader's status counts every replica's proxies; Name is required
+	// then, and unique among the replicas.
+	Replica replicafeedback.Replica
 	// BootstrapMountPath is where pods mount their bootstrap ConfigMap
 	// (bootstrap.MountPath when empty): the bootstraps name the CA file
 	// in it.
@@ -165,6 +177,13 @@ func (cp *ControlPlane) Leading() bool { return cp.elector.Leading() }
 // election: losing the Lease then stops only the writing, never the
 // manager and the ADS streams it serves.
 func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) (*ControlPlane, error) {
+	if opts.Server.Zones == nil {
+		zones, err := nodezones.New(ctx, mgr.GetCache())
+		if err != nil {
+			return nil, err
+		}
+		opts.Server.Zones = zones
+	}
 	cp := &ControlPlane{
 		Pipeline: pipeline.New(pipeline.Options{CoalesceWindow: opts.CoalesceWindow, Server: opts.Server, CostBucket: opts.CostBucket}),
 		opts:     opts,
@@ -184,6 +203,12 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) (*ControlPlane, 
 		opts.StatusWindow = 200 * time.Millisecond
 	}
 	recorder := mgr.GetEventRecorder("scopeplane")
+	var replicas status.Replicas
+	if opts.LeaderElection.Enabled {
+		if replicas, err = cp.setupReplicaFeedback(mgr); err != nil {
+			return nil, err
+		}
+	}
 	// What writes to the API runs on the leader only, built anew for each
 	// term (see elector).
 	leaderOnly := func(m manager.Manager) error {
@@ -204,7 +229,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) (*ControlPlane, 
 			}
 		}
 		return (&status.Reconciler{
-			Client: m.GetClient(), Store: cp.Store, Feedback: cp.Feedback, Bootstrap: conflicts, NoBootstrapConfigMaps: opts.NoBootstrapConfigMaps,
+			Client: m.GetClient(), Store: cp.Store, Feedback: cp.Feedback, Replicas: replicas, Bootstrap: conflicts, NoBootstrapConfigMaps: opts.NoBootstrapConfigMaps,
 			Recorder: recorder, Window: opts.StatusWindow,
 		}).SetupWithManager(m)
 	}
@@ -233,6 +258,25 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) (*ControlPlane, 
 		return nil, err
 	}
 	return cp, nil
+}
+
+// setupReplicaFeedback publishes this replica's feedback and collects the
+// others' for the leader's status.
+func (cp *ControlPlane) setupReplicaFeedback(mgr ctrl.Manager) (*replicafeedback.Collector, error) {
+	r := cp.opts.Replica
+	r.Namespace = cmp.Or(r.Namespace, cp.opts.LeaderElection.Namespace)
+	if r.Name == "" || r.Namespace == "" {
+		return nil, errors.New("replica feedback: with leader election every replica needs a name, unique among them, and the namespace of its feedback ConfigMap")
+	}
+	if errs := validation.IsDNS1123Subdomain(replicafeedback.ConfigMapName(r.Name)); len(errs) > 0 {
+		return nil, fmt.Errorf("replica name %q: %s", r.Name, strings.Join(errs, "; "))
+	}
+	log := ctrl.Log.WithName("replica-feedback")
+	col, err := replicafeedback.NewCollector(mgr, r, log)
+	if err != nil {
+		return nil, err
+	}
+	return col, mgr.Add(&replicafeedback.Publisher{Client: mgr.GetClient(), Feedback: cp.Feedback, Replica: r, Log: log})
 }
 
 // setupTLS makes the xDS port's certificate store and returns what keeps

@@ -84,8 +84,8 @@ func TestKubectlPlugin(t *testing.T) {
 	expectCondition(t, "shelf", "gw", "Ready", "True", xdsv1alpha1.ReasonSynced)
 
 	out := plugin("proxy-status", "shelf/gw")
-	if !regexp.MustCompile(`(?m)^shelf-edge\s+127\.0\.0\.1:\d+\s+-\s+shelf/gw\s+SotW\s+SYNCED\s+SYNCED\s+SYNCED\s+SYNCED\s`).MatchString(out) {
-		t.Errorf("proxy-status does not show shelf-edge in sync")
+	if !regexp.MustCompile(`(?m)^shelf-edge\s+127\.0\.0\.1:\d+\s+-\s+-\s+shelf/gw\s+SotW\s+SYNCED\s+SYNCED\s+SYNCED\s+SYNCED\s`).MatchString(out) {
+		t.Errorf("proxy-status does not show shelf-edge (anonymous, no zone) in sync:\n%s", out)
 	}
 	out = plugin("explain", "shelf-edge", "shelf/books")
 	for _, want := range []string{

@@ -8,6 +8,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	statusv3 "github.com/envoyproxy/go-control-plane/envoy/service/status/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -65,7 +66,7 @@ func (o *options) proxyStatus(ctx context.Context, args []string) error {
 		return nil
 	}
 	tw := tabwriter.NewWriter(o.stdout, 0, 4, 2, ' ', 0)
-	header := []string{"NAME", "PEER", "IDENTITY", "SCOPE", "PROTOCOL"}
+	header := []string{"NAME", "PEER", "IDENTITY", "ZONE", "SCOPE", "PROTOCOL"}
 	for _, t := range xdstype.All() {
 		header = append(header, t.String())
 	}
@@ -81,7 +82,7 @@ func (o *options) proxyStatus(ctx context.Context, args []string) error {
 			meta := cc.GetNode().GetMetadata().GetFields()
 			peer := cmp.Or(meta[csds.PeerKey].GetStringValue(), "-")
 			identity := cmp.Or(meta[csds.IdentityKey].GetStringValue(), "-")
-			row := []string{cc.GetNode().GetId(), peer, identity, cc.GetClientScope(), meta[csds.ProtocolKey].GetStringValue()}
+			row := []string{cc.GetNode().GetId(), peer, identity, zoneOf(cc.GetNode()), cc.GetClientScope(), meta[csds.ProtocolKey].GetStringValue()}
 			for _, g := range cc.GetGenericXdsConfigs() {
 				if g.GetName() != "" {
 					continue // a subscription entry, sent with resource contents only
@@ -111,6 +112,22 @@ func (o *options) proxyStatus(ctx context.Context, args []string) error {
 		o.printf("NACK: %s\n", n)
 	}
 	return nil
+}
+
+// zoneOf renders where a proxy runs: its zone, then how it is known (the
+// Node its token names, or "declared" by its bootstrap); "-" when unknown.
+func zoneOf(node *corev3.Node) string {
+	meta := node.GetMetadata().GetFields()
+	zone, nodeName := node.GetLocality().GetZone(), meta[csds.NodeNameKey].GetStringValue()
+	switch {
+	case meta[csds.ZoneSourceKey].GetStringValue() == string(model.LocatedByNode):
+		return zone + " (node " + nodeName + ")"
+	case zone != "":
+		return zone + " (declared)"
+	case nodeName != "":
+		return "- (node " + nodeName + ")"
+	}
+	return "-"
 }
 
 // currentVersions maps scope → type URL → the version the scope serves, from

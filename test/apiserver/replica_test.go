@@ -63,6 +63,7 @@ func startReplica(t *testing.T, env *localapi.Env, name string, opts controlplan
 	}
 	opts.CoalesceWindow, opts.StatusWindow = 5*time.Millisecond, 50*time.Millisecond
 	opts.TLS.Insecure = true // these tests are about replicas, not TLS
+	opts.Replica.Name = name
 	ctx, cancel := context.WithCancel(context.Background())
 	cp, err := controlplane.Setup(ctx, mgr, opts)
 	if err != nil {

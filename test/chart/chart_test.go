@@ -52,10 +52,20 @@ var renderCases = []renderCase{
 			args := containerArgs(t, objs)
 			wantArgs(t, args, "--xds-server-address=scopeplane.scopeplane-system.svc:18000",
 				"--metrics-bind-address=:8080", "--health-probe-bind-address=:8081", "--xds-bind-address=:18000")
-			if slices.Contains(args, "--leader-elect") {
-				t.Errorf("one replica without leaderElection.enabled must not elect a leader: %q", args)
+			// Two replicas by default: leader election, a budget that
+			// lets a drain take one of them, and a spread over zones
+			// and nodes that never keeps a pod unscheduled.
+			wantArgs(t, args, "--leader-elect")
+			d := find(t, objs, "Deployment")
+			wantString(t, d, "2", "spec", "replicas")
+			wantString(t, d, "ghcr.io/scopeplane/scopeplane:0.1.0", "spec", "template", "spec", "containers", "0", "image")
+			checkDefaultSpread(t, d)
+			pdb := find(t, objs, "PodDisruptionBudget")
+			wantString(t, pdb, "1", "spec", "maxUnavailable")
+			if _, found, _ := unstructured.NestedFieldNoCopy(pdb.Object, "spec", "minAvailable"); found {
+				t.Error("the default PodDisruptionBudget sets maxUnavailable only; it has minAvailable too")
 			}
-			wantString(t, find(t, objs, "Deployment"), "ghcr.io/scopeplane/scopeplane:0.1.0", "spec", "template", "spec", "containers", "0", "image")
+			wantString(t, findNamed(t, objs, "Role", "scopeplane"), "scopeplane-system", "metadata", "namespace")
 			wantArgs(t, args, "--metrics-secure=true", "--bootstrap-configmaps=true")
 			wantArgs(t, args, "--xds-auth=token", "--xds-token-audience=scopeplane")
 			if slices.Contains(args, "--xds-allow-anonymous") {
@@ -63,10 +73,7 @@ var renderCases = []renderCase{
 			}
 			wantArgs(t, args, "--xds-tls-secret=scopeplane-xds-tls", "--xds-tls-secret-namespace=scopeplane-system")
 			checkSelfManagedTLS(t, objs, "scopeplane-xds-tls", "scopeplane-system")
-			if r := findNamedOptional(objs, "Role", "scopeplane"); r != nil {
-				t.Error("one replica without leaderElection.enabled must not get the leader election Role")
-			}
-			for _, kind := range []string{"PodDisruptionBudget", "ServiceMonitor", "PrometheusRule", "NetworkPolicy", "Secret", "Certificate"} {
+			for _, kind := range []string{"ServiceMonitor", "PrometheusRule", "NetworkPolicy", "Secret", "Certificate"} {
 				if o := findOptional(objs, kind); o != nil {
 					t.Errorf("the default values must not render a %s", kind)
 				}
@@ -84,7 +91,7 @@ var renderCases = []renderCase{
 		name: "ha", release: "scopeplane", namespace: "scopeplane-system",
 		check: func(t *testing.T, objs []*unstructured.Unstructured) {
 			wantArgs(t, containerArgs(t, objs), "--leader-elect")
-			wantString(t, find(t, objs, "PodDisruptionBudget"), "1", "spec", "minAvailable")
+			wantString(t, find(t, objs, "PodDisruptionBudget"), "1", "spec", "maxUnavailable")
 			wantString(t, findNamed(t, objs, "Role", "scopeplane"), "scopeplane-system", "metadata", "namespace")
 			checkServiceMonitor(t, objs)
 			checkSecureScrape(t, objs)
@@ -125,6 +132,11 @@ var renderCases = []renderCase{
 				if strings.HasSuffix(o.GetName(), "-metrics-reader") || strings.HasSuffix(o.GetName(), "-metrics-scraper") || o.GetKind() == "Secret" {
 					t.Errorf("metrics.secure=false must not render %s %s", o.GetKind(), o.GetName())
 				}
+			}
+			pdb := find(t, objs, "PodDisruptionBudget")
+			wantString(t, pdb, "1", "spec", "minAvailable")
+			if _, found, _ := unstructured.NestedFieldNoCopy(pdb.Object, "spec", "maxUnavailable"); found {
+				t.Error("minAvailable replaces maxUnavailable; the PodDisruptionBudget has both")
 			}
 			env := checkMemoryLimitEnv(t, objs)
 			if env["GOMEMLIMIT"] != "400MiB" {
@@ -183,6 +195,29 @@ var renderCases = []renderCase{
 			}
 		},
 	},
+}
+
+// checkDefaultSpread checks that the default topology spread constraints
+// spread the pods over zones and then nodes, select this release's pods, and
+// schedule anyway: a constraint that cannot be met must not leave a replica
+// pending in a single-zone or single-node cluster.
+func checkDefaultSpread(t *testing.T, d *unstructured.Unstructured) {
+	t.Helper()
+	constraints, _, _ := unstructured.NestedSlice(d.Object, "spec", "template", "spec", "topologySpreadConstraints")
+	var keys []string
+	for _, c := range constraints {
+		m, _ := c.(map[string]any)
+		keys = append(keys, fmt.Sprint(m["topologyKey"]))
+		if m["whenUnsatisfiable"] != "ScheduleAnyway" {
+			t.Errorf("default spread over %v is %v, want ScheduleAnyway", m["topologyKey"], m["whenUnsatisfiable"])
+		}
+		if sel, _, _ := unstructured.NestedStringMap(m, "labelSelector", "matchLabels"); sel["app.kubernetes.io/instance"] != "scopeplane" {
+			t.Errorf("default spread over %v selects %v, want this release's pods", m["topologyKey"], sel)
+		}
+	}
+	if want := []string{"topology.kubernetes.io/zone", "kubernetes.io/hostname"}; !slices.Equal(keys, want) {
+		t.Errorf("default spread keys are %q, want %q", keys, want)
+	}
 }
 
 // helmPath is the pinned helm binary. The tests fail, rather than skip,
@@ -480,6 +515,7 @@ func TestRBACFollowsValues(t *testing.T) {
 			}{
 				{"the Role, leases", "coordination.k8s.io", "leases", roles["Role"], slices.Contains(args, "--leader-elect")},
 				{"the ClusterRole, ConfigMaps", "", "configmaps", roles["ClusterRole"], slices.Contains(args, "--bootstrap-configmaps=true")},
+				{"the Role, ConfigMaps (replicas' feedback)", "", "configmaps", roles["Role"], slices.Contains(args, "--leader-elect")},
 				{"the ClusterRole, TokenReviews", "authentication.k8s.io", "tokenreviews", roles["ClusterRole"], slices.Contains(args, "--metrics-secure=true") || tokenAuth},
 				{"the ClusterRole, SubjectAccessReviews", "authorization.k8s.io", "subjectaccessreviews", roles["ClusterRole"], slices.Contains(args, "--metrics-secure=true")},
 				{"the ClusterRole, ReferenceGrants", "gateway.networking.k8s.io", "referencegrants", roles["ClusterRole"], slices.Contains(args, "--cross-namespace=grant")},
@@ -493,16 +529,17 @@ func TestRBACFollowsValues(t *testing.T) {
 }
 
 // allowedAccess is everything scopeplane may do, by "group/resource": read
-// Services, EndpointSlices and Namespaces; read ProxyScopes and write their
-// status; write the bootstrap ConfigMaps; hold the leader election Lease;
+// Services, EndpointSlices and Namespaces, and Nodes (their zone label); read ProxyScopes and write their
+// status; write the bootstrap ConfigMaps (and, in the release namespace, the replicas' feedback ConfigMaps); hold the leader election Lease;
 // record Events; ask the API server who calls the metrics endpoint and
 // whether it may; read the ReferenceGrants through which namespaces consent
 // to cross-namespace selections. A new permission must be added here on purpose.
 var allowedAccess = map[string][]string{
-	"/services":                                 {"get", "list", "watch"},
-	"discovery.k8s.io/endpointslices":           {"get", "list", "watch"},
-	"/namespaces":                               {"get", "list", "watch"},
-	"xds.scopeplane.dev/proxyscopes":            {"get", "list", "watch"},
+	"/services":                       {"get", "list", "watch"},
+	"discovery.k8s.io/endpointslices": {"get", "list", "watch"},
+	"/namespaces":                     {"get", "list", "watch"},
+	"/nodes":                          {"get", "list", "watch"},
+	"xds.scopeplane.dev/proxyscopes":  {"get", "list", "watch"},
 	"gateway.networking.k8s.io/referencegrants": {"get", "list", "watch"},
 	"xds.scopeplane.dev/proxyscopes/status":     {"get", "update", "patch"},
 	"/configmaps":                               {"get", "list", "watch", "create", "update", "patch"},
@@ -512,6 +549,11 @@ var allowedAccess = map[string][]string{
 	"authentication.k8s.io/tokenreviews":        {"create"},
 	"authorization.k8s.io/subjectaccessreviews": {"create"},
 }
+
+// namespacedVerbs are verbs allowed only in the Role of the release
+// namespace: a replica deletes its own feedback ConfigMap there when it
+// stops, and may delete no other ConfigMap.
+var namespacedVerbs = map[string][]string{"/configmaps": {"delete"}}
 
 // namespacedOnly is what scopeplane may do only in its own namespace, so
 // only a Role may grant it: the leader election Lease (a ClusterRole would
@@ -537,6 +579,9 @@ func checkLeastPrivilege(t *testing.T, kind string, rules []rbacv1.PolicyRule) {
 				}
 				if kind == "ClusterRole" && slices.Contains(namespacedOnly, g+"/"+res) {
 					t.Errorf("the ClusterRole grants %q in group %q cluster-wide: it belongs in the Role of the release namespace", res, g)
+				}
+				if kind == "Role" {
+					allowed = append(slices.Clone(allowed), namespacedVerbs[g+"/"+res]...)
 				}
 				for _, v := range r.Verbs {
 					if !slices.Contains(allowed, v) {
@@ -578,14 +623,14 @@ rules:
 	if err := os.WriteFile(filepath.Join(dir, "files", "role.yaml"), []byte(role), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	out, stderr, err := runHelm(t, "template", "sp", dir, "--namespace", "ops")
+	out, stderr, err := runHelm(t, "template", "sp", dir, "--namespace", "ops", "--set", "replicas=1")
 	if err != nil {
 		t.Fatalf("helm template: %v\n%s", err, stderr)
 	}
 	if o := findNamedOptional(decode(t, out), "Role", "sp-scopeplane"); o != nil {
 		t.Error("without leader election the chart must not install the leader election Role")
 	}
-	out, stderr, err = runHelm(t, "template", "sp", dir, "--namespace", "ops", "--set", "leaderElection.enabled=true")
+	out, stderr, err = runHelm(t, "template", "sp", dir, "--namespace", "ops", "--set", "replicas=1", "--set", "leaderElection.enabled=true")
 	if err != nil {
 		t.Fatalf("helm template: %v\n%s", err, stderr)
 	}

@@ -11,13 +11,15 @@ import (
 	"k8s.io/utils/ptr"
 
 	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
+	"github.com/scopeplane/scopeplane/controllers/replicafeedback"
 	"github.com/scopeplane/scopeplane/internal/testkit"
 )
 
 // replicaDropOut is how long the proxies of a replica that died may stay
 // in the status counts: the leader merges every replica's published
-// feedback and drops a replica's once it stops renewing it, within 30 s.
-const replicaDropOut = 30 * time.Second
+// feedback, and drops a replica's once it was not renewed for the expiry,
+// checking once a second.
+const replicaDropOut = replicafeedback.DefaultExpiry + time.Second
 
 // countsRight reports whether both scopes' status count exactly the
 // proxies connected across all running replicas (kubectl get ps's Proxies
@@ -62,14 +64,24 @@ func TestStatusCountsEveryReplica(t *testing.T) {
 	testkit.Eventually(t, "status counting the proxies of every replica", f.countsRight)
 
 	follower := abc[slices.IndexFunc(abc, func(n string) bool { return n != leader })]
+	moved := len(f.onReplica(follower))
+	t0 := time.Now()
 	f.end(follower, true)
 	f.mustSettle(&st)
+	reconnected := time.Since(t0)
 	testkit.EventuallyWithin(t, replicaDropOut+testkit.Timeout, "status counting the proxies after "+follower+" crashed", f.countsRight)
+	t.Logf("follower %s crashed with %d proxies: they held the truth again after %v, the counts were right after %v (polled every 50ms)",
+		follower, moved, reconnected.Round(time.Millisecond), time.Since(t0).Round(time.Millisecond))
 
+	moved = len(f.onReplica(leader))
+	t0 = time.Now()
 	f.end(leader, false)
 	f.mustSettle(&st)
-	f.awaitLeader()
+	reconnected = time.Since(t0)
+	next := f.awaitLeader()
 	testkit.EventuallyWithin(t, replicaDropOut+testkit.Timeout, "the new leader's counts after "+leader+" stopped", f.countsRight)
+	t.Logf("leader %s stopped with %d proxies: they held the truth again after %v; %s leads, its counts were right after %v",
+		leader, moved, reconnected.Round(time.Millisecond), next, time.Since(t0).Round(time.Millisecond))
 
 	f.start(follower)
 	f.start(leader)

@@ -1,6 +1,7 @@
 package leader
 
 import (
+	"context"
 	"fmt"
 	"maps"
 	"slices"
@@ -10,7 +11,9 @@ import (
 
 	"github.com/go-logr/logr"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
 	"github.com/scopeplane/scopeplane/internal/testkit"
 	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
@@ -43,19 +46,29 @@ func (f *fleet) awaitLeader() string {
 }
 
 // statusAt reports whether both scopes' status show the version replica
-// name serves.
+// name serves, written by that replica (its user agent is a field manager
+// of the status).
 func (f *fleet) statusAt(name string) (bool, string) {
 	r := f.replica(name)
 	if r == nil {
 		return false, name + " is not running"
 	}
 	for _, scope := range scopeNames {
-		st, err := f.scopeStatus(scope)
-		if err != nil {
+		ps := &xdsv1alpha1.ProxyScope{}
+		if err := f.env.Client.Get(context.Background(), client.ObjectKey{Namespace: f.ns, Name: scope}, ps); err != nil {
 			return false, err.Error()
 		}
-		if want := servedVersion(r, f.ns, scope); want == "" || st.Version != want {
-			return false, fmt.Sprintf("scope %s: status.version %q, %s serves %q", scope, st.Version, name, want)
+		if want := servedVersion(r, f.ns, scope); want == "" || ps.Status.Version != want {
+			return false, fmt.Sprintf("scope %s: status.version %q, %s serves %q", scope, ps.Status.Version, name, want)
+		}
+		var writers []string
+		for _, mf := range ps.ManagedFields {
+			if mf.Subresource == "status" {
+				writers = append(writers, mf.Manager)
+			}
+		}
+		if !slices.Contains(writers, userAgent(r.name)) {
+			return false, fmt.Sprintf("scope %s: status written by %v, not %s", scope, writers, r.name)
 		}
 	}
 	return true, ""

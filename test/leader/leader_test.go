@@ -25,6 +25,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
+	"github.com/scopeplane/scopeplane/controllers/replicafeedback"
 	"github.com/scopeplane/scopeplane/internal/controlplane"
 	"github.com/scopeplane/scopeplane/internal/localapi"
 	"github.com/scopeplane/scopeplane/internal/scheme"
@@ -68,6 +69,7 @@ func startReplica(t *testing.T, env *localapi.Env, name, lease string) *replica 
 	// The replica reaches the API server through connections it can lose
 	// all at once, as a crashed pod does.
 	cfg := rest.CopyConfig(env.Config)
+	cfg.UserAgent = userAgent(name)
 	var dialer net.Dialer
 	cfg.Dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
 		c, err := dialer.DialContext(ctx, network, addr)
@@ -100,6 +102,7 @@ func startReplica(t *testing.T, env *localapi.Env, name, lease string) *replica 
 			Enabled: true, ID: lease, Namespace: "default",
 			LeaseDuration: leaseDuration, RenewDeadline: renewDeadline, RetryPeriod: retryPeriod,
 		},
+		Replica: replicafeedback.Replica{Name: name},
 	})
 	if err != nil {
 		cancel()
@@ -121,8 +124,12 @@ func startReplica(t *testing.T, env *localapi.Env, name, lease string) *replica 
 	return r
 }
 
+// userAgent is what replica name's writes are recorded under.
+func userAgent(name string) string { return "scopeplane-replica-" + name }
+
 // stop shuts the replica down as a pod's termination does: its streams are
-// ended with Unavailable and the Lease is given up.
+// ended with Unavailable, its feedback ConfigMap is deleted and the Lease
+// is given up.
 func (r *replica) stop() {
 	r.cancel()
 	<-r.stopped
@@ -130,8 +137,10 @@ func (r *replica) stop() {
 }
 
 // kill ends the replica as a crash does: it loses the API server first, so
-// it cannot give the Lease up (another replica takes over only once it
-// expired), and its proxies' connections break without a word.
+// it can neither give the Lease up (another replica takes over only once it
+// expired) nor delete its feedback ConfigMap (the leader drops it from the
+// counts once it expired), and its proxies' connections break without a
+// word.
 func (r *replica) kill() {
 	r.api.closeAll()
 	r.xds.closeAll()
@@ -266,28 +275,31 @@ func TestOnlyTheLeaderWritesStatusAndAnotherTakesOver(t *testing.T) {
 		}
 		return true, ""
 	})
-	// The status is the leader's view (its own proxies), and only the leader
-	// writes it: were the other replica writing too, the count would flip.
-	connected := func() int32 {
+	// The status counts every replica's proxies, and only the leader writes
+	// it: each replica's manager writes under its own name (its user
+	// agent), so the status's field managers say who wrote.
+	get := func() *xdsv1alpha1.ProxyScope {
 		ps := &xdsv1alpha1.ProxyScope{}
 		if err := env.Client.Get(ctx, client.ObjectKey{Namespace: "default", Name: "ha"}, ps); err != nil {
 			t.Fatal(err)
 		}
-		return ptr.Deref(ps.Status.ConnectedProxies, 0)
+		return ps
 	}
-	want := int32(len(proxies[leader]))
-	testkit.Eventually(t, "status written by the leader "+leader.name, func() (bool, string) {
+	connected := func() int32 { return ptr.Deref(get().Status.ConnectedProxies, 0) }
+	want := int32(len(proxies[a]) + len(proxies[b]))
+	testkit.Eventually(t, "status written by the leader "+leader.name+", counting both replicas' proxies", func() (bool, string) {
 		return connected() == want, fmt.Sprint(connected())
 	})
-	for range 20 {
-		if got := connected(); got != want {
-			t.Fatalf("status.connectedProxies flipped to %d while %s leads (its count is %d): another replica wrote status", got, leader.name, want)
+	for _, f := range get().ManagedFields {
+		if f.Subresource == "status" && f.Manager != userAgent(leader.name) {
+			t.Errorf("the status was written by %s too, while %s leads", f.Manager, leader.name)
 		}
-		time.Sleep(100 * time.Millisecond)
 	}
 
 	// The leader goes away; the other replica takes over the status.
 	leader.stop()
+	// Its proxies, whose streams ended with it, leave the counts: it
+	// deleted its feedback ConfigMap as it stopped.
 	want = int32(len(proxies[other]))
 	testkit.Eventually(t, "replica "+other.name+" leading and writing status", func() (bool, string) {
 		return other.leads() && connected() == want, fmt.Sprintf("leads %v, connectedProxies %d", other.leads(), connected())

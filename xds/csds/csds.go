@@ -73,6 +73,13 @@ const (
 	// ("system:serviceaccount:<namespace>:<name>", with its pod when the
 	// token names one); absent for an anonymous stream.
 	IdentityKey = "scopeplane.dev/identity"
+	// ZoneSourceKey says how the zone in the node's locality is known:
+	// model.LocatedByNode (the Node the proxy's token names) or
+	// model.LocatedByBootstrap (what the proxy declares); absent when no
+	// zone is known.
+	ZoneSourceKey = "scopeplane.dev/zone-source"
+	// NodeNameKey is the Kubernetes Node the proxy's token names.
+	NodeNameKey = "scopeplane.dev/node-name"
 )
 
 // Wildcard is the resource name that stands for a wildcard subscription in
@@ -215,6 +222,15 @@ func proxyConfig(key model.Key, p *feedback.Proxy, cur *[xdstype.Count]string, a
 	}
 	if p.Identity != "" {
 		cc.Node.Metadata.Fields[IdentityKey] = structpb.NewStringValue(p.Identity)
+	}
+	if loc := p.Location; loc.Zone != "" || loc.Node != "" {
+		cc.Node.Locality = &corev3.Locality{Zone: loc.Zone}
+		if loc.Source != "" {
+			cc.Node.Metadata.Fields[ZoneSourceKey] = structpb.NewStringValue(string(loc.Source))
+		}
+		if loc.Node != "" {
+			cc.Node.Metadata.Fields[NodeNameKey] = structpb.NewStringValue(loc.Node)
+		}
 	}
 	inSync := p.AtVersion != "" && p.AtVersion == at
 	for _, t := range xdstype.All() {

@@ -62,8 +62,8 @@ func TestUsage(t *testing.T) {
 	tr.now = func() time.Time { return clock }
 	used := func() Usage { return tr.Get(key).Usage }
 
-	one := tr.Connect(key, nil, model.SotW, "", "")
-	two := tr.Connect(key, nil, model.SotW, "", "")
+	one := tr.Connect(key, nil, model.SotW, "", "", model.Location{})
+	two := tr.Connect(key, nil, model.SotW, "", "", model.Location{})
 	tr.Asks(key, one, map[model.Key]int{a: 2, b: 1}, 0)
 	tr.Asks(key, two, map[model.Key]int{a: 1}, 0)
 	if u := used(); u.All || !u.Services[a] || !u.Services[b] {

@@ -40,10 +40,12 @@ type NACK struct {
 	// Identity is who the proxy authenticated as (auth.Identity's String),
 	// empty for an anonymous stream.
 	Identity string
-	TypeURL  string
-	Version  string
-	Detail   string
-	Time     time.Time
+	// Zone is where the proxy runs (model.Location's Zone), "" when unknown.
+	Zone    string
+	TypeURL string
+	Version string
+	Detail  string
+	Time    time.Time
 }
 
 // Proxy is one connected stream.
@@ -62,6 +64,8 @@ type Proxy struct {
 	// empty for an anonymous stream: never a metrics label, which stay
 	// bounded.
 	Identity string
+	// Location is where the proxy runs.
+	Location model.Location
 	// Since is when the stream was bound to the scope.
 	Since time.Time
 	// Acked is the last version the proxy ACKed, by type URL.
@@ -154,9 +158,9 @@ func (t *Tracker) proxyLocked(key model.Key, id uint64) *Proxy {
 }
 
 // Connect records a new stream of node from peer (its remote address, ""
-// when unknown), authenticated as identity ("" when anonymous), and
-// returns its id.
-func (t *Tracker) Connect(key model.Key, node *corev3.Node, p model.Protocol, peer, identity string) uint64 {
+// when unknown), authenticated as identity ("" when anonymous), running
+// at loc, and returns its id.
+func (t *Tracker) Connect(key model.Key, node *corev3.Node, p model.Protocol, peer, identity string, loc model.Location) uint64 {
 	ua := node.GetUserAgentName()
 	if v := node.GetUserAgentVersion(); v != "" {
 		ua += " " + v
@@ -165,7 +169,7 @@ func (t *Tracker) Connect(key model.Key, node *corev3.Node, p model.Protocol, pe
 	defer t.mu.Unlock()
 	t.nextID++
 	t.scopeLocked(key).Proxies[t.nextID] = &Proxy{
-		ID: t.nextID, Node: node.GetId(), Protocol: p, Cluster: node.GetCluster(), UserAgent: ua, Peer: peer, Identity: identity, Since: t.now(),
+		ID: t.nextID, Node: node.GetId(), Protocol: p, Cluster: node.GetCluster(), UserAgent: ua, Peer: peer, Identity: identity, Location: loc, Since: t.now(),
 		Acked: map[string]string{}, Nacked: map[string]bool{}, LastNACK: map[string]NACK{}, asks: map[model.Key]int{},
 	}
 	metrics.ConnectedProxies.WithLabelValues(key.String(), string(p)).Inc()
@@ -241,7 +245,7 @@ func (t *Tracker) NACKed(key model.Key, id uint64, typeURL, version, detail stri
 	p.AtVersion = ""
 	metrics.NACKs.WithLabelValues(key.String(), typeURL).Inc()
 	n := NACK{
-		Node: NodeID(p.Node), Peer: p.Peer, Identity: p.Identity, TypeURL: Cut(typeURL, MaxTypeURLChars, math.MaxInt), Version: Cut(version, MaxVersionChars, math.MaxInt),
+		Node: NodeID(p.Node), Peer: p.Peer, Identity: p.Identity, Zone: p.Location.Zone, TypeURL: Cut(typeURL, MaxTypeURLChars, math.MaxInt), Version: Cut(version, MaxVersionChars, math.MaxInt),
 		Detail: Cut(detail, MaxDetailChars, math.MaxInt), Time: t.now(),
 	}
 	p.LastNACK[typeURL] = n

@@ -13,7 +13,7 @@ func TestSubscriptions(t *testing.T) {
 	key := model.Key{Namespace: "shop", Name: "gw"}
 	const cds, eds = "type.googleapis.com/envoy.config.cluster.v3.Cluster", "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
 	tr := New(0)
-	id := tr.Connect(key, nil, model.SotW, "", "")
+	id := tr.Connect(key, nil, model.SotW, "", "", model.Location{})
 	tr.Subscribed(key, id, cds, nil, nil, true)
 	tr.Subscribed(key, id, eds, []string{"shop/b:80", "shop/a:80"}, nil, false)
 	subs, ok := tr.Subscriptions(key, id)

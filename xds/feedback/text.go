@@ -15,6 +15,7 @@ const (
 	MaxTypeURLChars = 253
 	MaxVersionChars = 128
 	MaxDetailChars  = 1024
+	MaxZoneChars    = 63
 )
 
 // Cut returns s as valid UTF-8 of at most maxChars characters and maxBytes

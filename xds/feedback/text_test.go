@@ -87,7 +87,7 @@ func TestNACKTextIsCutToTheCRD(t *testing.T) {
 	tr := New(0)
 	key := model.Key{Namespace: "ns", Name: "web"}
 	node := strings.Repeat("ñ", 300) + "\xff"
-	id := tr.Connect(key, &corev3.Node{Id: node}, model.SotW, "", "")
+	id := tr.Connect(key, &corev3.Node{Id: node}, model.SotW, "", "", model.Location{})
 	tr.NACKed(key, id, "type.googleapis.com/"+strings.Repeat("t", 300), strings.Repeat("v", 200), strings.Repeat("bad \xff\xfe ", 2000), HeldBack{})
 	n := tr.Get(key).NACKs[0]
 	for field, c := range map[string]struct {

@@ -133,6 +133,14 @@ var (
 		Help: "ProxyScope status patches that failed (each is retried with backoff), by scope.",
 	}, []string{"scope"})
 
+	// FeedbackWrites counts this replica's writes of its feedback
+	// ConfigMap (package replicafeedback): at most one a second, so the
+	// rate shows what replicas cost the API server.
+	FeedbackWrites = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "scopeplane_feedback_report_writes_total",
+		Help: "Writes of this replica's proxy-feedback ConfigMap, which the leader merges into status (at most one a second), by result (ok, error).",
+	}, []string{"result"})
+
 	// WatchAge says, per watched kind, how long ago this replica last heard
 	// from the API server about it (package apiwatch).
 	WatchAge = NewAges(prometheus.NewDesc("scopeplane_watch_age_seconds",
@@ -160,7 +168,7 @@ func SetBuildInfo(version string) {
 
 func init() {
 	ctrlmetrics.Registry.MustRegister(ConnectedProxies, Pushes, ResourcesSent, BytesSent, OtherProtocolBytes,
-		ConnectBytes, ConnectOtherProtocolBytes, HeldBack, OtherProtocolHeldBack, NACKs, NACKsPaced, Refusals, Convergence, Translation, SnapshotBuild, UnservableResources, ScopeCondition, StatusWriteFailures, WatchAge, BuildInfo, GRPC)
+		ConnectBytes, ConnectOtherProtocolBytes, HeldBack, OtherProtocolHeldBack, NACKs, NACKsPaced, Refusals, Convergence, Translation, SnapshotBuild, UnservableResources, ScopeCondition, StatusWriteFailures, FeedbackWrites, WatchAge, BuildInfo, GRPC)
 }
 
 // Ages is a gauge per label value of the seconds since Touch was last

@@ -122,6 +122,30 @@ type Endpoint struct {
 // bootstraps write it and the ADS server reads it.
 const ScopeMetadataKey = "scopeplane.dev/scope"
 
+// Location is where a proxy runs, as far as the control plane can tell.
+type Location struct {
+	// Zone is the proxy's topology zone ("" when unknown).
+	Zone string
+	// Node is the Kubernetes Node the proxy's pod runs on, when its
+	// authenticated token names it.
+	Node string
+	// Source says how Zone is known.
+	Source LocationSource
+}
+
+// LocationSource says how a proxy's zone is known, from the most trusted.
+type LocationSource string
+
+const (
+	// LocatedByNode says the authenticated ServiceAccount token names the
+	// proxy's pod and Node, and the zone is that Node's
+	// topology.kubernetes.io/zone label.
+	LocatedByNode LocationSource = "Node"
+	// LocatedByBootstrap says the proxy declares node.locality.zone in its
+	// bootstrap, which nothing verifies.
+	LocatedByBootstrap LocationSource = "Bootstrap"
+)
+
 // Protocol is the xDS protocol of a scope.
 type Protocol string
 

@@ -98,6 +98,10 @@ type Options struct {
 	// proxies are admitted only when asked for explicitly
 	// (auth.Authenticator.AllowAnonymous).
 	Authenticator *auth.Authenticator
+	// Zones tells the zone of a Kubernetes Node, for proxies whose token
+	// names the Node their pod runs on; nil trusts only what bootstraps
+	// declare.
+	Zones Zones
 }
 
 // DefaultOptions are the limits used when an Options field is zero.
@@ -519,7 +523,7 @@ func serve[Req request](s *Server, p model.Protocol, srv interface {
 	if err != nil {
 		return err
 	}
-	st := &stream{srv: s, key: key, sc: sc, id: s.fb.Connect(key, kept(first.GetNode()), p, peerOf(ctx), id.String()), grpc: isGRPC(first.GetNode()),
+	st := &stream{srv: s, key: key, sc: sc, id: s.fb.Connect(key, kept(first.GetNode()), p, peerOf(ctx), id.String(), s.locate(id, first.GetNode())), grpc: isGRPC(first.GetNode()),
 		nacks: rate.NewLimiter(rate.Limit(s.opts.NACKsPerSecond), s.opts.NACKBurst)}
 	defer s.fb.Disconnect(key, st.id)
 	sc.Read(func(v snapshot.View) { st.caughtUp(v); st.watchTransition(v, p) })
