@@ -23,8 +23,18 @@ const replicaDropOut = replicafeedback.DefaultExpiry + time.Second
 
 // countsRight reports whether both scopes' status count exactly the
 // proxies connected across all running replicas (kubectl get ps's Proxies
-// column), all of them synced.
+// column), all of them synced, while the leader counts the reports of the
+// other running replicas and of no other: since moving proxies leaves the
+// total as it was, a status written before a replica died would otherwise
+// look right too.
 func (f *fleet) countsRight() (bool, string) {
+	leader := f.replica(f.leader())
+	if leader == nil {
+		return false, "no leader"
+	}
+	if got, want := leader.cp.Replicas.Replicas(), len(f.running())-1; got != want {
+		return false, fmt.Sprintf("the leader %s counts the reports of %d other replicas, %d others run", leader.name, got, want)
+	}
 	for _, scope := range scopeNames {
 		st, err := f.scopeStatus(scope)
 		if err != nil {
