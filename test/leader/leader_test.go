@@ -1,6 +1,9 @@
 // Package leader checks that with several replicas every one serves xDS
-// while only the elected leader writes ProxyScope status, and that another
-// replica takes over when the leader goes away.
+// while only the elected leader writes ProxyScope status, counting every
+// replica's proxies, and that another replica takes over when the leader
+// goes away; and, with three replicas and SotW and delta proxies spread
+// over them, that failovers, crashes and a storm of restarts under endpoint
+// churn leave every proxy holding exactly what the API objects say.
 package leader
 
 import (
