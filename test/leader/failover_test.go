@@ -18,6 +18,7 @@ import (
 	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
+// abc are the names of the three replicas of a fleet.
 var abc = []string{"a", "b", "c"}
 
 // threeReplicas is a fleet of replicas a, b and c serving Services svc-0,

@@ -184,6 +184,7 @@ func (f *fleet) holdReconnects() {
 	}
 }
 
+// releaseReconnects lets the held proxies reconnect.
 func (f *fleet) releaseReconnects() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -348,6 +349,8 @@ type stream struct {
 	err  error // how it ended
 }
 
+// run is the proxy: a stream to a replica f picks, again and again
+// until ctx ends, keeping what it holds across streams.
 func (p *proxy) run(ctx context.Context, f *fleet) {
 	defer close(p.done)
 	for {
@@ -376,6 +379,7 @@ func (p *proxy) run(ctx context.Context, f *fleet) {
 	}
 }
 
+// stop ends the proxy and waits for its goroutine.
 func (p *proxy) stop() {
 	p.cancel()
 	<-p.done
@@ -654,6 +658,7 @@ func (f *fleet) settle(st *settleStats) error {
 	return nil
 }
 
+// mustSettle is settle, failing the test when the fleet does not settle.
 func (f *fleet) mustSettle(st *settleStats) {
 	f.t.Helper()
 	if err := f.settle(st); err != nil {

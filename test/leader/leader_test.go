@@ -164,8 +164,10 @@ type connSet struct {
 	closed bool
 }
 
+// errKilled refuses a connection to or from a killed replica.
 var errKilled = errors.New("the replica was killed")
 
+// add keeps c, or closes it when the set was closed.
 func (s *connSet) add(c net.Conn) (net.Conn, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -180,6 +182,7 @@ func (s *connSet) add(c net.Conn) (net.Conn, error) {
 	return c, nil
 }
 
+// closeAll closes every connection kept, and those added later.
 func (s *connSet) closeAll() {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -34,6 +34,7 @@ const (
 	restart                     // it starts again (a new pod, a new port)
 )
 
+// actionNames name the stormActions in step lists.
 var actionNames = []string{"Crash", "Shutdown", "Restart"}
 
 // change is one change of the world made during a storm step: a Service's
