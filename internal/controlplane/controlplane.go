@@ -162,8 +162,12 @@ type ControlPlane struct {
 	// Certificates is the serving certificate and CA bundle in use, nil
 	// when plaintext.
 	Certificates *xdstls.Certificates
-	opts         Options
-	elector      *elector
+	// Replicas is the other replicas' feedback as this replica collects
+	// it (nil without leader election): which of them its status would
+	// count now.
+	Replicas *replicafeedback.Collector
+	opts     Options
+	elector  *elector
 }
 
 // Leading reports whether this replica runs the leader-only work (status,
@@ -276,6 +280,7 @@ func (cp *ControlPlane) setupReplicaFeedback(mgr ctrl.Manager) (*replicafeedback
 	if err != nil {
 		return nil, err
 	}
+	cp.Replicas = col
 	return col, mgr.Add(&replicafeedback.Publisher{Client: mgr.GetClient(), Feedback: cp.Feedback, Replica: r, Log: log})
 }
 

@@ -23,14 +23,28 @@ const Timeout = 30 * time.Second
 // with what was awaited and cond's last description of the state.
 func Eventually(t testing.TB, what string, cond func() (bool, string)) {
 	t.Helper()
-	deadline := time.Now().Add(Timeout)
+	EventuallyWithin(t, Timeout, what, cond)
+}
+
+// EventuallyWithin is Eventually with a timeout of d, for a condition
+// known to take longer than Timeout to come about (one that waits for a
+// documented expiry, say).
+func EventuallyWithin(t testing.TB, d time.Duration, what string, cond func() (bool, string)) {
+	t.Helper()
+	if ok, state := Poll(d, cond); !ok {
+		t.Fatalf("%s: not reached within %v; last state: %s", what, d, state)
+	}
+}
+
+// Poll polls cond until it holds or d has passed, and returns whether it
+// held and cond's last description of the state: Eventually for a test
+// that must go on after a failure (to shrink a failing step list, say).
+func Poll(d time.Duration, cond func() (bool, string)) (bool, string) {
+	deadline := time.Now().Add(d)
 	for {
 		ok, state := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not reached; last state: %s", what, state)
+		if ok || time.Now().After(deadline) {
+			return ok, state
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

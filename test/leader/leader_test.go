@@ -1,12 +1,17 @@
 // Package leader checks that with several replicas every one serves xDS
-// while only the elected leader writes ProxyScope status, and that another
-// replica takes over when the leader goes away.
+// while only the elected leader writes ProxyScope status, counting every
+// replica's proxies, and that another replica takes over when the leader
+// goes away; and, with three replicas and SotW and delta proxies spread
+// over them, that failovers, crashes and a storm of restarts under endpoint
+// churn leave every proxy holding exactly what the API objects say.
 package leader
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
+	"sync"
 	"testing"
 	"time"
 
@@ -34,24 +39,54 @@ import (
 	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
+// Lease timings of the test replicas: short, so that a crashed leader's
+// Lease expires in seconds, and valid for client-go (LeaseDuration >
+// RenewDeadline > 1.2 × RetryPeriod).
+const (
+	leaseDuration = 2 * time.Second
+	renewDeadline = 1500 * time.Millisecond
+	retryPeriod   = 300 * time.Millisecond
+)
+
+// replica is one control plane replica, as a pod runs it: its own manager,
+// xDS port and API connections, in this test process.
 type replica struct {
 	name    string
 	cp      *controlplane.ControlPlane
 	addr    string
 	cancel  context.CancelFunc
 	stopped chan struct{}
+	// conn is the proxies' connection to the replica (as a Service's
+	// virtual IP routed to this pod would be).
+	conn *grpc.ClientConn
+	// xds holds the connections its xDS port accepted, api those it made
+	// to the API server, so that a crash can break them all.
+	xds, api *connSet
 }
 
-func startReplica(t *testing.T, env *localapi.Env, name string) *replica {
+// startReplica starts replica name, campaigning for the Lease lease in
+// namespace default.
+func startReplica(t *testing.T, env *localapi.Env, name, lease string) *replica {
 	t.Helper()
-	// The manager as main builds it, and leader election as main asks
-	// controlplane.Setup for it, with shorter timings.
+	r := &replica{name: name, stopped: make(chan struct{}), xds: &connSet{}, api: &connSet{}}
+	// The replica reaches the API server through connections it can lose
+	// all at once, as a crashed pod does.
 	cfg := rest.CopyConfig(env.Config)
 	cfg.UserAgent = userAgent(name)
+	var dialer net.Dialer
+	cfg.Dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dialer.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return r.api.add(c)
+	}
+	// The manager as main builds it, and leader election as main asks
+	// controlplane.Setup for it, with shorter timings.
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme: scheme.Scheme, Cache: controlplane.CacheOptions(),
 		Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
-		// Two replicas share this test process, and so controller names.
+		// The replicas share this test process, and so controller names.
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
 	})
 	if err != nil {
@@ -63,18 +98,25 @@ func startReplica(t *testing.T, env *localapi.Env, name string) *replica {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cp, err := controlplane.Setup(ctx, mgr, controlplane.Options{
-		XDSListener: lis, XDSServerAddress: lis.Addr().String(), StatusWindow: 50 * time.Millisecond, TLS: controlplane.TLS{Insecure: true},
+		XDSListener: trackingListener{Listener: lis, conns: r.xds}, XDSServerAddress: lis.Addr().String(),
+		StatusWindow: 50 * time.Millisecond, TLS: controlplane.TLS{Insecure: true},
 		Server: server.Options{Authenticator: &auth.Authenticator{AllowAnonymous: true}},
 		LeaderElection: controlplane.LeaderElection{
-			Enabled: true, ID: "scopeplane-test", Namespace: "default",
-			LeaseDuration: 3 * time.Second, RenewDeadline: 2 * time.Second, RetryPeriod: 200 * time.Millisecond,
+			Enabled: true, ID: lease, Namespace: "default",
+			LeaseDuration: leaseDuration, RenewDeadline: renewDeadline, RetryPeriod: retryPeriod,
 		},
 		Replica: replicafeedback.Replica{Name: name},
 	})
 	if err != nil {
+		cancel()
 		t.Fatal(err)
 	}
-	r := &replica{name: name, cp: cp, addr: lis.Addr().String(), cancel: cancel, stopped: make(chan struct{})}
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	r.cp, r.addr, r.cancel, r.conn = cp, lis.Addr().String(), cancel, conn
 	go func() {
 		if err := mgr.Start(ctx); err != nil {
 			t.Errorf("replica %s: %v", name, err)
@@ -88,21 +130,90 @@ func startReplica(t *testing.T, env *localapi.Env, name string) *replica {
 // userAgent is what replica name's writes are recorded under.
 func userAgent(name string) string { return "scopeplane-replica-" + name }
 
+// stop shuts the replica down as a pod's termination does: its streams are
+// ended with Unavailable, its feedback ConfigMap is deleted and the Lease
+// is given up.
 func (r *replica) stop() {
 	r.cancel()
 	<-r.stopped
+	_ = r.conn.Close()
+}
+
+// kill ends the replica as a crash does: it loses the API server first, so
+// it can neither give the Lease up (another replica takes over only once it
+// expired) nor delete its feedback ConfigMap (the leader drops it from the
+// counts once it expired), and its proxies' connections break without a
+// word.
+func (r *replica) kill() {
+	r.api.closeAll()
+	r.xds.closeAll()
+	r.stop()
 }
 
 func (r *replica) leads() bool { return r.cp.Leading() }
 
+// ready reports whether the replica passes its readiness check, which is
+// when a Service would route proxies to it.
+func (r *replica) ready() bool { return r.cp.Ready(nil) == nil }
+
+// connSet holds connections to close all at once; once closed, it closes
+// what is added to it.
+type connSet struct {
+	mu     sync.Mutex
+	conns  map[net.Conn]struct{}
+	closed bool
+}
+
+// errKilled refuses a connection to or from a killed replica.
+var errKilled = errors.New("the replica was killed")
+
+// add keeps c, or closes it when the set was closed.
+func (s *connSet) add(c net.Conn) (net.Conn, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		_ = c.Close()
+		return nil, errKilled
+	}
+	if s.conns == nil {
+		s.conns = map[net.Conn]struct{}{}
+	}
+	s.conns[c] = struct{}{}
+	return c, nil
+}
+
+// closeAll closes every connection kept, and those added later.
+func (s *connSet) closeAll() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closed = true
+	for c := range s.conns {
+		_ = c.Close()
+	}
+	s.conns = nil
+}
+
+// trackingListener adds every connection it accepts to conns.
+type trackingListener struct {
+	net.Listener
+	conns *connSet
+}
+
+func (l trackingListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		if c, err := l.conns.add(c); err == nil {
+			return c, nil
+		}
+	}
+}
+
 // connect runs n SotW proxies of scope default/ha against the replica.
 func connect(t *testing.T, r *replica, n int) []*adsclient.Client {
 	t.Helper()
-	conn, err := grpc.NewClient(r.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
 	var out []*adsclient.Client
 	for i := range n {
 		c := adsclient.New(adsclient.Config{
@@ -115,7 +226,7 @@ func connect(t *testing.T, r *replica, n int) []*adsclient.Client {
 		go func() { // reconnect like a proxy until the test ends
 			defer close(done)
 			for ctx.Err() == nil {
-				_ = c.Run(ctx, conn)
+				_ = c.Run(ctx, r.conn)
 				select {
 				case <-ctx.Done():
 				case <-time.After(100 * time.Millisecond):
@@ -147,7 +258,7 @@ func TestOnlyTheLeaderWritesStatusAndAnotherTakesOver(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	a, b := startReplica(t, env, "a"), startReplica(t, env, "b")
+	a, b := startReplica(t, env, "a", "scopeplane-test"), startReplica(t, env, "b", "scopeplane-test")
 	// Both replicas serve xDS: one proxy on a, two on b, all configured.
 	proxies := map[*replica][]*adsclient.Client{a: connect(t, a, 1), b: connect(t, b, 2)}
 	for r, ps := range proxies {

@@ -13,9 +13,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
-	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
-	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -493,67 +490,12 @@ func (p *proxy) lastAnswer(t string) (accepted, any, thisStep bool) {
 	return false, false, false
 }
 
-// refs returns the EDS (from held clusters) or RDS (from held listeners)
-// names the proxy must subscribe to, as Envoy does.
-func refs(c *adsclient.Client, t string) (map[string]struct{}, error) {
-	out := map[string]struct{}{}
-	switch t {
-	case xdstype.Endpoint.URL():
-		for name, h := range c.State(xdstype.Cluster.URL()) {
-			cl, err := adsclient.Decode[*clusterv3.Cluster](h)
-			if err != nil {
-				return nil, fmt.Errorf("held cluster %q: %w", name, err)
-			}
-			if cl.GetType() != clusterv3.Cluster_EDS {
-				continue
-			}
-			n := cl.GetEdsClusterConfig().GetServiceName()
-			if n == "" {
-				n = cl.GetName()
-			}
-			out[n] = struct{}{}
-		}
-	case xdstype.Route.URL():
-		for name, h := range c.State(xdstype.Listener.URL()) {
-			l, err := adsclient.Decode[*listenerv3.Listener](h)
-			if err != nil {
-				return nil, fmt.Errorf("held listener %q: %w", name, err)
-			}
-			var hcms []*hcmv3.HttpConnectionManager
-			if a := l.GetApiListener().GetApiListener(); a != nil {
-				m := &hcmv3.HttpConnectionManager{}
-				if err := a.UnmarshalTo(m); err != nil {
-					return nil, fmt.Errorf("listener %q api_listener: %w", name, err)
-				}
-				hcms = append(hcms, m)
-			}
-			for _, fc := range l.GetFilterChains() {
-				for _, f := range fc.GetFilters() {
-					if tc := f.GetTypedConfig(); tc != nil && tc.MessageIs(&hcmv3.HttpConnectionManager{}) {
-						m := &hcmv3.HttpConnectionManager{}
-						if err := tc.UnmarshalTo(m); err != nil {
-							return nil, fmt.Errorf("listener %q filter %q: %w", name, f.GetName(), err)
-						}
-						hcms = append(hcms, m)
-					}
-				}
-			}
-			for _, m := range hcms {
-				if n := m.GetRds().GetRouteConfigName(); n != "" {
-					out[n] = struct{}{}
-				}
-			}
-		}
-	}
-	return out, nil
-}
-
 // adjustSubs makes a SotW proxy's EDS and RDS subscriptions follow what its
 // clusters and listeners reference, and reports whether it changed any.
 func (p *proxy) adjustSubs() (bool, error) {
 	changed := false
 	for _, t := range []string{xdstype.Endpoint.URL(), xdstype.Route.URL()} {
-		want, err := refs(p.c, t)
+		want, err := testkit.Referenced(p.c, t)
 		if err != nil {
 			return false, err
 		}
@@ -595,7 +537,7 @@ func (p *proxy) adjustSubs() (bool, error) {
 // held clusters and listeners reference.
 func (p *proxy) subsStable() bool {
 	for _, t := range []string{xdstype.Endpoint.URL(), xdstype.Route.URL()} {
-		want, err := refs(p.c, t)
+		want, err := testkit.Referenced(p.c, t)
 		if err != nil || !setEqual(want, p.subs[t]) {
 			return false
 		}
@@ -673,7 +615,7 @@ func (p *proxy) mismatch(tr truth, cp *controlPlane, key model.Key, strict bool)
 			if t == xdstype.Route.URL() {
 				parent = xdstype.Listener.URL()
 			}
-			need, err := refs(p.c, t)
+			need, err := testkit.Referenced(p.c, t)
 			if err != nil {
 				fmt.Fprintf(&b, "  %s: %v\n", short, err)
 				continue

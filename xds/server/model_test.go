@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"k8s.io/apimachinery/pkg/labels"
 
+	"github.com/scopeplane/scopeplane/internal/testkit"
 	"github.com/scopeplane/scopeplane/xds/adsclient"
 	"github.com/scopeplane/scopeplane/xds/catalog"
 	"github.com/scopeplane/scopeplane/xds/model"
@@ -135,35 +136,11 @@ func replaySteps(steps []step, timeout time.Duration) (int, error) {
 	return -1, nil
 }
 
-// shrink is delta debugging over a failing step list: it drops chunks of
-// steps (halves, then quarters, ...) while the rest still fails, and cuts
-// the list after the step that fails, until no single step can go or the
-// budget runs out.
+// shrink is testkit's delta debugging over a failing step list, then
+// splits batches: it tries dropping each change of a batch on its own.
 func shrink(steps []step, lastErr error, fails func([]step) (int, error), budget time.Duration) ([]step, error) {
 	deadline := time.Now().Add(budget)
-	n := 2
-	for len(steps) >= 2 && time.Now().Before(deadline) {
-		size := (len(steps) + n - 1) / n
-		reduced := false
-		for start := 0; start < len(steps) && time.Now().Before(deadline); start += size {
-			cand := append(slices.Clone(steps[:start]), steps[min(start+size, len(steps)):]...)
-			if len(cand) == 0 {
-				continue
-			}
-			if idx, err := fails(cand); err != nil {
-				steps, lastErr = cand[:idx+1], err
-				n = max(n-1, 2)
-				reduced = true
-				break
-			}
-		}
-		if !reduced {
-			if n >= len(steps) {
-				break
-			}
-			n = min(2*n, len(steps))
-		}
-	}
+	steps, lastErr = testkit.Shrink(steps, lastErr, fails, budget)
 	// Batches are world changes applied at once; try them one change at a time.
 	for i := 0; i < len(steps) && time.Now().Before(deadline); i++ {
 		if steps[i].kind != kBatch {
