@@ -397,8 +397,9 @@ func runCellErr(c Cell, o RunOptions, res *Result) error {
 	// every proxy reconnects (delta ones declaring what they hold) and must
 	// get an answer for each type, and still hold the truth.
 	ph = &Phase{Name: "restart", Affected: c.N}
+	need, _ := typesOf(c.Protocol)
 	for _, p := range l.proxies {
-		p.arm(nil, 1<<xdstype.Count-1, true)
+		p.arm(nil, need, true)
 	}
 	before := l.counts()
 	l.tr.done.Store(0)

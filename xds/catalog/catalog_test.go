@@ -142,7 +142,7 @@ func TestServiceAddedAndRemoved(t *testing.T) {
 	c.DeleteService(model.Key{Namespace: "shop", Name: "cart"})
 	got = updates(c.Take())
 	want = map[string]map[string][]string{
-		"shop/gw": {"CDS": {"-shop/cart:80"}, "EDS": {"-shop/cart:80"}, "RDS": {"+http-10080"}, "VHDS": {"-http-10080/cart.shop.svc.cluster.local:80"}},
+		"shop/gw":    {"CDS": {"-shop/cart:80"}, "EDS": {"-shop/cart:80"}, "RDS": {"+http-10080"}, "VHDS": {"-http-10080/cart.shop.svc.cluster.local:80"}},
 		"shop/delta": {"CDS": {"-shop/cart:80"}, "EDS": {"-shop/cart:80"}, "VHDS": {"-http-10080/cart.shop.svc.cluster.local:80"}},
 		"shop/grpc": {"CDS": {"-shop/cart:80"}, "EDS": {"-shop/cart:80"},
 			"LDS": {"-cart.shop.svc.cluster.local:80", "-cart.shop:80"}, "RDS": {"-cart.shop.svc.cluster.local:80"}},

@@ -225,13 +225,17 @@ func httpVirtualHosts(scope *model.Scope, port int32, fragments []*Fragment) []*
 // route configuration is byte for byte the route configuration's name plus
 // those resources' bodies, which lets each protocol price the other exactly.
 func httpRouteConfig(port int32, vhosts []*routev3.VirtualHost, vhds bool) *routev3.RouteConfiguration {
-	rc := &routev3.RouteConfiguration{Name: HTTPListenerName(port)}
 	if vhds {
-		rc.Vhds = &routev3.Vhds{ConfigSource: adsConfigSource()}
-	} else {
-		rc.VirtualHosts = vhosts
+		return VHDSRouteConfig(HTTPListenerName(port))
 	}
-	return rc
+	return &routev3.RouteConfiguration{Name: HTTPListenerName(port), VirtualHosts: vhosts}
+}
+
+// VHDSRouteConfig is the route configuration of that name of a Delta
+// Envoy-mode scope: no virtual host, fetched by VHDS over ADS. The ADS
+// server prices what a SotW scope's proxies would be sent in delta with it.
+func VHDSRouteConfig(name string) *routev3.RouteConfiguration {
+	return &routev3.RouteConfiguration{Name: name, Vhds: &routev3.Vhds{ConfigSource: adsConfigSource()}}
 }
 
 // GRPCRouteName is the name of a Service port's route configuration for
