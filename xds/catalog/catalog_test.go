@@ -129,9 +129,9 @@ func TestServiceAddedAndRemoved(t *testing.T) {
 	c.UpsertService(service("shop", "cart", nil, "10.0.0.1"))
 	got := updates(c.Take())
 	want := map[string]map[string][]string{
-		"shop/gw": {"CDS": {"+shop/cart:80"}, "EDS": {"+shop/cart:80"}, "RDS": {"+http-10080"}, "VHDS": {"+http-10080/cart.shop.svc.cluster.local:80"}},
+		"shop/gw": {"CDS": {"+shop/cart:80"}, "EDS": {"+shop/cart:80"}, "RDS": {"+http-10080"}, "VHDS": {"+http-10080/cart.shop:80"}},
 		// VHDS: the route configuration stays as it was.
-		"shop/delta": {"CDS": {"+shop/cart:80"}, "EDS": {"+shop/cart:80"}, "VHDS": {"+http-10080/cart.shop.svc.cluster.local:80"}},
+		"shop/delta": {"CDS": {"+shop/cart:80"}, "EDS": {"+shop/cart:80"}, "VHDS": {"+http-10080/cart.shop:80"}},
 		"shop/grpc": {"CDS": {"+shop/cart:80"}, "EDS": {"+shop/cart:80"},
 			"LDS": {"+cart.shop.svc.cluster.local:80", "+cart.shop:80"}, "RDS": {"+cart.shop.svc.cluster.local:80"}},
 	}
@@ -142,8 +142,8 @@ func TestServiceAddedAndRemoved(t *testing.T) {
 	c.DeleteService(model.Key{Namespace: "shop", Name: "cart"})
 	got = updates(c.Take())
 	want = map[string]map[string][]string{
-		"shop/gw":    {"CDS": {"-shop/cart:80"}, "EDS": {"-shop/cart:80"}, "RDS": {"+http-10080"}, "VHDS": {"-http-10080/cart.shop.svc.cluster.local:80"}},
-		"shop/delta": {"CDS": {"-shop/cart:80"}, "EDS": {"-shop/cart:80"}, "VHDS": {"-http-10080/cart.shop.svc.cluster.local:80"}},
+		"shop/gw":    {"CDS": {"-shop/cart:80"}, "EDS": {"-shop/cart:80"}, "RDS": {"+http-10080"}, "VHDS": {"-http-10080/cart.shop:80"}},
+		"shop/delta": {"CDS": {"-shop/cart:80"}, "EDS": {"-shop/cart:80"}, "VHDS": {"-http-10080/cart.shop:80"}},
 		"shop/grpc": {"CDS": {"-shop/cart:80"}, "EDS": {"-shop/cart:80"},
 			"LDS": {"-cart.shop.svc.cluster.local:80", "-cart.shop:80"}, "RDS": {"-cart.shop.svc.cluster.local:80"}},
 	}
@@ -191,7 +191,7 @@ func TestScopeChangeRecomputesOnlyThatScope(t *testing.T) {
 	c.UpsertScope(scope("shop", "a", model.ListenerEnvoy, model.Selection{Namespace: "shop", Names: names("cart", "checkout")}))
 	got := updates(c.Take())
 	want := map[string]map[string][]string{
-		"shop/a": {"CDS": {"+shop/checkout:80"}, "EDS": {"+shop/checkout:80"}, "RDS": {"+http-10080"}, "VHDS": {"+http-10080/checkout.shop.svc.cluster.local:80"}},
+		"shop/a": {"CDS": {"+shop/checkout:80"}, "EDS": {"+shop/checkout:80"}, "RDS": {"+http-10080"}, "VHDS": {"+http-10080/checkout.shop:80"}},
 	}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("updates after widening scope a:\n got %v\nwant %v", got, want)

@@ -348,7 +348,7 @@ func (st *delta) send(r *response) error {
 	ts.inflight[nonce] = inflight{version: r.version, undo: undo, other: r.other.resources}
 	st.srv.fb.Sent(st.key, model.Delta, r.t.URL(), feedback.Push{
 		Resources: len(r.res), Bytes: resp.size, Connect: r.connect,
-		OtherBytes: r.other.price(r.version, r.t.URL(), nonce),
+		OtherBytes: r.other.price(r.version, r.t.URL(), &st.otherNonce),
 	})
 	return nil
 }

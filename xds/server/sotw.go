@@ -372,7 +372,7 @@ func (st *sotw) send(r *response) error {
 	otherVersion := strings.TrimSuffix(r.version, draining)
 	if r.silent {
 		st.srv.fb.Sent(st.key, model.SotW, r.t.URL(), feedback.Push{
-			OtherBytes: r.other.price(otherVersion, r.t.URL(), strconv.FormatUint(st.nonce+1, 10)),
+			OtherBytes: r.other.price(otherVersion, r.t.URL(), &st.otherNonce),
 		})
 		return nil
 	}
@@ -391,7 +391,7 @@ func (st *sotw) send(r *response) error {
 	}
 	st.srv.fb.Sent(st.key, model.SotW, r.t.URL(), feedback.Push{
 		Resources: len(r.res), Bytes: resp.size, Connect: r.connect,
-		OtherBytes: r.other.price(otherVersion, r.t.URL(), nonce),
+		OtherBytes: r.other.price(otherVersion, r.t.URL(), &st.otherNonce),
 	})
 	return nil
 }

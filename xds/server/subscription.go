@@ -1,6 +1,7 @@
 package server
 
 import (
+	"strconv"
 	"strings"
 
 	"github.com/scopeplane/scopeplane/xds/cost"
@@ -226,14 +227,28 @@ type otherResponse struct {
 }
 
 // price is the other protocol's responses in bytes, each with the header
-// this response's version, type and nonce would have had there.
-func (o otherResponse) price(version, typeURL, nonce string) int {
+// this response's version and type would have had there, and the nonce the
+// other protocol's stream would have numbered it with, counted in *nonces.
+func (o otherResponse) price(version, typeURL string, nonces *uint64) int {
 	if o.typeURL != "" {
 		typeURL, version = o.typeURL, o.version
 	}
-	return o.entries + o.responses*cost.Header(version, typeURL, nonce) +
-		o.drains*(cost.Header(version+draining, typeURL, nonce)-cost.Header(version, typeURL, nonce)) +
-		o.vhds*cost.Header(o.vhdsVersion, xdstype.VirtualHost.URL(), nonce)
+	n := o.entries
+	header := func(version, typeURL string) int {
+		*nonces++
+		return cost.Header(version, typeURL, strconv.FormatUint(*nonces, 10))
+	}
+	for i := range o.responses {
+		if i < o.drains {
+			n += header(version+draining, typeURL)
+		} else {
+			n += header(version, typeURL)
+		}
+	}
+	for range o.vhds {
+		n += header(o.vhdsVersion, xdstype.VirtualHost.URL())
+	}
+	return n
 }
 
 // envoyMode reports whether the view's scope is in Envoy mode, whose

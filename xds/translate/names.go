@@ -14,8 +14,7 @@ import (
 // listeners "<svc>.<ns>[.svc.cluster.local]:<port>" and route
 // configurations "<svc>.<ns>.svc.cluster.local:<port>"; in ProxylessGRPC
 // mode clusters, assignments and route configurations end in "@<uid>".
-// Envoy-mode virtual hosts are "http-<listener port>/" and the route
-// configuration form. Envoy-mode listeners and route configurations
+// Envoy-mode virtual hosts are "http-<listener port>/<svc>.<ns>:<port>". Envoy-mode listeners and route configurations
 // ("http-<port>") belong to the scope, not to one Service: false.
 func ServiceOf(t xdstype.Type, name string) (model.Key, bool) {
 	if t == xdstype.VirtualHost {

@@ -39,9 +39,10 @@ func GRPCListenerNames(svc model.Key, port int32) (fqdn, short string) {
 // envoyVirtualHosts builds the Envoy-mode virtual hosts of a Service, one
 // per port, matching every name a client in the cluster may put in Host:
 // svc, svc.ns, svc.ns.svc and svc.ns.svc.cluster.local, each with ":<port>".
-// A virtual host is named by the last of them, "<svc>.<ns>.svc.cluster.local:<port>",
-// the host entry VHDS names a virtual host by (see VirtualHostName), which
-// is unique by construction.
+// A virtual host is named by the shortest of them that is unique,
+// "<svc>.<ns>:<port>", the host entry VHDS names a virtual host by (see
+// VirtualHostName): every byte of the name is sent to every proxy of the
+// scope with every route configuration or VHDS resource.
 //
 // The names without a port go to one port only, because Envoy rejects a
 // route configuration in which two virtual hosts share a domain: to port 80
@@ -75,7 +76,7 @@ func envoyVirtualHosts(svc model.Key, ports []model.ServicePort) []*routev3.Virt
 			domains = append(domains, n+p)
 		}
 		out = append(out, &routev3.VirtualHost{
-			Name:    names[len(names)-1] + p,
+			Name:    names[1] + p,
 			Domains: domains,
 			Routes:  []*routev3.Route{routeTo(model.ClusterName(svc, port))},
 		})
@@ -85,14 +86,14 @@ func envoyVirtualHosts(svc model.Key, ports []model.ServicePort) []*routev3.Virt
 
 // VirtualHostName is the name of a Service port's virtual host in an
 // Envoy-mode scope listening on listenerPort, as VHDS names it and as the
-// route configuration carries it inline:
-// "http-<listener port>/<svc>.<ns>.svc.cluster.local:<port>", the route
-// configuration's name, a slash and a host entry. Envoy files a VHDS
-// resource under the route configuration named before the last slash, and
-// replaces or removes a virtual host by this name.
+// route configuration carries it inline: "http-<listener port>/<svc>.<ns>:<port>",
+// the route configuration's name, a slash and a host entry (VHDS's naming
+// convention). Envoy files a VHDS resource under the route configuration
+// named before the last slash, and replaces or removes a virtual host by
+// this name.
 func VirtualHostName(listenerPort int32, svc model.Key, port int32) string {
-	fqdn, _ := GRPCListenerNames(svc, port)
-	return HTTPListenerName(listenerPort) + "/" + fqdn
+	_, short := GRPCListenerNames(svc, port)
+	return HTTPListenerName(listenerPort) + "/" + short
 }
 
 // VHDS reports whether an Envoy-mode scope's proxies fetch its virtual hosts

@@ -278,7 +278,7 @@ func TestBareDomains(t *testing.T) {
 			svc.Ports = append(svc.Ports, model.ServicePort{Name: fmt.Sprint(p), Port: p})
 		}
 		for _, vh := range Service(svc, model.ListenerEnvoy).Hosts {
-			wantBare := vh.GetName() == fmt.Sprint("web.ns.svc.cluster.local:", tc.bare)
+			wantBare := vh.GetName() == fmt.Sprint("web.ns:", tc.bare)
 			if got := slices.Contains(vh.GetDomains(), "web.ns"); got != wantBare {
 				t.Errorf("ports %v: %s has bare domains = %v, want %v (%v)", tc.ports, vh.GetName(), got, wantBare, vh.GetDomains())
 			}
