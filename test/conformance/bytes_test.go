@@ -28,9 +28,12 @@ func TestEndpointChangeBytesAt1000Services(t *testing.T) {
 			p.Catalog.UpsertScope(envoyScope("shop", "gw", pr.scope))
 			p.Sync()
 			px := p.connect(testkit.WildcardClient(pr.client, testkit.Node("envoy-1", "shop/gw")))
-			px.wait("1,000 clusters", func(c *adsclient.Client) bool { return len(c.State(xdstype.Endpoint.URL())) == 1000 })
-			initial := px.Stats().Bytes
+			px.wait("the initial sync", func(c *adsclient.Client) bool {
+				vhosts := len(c.State(xdstype.VirtualHost.URL())) == 1000 || pr.client == adsclient.SotW
+				return len(c.State(xdstype.Endpoint.URL())) == 1000 && len(c.State(xdstype.Route.URL())) == 1 && vhosts
+			})
 			before := len(px.settled())
+			initial := px.Stats().Bytes
 
 			p.Catalog.UpsertService(testkit.Service("shop", "svc-0500", "10.0.0.1", "10.0.0.2", "10.0.0.9"))
 			p.Sync()
