@@ -283,6 +283,17 @@ func (p *proxy) opened() {
 	p.mu.Unlock()
 }
 
+// opens is how many streams the load's proxies have opened.
+func (l *load) opens() int {
+	n := 0
+	for _, p := range l.proxies {
+		p.mu.Lock()
+		n += p.opens
+		p.mu.Unlock()
+	}
+	return n
+}
+
 // verify checks that the proxy holds exactly the truth of its scope, byte
 // for byte, and rejected nothing.
 func (p *proxy) verify(tr *Truth) error {
