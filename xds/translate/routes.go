@@ -40,9 +40,10 @@ func GRPCListenerNames(svc model.Key, port int32) (fqdn, short string) {
 // per port, matching every name a client in the cluster may put in Host:
 // svc, svc.ns, svc.ns.svc and svc.ns.svc.cluster.local, each with ":<port>".
 // A virtual host is named by the shortest of them that is unique,
-// "<svc>.<ns>:<port>", the host entry VHDS names a virtual host by (see
-// VirtualHostName): every byte of the name is sent to every proxy of the
-// scope with every route configuration or VHDS resource.
+// "<svc>.<ns>:<port>", the host entry VHDS names a virtual host by; every
+// byte of the name is sent to every proxy of the scope with every route
+// configuration or VHDS resource. The scope names it
+// "http-<listener port>/<svc>.<ns>:<port>" (see httpVirtualHosts).
 //
 // The names without a port go to one port only, because Envoy rejects a
 // route configuration in which two virtual hosts share a domain: to port 80
@@ -84,18 +85,6 @@ func envoyVirtualHosts(svc model.Key, ports []model.ServicePort) []*routev3.Virt
 	return out
 }
 
-// VirtualHostName is the name of a Service port's virtual host in an
-// Envoy-mode scope listening on listenerPort, as VHDS names it and as the
-// route configuration carries it inline: "http-<listener port>/<svc>.<ns>:<port>",
-// the route configuration's name, a slash and a host entry (VHDS's naming
-// convention). Envoy files a VHDS resource under the route configuration
-// named before the last slash, and replaces or removes a virtual host by
-// this name.
-func VirtualHostName(listenerPort int32, svc model.Key, port int32) string {
-	_, short := GRPCListenerNames(svc, port)
-	return HTTPListenerName(listenerPort) + "/" + short
-}
-
 // VHDS reports whether an Envoy-mode scope's proxies fetch its virtual hosts
 // by VHDS instead of inline in the route configuration. Envoy reads VHDS
 // only over incremental xDS, so a SotW scope keeps them inline; so does a
@@ -133,7 +122,11 @@ func httpListener(port int32) *listenerv3.Listener {
 }
 
 // httpVirtualHosts builds an Envoy-mode scope's virtual hosts from the
-// fragments' ones, named by VirtualHostName and sorted by name.
+// fragments' ones, sorted by name and named
+// "http-<listener port>/<svc>.<ns>:<port>": the route configuration's name, a
+// slash and a host entry, VHDS's naming convention. Envoy files a VHDS
+// resource under the route configuration named before the last slash, and
+// replaces or removes a virtual host by this name.
 //
 // A domain claimed by more than one virtual host — in practice the short name
 // "svc" (and "svc:port") of two same-named Services in different namespaces
@@ -141,9 +134,9 @@ func httpListener(port int32) *listenerv3.Listener {
 // Service in the scope's own namespace, as a short name resolves in a pod's
 // own namespace, when exactly one claimant is there; otherwise every claimant
 // loses it, since no choice would be right. A virtual host left with no
-// domain is dropped, and one that lost its full name (which only keys with
-// dots can share) is named by the first domain it kept instead, unique as
-// every kept domain is. Fragments are never modified: each virtual host is
+// domain is dropped, and one that lost the domain it is named by (which only
+// keys with dots can share) is named by the first domain it kept instead,
+// unique as every kept domain is. Fragments are never modified: each virtual host is
 // a shallow copy under its scope-wide name, sharing the fragment's routes
 // (and domains, unless some were dropped).
 //

@@ -156,7 +156,7 @@ func TestAssembleDoesNotModifyFragments(t *testing.T) {
 	for _, vh := range res.VirtualHosts {
 		domains[vh.GetName()] = vh.GetDomains()
 	}
-	own, other := VirtualHostName(8080, a.Key, 80), VirtualHostName(8080, b.Key, 80)
+	own, other := "http-8080/web.a:80", "http-8080/web.b:80"
 	if !slices.Contains(domains[own], "web") || !slices.Contains(domains[own], "web:80") {
 		t.Errorf("the scope's own namespace should keep the short name: %v", domains[own])
 	}
@@ -374,7 +374,7 @@ func TestVHDSScalesWithTheChange(t *testing.T) {
 	want := []string{
 		"CDS " + model.ClusterName(added, 80),
 		"EDS " + model.ClusterName(added, 80),
-		"VHDS " + VirtualHostName(10080, added, 80),
+		"VHDS http-10080/" + added.Name + "." + added.Namespace + ":80",
 	}
 	if !slices.Equal(changed, want) {
 		t.Errorf("adding one Service to a Delta scope changed %v, want %v", changed, want)
