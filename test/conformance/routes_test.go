@@ -130,8 +130,11 @@ func routeErr(c *adsclient.Client, want, gone []string) error {
 				return fmt.Errorf("host %s routes to %s, whose cluster or assignment the proxy lacks", host, cluster)
 			}
 			var a endpointv3.ClusterLoadAssignment
-			if err := cla.Resource.UnmarshalTo(&a); err != nil || len(a.GetEndpoints()) == 0 {
-				return fmt.Errorf("host %s: assignment %s has no endpoints (%v)", host, cluster, err)
+			if err := cla.Resource.UnmarshalTo(&a); err != nil {
+				return fmt.Errorf("host %s: assignment %s: %w", host, cluster, err)
+			}
+			if len(a.GetEndpoints()) == 0 {
+				return fmt.Errorf("host %s: assignment %s has no endpoints", host, cluster)
 			}
 		}
 	}
