@@ -146,15 +146,8 @@ func keys[V any](m map[string]V) []string {
 }
 
 func short(typeURL string) string {
-	switch typeURL {
-	case xdstype.Cluster.URL():
-		return "CDS"
-	case xdstype.Endpoint.URL():
-		return "EDS"
-	case xdstype.Listener.URL():
-		return "LDS"
-	case xdstype.Route.URL():
-		return "RDS"
+	if t, ok := xdstype.ByURL(typeURL); ok {
+		return t.String()
 	}
 	return typeURL
 }
