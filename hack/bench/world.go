@@ -63,7 +63,9 @@ type World struct {
 	Applied []string
 }
 
-// NewWorld builds the initial world.
+// NewWorld builds the initial world. Its scopes ask for VHDS
+// (spec.listener.virtualHosts), so Delta proxies fetch virtual hosts one by
+// one and a SotW scope prices Delta that way.
 func NewWorld(p WorldParams) *World {
 	w := &World{P: p, Services: make(map[model.Key]*model.Service, p.Services)}
 	for i := range p.Services {
@@ -77,7 +79,7 @@ func NewWorld(p WorldParams) *World {
 				Key:        model.Key{Namespace: fmt.Sprint("ns-", k), Name: fmt.Sprint("scope-", k)},
 				Generation: 1,
 				Protocol:   p.Protocol,
-				Listener:   model.Listener{Mode: model.ListenerEnvoy, Port: listenerPort},
+				Listener:   model.Listener{Mode: model.ListenerEnvoy, Port: listenerPort, VHDS: true},
 				Selections: []model.Selection{{
 					Namespace: fmt.Sprint("ns-", k),
 					Selector:  labels.SelectorFromSet(labels.Set{scopeLabel: fmt.Sprint("scope-", k)}),
@@ -93,7 +95,7 @@ func NewWorld(p WorldParams) *World {
 			Key:        model.Key{Namespace: "ns-0", Name: "all"},
 			Generation: 1,
 			Protocol:   p.Protocol,
-			Listener:   model.Listener{Mode: model.ListenerEnvoy, Port: listenerPort},
+			Listener:   model.Listener{Mode: model.ListenerEnvoy, Port: listenerPort, VHDS: true},
 			Selections: sel,
 		}}
 	}

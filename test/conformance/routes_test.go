@@ -19,11 +19,18 @@ import (
 // whose endpoints it holds, as Envoy assembles its route table: a SotW
 // proxy from the virtual hosts inline in the route configuration, a delta
 // proxy from the ones VHDS sent, filed under the route configuration named
-// before the last slash of their names. A Service added becomes routable
-// and one removed stops being routable, while in delta the route
-// configuration itself is sent once, at the start.
+// before the last slash of their names, or inline when the scope does not
+// ask for VHDS (the default). A Service added becomes routable and one
+// removed stops being routable, while with VHDS the route configuration
+// itself is sent once, at the start.
 func TestEveryServiceIsRoutable(t *testing.T) {
-	for _, pr := range protocols {
+	cases := []struct {
+		name   string
+		client adsclient.Protocol
+		scope  model.Protocol
+		vhds   bool
+	}{{"SotW", adsclient.SotW, model.SotW, true}, {"Delta", adsclient.Delta, model.Delta, true}, {"Delta inline", adsclient.Delta, model.Delta, false}}
+	for _, pr := range cases {
 		t.Run(pr.name, func(t *testing.T) {
 			p := newPlane(t)
 			var services []string
@@ -31,7 +38,9 @@ func TestEveryServiceIsRoutable(t *testing.T) {
 				services = append(services, fmt.Sprintf("svc-%02d", i))
 				p.Catalog.UpsertService(testkit.Service("shop", services[i], "10.0.0.1"))
 			}
-			p.Catalog.UpsertScope(envoyScope("shop", "gw", pr.scope))
+			sc := envoyScope("shop", "gw", pr.scope)
+			sc.Listener.VHDS = pr.vhds
+			p.Catalog.UpsertScope(sc)
 			p.Sync()
 			px := p.connect(testkit.WildcardClient(pr.client, testkit.Node("envoy-1", "shop/gw")))
 			routable := func(want, gone []string) func(*adsclient.Client) bool {
@@ -63,7 +72,11 @@ func TestEveryServiceIsRoutable(t *testing.T) {
 					routes++
 				}
 			}
-			if want := map[adsclient.Protocol]int{adsclient.SotW: 3, adsclient.Delta: 1}[pr.client]; routes != want {
+			want := 3 // the whole route table, for each change
+			if pr.vhds && pr.scope == model.Delta {
+				want = 1
+			}
+			if routes != want {
 				t.Errorf("the route configuration was sent %d times, want %d (%s)", routes, want, pr.name)
 			}
 		})

@@ -114,7 +114,7 @@ func TestServiceAddedAndRemoved(t *testing.T) {
 	c.UpsertScope(scope("shop", "grpc", model.ListenerProxylessGRPC, model.Selection{Namespace: "shop", Selector: labels.Everything()}))
 	c.UpsertScope(scope("other", "grpc", model.ListenerProxylessGRPC, model.Selection{Namespace: "other", Selector: labels.Everything()}))
 	delta := scope("shop", "delta", model.ListenerEnvoy, model.Selection{Namespace: "shop", Selector: labels.Everything()})
-	delta.Protocol = model.Delta
+	delta.Protocol, delta.Listener.VHDS = model.Delta, true
 	c.UpsertScope(delta)
 	first := c.Take()
 	if len(first) != 4 {
@@ -447,7 +447,7 @@ func TestProtocolChangeStartsATransition(t *testing.T) {
 	c.now = func() time.Time { return clock }
 	sc := func(p model.Protocol, gen int64, window time.Duration) *model.Scope {
 		s := scope("shop", "gw", model.ListenerEnvoy, model.Selection{Namespace: "shop", Selector: labels.Everything()})
-		s.Protocol, s.Generation, s.TransitionWindow = p, gen, window
+		s.Protocol, s.Generation, s.TransitionWindow, s.Listener.VHDS = p, gen, window, true
 		return s
 	}
 	transition := func() *model.Transition {

@@ -91,15 +91,14 @@ func (st *sotw) handle(req *discoveryv3.DiscoveryRequest) error {
 			return
 		}
 		resp.connect = awaiting
-		envoy, _ := envoyMode(v)
-		if envoy && t == xdstype.Route {
+		if t == xdstype.Route && deltaVHDS(v) {
 			resp.other, resp.priced = st.priceVHDS(v, resp), true
 		}
 		// A reconnecting proxy that names the served version holds it
 		// all: a delta proxy would have claimed it and received nothing.
 		if claimed := req.GetVersionInfo(); awaiting && claimed != "" && claimed == v.TypeVersion(t) {
 			resp.other, resp.priced = otherResponse{responses: 1}, true
-			if envoy && t == xdstype.Route {
+			if t == xdstype.Route && deltaVHDS(v) {
 				resp.other.vhds, resp.other.vhdsVersion = 1, v.TypeVersion(xdstype.VirtualHost)
 			}
 		}
@@ -270,7 +269,7 @@ func (st *sotw) plan(v snapshot.View) []*response {
 		}
 	}
 	if r := byType[xdstype.Route]; r != nil && !r.silent {
-		if envoy, _ := envoyMode(v); envoy {
+		if deltaVHDS(v) {
 			r.other, r.priced = st.priceVHDS(v, r), true
 		}
 	}
@@ -431,8 +430,8 @@ func priceDelta(ts *sotwType, r *response) otherResponse {
 }
 
 // priceVHDS is the delta response that would have brought the proxy what
-// r, an Envoy-mode scope's inline route configuration, brings: delta
-// fetches the virtual hosts by VHDS (see translate.VHDS). On a stream's
+// r, an Envoy-mode scope's inline route configuration, brings, where delta
+// fetches the virtual hosts by VHDS (deltaVHDS). On a stream's
 // first one that is the route configuration naming VHDS as its source and
 // then a response of every virtual host; after, only the virtual hosts that
 // changed since the stream last looked, and the removals of those gone (an

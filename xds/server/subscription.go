@@ -251,6 +251,15 @@ func (o otherResponse) price(version, typeURL string, nonces *uint64) int {
 	return n
 }
 
+// deltaVHDS reports whether the scope's Delta proxies fetch (or, for a SotW
+// scope, would fetch) its virtual hosts by VHDS: what a SotW stream prices
+// the other protocol's route configurations with. Otherwise Delta carries
+// them inline, as SotW does.
+func deltaVHDS(v snapshot.View) bool {
+	spec := v.Spec()
+	return spec != nil && spec.Listener.Mode == model.ListenerEnvoy && spec.Listener.VHDS
+}
+
 // envoyMode reports whether the view's scope is in Envoy mode, whose
 // virtual hosts are VirtualHost resources in both protocols (see
 // translate.VHDS), and whether its route configuration fetches them by

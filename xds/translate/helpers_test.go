@@ -40,6 +40,8 @@ type testScope struct {
 	Mode      model.ListenerMode `json:"mode"`
 	Port      int32              `json:"port,omitempty"`
 	Protocol  model.Protocol     `json:"protocol,omitempty"`
+	// VirtualHosts is spec.listener.virtualHosts: Inline or VHDS.
+	VirtualHosts string `json:"virtualHosts,omitempty"`
 }
 
 type testService struct {
@@ -87,7 +89,7 @@ func parseInput(data []byte) (*model.Scope, []*model.Service, error) {
 	scope := &model.Scope{
 		Key:      model.Key{Namespace: in.Scope.Namespace, Name: in.Scope.Name},
 		Protocol: cmp.Or(in.Scope.Protocol, model.SotW),
-		Listener: model.Listener{Mode: in.Scope.Mode, Port: in.Scope.Port},
+		Listener: model.Listener{Mode: in.Scope.Mode, Port: in.Scope.Port, VHDS: in.Scope.VirtualHosts == "VHDS"},
 	}
 	services := make([]*model.Service, 0, len(in.Services))
 	for _, s := range in.Services {

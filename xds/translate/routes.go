@@ -86,11 +86,13 @@ func envoyVirtualHosts(svc model.Key, ports []model.ServicePort) []*routev3.Virt
 }
 
 // VHDS reports whether an Envoy-mode scope's proxies fetch its virtual hosts
-// by VHDS instead of inline in the route configuration. Envoy reads VHDS
-// only over incremental xDS, so a SotW scope keeps them inline; so does a
-// Delta scope while it still serves the SotW proxies of a change of protocol.
+// by VHDS instead of inline in the route configuration: when the scope asks
+// for it (spec.listener.virtualHosts, off by default, since only a recent
+// Envoy accepts VHDS over ADS). Envoy reads VHDS only over incremental xDS,
+// so a SotW scope keeps them inline; so does a Delta scope while it still
+// serves the SotW proxies of a change of protocol.
 func VHDS(scope *model.Scope) bool {
-	return scope.Protocol == model.Delta && (scope.Transition == nil || scope.Transition.From == model.Delta)
+	return scope.Listener.VHDS && scope.Protocol == model.Delta && (scope.Transition == nil || scope.Transition.From == model.Delta)
 }
 
 // routeTo sends every request to one cluster.

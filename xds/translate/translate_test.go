@@ -367,7 +367,7 @@ func TestVHDSScalesWithTheChange(t *testing.T) {
 		})
 	}
 	scope := &model.Scope{Key: model.Key{Namespace: "ns-0", Name: "s"}, Protocol: model.Delta,
-		Listener: model.Listener{Mode: model.ListenerEnvoy, Port: 10080}}
+		Listener: model.Listener{Mode: model.ListenerEnvoy, Port: 10080, VHDS: true}}
 	before, after := Translate(scope, services[:100]), Translate(scope, services)
 	changed := changedNames(t, before, after)
 	added := services[100].Key
@@ -401,22 +401,25 @@ func TestVHDSScalesWithTheChange(t *testing.T) {
 	}
 }
 
-// TestVHDSChoice pins when an Envoy-mode scope uses VHDS: Delta scopes,
-// except while the SotW proxies of a change of protocol are still served.
+// TestVHDSChoice pins when an Envoy-mode scope uses VHDS: Delta scopes that
+// ask for it, except while the SotW proxies of a change of protocol are
+// still served.
 func TestVHDSChoice(t *testing.T) {
 	for _, tc := range []struct {
 		protocol   model.Protocol
+		vhds       bool
 		transition *model.Transition
 		want       bool
 	}{
-		{model.SotW, nil, false},
-		{model.Delta, nil, true},
-		{model.Delta, &model.Transition{From: model.SotW}, false},
-		{model.SotW, &model.Transition{From: model.Delta}, false},
+		{model.SotW, true, nil, false},
+		{model.Delta, true, nil, true},
+		{model.Delta, false, nil, false},
+		{model.Delta, true, &model.Transition{From: model.SotW}, false},
+		{model.SotW, true, &model.Transition{From: model.Delta}, false},
 	} {
-		sc := &model.Scope{Protocol: tc.protocol, Transition: tc.transition, Listener: model.Listener{Mode: model.ListenerEnvoy, Port: 80}}
+		sc := &model.Scope{Protocol: tc.protocol, Transition: tc.transition, Listener: model.Listener{Mode: model.ListenerEnvoy, Port: 80, VHDS: tc.vhds}}
 		if got := VHDS(sc); got != tc.want {
-			t.Errorf("VHDS(%s, transition %v) = %v, want %v", tc.protocol, tc.transition, got, tc.want)
+			t.Errorf("VHDS(%s, asked %v, transition %v) = %v, want %v", tc.protocol, tc.vhds, tc.transition, got, tc.want)
 		}
 		res := Translate(sc, []*model.Service{{Key: model.Key{Namespace: "a", Name: "web"}, Ports: []model.ServicePort{{Port: 80}}}})
 		if err := checkInvariants(sc, res); err != nil {
