@@ -137,6 +137,7 @@ type ServiceSelection struct {
 // ListenerSpec says how the scope's proxies consume the configuration.
 // +kubebuilder:validation:XValidation:rule="self.mode != 'Envoy' || has(self.port)",message="an Envoy listener needs a port (1-65535) to listen on"
 // +kubebuilder:validation:XValidation:rule="self.mode != 'ProxylessGRPC' || !has(self.port)",message="a ProxylessGRPC listener has no port: gRPC clients dial each Service's own port; remove listener.port"
+// +kubebuilder:validation:XValidation:rule="self.mode == 'Envoy' || !has(self.virtualHosts)",message="virtualHosts is for Envoy listeners: gRPC clients get their routes inline; remove listener.virtualHosts"
 type ListenerSpec struct {
 	// mode is Envoy (one HTTP listener on port, routing by Host/:authority to
 	// the selected Services) or ProxylessGRPC (one gRPC API listener per
@@ -151,7 +152,31 @@ type ListenerSpec struct {
 	// +kubebuilder:validation:Maximum=65535
 	// +optional
 	Port *int32 `json:"port,omitempty"`
+
+	// virtualHosts says how an Envoy listener's virtual hosts (one per
+	// Service port) reach Delta proxies: Inline in the route configuration
+	// (the default, which every Envoy reads), or VHDS, each a resource of
+	// its own, so that adding or removing a Service sends one virtual host
+	// instead of the whole route table. SotW proxies always get them
+	// inline (SotW has no VHDS); on a SotW scope this says what a switch to
+	// Delta would serve, and how status.cost prices it. VHDS over ADS
+	// needs an Envoy that accepts it (envoyproxy/envoy#41996 and #42812,
+	// 2026); an older one rejects the route configuration, which the
+	// status reports as Degraded.
+	// +kubebuilder:validation:Enum=Inline;VHDS
+	// +optional
+	VirtualHosts VirtualHosts `json:"virtualHosts,omitempty"`
 }
+
+// VirtualHosts is how an Envoy listener's virtual hosts are sent.
+type VirtualHosts string
+
+const (
+	// VirtualHostsInline carries them in the route configuration.
+	VirtualHostsInline VirtualHosts = "Inline"
+	// VirtualHostsVHDS sends each as a VHDS resource.
+	VirtualHostsVHDS VirtualHosts = "VHDS"
+)
 
 // ProxyNACK is one configuration a proxy rejected.
 type ProxyNACK struct {

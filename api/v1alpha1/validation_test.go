@@ -131,6 +131,10 @@ func TestProxyScopeRejectsInvalidSpecs(t *testing.T) {
 			`spec.proxies: Invalid value: 0: spec.proxies in body should have at least 1 items`, false},
 		{"proxyless-with-port", "services: [{names: [a]}]\nlistener: {mode: ProxylessGRPC, port: 8080}\n",
 			`spec.listener: Invalid value: a ProxylessGRPC listener has no port: gRPC clients dial each Service's own port; remove listener.port`, false},
+		{"proxyless-with-virtual-hosts", "services: [{names: [a]}]\nlistener: {mode: ProxylessGRPC, virtualHosts: VHDS}\n",
+			`spec.listener: Invalid value: virtualHosts is for Envoy listeners: gRPC clients get their routes inline; remove listener.virtualHosts`, false},
+		{"virtual-hosts-unknown", "services: [{names: [a]}]\nlistener: {mode: Envoy, port: 80, virtualHosts: OnDemand}\n",
+			`spec.listener.virtualHosts: Unsupported value: "OnDemand": supported values: "Inline", "VHDS"`, true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -194,7 +194,7 @@ func Scope(ps *xdsv1alpha1.ProxyScope) (*model.Scope, error) {
 		Key:        model.Key{Namespace: ps.Namespace, Name: ps.Name},
 		Generation: ps.Generation,
 		Protocol:   Protocol(ps.Spec.Protocol),
-		Listener:   model.Listener{Mode: model.ListenerMode(ps.Spec.Listener.Mode)},
+		Listener:   model.Listener{Mode: model.ListenerMode(ps.Spec.Listener.Mode), VHDS: ps.Spec.Listener.VirtualHosts == xdsv1alpha1.VirtualHostsVHDS},
 	}
 	for _, sa := range ps.Spec.Proxies {
 		out.Proxies = append(out.Proxies, string(sa))

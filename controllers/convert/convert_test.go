@@ -91,7 +91,7 @@ func TestScope(t *testing.T) {
 				{Namespace: "team-a", Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"tier": "web"}}},
 				{NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"shared": "true"}}},
 			},
-			Listener: xdsv1alpha1.ListenerSpec{Mode: xdsv1alpha1.ListenerModeEnvoy, Port: ptr.To[int32](10080)},
+			Listener: xdsv1alpha1.ListenerSpec{Mode: xdsv1alpha1.ListenerModeEnvoy, Port: ptr.To[int32](10080), VirtualHosts: xdsv1alpha1.VirtualHostsVHDS},
 		},
 	}
 	sc, err := Scope(ps)
@@ -99,7 +99,7 @@ func TestScope(t *testing.T) {
 		t.Fatal(err)
 	}
 	if sc.Key != (model.Key{Namespace: "shop", Name: "gw"}) || sc.Generation != 3 || sc.Protocol != model.Delta ||
-		sc.Listener != (model.Listener{Mode: model.ListenerEnvoy, Port: 10080}) || len(sc.Selections) != 3 {
+		sc.Listener != (model.Listener{Mode: model.ListenerEnvoy, Port: 10080, VHDS: true}) || len(sc.Selections) != 3 {
 		t.Fatalf("scope converted to %+v", sc)
 	}
 	cart := &model.Service{Key: model.Key{Namespace: "shop", Name: "cart"}}

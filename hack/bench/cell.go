@@ -58,6 +58,10 @@ type Phase struct {
 	// Priced is what the control plane said the other protocol would have
 	// sent meanwhile (-1: it does not say).
 	Priced int64
+	// Reopened counts the streams proxies had to open again meanwhile, as
+	// when the server closed a connection whose proxy did not read within
+	// its send timeout; their reconnects are in the bytes and in Priced.
+	Reopened int
 }
 
 // Converged is when the last affected proxy converged.
@@ -324,6 +328,7 @@ func runCellErr(c Cell, o RunOptions, res *Result) error {
 	if err := measure(cp, l, ph, o, func() error { l.start(); return nil }, truths); err != nil {
 		return err
 	}
+	ph.Reopened -= c.N // each proxy's first stream
 	if profBase != "" {
 		if _, err := cp.do("profile-stop"); err != nil {
 			return err
@@ -397,10 +402,11 @@ func runCellErr(c Cell, o RunOptions, res *Result) error {
 	// every proxy reconnects (delta ones declaring what they hold) and must
 	// get an answer for each type, and still hold the truth.
 	ph = &Phase{Name: "restart", Affected: c.N}
+	need, _ := typesOf(c.Protocol)
 	for _, p := range l.proxies {
-		p.arm(nil, 1<<xdstype.Count-1, true)
+		p.arm(nil, need, true)
 	}
-	before := l.counts()
+	before, opens := l.counts(), l.opens()
 	l.tr.done.Store(0)
 	load0 := cpuNanos()
 	t0 := time.Now()
@@ -421,6 +427,7 @@ func runCellErr(c Cell, o RunOptions, res *Result) error {
 	if ph.Priced, err = cp.priced(); err != nil { // the new process's, from its start
 		return err
 	}
+	ph.Reopened = l.opens() - opens - c.N // each proxy reconnects once
 	finish(l, ph, t0, before, truths)
 	res.Phases = append(res.Phases, ph)
 	logf(o, "  %s: %s", c, phaseLine(ph))
@@ -450,7 +457,7 @@ const (
 // measure runs one phase: trigger, wait until the armed proxies converged,
 // wait for the traffic to stop, then read the costs and verify every proxy.
 func measure(cp *cpProc, l *load, ph *Phase, o RunOptions, trigger func() error, truths map[int]*Truth) error {
-	before := l.counts()
+	before, opens := l.counts(), l.opens()
 	l.tr.done.Store(0)
 	cpu0, err := cp.cpu()
 	if err != nil {
@@ -476,6 +483,7 @@ func measure(cp *cpProc, l *load, ph *Phase, o RunOptions, trigger func() error,
 	if ph.Priced, err = cp.priced(); err == nil && ph.Priced >= 0 {
 		ph.Priced -= priced0
 	}
+	ph.Reopened = l.opens() - opens
 	finish(l, ph, t0, before, truths)
 	return err
 }

@@ -52,7 +52,8 @@ type seenRes struct {
 
 // proxy is one simulated Envoy: an adsclient.Client on its own ADS stream,
 // subscribing as Envoy does (SotW: wildcard CDS and LDS, EDS and RDS by the
-// names the clusters and listeners reference; Delta: wildcard for all four),
+// names the clusters and listeners reference; Delta: wildcard for all five,
+// VHDS included),
 // plus the bookkeeping that timestamps its convergence.
 type proxy struct {
 	idx   int
@@ -83,6 +84,11 @@ type proxy struct {
 
 func newProxy(idx, scope int, key model.Key, p adsclient.Protocol, tr *tracker) *proxy {
 	px := &proxy{idx: idx, scope: scope, proto: p, tr: tr, eds: map[string]struct{}{}, rds: map[string]struct{}{}}
+	protocol := model.SotW
+	if p == adsclient.Delta {
+		protocol = model.Delta
+	}
+	_, types := typesOf(protocol)
 	cfg := adsclient.Config{
 		Protocol: p,
 		Node: &corev3.Node{
@@ -92,14 +98,17 @@ func newProxy(idx, scope int, key model.Key, p adsclient.Protocol, tr *tracker) 
 				model.ScopeMetadataKey: structpb.NewStringValue(key.String()),
 			}},
 		},
-		Types:   xdstype.URLs(),
+		Types:   types,
 		Reject:  px.judge,
 		OnEvent: px.onEvent,
 	}
 	if p == adsclient.SotW {
 		cfg.Wildcard = map[string]bool{xdstype.Cluster.URL(): true, xdstype.Listener.URL(): true}
 	} else {
-		cfg.Wildcard = map[string]bool{xdstype.Cluster.URL(): true, xdstype.Endpoint.URL(): true, xdstype.Listener.URL(): true, xdstype.Route.URL(): true}
+		// VHDS: Envoy subscribes to a route configuration's virtual hosts
+		// with a wildcard.
+		cfg.Wildcard = map[string]bool{xdstype.Cluster.URL(): true, xdstype.Endpoint.URL(): true, xdstype.Listener.URL(): true,
+			xdstype.Route.URL(): true, xdstype.VirtualHost.URL(): true}
 	}
 	px.c = adsclient.New(cfg)
 	return px
@@ -272,6 +281,17 @@ func (p *proxy) opened() {
 	p.mu.Lock()
 	p.opens++
 	p.mu.Unlock()
+}
+
+// opens is how many streams the load's proxies have opened.
+func (l *load) opens() int {
+	n := 0
+	for _, p := range l.proxies {
+		p.mu.Lock()
+		n += p.opens
+		p.mu.Unlock()
+	}
+	return n
 }
 
 // verify checks that the proxy holds exactly the truth of its scope, byte

@@ -13,6 +13,9 @@ import (
 func phaseLine(p *Phase) string {
 	s := fmt.Sprintf("%-9s bytes=%s limit=%s cpu=%s load-cpu=%s p50=%s p99=%s max=%s affected=%d failed=%d",
 		p.Name, human(p.Bytes), human(p.Limit), ms(p.CPU), ms(p.LoadCPU), ms(p.Percentile(0.5)), ms(p.Percentile(0.99)), ms(p.Converged()), p.Affected, p.Failed)
+	if p.Reopened > 0 {
+		s += fmt.Sprintf(" reopened=%d", p.Reopened)
+	}
 	for _, e := range p.Errors {
 		s += "\n      " + e
 	}

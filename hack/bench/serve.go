@@ -328,6 +328,11 @@ func (b *baselineCP) rebuild() {
 		for _, rc := range r.Routes {
 			m[resourcev3.RouteType] = append(m[resourcev3.RouteType], rc)
 		}
+		if translate.VHDS(sc) {
+			for _, vh := range r.VirtualHosts {
+				m[resourcev3.VirtualHostType] = append(m[resourcev3.VirtualHostType], vh)
+			}
+		}
 		b.res[sc.Key] = m
 	}
 }

@@ -63,7 +63,9 @@ type World struct {
 	Applied []string
 }
 
-// NewWorld builds the initial world.
+// NewWorld builds the initial world. Its scopes ask for VHDS
+// (spec.listener.virtualHosts), so Delta proxies fetch virtual hosts one by
+// one and a SotW scope prices Delta that way.
 func NewWorld(p WorldParams) *World {
 	w := &World{P: p, Services: make(map[model.Key]*model.Service, p.Services)}
 	for i := range p.Services {
@@ -77,7 +79,7 @@ func NewWorld(p WorldParams) *World {
 				Key:        model.Key{Namespace: fmt.Sprint("ns-", k), Name: fmt.Sprint("scope-", k)},
 				Generation: 1,
 				Protocol:   p.Protocol,
-				Listener:   model.Listener{Mode: model.ListenerEnvoy, Port: listenerPort},
+				Listener:   model.Listener{Mode: model.ListenerEnvoy, Port: listenerPort, VHDS: true},
 				Selections: []model.Selection{{
 					Namespace: fmt.Sprint("ns-", k),
 					Selector:  labels.SelectorFromSet(labels.Set{scopeLabel: fmt.Sprint("scope-", k)}),
@@ -93,7 +95,7 @@ func NewWorld(p WorldParams) *World {
 			Key:        model.Key{Namespace: "ns-0", Name: "all"},
 			Generation: 1,
 			Protocol:   p.Protocol,
-			Listener:   model.Listener{Mode: model.ListenerEnvoy, Port: listenerPort},
+			Listener:   model.Listener{Mode: model.ListenerEnvoy, Port: listenerPort, VHDS: true},
 			Selections: sel,
 		}}
 	}
@@ -243,7 +245,9 @@ type Res struct {
 type Truth [xdstype.Count]map[string]Res
 
 // Truth translates a scope from scratch with xds/translate, independently of
-// any control plane's incremental state.
+// any control plane's incremental state: what a proxy of the scope's
+// protocol holds, so in SotW no VirtualHost resource (Envoy reads VHDS over
+// delta only; a SotW route configuration carries them inline).
 func (w *World) Truth(sc *model.Scope) (*Truth, error) {
 	r := translate.Translate(sc, w.Selected(sc))
 	var tr Truth
@@ -253,6 +257,9 @@ func (w *World) Truth(sc *model.Scope) (*Truth, error) {
 	opts := proto.MarshalOptions{Deterministic: true}
 	var err error
 	r.Each(func(t xdstype.Type, m proto.Message) {
+		if !speaks(sc.Protocol, t) {
+			return
+		}
 		b, merr := opts.Marshal(m)
 		if merr != nil {
 			err = merr
@@ -264,6 +271,23 @@ func (w *World) Truth(sc *model.Scope) (*Truth, error) {
 		return nil, err
 	}
 	return &tr, nil
+}
+
+// speaks reports whether a proxy of protocol p subscribes to type t.
+func speaks(p model.Protocol, t xdstype.Type) bool {
+	return p == model.Delta || !t.Info().DeltaOnly
+}
+
+// typesOf returns the types a proxy of protocol p subscribes to, as the
+// bit set arm takes and as type URLs.
+func typesOf(p model.Protocol) (mask uint8, urls []string) {
+	for t := range xdstype.Count {
+		if speaks(p, t) {
+			mask |= 1 << t
+			urls = append(urls, t.URL())
+		}
+	}
+	return mask, urls
 }
 
 // Size is the number of resources in the truth.

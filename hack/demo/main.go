@@ -427,7 +427,7 @@ metadata: {name: shop, namespace: demo}
 spec:
   protocol: Delta
   services: [{selector: {}}]
-  listener: {mode: Envoy, port: 10080}
+  listener: {mode: Envoy, port: 10080, virtualHosts: VHDS}
 `
 
 const adviceTemplate = `{range .items[*]}{.metadata.name}: {.status.cost.recommendation}: {.status.cost.advice}{"\n"}{end}`

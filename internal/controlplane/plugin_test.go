@@ -92,7 +92,7 @@ func TestKubectlPlugin(t *testing.T) {
 		`Proxy "shelf-edge" speaks SotW to replica ` + adminAddr + ` and joins ProxyScope shelf/gw.`,
 		"Service shelf/books is selected by spec.services[0].",
 		"CDS shelf/books:80: served at version ",
-		"RDS http-10080, virtual host shelf/books:80: served at version ",
+		"RDS http-10080, virtual host http-10080/books.shelf:80: served at version ",
 		"; the proxy asked for it and is in sync on this type, so it holds this version",
 	} {
 		if !strings.Contains(out, want) {
@@ -106,6 +106,34 @@ func TestKubectlPlugin(t *testing.T) {
 	out = plugin("explain", "shelf-edge", "shelf/nothing")
 	if !strings.Contains(out, "Service shelf/nothing does not exist") {
 		t.Errorf("explain of a missing Service says nothing useful")
+	}
+
+	// A Delta scope's proxy holds the Service's virtual host as a VHDS
+	// resource, not inside the route configuration.
+	create(t, &xdsv1alpha1.ProxyScope{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "shelf", Name: "gwd"},
+		Spec: xdsv1alpha1.ProxyScopeSpec{
+			Protocol: xdsv1alpha1.ProtocolDelta,
+			Services: []xdsv1alpha1.ServiceSelection{{Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "shelf"}}}},
+			Listener: xdsv1alpha1.ListenerSpec{Mode: xdsv1alpha1.ListenerModeEnvoy, Port: ptr.To(int32(10080))},
+		},
+	})
+	expectCondition(t, "shelf", "gwd", "Accepted", "True", xdsv1alpha1.ReasonResolved)
+	d, _ := proxy(t, dialXDS(t), adsclient.Delta, testkit.Node("shelf-delta", "shelf/gwd"), nil)
+	testkit.Eventually(t, "the delta proxy holds books' virtual host", func() (bool, string) {
+		held := d.State(xdstype.VirtualHost.URL())
+		_, ok := held["http-10080/books.shelf:80"]
+		return ok, fmt.Sprintf("virtual hosts %v, stream error %v", slices.Sorted(maps.Keys(held)), d.Err())
+	})
+	expectCondition(t, "shelf", "gwd", "Ready", "True", xdsv1alpha1.ReasonSynced)
+	out = plugin("explain", "shelf-delta", "shelf/books")
+	for _, want := range []string{
+		"VHDS http-10080/books.shelf:80: served at version ",
+		"; the proxy asked for it and is in sync on this type, so it holds this version",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("explain books for a delta proxy lacks %q", want)
+		}
 	}
 }
 

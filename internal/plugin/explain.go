@@ -127,11 +127,17 @@ func (o *options) explain(ctx context.Context, args []string) error {
 		}
 		n++
 	})
-	for _, vh := range frag.VirtualHosts {
-		// Envoy mode: the Service's virtual hosts live in the scope-wide
-		// route configuration of the listener port.
+	for _, vh := range frag.Hosts {
+		// Envoy mode: the Service's virtual hosts are the scope's, named
+		// after the route configuration of the listener port. A delta proxy
+		// fetches them by VHDS; a SotW proxy finds them inline.
 		route := translate.HTTPListenerName(scope.Listener.Port)
-		if o.explainVirtualHost(vh.GetName(), route, served[xdstype.Route][route], px) {
+		name := route + "/" + vh.GetName()
+		if px.asked(xdstype.VirtualHost, name) {
+			if o.explainResource(xdstype.VirtualHost, name, served[xdstype.VirtualHost][name], px) {
+				asked++
+			}
+		} else if o.explainVirtualHost(name, route, served[xdstype.Route][route], px) {
 			asked++
 		}
 		n++

@@ -77,11 +77,16 @@ func Service(ns, name string, addrs ...string) *model.Service {
 }
 
 // WildcardClient is a test-client configuration that subscribes to every
-// served type as a wildcard, records events and validates what it receives.
+// type the protocol carries as a wildcard, as Envoy does (VHDS in delta
+// only), records events and validates what it receives.
 func WildcardClient(p adsclient.Protocol, n *corev3.Node) adsclient.Config {
-	cfg := adsclient.Config{Protocol: p, Node: n, Types: xdstype.URLs(), RecordEvents: true, Validate: true, Wildcard: map[string]bool{}}
-	for _, u := range cfg.Types {
-		cfg.Wildcard[u] = true
+	cfg := adsclient.Config{Protocol: p, Node: n, RecordEvents: true, Validate: true, Wildcard: map[string]bool{}}
+	for _, t := range xdstype.All() {
+		if p == adsclient.SotW && t.Info().DeltaOnly {
+			continue
+		}
+		cfg.Types = append(cfg.Types, t.URL())
+		cfg.Wildcard[t.URL()] = true
 	}
 	return cfg
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/scopeplane/scopeplane/internal/testkit"
 	"github.com/scopeplane/scopeplane/xds/adsclient"
+	"github.com/scopeplane/scopeplane/xds/model"
 	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
@@ -27,9 +28,12 @@ func TestEndpointChangeBytesAt1000Services(t *testing.T) {
 			p.Catalog.UpsertScope(envoyScope("shop", "gw", pr.scope))
 			p.Sync()
 			px := p.connect(testkit.WildcardClient(pr.client, testkit.Node("envoy-1", "shop/gw")))
-			px.wait("1,000 clusters", func(c *adsclient.Client) bool { return len(c.State(xdstype.Endpoint.URL())) == 1000 })
-			initial := px.Stats().Bytes
+			px.wait("the initial sync", func(c *adsclient.Client) bool {
+				vhosts := len(c.State(xdstype.VirtualHost.URL())) == 1000 || pr.client == adsclient.SotW
+				return len(c.State(xdstype.Endpoint.URL())) == 1000 && len(c.State(xdstype.Route.URL())) == 1 && vhosts
+			})
 			before := len(px.settled())
+			initial := px.Stats().Bytes
 
 			p.Catalog.UpsertService(testkit.Service("shop", "svc-0500", "10.0.0.1", "10.0.0.2", "10.0.0.9"))
 			p.Sync()
@@ -47,19 +51,37 @@ func TestEndpointChangeBytesAt1000Services(t *testing.T) {
 				t.Errorf("one endpoint change cost %d bytes, more than 1.2× the limit of %d", got, limit)
 			}
 
-			// A Service added: SotW resends every cluster, delta sends one.
+			// A Service added: SotW resends every cluster and the route
+			// configuration with every virtual host; delta sends the
+			// Service's cluster, assignment and virtual host (VHDS).
 			before = len(evs) + before
 			p.Catalog.UpsertService(testkit.Service("shop", "svc-new", "10.0.0.1"))
 			p.Sync()
 			px.wait("the new Service", func(c *adsclient.Client) bool { return len(c.State(xdstype.Cluster.URL())) == 1001 })
+			evs = px.settled()
 			added, resources := 0, 0
-			for _, e := range px.settled()[before:] {
+			for _, e := range evs[before:] {
 				added += e.Bytes
 				resources += len(e.Names)
 			}
-			t.Logf("%s, 1,000 Services: one Service added %d bytes in %d resources", pr.name, added, resources)
-			if pr.client == adsclient.Delta && resources != 3 { // its cluster, its assignment, the route configuration
-				t.Errorf("delta sent %d resources for one added Service, want 3", resources)
+			// And removed again: delta sends three removals.
+			before = len(evs)
+			p.Catalog.DeleteService(model.Key{Namespace: "shop", Name: "svc-new"})
+			p.Sync()
+			px.wait("the Service gone", func(c *adsclient.Client) bool { return len(c.State(xdstype.Cluster.URL())) == 1000 })
+			removed, removals := 0, 0
+			for _, e := range px.settled()[before:] {
+				removed += e.Bytes
+				removals += len(e.Removed)
+			}
+			t.Logf("%s, 1,000 Services: one Service added %d bytes in %d resources, removed %d bytes", pr.name, added, resources, removed)
+			if pr.client == adsclient.Delta {
+				if resources != 3 || removals != 3 {
+					t.Errorf("delta sent %d resources for one added Service and %d removals for it removed, want 3 and 3", resources, removals)
+				}
+				if added > 10<<10 || removed > 10<<10 {
+					t.Errorf("delta sent %d bytes for one added Service and %d for it removed, want at most 10 KB each", added, removed)
+				}
 			}
 		})
 	}

@@ -61,6 +61,10 @@ func TestInitialSyncInADSOrder(t *testing.T) {
 			synced(px, "shop/a:80", "shop/b:80", "shop/c:80")
 			got := summary(px.settled())
 			want := []string{"CDS[shop/a:80 shop/b:80 shop/c:80]", "EDS[shop/a:80 shop/b:80 shop/c:80]", "LDS[http-10080]", "RDS[http-10080]"}
+			if pr.client == adsclient.Delta {
+				// The route configuration names VHDS; its virtual hosts follow.
+				want = append(want, "VHDS[http-10080/a.shop:80 http-10080/b.shop:80 http-10080/c.shop:80]")
+			}
 			if !slices.Equal(sortNames(got), want) {
 				t.Errorf("initial sync sent\n%v\nwant one response per type:\n%v", got, want)
 			}
@@ -69,7 +73,7 @@ func TestInitialSyncInADSOrder(t *testing.T) {
 			for i, e := range px.Events() {
 				order[short(e.TypeURL)] = i
 			}
-			if order["CDS"] > order["EDS"] || order["LDS"] > order["RDS"] {
+			if order["CDS"] > order["EDS"] || order["LDS"] > order["RDS"] || (pr.client == adsclient.Delta && order["RDS"] > order["VHDS"]) {
 				t.Errorf("responses out of ADS order: %v", got)
 			}
 		})
@@ -130,9 +134,11 @@ func TestServiceAddedAndRemoved(t *testing.T) {
 			p.Sync()
 			synced(px, "shop/a:80", "shop/b:80", "shop/c:80", "shop/d:80")
 			got := sortNames(summary(px.settled()[before:]))
-			want := []string{"CDS[shop/d:80]", "EDS[shop/d:80]", "RDS[http-10080]"}
+			// Delta: one virtual host by VHDS, the route configuration as it
+			// was; SotW: the route configuration, which carries them all.
+			want := []string{"CDS[shop/d:80]", "EDS[shop/d:80]", "VHDS[http-10080/d.shop:80]"}
 			if pr.client == adsclient.SotW {
-				want[0] = "CDS[shop/a:80 shop/b:80 shop/c:80 shop/d:80]" // the full set
+				want = []string{"CDS[shop/a:80 shop/b:80 shop/c:80 shop/d:80]", "EDS[shop/d:80]", "RDS[http-10080]"} // the full set
 			}
 			if !slices.Equal(got, want) {
 				t.Errorf("adding a Service sent %v, want %v", got, want)
@@ -151,7 +157,7 @@ func TestServiceAddedAndRemoved(t *testing.T) {
 			if pr.client == adsclient.SotW {
 				wantSeq = []string{"CDS[all 4]", "RDS[http-10080]", "CDS[3]"}
 			} else {
-				wantSeq = []string{"RDS[http-10080]", "EDS[]-[shop/a:80]", "CDS[]-[shop/a:80]"}
+				wantSeq = []string{"VHDS[]-[http-10080/a.shop:80]", "EDS[]-[shop/a:80]", "CDS[]-[shop/a:80]"}
 			}
 			if fmt.Sprint(normalizeRemoval(got, pr.client)) != fmt.Sprint(wantSeq) {
 				t.Errorf("removing a Service sent %v, want %v", got, wantSeq)
@@ -241,7 +247,7 @@ func TestDeltaReconnectSendsOnlyDifferences(t *testing.T) {
 	// Current versions: the reconnect sends nothing but empty first responses.
 	before := len(c.Events())
 	px = p.run(c, adsclient.Delta)
-	px.wait("reconnected", func(c *adsclient.Client) bool { return len(c.Events()) >= before+4 })
+	px.wait("reconnected", func(c *adsclient.Client) bool { return len(c.Events()) >= before+5 })
 	for _, e := range px.settled()[before:] {
 		if len(e.Names) != 0 || len(e.Removed) != 0 {
 			t.Errorf("a reconnect with current versions got %s %v removed %v", short(e.TypeURL), e.Names, e.Removed)
@@ -258,7 +264,8 @@ func TestDeltaReconnectSendsOnlyDifferences(t *testing.T) {
 	px = p.run(c, adsclient.Delta)
 	synced(px, "shop/a:80", "shop/b:80", "shop/d:80")
 	got := sortNames(summary(px.settled()[before:]))
-	want := sortNames([]string{"CDS[shop/d:80]-[shop/c:80]", "EDS[shop/b:80 shop/d:80]-[shop/c:80]", "LDS[]", "RDS[http-10080]"})
+	want := sortNames([]string{"CDS[shop/d:80]-[shop/c:80]", "EDS[shop/b:80 shop/d:80]-[shop/c:80]", "LDS[]", "RDS[]",
+		"VHDS[http-10080/d.shop:80]-[http-10080/c.shop:80]"})
 	if !slices.Equal(got, want) {
 		t.Errorf("a reconnect with stale versions got\n%v\nwant only the differences\n%v", got, want)
 	}

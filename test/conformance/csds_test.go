@@ -114,12 +114,21 @@ func TestClientStatus(t *testing.T) {
 			}
 			// One entry per type, then (contents were asked for) what the
 			// proxy subscribes to: a wildcard of every type.
+			// A SotW proxy, like Envoy, never asks for VHDS.
 			for i, g := range byNode["envoy-1"].GetGenericXdsConfigs()[:xdstype.Count] {
-				if g.GetConfigStatus() != statusv3.ConfigStatus_SYNCED || g.GetVersionInfo() != current[i] {
-					t.Errorf("envoy-1 %s: %v at %q, want SYNCED at %q", g.GetTypeUrl(), g.GetConfigStatus(), g.GetVersionInfo(), current[i])
+				wantStatus, wantVersion := statusv3.ConfigStatus_SYNCED, current[i]
+				if xdstype.Type(i).Info().DeltaOnly && pr.client == adsclient.SotW {
+					wantStatus, wantVersion = statusv3.ConfigStatus_NOT_SENT, ""
+				}
+				if g.GetConfigStatus() != wantStatus || g.GetVersionInfo() != wantVersion {
+					t.Errorf("envoy-1 %s: %v at %q, want %v at %q", g.GetTypeUrl(), g.GetConfigStatus(), g.GetVersionInfo(), wantStatus, wantVersion)
 				}
 			}
-			if got, want := subscriptionsOf(t, byNode["envoy-1"]), []string{"CDS *", "EDS *", "LDS *", "RDS *"}; !slices.Equal(got, want) {
+			wantSubs, vhds := []string{"CDS *", "EDS *", "LDS *", "RDS *", "VHDS *"}, `SYNCED`
+			if pr.client == adsclient.SotW {
+				wantSubs, vhds = wantSubs[:4], `NOT SENT`
+			}
+			if got, want := subscriptionsOf(t, byNode["envoy-1"]), wantSubs; !slices.Equal(got, want) {
 				t.Errorf("envoy-1 subscribes to %q, want %q", got, want)
 			}
 			cds := byNode["picky"].GetGenericXdsConfigs()[xdstype.Cluster]
@@ -175,7 +184,7 @@ func TestClientStatus(t *testing.T) {
 			for _, want := range []string{
 				// PEER is the address each stream came from; IDENTITY and ZONE
 				// are "-" for these anonymous streams that declare no zone.
-				`(?m)^envoy-1\s+127\.0\.0\.1:\d+\s+-\s+-\s+shop/gw\s+` + pr.name + `\s+SYNCED\s+SYNCED\s+SYNCED\s+SYNCED\s+` + regexp.QuoteMeta(addr),
+				`(?m)^envoy-1\s+127\.0\.0\.1:\d+\s+-\s+-\s+shop/gw\s+` + pr.name + `\s+SYNCED\s+SYNCED\s+SYNCED\s+SYNCED\s+` + vhds + `\s+` + regexp.QuoteMeta(addr),
 				`(?m)^picky\s+127\.0\.0\.1:\d+\s+-\s+-\s+shop/gw\s+` + pr.name + `\s+NACKED\s`,
 				`NACK: picky \(127\.0\.0\.1:\d+\) CDS rejected version ` + current[xdstype.Cluster] + ` .* ago: cluster shop/a:80: bad timeout`,
 			} {

@@ -68,11 +68,14 @@ func newPlane(t *testing.T) *plane {
 	return p
 }
 
-// envoyScope selects every Service of namespace ns for Envoy proxies.
+// envoyScope selects every Service of namespace ns for Envoy proxies, with
+// spec.listener.virtualHosts VHDS: Delta proxies fetch the virtual hosts by
+// VHDS, SotW ones get them inline (TestEveryServiceIsRoutable covers Delta
+// with them inline, the default, too).
 func envoyScope(ns, name string, protocol model.Protocol) *model.Scope {
 	return &model.Scope{
 		Key: model.Key{Namespace: ns, Name: name}, Protocol: protocol,
-		Listener:   model.Listener{Mode: model.ListenerEnvoy, Port: 10080},
+		Listener:   model.Listener{Mode: model.ListenerEnvoy, Port: 10080, VHDS: true},
 		Selections: []model.Selection{{Namespace: ns, Selector: labels.Everything()}},
 	}
 }
@@ -146,15 +149,8 @@ func keys[V any](m map[string]V) []string {
 }
 
 func short(typeURL string) string {
-	switch typeURL {
-	case xdstype.Cluster.URL():
-		return "CDS"
-	case xdstype.Endpoint.URL():
-		return "EDS"
-	case xdstype.Listener.URL():
-		return "LDS"
-	case xdstype.Route.URL():
-		return "RDS"
+	if t, ok := xdstype.ByURL(typeURL); ok {
+		return t.String()
 	}
 	return typeURL
 }

@@ -392,9 +392,11 @@ func (c *Catalog) UpsertScope(scope *model.Scope) {
 			// The previous protocol's proxies are served a while longer.
 			now := c.now()
 			scope.Transition = &model.Transition{From: old.Protocol, Since: now, Until: now.Add(scope.TransitionWindow)}
-		case old.Protocol == scope.Protocol && kept != nil:
+		case old.Protocol == scope.Protocol && kept != nil && c.now().Before(kept.Until):
 			// Kept through other edits; a new window moves its end (0
-			// ends it).
+			// ends it). One that has ended is dropped, so the spec no
+			// longer carries it: an Envoy-mode Delta scope then moves its
+			// virtual hosts to VHDS (see translate.VHDS).
 			tr := *kept
 			tr.Until = tr.Since.Add(scope.TransitionWindow)
 			scope.Transition = &tr

@@ -10,6 +10,7 @@ import (
 	"sort"
 	"testing"
 
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	"google.golang.org/protobuf/proto"
 	"k8s.io/apimachinery/pkg/labels"
 
@@ -112,8 +113,11 @@ func TestServiceAddedAndRemoved(t *testing.T) {
 	c.UpsertScope(scope("shop", "gw", model.ListenerEnvoy, model.Selection{Namespace: "shop", Selector: labels.Everything()}))
 	c.UpsertScope(scope("shop", "grpc", model.ListenerProxylessGRPC, model.Selection{Namespace: "shop", Selector: labels.Everything()}))
 	c.UpsertScope(scope("other", "grpc", model.ListenerProxylessGRPC, model.Selection{Namespace: "other", Selector: labels.Everything()}))
+	delta := scope("shop", "delta", model.ListenerEnvoy, model.Selection{Namespace: "shop", Selector: labels.Everything()})
+	delta.Protocol, delta.Listener.VHDS = model.Delta, true
+	c.UpsertScope(delta)
 	first := c.Take()
-	if len(first) != 3 {
+	if len(first) != 4 {
 		t.Fatalf("new empty scopes must be reported once each, got %v", updates(first))
 	}
 	for _, u := range first {
@@ -125,7 +129,9 @@ func TestServiceAddedAndRemoved(t *testing.T) {
 	c.UpsertService(service("shop", "cart", nil, "10.0.0.1"))
 	got := updates(c.Take())
 	want := map[string]map[string][]string{
-		"shop/gw": {"CDS": {"+shop/cart:80"}, "EDS": {"+shop/cart:80"}, "RDS": {"+http-10080"}},
+		"shop/gw": {"CDS": {"+shop/cart:80"}, "EDS": {"+shop/cart:80"}, "RDS": {"+http-10080"}, "VHDS": {"+http-10080/cart.shop:80"}},
+		// VHDS: the route configuration stays as it was.
+		"shop/delta": {"CDS": {"+shop/cart:80"}, "EDS": {"+shop/cart:80"}, "VHDS": {"+http-10080/cart.shop:80"}},
 		"shop/grpc": {"CDS": {"+shop/cart:80"}, "EDS": {"+shop/cart:80"},
 			"LDS": {"+cart.shop.svc.cluster.local:80", "+cart.shop:80"}, "RDS": {"+cart.shop.svc.cluster.local:80"}},
 	}
@@ -136,7 +142,8 @@ func TestServiceAddedAndRemoved(t *testing.T) {
 	c.DeleteService(model.Key{Namespace: "shop", Name: "cart"})
 	got = updates(c.Take())
 	want = map[string]map[string][]string{
-		"shop/gw": {"CDS": {"-shop/cart:80"}, "EDS": {"-shop/cart:80"}, "RDS": {"+http-10080"}},
+		"shop/gw":    {"CDS": {"-shop/cart:80"}, "EDS": {"-shop/cart:80"}, "RDS": {"+http-10080"}, "VHDS": {"-http-10080/cart.shop:80"}},
+		"shop/delta": {"CDS": {"-shop/cart:80"}, "EDS": {"-shop/cart:80"}, "VHDS": {"-http-10080/cart.shop:80"}},
 		"shop/grpc": {"CDS": {"-shop/cart:80"}, "EDS": {"-shop/cart:80"},
 			"LDS": {"-cart.shop.svc.cluster.local:80", "-cart.shop:80"}, "RDS": {"-cart.shop.svc.cluster.local:80"}},
 	}
@@ -184,7 +191,7 @@ func TestScopeChangeRecomputesOnlyThatScope(t *testing.T) {
 	c.UpsertScope(scope("shop", "a", model.ListenerEnvoy, model.Selection{Namespace: "shop", Names: names("cart", "checkout")}))
 	got := updates(c.Take())
 	want := map[string]map[string][]string{
-		"shop/a": {"CDS": {"+shop/checkout:80"}, "EDS": {"+shop/checkout:80"}, "RDS": {"+http-10080"}},
+		"shop/a": {"CDS": {"+shop/checkout:80"}, "EDS": {"+shop/checkout:80"}, "RDS": {"+http-10080"}, "VHDS": {"+http-10080/checkout.shop:80"}},
 	}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("updates after widening scope a:\n got %v\nwant %v", got, want)
@@ -440,7 +447,7 @@ func TestProtocolChangeStartsATransition(t *testing.T) {
 	c.now = func() time.Time { return clock }
 	sc := func(p model.Protocol, gen int64, window time.Duration) *model.Scope {
 		s := scope("shop", "gw", model.ListenerEnvoy, model.Selection{Namespace: "shop", Selector: labels.Everything()})
-		s.Protocol, s.Generation, s.TransitionWindow = p, gen, window
+		s.Protocol, s.Generation, s.TransitionWindow, s.Listener.VHDS = p, gen, window, true
 		return s
 	}
 	transition := func() *model.Transition {
@@ -473,6 +480,26 @@ func TestProtocolChangeStartsATransition(t *testing.T) {
 	c.UpsertScope(sc(model.SotW, 5, 0))
 	if tr := transition(); tr != nil {
 		t.Errorf("a switch without a window has transition %+v", tr)
+	}
+
+	// An edit after the window ended drops the transition: a Delta
+	// Envoy-mode scope then fetches its virtual hosts by VHDS.
+	c.UpsertScope(sc(model.Delta, 6, time.Minute))
+	if tr := transition(); tr == nil {
+		t.Fatal("the switch to Delta started no transition")
+	}
+	clock = clock.Add(2 * time.Minute)
+	c.UpsertScope(sc(model.Delta, 7, time.Minute))
+	for _, u := range c.Take() {
+		if u.Scope == nil {
+			continue
+		}
+		if u.Scope.Transition != nil {
+			t.Errorf("an edit after the window kept the transition %+v", u.Scope.Transition)
+		}
+		if rc := u.Upserted[xdstype.Route]["http-10080"]; rc == nil || rc.(*routev3.RouteConfiguration).GetVhds() == nil {
+			t.Errorf("the Delta scope's route configuration after the transition: %v", rc)
+		}
 	}
 }
 

@@ -139,11 +139,11 @@ func (sc *scopeEntry) replaceService(e *serviceEntry, old *translate.Fragment) {
 }
 
 func virtualHostsEqual(a, b *translate.Fragment) bool {
-	if len(a.VirtualHosts) != len(b.VirtualHosts) {
+	if len(a.Hosts) != len(b.Hosts) {
 		return false
 	}
-	for i := range a.VirtualHosts {
-		if !proto.Equal(a.VirtualHosts[i], b.VirtualHosts[i]) {
+	for i := range a.Hosts {
+		if !proto.Equal(a.Hosts[i], b.Hosts[i]) {
 			return false
 		}
 	}
@@ -192,7 +192,7 @@ func (sc *scopeEntry) reassembleRoutes() {
 	}
 	sc.routesStale = false
 	all := translate.AssembleScope(sc.scope, sc.fragments())
-	sc.replaceTypes(&all, xdstype.Listener, xdstype.Route)
+	sc.replaceTypes(&all, xdstype.Listener, xdstype.Route, xdstype.VirtualHost)
 }
 
 // takeTouched reports whether any resource of the scope changed since the

@@ -179,6 +179,9 @@ type Listener struct {
 	Mode ListenerMode
 	// Port is the Envoy HTTP listener's port; 0 in ProxylessGRPC mode.
 	Port int32
+	// VHDS sends an Envoy listener's virtual hosts to Delta proxies as
+	// VHDS resources instead of inline in its route configuration.
+	VHDS bool
 }
 
 // Scope is a ProxyScope as the translator and the xDS server see it.

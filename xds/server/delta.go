@@ -1,6 +1,7 @@
 package server
 
 import (
+	"cmp"
 	"slices"
 	"strconv"
 
@@ -236,6 +237,13 @@ func (st *delta) plan(v snapshot.View) []*response {
 			byType[t] = resp
 		}
 	}
+	if rc, vh := byType[xdstype.Route], byType[xdstype.VirtualHost]; rc != nil && vh != nil && rc.other.responses > 0 {
+		if _, vhds := envoyMode(v); vhds {
+			// The route configuration SotW would send carries the virtual
+			// hosts: priced once, there.
+			vh.other = otherResponse{}
+		}
+	}
 	removesLater := false
 	for _, r := range byType {
 		if r != nil && !r.t.Info().RemovedLast {
@@ -301,10 +309,16 @@ func (st *delta) plan(v snapshot.View) []*response {
 // type's change. Both count the resources of the same final set, so the
 // proxy would hold those once, not twice.
 func sumOther(a, b otherResponse) otherResponse {
-	return otherResponse{
+	o := otherResponse{
 		entries: a.entries + b.entries, resources: max(a.resources, b.resources),
 		responses: a.responses + b.responses, drains: a.drains + b.drains,
+		typeURL: a.typeURL, version: a.version,
+		vhds: a.vhds + b.vhds, vhdsVersion: cmp.Or(a.vhdsVersion, b.vhdsVersion),
 	}
+	if o.typeURL == "" {
+		o.typeURL, o.version = b.typeURL, b.version
+	}
+	return o
 }
 
 func (st *delta) send(r *response) error {
@@ -334,7 +348,7 @@ func (st *delta) send(r *response) error {
 	ts.inflight[nonce] = inflight{version: r.version, undo: undo, other: r.other.resources}
 	st.srv.fb.Sent(st.key, model.Delta, r.t.URL(), feedback.Push{
 		Resources: len(r.res), Bytes: resp.size, Connect: r.connect,
-		OtherBytes: r.other.price(r.version, r.t.URL(), nonce),
+		OtherBytes: r.other.price(r.version, r.t.URL(), &st.otherNonce),
 	})
 	return nil
 }
@@ -345,6 +359,50 @@ func (st *delta) send(r *response) error {
 // SotW drops those with their parent), and every subscribed resource when
 // the stream connects (all: SotW resends the world).
 func priceSotW(v snapshot.View, ts *deltaType, r *response, all bool) otherResponse {
+	if _, vhds := envoyMode(v); vhds {
+		switch ts.t {
+		case xdstype.VirtualHost:
+			// SotW carries the virtual hosts inline, so any change of them
+			// resends the whole route configuration, and a stream's first
+			// route configuration already held them all.
+			if all || (len(r.res) == 0 && len(r.removed) == 0) {
+				return otherResponse{}
+			}
+			name := ""
+			if len(r.res) > 0 {
+				name = routeOf(r.res[0].Name)
+			} else {
+				name = routeOf(r.removed[0])
+			}
+			return otherResponse{entries: cost.SotWEntry(v.InlineRouteSize(name)), resources: 1, responses: 1,
+				typeURL: xdstype.Route.URL(), version: v.TypeVersion(xdstype.Route)}
+		case xdstype.Route:
+			// SotW's route configuration carries the virtual hosts.
+			o := otherResponse{responses: 1}
+			price := func(name string) {
+				o.entries += cost.SotWEntry(v.InlineRouteSize(name))
+				o.resources++
+			}
+			switch {
+			case !all:
+				for _, res := range r.res {
+					price(res.Name)
+				}
+				if o.resources == 0 {
+					o.responses = 0
+				}
+			case ts.wildcard:
+				v.All(ts.t, func(res *snapshot.Resource) { price(res.Name) })
+			default:
+				for name := range ts.names {
+					if v.Get(ts.t, name) != nil {
+						price(name)
+					}
+				}
+			}
+			return o
+		}
+	}
 	if ts.t.FullState() || all {
 		o := otherResponse{responses: 1}
 		if ts.wildcard {

@@ -95,6 +95,9 @@ func holdsTruth(c *adsclient.Client, tr truth, cp *controlPlane, key model.Key, 
 		return "scope not served"
 	}
 	for _, t := range allTypes {
+		if !delta && snapshotType(t).Info().DeltaOnly {
+			continue // a SotW client, like Envoy, never asks for VHDS
+		}
 		held := c.State(t)
 		diffHeld(&b, shortType(t), held, tr[t], nil)
 		sc.Read(func(v snapshot.View) {

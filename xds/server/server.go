@@ -409,6 +409,10 @@ type stream struct {
 	revTime time.Time
 	wake    <-chan struct{}
 	nonce   uint64
+	// otherNonce counts the responses the other protocol would have sent
+	// on this stream, whose nonces its headers are priced with: delta sends
+	// one more when a stream connects to a VHDS scope.
+	otherNonce uint64
 	// nacks paces the rejections the stream gets reported (rejected).
 	nacks *rate.Limiter
 	// spec is the spec the stream last looked at; ends fires when a

@@ -7,11 +7,13 @@ import (
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/scopeplane/scopeplane/xds/cost"
 	"github.com/scopeplane/scopeplane/xds/feedback"
 	"github.com/scopeplane/scopeplane/xds/model"
 	"github.com/scopeplane/scopeplane/xds/snapshot"
+	"github.com/scopeplane/scopeplane/xds/translate"
 	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
@@ -85,12 +87,19 @@ func (st *sotw) handle(req *discoveryv3.DiscoveryRequest) error {
 	}
 	var resp *response
 	st.sc.Read(func(v snapshot.View) {
-		if resp = st.respond(v, ts, awaiting); resp != nil && awaiting {
-			resp.connect = true
-			// A reconnecting proxy that names the served version holds it
-			// all: a delta proxy would have claimed it and received nothing.
-			if claimed := req.GetVersionInfo(); claimed != "" && claimed == v.TypeVersion(t) {
-				resp.other, resp.priced = otherResponse{responses: 1}, true
+		if resp = st.respond(v, ts, awaiting); resp == nil {
+			return
+		}
+		resp.connect = awaiting
+		if t == xdstype.Route && deltaVHDS(v) {
+			resp.other, resp.priced = st.priceVHDS(v, resp), true
+		}
+		// A reconnecting proxy that names the served version holds it
+		// all: a delta proxy would have claimed it and received nothing.
+		if claimed := req.GetVersionInfo(); awaiting && claimed != "" && claimed == v.TypeVersion(t) {
+			resp.other, resp.priced = otherResponse{responses: 1}, true
+			if t == xdstype.Route && deltaVHDS(v) {
+				resp.other.vhds, resp.other.vhdsVersion = 1, v.TypeVersion(xdstype.VirtualHost)
 			}
 		}
 	})
@@ -259,6 +268,11 @@ func (st *sotw) plan(v snapshot.View) []*response {
 			byType[t] = st.changes(v, ts)
 		}
 	}
+	if r := byType[xdstype.Route]; r != nil && !r.silent {
+		if deltaVHDS(v) {
+			r.other, r.priced = st.priceVHDS(v, r), true
+		}
+	}
 	var out, late []*response
 	removesLater := false
 	for _, r := range byType {
@@ -357,7 +371,7 @@ func (st *sotw) send(r *response) error {
 	otherVersion := strings.TrimSuffix(r.version, draining)
 	if r.silent {
 		st.srv.fb.Sent(st.key, model.SotW, r.t.URL(), feedback.Push{
-			OtherBytes: r.other.price(otherVersion, r.t.URL(), strconv.FormatUint(st.nonce+1, 10)),
+			OtherBytes: r.other.price(otherVersion, r.t.URL(), &st.otherNonce),
 		})
 		return nil
 	}
@@ -376,7 +390,7 @@ func (st *sotw) send(r *response) error {
 	}
 	st.srv.fb.Sent(st.key, model.SotW, r.t.URL(), feedback.Push{
 		Resources: len(r.res), Bytes: resp.size, Connect: r.connect,
-		OtherBytes: r.other.price(otherVersion, r.t.URL(), nonce),
+		OtherBytes: r.other.price(otherVersion, r.t.URL(), &st.otherNonce),
 	})
 	return nil
 }
@@ -410,6 +424,57 @@ func priceDelta(ts *sotwType, r *response) otherResponse {
 		}
 	}
 	if o.resources > 0 || removed > 0 || r.connect {
+		o.responses = 1
+	}
+	return o
+}
+
+// priceVHDS is the delta response that would have brought the proxy what
+// r, an Envoy-mode scope's inline route configuration, brings, where delta
+// fetches the virtual hosts by VHDS (deltaVHDS). On a stream's
+// first one that is the route configuration naming VHDS as its source and
+// then a response of every virtual host; after, only the virtual hosts that
+// changed since the stream last looked, and the removals of those gone (an
+// upper bound, every virtual host, when the scope's log no longer reaches
+// back that far).
+func (st *sotw) priceVHDS(v snapshot.View, r *response) otherResponse {
+	vhVersion := v.TypeVersion(xdstype.VirtualHost)
+	if r.connect {
+		o := otherResponse{responses: 1, vhds: 1, vhdsVersion: vhVersion}
+		for _, rc := range r.res {
+			value, err := proto.MarshalOptions{Deterministic: true}.Marshal(translate.VHDSRouteConfig(rc.Name))
+			if err != nil {
+				continue // names are valid UTF-8: cannot happen
+			}
+			o.entries += cost.DeltaEntry(rc.Name, snapshot.ContentVersion(value), snapshot.NewResource(xdstype.Route, rc.Name, "", value).Size)
+			o.resources++
+		}
+		v.All(xdstype.VirtualHost, func(vh *snapshot.Resource) {
+			o.entries += cost.DeltaEntry(vh.Name, vh.Version, vh.Size)
+			o.resources++
+		})
+		return o
+	}
+	o := otherResponse{typeURL: xdstype.VirtualHost.URL(), version: vhVersion}
+	removed := 0
+	seen := map[string]struct{}{}
+	add := func(name string) {
+		if _, dup := seen[name]; dup {
+			return
+		}
+		seen[name] = struct{}{}
+		if vh := v.Get(xdstype.VirtualHost, name); vh != nil {
+			o.entries += cost.DeltaEntry(vh.Name, vh.Version, vh.Size)
+			o.resources++
+		} else {
+			o.entries += cost.Removed(name)
+			removed++
+		}
+	}
+	if !v.ChangedSince(st.rev, xdstype.VirtualHost, add) {
+		v.All(xdstype.VirtualHost, func(vh *snapshot.Resource) { add(vh.Name) })
+	}
+	if o.resources > 0 || removed > 0 {
 		o.responses = 1
 	}
 	return o

@@ -199,11 +199,13 @@ func (b *Builder) applyScope(u *catalog.Update, observed time.Time) {
 		if old != nil {
 			ts.digest ^= nameDigest(name, old.Version)
 			ts.sotwBytes -= cost.SotWEntry(old.Size)
+			ts.inlineBytes -= inlineEntry(old.Body.GetValue())
 		}
 		r := &Resource{Name: name, Version: version, Body: body, Wire: wire, Size: proto.Size(body)}
 		ts.res[name] = r
 		ts.digest ^= nameDigest(name, version)
 		ts.sotwBytes += cost.SotWEntry(r.Size)
+		ts.inlineBytes += inlineEntry(body.GetValue())
 		touched[t][name] = struct{}{}
 		changes = append(changes, logEntry{rev: next, typ: t, name: name})
 	}
@@ -215,6 +217,7 @@ func (b *Builder) applyScope(u *catalog.Update, observed time.Time) {
 		}
 		ts.digest ^= nameDigest(name, old.Version)
 		ts.sotwBytes -= cost.SotWEntry(old.Size)
+		ts.inlineBytes -= inlineEntry(old.Body.GetValue())
 		delete(ts.res, name)
 		changes = append(changes, logEntry{rev: next, typ: t, name: name})
 	}
@@ -352,6 +355,10 @@ func hash64(b []byte) uint64 {
 	_, _ = h.Write(b)
 	return h.Sum64()
 }
+
+// ContentVersion is the version the builder gives a resource of that
+// encoded value whose version follows no parent.
+func ContentVersion(value []byte) string { return versionOf(hash64(value)) }
 
 func versionOf(h uint64) string {
 	var b [8]byte

@@ -84,6 +84,16 @@ type typeState struct {
 	version string
 	// sotwBytes is what all of the type's resources add to a SotW response.
 	sotwBytes int
+	// inlineBytes is what the type's resources add to a message that
+	// carries them inline as its field 2, as a route configuration carries
+	// virtual hosts.
+	inlineBytes int
+}
+
+// inlineEntry is what one resource of value bytes adds to a message that
+// carries it inline as field 2.
+func inlineEntry(value []byte) int {
+	return protowire.SizeTag(anyField) + protowire.SizeBytes(len(value))
 }
 
 type logEntry struct {
@@ -202,6 +212,17 @@ func (v View) Get(t xdstype.Type, name string) *Resource { return v.s.types[t].r
 // SotWBytes is what every resource of the type adds to a SotW response: a
 // wildcard full-state response is Header plus this.
 func (v View) SotWBytes(t xdstype.Type) int { return v.s.types[t].sotwBytes }
+
+// InlineRouteSize is the encoded size, as an Any, of the route
+// configuration named name that carries every VirtualHost of the scope
+// inline: what a SotW proxy is sent where a delta proxy fetches the virtual
+// hosts by VHDS. An Envoy-mode scope's inline route configuration is
+// exactly that (see translate.VHDS), so the size is exact.
+func (v View) InlineRouteSize(name string) int {
+	value := protowire.SizeTag(1) + protowire.SizeBytes(len(name)) + v.s.types[xdstype.VirtualHost].inlineBytes
+	url := xdstype.Route.URL()
+	return protowire.SizeTag(1) + protowire.SizeBytes(len(url)) + protowire.SizeTag(2) + protowire.SizeBytes(value)
+}
 
 // Len returns how many resources of the type the scope holds.
 func (v View) Len(t xdstype.Type) int { return len(v.s.types[t].res) }

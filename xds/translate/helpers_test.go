@@ -39,6 +39,9 @@ type testScope struct {
 	Name      string             `json:"name"`
 	Mode      model.ListenerMode `json:"mode"`
 	Port      int32              `json:"port,omitempty"`
+	Protocol  model.Protocol     `json:"protocol,omitempty"`
+	// VirtualHosts is spec.listener.virtualHosts: Inline or VHDS.
+	VirtualHosts string `json:"virtualHosts,omitempty"`
 }
 
 type testService struct {
@@ -85,8 +88,8 @@ func parseInput(data []byte) (*model.Scope, []*model.Service, error) {
 	}
 	scope := &model.Scope{
 		Key:      model.Key{Namespace: in.Scope.Namespace, Name: in.Scope.Name},
-		Protocol: model.SotW,
-		Listener: model.Listener{Mode: in.Scope.Mode, Port: in.Scope.Port},
+		Protocol: cmp.Or(in.Scope.Protocol, model.SotW),
+		Listener: model.Listener{Mode: in.Scope.Mode, Port: in.Scope.Port, VHDS: in.Scope.VirtualHosts == "VHDS"},
 	}
 	services := make([]*model.Service, 0, len(in.Services))
 	for _, s := range in.Services {
@@ -137,6 +140,7 @@ func render(res Resources) ([]byte, error) {
 		{"endpoints", asMessages(res.Endpoints)},
 		{"listeners", asMessages(res.Listeners)},
 		{"routes", asMessages(res.Routes)},
+		{"virtualHosts", asMessages(res.VirtualHosts)},
 	}
 	opts := protojson.MarshalOptions{Multiline: true}
 	for i, s := range sections {
@@ -173,7 +177,7 @@ func asMessages[T proto.Message](s []T) []proto.Message {
 func wire(res Resources) ([]byte, error) {
 	var buf bytes.Buffer
 	opts := proto.MarshalOptions{Deterministic: true}
-	for _, msgs := range [][]proto.Message{asMessages(res.Clusters), asMessages(res.Endpoints), asMessages(res.Listeners), asMessages(res.Routes)} {
+	for _, msgs := range [][]proto.Message{asMessages(res.Clusters), asMessages(res.Endpoints), asMessages(res.Listeners), asMessages(res.Routes), asMessages(res.VirtualHosts)} {
 		buf.WriteString("--\n")
 		for _, m := range msgs {
 			b, err := opts.Marshal(m)
@@ -230,6 +234,9 @@ func validateAll(res Resources) error {
 	}
 	for _, r := range res.Routes {
 		check("route "+r.GetName(), r)
+	}
+	for _, vh := range res.VirtualHosts {
+		check("virtual host "+vh.GetName(), vh)
 	}
 	return errors.Join(errs...)
 }
@@ -324,12 +331,36 @@ func checkInvariants(scope *model.Scope, res Resources) error {
 		}
 	}
 
+	sortedUnique("virtual hosts", names(len(res.VirtualHosts), func(i int) string { return res.VirtualHosts[i].GetName() }))
 	routes := map[string]*routev3.RouteConfiguration{}
 	for _, r := range res.Routes {
 		routes[r.GetName()] = r
+		vhosts := r.GetVirtualHosts()
+		if scope.Listener.Mode != model.ListenerProxylessGRPC {
+			// The scope's virtual hosts, fetched by VHDS or carried inline.
+			if VHDS(scope) != (r.GetVhds() != nil) || (r.GetVhds() != nil && len(vhosts) != 0) {
+				fail("route %s: VHDS %v, inline virtual hosts %d, for a %s scope", r.GetName(), r.GetVhds(), len(vhosts), scope.Protocol)
+			}
+			if cs := r.GetVhds().GetConfigSource(); r.GetVhds() != nil && (cs.GetAds() == nil || cs.GetResourceApiVersion() != corev3.ApiVersion_V3) {
+				fail("route %s: VHDS config source %v", r.GetName(), cs)
+			}
+			if r.GetVhds() == nil && !slices.EqualFunc(vhosts, res.VirtualHosts, func(a, b *routev3.VirtualHost) bool { return proto.Equal(a, b) }) {
+				fail("route %s: the inline virtual hosts are not the scope's", r.GetName())
+			}
+			vhosts = res.VirtualHosts
+			for _, vh := range vhosts {
+				// Envoy files a VHDS resource under the route configuration
+				// named before its last slash.
+				if i := strings.LastIndexByte(vh.GetName(), '/'); i < 0 || vh.GetName()[:i] != r.GetName() {
+					fail("virtual host %s: not named under route configuration %s", vh.GetName(), r.GetName())
+				}
+			}
+		} else if len(res.VirtualHosts) != 0 {
+			fail("proxyless mode: %d virtual host resources", len(res.VirtualHosts))
+		}
 		domains := map[string]string{}
 		var vhNames []string
-		for _, vh := range r.GetVirtualHosts() {
+		for _, vh := range vhosts {
 			vhNames = append(vhNames, vh.GetName())
 			if len(vh.GetDomains()) == 0 {
 				fail("route %s: virtual host %s has no domain", r.GetName(), vh.GetName())

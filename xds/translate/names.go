@@ -14,9 +14,16 @@ import (
 // listeners "<svc>.<ns>[.svc.cluster.local]:<port>" and route
 // configurations "<svc>.<ns>.svc.cluster.local:<port>"; in ProxylessGRPC
 // mode clusters, assignments and route configurations end in "@<uid>".
-// Envoy-mode listeners and route configurations ("http-<port>") belong to
-// the scope, not to one Service: false.
+// Envoy-mode virtual hosts are "http-<listener port>/<svc>.<ns>:<port>". Envoy-mode listeners and route configurations
+// ("http-<port>") belong to the scope, not to one Service: false.
 func ServiceOf(t xdstype.Type, name string) (model.Key, bool) {
+	if t == xdstype.VirtualHost {
+		_, host, ok := strings.Cut(name, "/")
+		if !ok {
+			return model.Key{}, false
+		}
+		name = host
+	}
 	name, _, _ = strings.Cut(name, "@") // a gRPC-mode incarnation
 	host, port, ok := strings.Cut(name, ":")
 	if !ok {

@@ -39,8 +39,11 @@ func GRPCListenerNames(svc model.Key, port int32) (fqdn, short string) {
 // envoyVirtualHosts builds the Envoy-mode virtual hosts of a Service, one
 // per port, matching every name a client in the cluster may put in Host:
 // svc, svc.ns, svc.ns.svc and svc.ns.svc.cluster.local, each with ":<port>".
-// A virtual host is named like its cluster, "<ns>/<svc>:<port>", which is
-// unique by construction and reads the same in Envoy's admin output.
+// A virtual host is named by the shortest of them that is unique,
+// "<svc>.<ns>:<port>", the host entry VHDS names a virtual host by; every
+// byte of the name is sent to every proxy of the scope with every route
+// configuration or VHDS resource. The scope names it
+// "http-<listener port>/<svc>.<ns>:<port>" (see httpVirtualHosts).
 //
 // The names without a port go to one port only, because Envoy rejects a
 // route configuration in which two virtual hosts share a domain: to port 80
@@ -73,14 +76,23 @@ func envoyVirtualHosts(svc model.Key, ports []model.ServicePort) []*routev3.Virt
 			}
 			domains = append(domains, n+p)
 		}
-		cluster := model.ClusterName(svc, port)
 		out = append(out, &routev3.VirtualHost{
-			Name:    cluster,
+			Name:    names[1] + p,
 			Domains: domains,
-			Routes:  []*routev3.Route{routeTo(cluster)},
+			Routes:  []*routev3.Route{routeTo(model.ClusterName(svc, port))},
 		})
 	}
 	return out
+}
+
+// VHDS reports whether an Envoy-mode scope's proxies fetch its virtual hosts
+// by VHDS instead of inline in the route configuration: when the scope asks
+// for it (spec.listener.virtualHosts, off by default, since only a recent
+// Envoy accepts VHDS over ADS). Envoy reads VHDS only over incremental xDS,
+// so a SotW scope keeps them inline; so does a Delta scope while it still
+// serves the SotW proxies of a change of protocol.
+func VHDS(scope *model.Scope) bool {
+	return scope.Listener.VHDS && scope.Protocol == model.Delta && (scope.Transition == nil || scope.Transition.From == model.Delta)
 }
 
 // routeTo sends every request to one cluster.
@@ -111,8 +123,12 @@ func httpListener(port int32) *listenerv3.Listener {
 	}
 }
 
-// httpRouteConfig builds an Envoy-mode scope's one route configuration from
-// the fragments' virtual hosts, sorted by name.
+// httpVirtualHosts builds an Envoy-mode scope's virtual hosts from the
+// fragments' ones, sorted by name and named
+// "http-<listener port>/<svc>.<ns>:<port>": the route configuration's name, a
+// slash and a host entry, VHDS's naming convention. Envoy files a VHDS
+// resource under the route configuration named before the last slash, and
+// replaces or removes a virtual host by this name.
 //
 // A domain claimed by more than one virtual host — in practice the short name
 // "svc" (and "svc:port") of two same-named Services in different namespaces
@@ -120,14 +136,17 @@ func httpListener(port int32) *listenerv3.Listener {
 // Service in the scope's own namespace, as a short name resolves in a pod's
 // own namespace, when exactly one claimant is there; otherwise every claimant
 // loses it, since no choice would be right. A virtual host left with no
-// domain is dropped. Fragments are never modified: an affected virtual host
-// is copied.
+// domain is dropped, and one that lost the domain it is named by (which only
+// keys with dots can share) is named by the first domain it kept instead,
+// unique as every kept domain is. Fragments are never modified: each virtual host is
+// a shallow copy under its scope-wide name, sharing the fragment's routes
+// (and domains, unless some were dropped).
 //
 // Kubernetes names have no dots, and then only dot-free domains (the short
 // forms) can be claimed twice, because the number of dots tells the other
 // forms apart; so only those are counted, which keeps this linear and cheap
 // at ten thousand Services. Should any key contain a dot, every domain is.
-func httpRouteConfig(scope *model.Scope, port int32, fragments []*Fragment) *routev3.RouteConfiguration {
+func httpVirtualHosts(scope *model.Scope, port int32, fragments []*Fragment) []*routev3.VirtualHost {
 	all := false
 	for _, f := range fragments {
 		if strings.Contains(f.Service.Name, ".") || strings.Contains(f.Service.Namespace, ".") {
@@ -139,9 +158,11 @@ func httpRouteConfig(scope *model.Scope, port int32, fragments []*Fragment) *rou
 
 	type claims struct{ all, local int32 }
 	byDomain := make(map[string]claims, 2*len(fragments))
+	n := 0
 	for _, f := range fragments {
 		local := f.Service.Namespace == scope.Key.Namespace
-		for _, vh := range f.VirtualHosts {
+		n += len(f.Hosts)
+		for _, vh := range f.Hosts {
 			for _, d := range vh.GetDomains() {
 				if !counted(d) {
 					continue
@@ -156,11 +177,12 @@ func httpRouteConfig(scope *model.Scope, port int32, fragments []*Fragment) *rou
 		}
 	}
 
-	vhosts := make([]*routev3.VirtualHost, 0, len(fragments))
+	prefix := HTTPListenerName(port) + "/"
+	vhosts := make([]*routev3.VirtualHost, 0, n)
 	var kept []string
 	for _, f := range fragments {
 		local := f.Service.Namespace == scope.Key.Namespace
-		for _, vh := range f.VirtualHosts {
+		for _, vh := range f.Hosts {
 			kept = kept[:0]
 			for _, d := range vh.GetDomains() {
 				if !counted(d) {
@@ -171,17 +193,45 @@ func httpRouteConfig(scope *model.Scope, port int32, fragments []*Fragment) *rou
 					kept = append(kept, d)
 				}
 			}
+			domains, host := vh.GetDomains(), vh.GetName()
 			switch len(kept) {
-			case len(vh.GetDomains()):
-				vhosts = append(vhosts, vh)
 			case 0:
+				continue
+			case len(domains):
 			default:
-				vhosts = append(vhosts, &routev3.VirtualHost{Name: vh.GetName(), Routes: vh.GetRoutes(), Domains: slices.Clone(kept)})
+				domains = slices.Clone(kept)
+				if !slices.Contains(domains, host) {
+					// Only dotted keys can claim a full name twice, and then
+					// both lose it; a domain the virtual host kept is unique.
+					host = domains[0]
+				}
 			}
+			vhosts = append(vhosts, &routev3.VirtualHost{Name: prefix + host, Domains: domains, Routes: vh.GetRoutes()})
 		}
 	}
 	sortByName(vhosts, (*routev3.VirtualHost).GetName)
+	return vhosts
+}
+
+// httpRouteConfig builds an Envoy-mode scope's one route configuration:
+// with the virtual hosts inline, or, for VHDS, with none and the source
+// Envoy fetches them from — ADS, which Envoy accepts for VHDS when its ADS
+// stream is delta. The virtual hosts are the scope's VirtualHost resources
+// either way, so a proxy routes the same in both protocols, and a SotW
+// route configuration is byte for byte the route configuration's name plus
+// those resources' bodies, which lets each protocol price the other exactly.
+func httpRouteConfig(port int32, vhosts []*routev3.VirtualHost, vhds bool) *routev3.RouteConfiguration {
+	if vhds {
+		return VHDSRouteConfig(HTTPListenerName(port))
+	}
 	return &routev3.RouteConfiguration{Name: HTTPListenerName(port), VirtualHosts: vhosts}
+}
+
+// VHDSRouteConfig is the route configuration of that name of a Delta
+// Envoy-mode scope: no virtual host, fetched by VHDS over ADS. The ADS
+// server prices what a SotW scope's proxies would be sent in delta with it.
+func VHDSRouteConfig(name string) *routev3.RouteConfiguration {
+	return &routev3.RouteConfiguration{Name: name, Vhds: &routev3.Vhds{ConfigSource: adsConfigSource()}}
 }
 
 // GRPCRouteName is the name of a Service port's route configuration for

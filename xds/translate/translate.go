@@ -13,8 +13,9 @@
 // Fragment, which depends only on that Service and the
 // scope's listener mode, so a change to one Service re-translates one
 // fragment. AssembleScope merges the fragments selected by a scope into the
-// scope's complete resource set, adding the scope-wide HTTP listener and
-// route configuration in Envoy mode. Translate does both at once.
+// scope's complete resource set, adding the scope-wide HTTP listener,
+// route configuration and virtual hosts in Envoy mode. Translate does both
+// at once.
 //
 // The returned messages are shared, not copied: a fragment's messages are
 // reused by every scope that assembles it. Callers must treat every returned
@@ -48,11 +49,12 @@ type Fragment struct {
 	// ClusterLoadAssignment per EDS cluster (ExternalName Services have none:
 	// their clusters resolve DNS themselves); in ProxylessGRPC mode also the
 	// two gRPC API listeners and one RouteConfiguration per port. Envoy-mode
-	// listeners and routes are scope-wide: AssembleScope builds them.
+	// listeners, routes and virtual hosts are scope-wide: AssembleScope
+	// builds them.
 	Resources
-	// VirtualHosts holds one VirtualHost per Service port in Envoy mode,
-	// sorted by name, for the scope's single route configuration.
-	VirtualHosts []*routev3.VirtualHost
+	// Hosts holds one VirtualHost per Service port in Envoy mode, sorted by
+	// name, from which AssembleScope builds the scope's virtual hosts.
+	Hosts []*routev3.VirtualHost
 }
 
 // Resources is a set of xDS resources, each type sorted by resource name:
@@ -62,6 +64,10 @@ type Resources struct {
 	Endpoints []*endpointv3.ClusterLoadAssignment
 	Listeners []*listenerv3.Listener
 	Routes    []*routev3.RouteConfiguration
+	// VirtualHosts are an Envoy-mode scope's virtual hosts, which delta
+	// proxies fetch by VHDS (see VHDS) and SotW proxies find inline in the
+	// route configuration.
+	VirtualHosts []*routev3.VirtualHost
 }
 
 // Each calls fn for every resource, type by type in ADS order. It is the
@@ -78,6 +84,9 @@ func (r *Resources) Each(fn func(t xdstype.Type, m proto.Message)) {
 	}
 	for _, m := range r.Routes {
 		fn(xdstype.Route, m)
+	}
+	for _, m := range r.VirtualHosts {
+		fn(xdstype.VirtualHost, m)
 	}
 }
 
@@ -105,11 +114,11 @@ func Service(svc *model.Service, mode model.ListenerMode) Fragment {
 			out.Routes = append(out.Routes, grpcRouteConfig(svc, ports[i].Port))
 		}
 	default:
-		out.VirtualHosts = envoyVirtualHosts(svc.Key, ports)
+		out.Hosts = envoyVirtualHosts(svc.Key, ports)
 	}
 	sortByName(out.Clusters, (*clusterv3.Cluster).GetName)
 	sortByName(out.Endpoints, (*endpointv3.ClusterLoadAssignment).GetClusterName)
-	sortByName(out.VirtualHosts, (*routev3.VirtualHost).GetName)
+	sortByName(out.Hosts, (*routev3.VirtualHost).GetName)
 	sortByName(out.Listeners, (*listenerv3.Listener).GetName)
 	sortByName(out.Routes, (*routev3.RouteConfiguration).GetName)
 	return out
@@ -120,9 +129,11 @@ func Service(svc *model.Service, mode model.ListenerMode) Fragment {
 // translated in scope.Listener.Mode) into the scope's complete resource set.
 //
 // In Envoy mode it adds one HTTP listener on scope.Listener.Port whose
-// connection manager fetches, over ADS, one route configuration holding every
-// fragment's virtual hosts; a listener port outside 1..65535 adds neither,
-// because Envoy would bind a random port for 0 and reject anything larger.
+// connection manager fetches, over ADS, one route configuration, and every
+// fragment's virtual hosts as VirtualHost resources, which the route
+// configuration carries inline or names as its VHDS source (see VHDS); a
+// listener port outside 1..65535 adds none of them, because Envoy would bind
+// a random port for 0 and reject anything larger.
 // In ProxylessGRPC mode it concatenates the fragments' API listeners and
 // route configurations. The fragments are not modified.
 func AssembleScope(scope *model.Scope, fragments []*Fragment) Resources {
@@ -152,7 +163,8 @@ func AssembleScope(scope *model.Scope, fragments []*Fragment) Resources {
 	default:
 		if port := scope.Listener.Port; validPort(port) {
 			out.Listeners = []*listenerv3.Listener{httpListener(port)}
-			out.Routes = []*routev3.RouteConfiguration{httpRouteConfig(scope, port, fragments)}
+			out.VirtualHosts = httpVirtualHosts(scope, port, fragments)
+			out.Routes = []*routev3.RouteConfiguration{httpRouteConfig(port, out.VirtualHosts, VHDS(scope))}
 		}
 	}
 	sortByName(out.Clusters, (*clusterv3.Cluster).GetName)

@@ -2,6 +2,7 @@ package translate
 
 import (
 	"bytes"
+	"cmp"
 	"flag"
 	"fmt"
 	"math/rand/v2"
@@ -14,9 +15,11 @@ import (
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	upstreamhttpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/scopeplane/scopeplane/xds/model"
+	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/*.out.yaml from the translator's output and delete .out.yaml files that have no .in.yaml")
@@ -142,22 +145,23 @@ func TestAssembleDoesNotModifyFragments(t *testing.T) {
 	a := &model.Service{Key: model.Key{Namespace: "a", Name: "web"}, Ports: []model.ServicePort{{Name: "http", Port: 80}}}
 	b := &model.Service{Key: model.Key{Namespace: "b", Name: "web"}, Ports: []model.ServicePort{{Name: "http", Port: 80}}}
 	fa, fb := Service(a, model.ListenerEnvoy), Service(b, model.ListenerEnvoy)
-	snapshot := []proto.Message{proto.Clone(fa.VirtualHosts[0]), proto.Clone(fb.VirtualHosts[0])}
+	snapshot := []proto.Message{proto.Clone(fa.Hosts[0]), proto.Clone(fb.Hosts[0])}
 
 	res := AssembleScope(&model.Scope{Key: model.Key{Namespace: "a", Name: "s"}, Listener: model.Listener{Mode: model.ListenerEnvoy, Port: 8080}}, []*Fragment{&fa, &fb})
 
-	if !proto.Equal(snapshot[0], fa.VirtualHosts[0]) || !proto.Equal(snapshot[1], fb.VirtualHosts[0]) {
+	if !proto.Equal(snapshot[0], fa.Hosts[0]) || !proto.Equal(snapshot[1], fb.Hosts[0]) {
 		t.Fatal("AssembleScope modified a fragment")
 	}
 	domains := map[string][]string{}
-	for _, vh := range res.Routes[0].GetVirtualHosts() {
+	for _, vh := range res.VirtualHosts {
 		domains[vh.GetName()] = vh.GetDomains()
 	}
-	if !slices.Contains(domains["a/web:80"], "web") || !slices.Contains(domains["a/web:80"], "web:80") {
-		t.Errorf("the scope's own namespace should keep the short name: %v", domains["a/web:80"])
+	own, other := "http-8080/web.a:80", "http-8080/web.b:80"
+	if !slices.Contains(domains[own], "web") || !slices.Contains(domains[own], "web:80") {
+		t.Errorf("the scope's own namespace should keep the short name: %v", domains[own])
 	}
-	if slices.Contains(domains["b/web:80"], "web") || slices.Contains(domains["b/web:80"], "web:80") || !slices.Contains(domains["b/web:80"], "web.b:80") {
-		t.Errorf("the other namespace should lose only the short name: %v", domains["b/web:80"])
+	if slices.Contains(domains[other], "web") || slices.Contains(domains[other], "web:80") || !slices.Contains(domains[other], "web.b:80") {
+		t.Errorf("the other namespace should lose only the short name: %v", domains[other])
 	}
 }
 
@@ -175,7 +179,7 @@ func TestDottedNames(t *testing.T) {
 	if err := checkInvariants(scope, res); err != nil {
 		t.Fatal(err)
 	}
-	for _, vh := range res.Routes[0].GetVirtualHosts() {
+	for _, vh := range res.VirtualHosts {
 		if slices.Contains(vh.GetDomains(), "a.b.c") || slices.Contains(vh.GetDomains(), "a.b.c:80") {
 			t.Errorf("%s keeps the ambiguous domain a.b.c: %v", vh.GetName(), vh.GetDomains())
 		}
@@ -273,8 +277,8 @@ func TestBareDomains(t *testing.T) {
 		for _, p := range tc.ports {
 			svc.Ports = append(svc.Ports, model.ServicePort{Name: fmt.Sprint(p), Port: p})
 		}
-		for _, vh := range Service(svc, model.ListenerEnvoy).VirtualHosts {
-			wantBare := vh.GetName() == model.ClusterName(svc.Key, tc.bare)
+		for _, vh := range Service(svc, model.ListenerEnvoy).Hosts {
+			wantBare := vh.GetName() == fmt.Sprint("web.ns:", tc.bare)
 			if got := slices.Contains(vh.GetDomains(), "web.ns"); got != wantBare {
 				t.Errorf("ports %v: %s has bare domains = %v, want %v (%v)", tc.ports, vh.GetName(), got, wantBare, vh.GetDomains())
 			}
@@ -348,4 +352,117 @@ func firstDiff(want, got []byte) string {
 		}
 	}
 	return b.String()
+}
+
+// TestVHDSScalesWithTheChange checks that in a Delta scope adding a Service
+// changes only its own resources, its virtual host among them, and leaves
+// the route configuration and every other virtual host byte for byte as
+// they were; and that a SotW scope carries the same virtual hosts inline.
+func TestVHDSScalesWithTheChange(t *testing.T) {
+	services := make([]*model.Service, 0, 101)
+	for i := range 101 {
+		services = append(services, &model.Service{
+			Key:   model.Key{Namespace: fmt.Sprint("ns-", i%7), Name: fmt.Sprint("svc-", i)},
+			Ports: []model.ServicePort{{Name: "http", Port: 80, TargetPort: 8080}},
+		})
+	}
+	scope := &model.Scope{Key: model.Key{Namespace: "ns-0", Name: "s"}, Protocol: model.Delta,
+		Listener: model.Listener{Mode: model.ListenerEnvoy, Port: 10080, VHDS: true}}
+	before, after := Translate(scope, services[:100]), Translate(scope, services)
+	changed := changedNames(t, before, after)
+	added := services[100].Key
+	want := []string{
+		"CDS " + model.ClusterName(added, 80),
+		"EDS " + model.ClusterName(added, 80),
+		"VHDS http-10080/" + added.Name + "." + added.Namespace + ":80",
+	}
+	if !slices.Equal(changed, want) {
+		t.Errorf("adding one Service to a Delta scope changed %v, want %v", changed, want)
+	}
+
+	sotw := *scope
+	sotw.Protocol = model.SotW
+	inline := Translate(&sotw, services)
+	if !slices.Equal(changedNames(t, after, inline), []string{"RDS http-10080"}) {
+		t.Errorf("the protocols' resources differ in more than the route configuration: %v", changedNames(t, after, inline))
+	}
+	// A SotW route configuration is its name plus the virtual hosts' bodies,
+	// which is what lets a delta stream price it without building it.
+	rc, err := proto.MarshalOptions{Deterministic: true}.Marshal(inline.Routes[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	size := protowire.SizeTag(1) + protowire.SizeBytes(len(inline.Routes[0].GetName()))
+	for _, vh := range inline.VirtualHosts {
+		size += protowire.SizeTag(2) + protowire.SizeBytes(proto.Size(vh))
+	}
+	if len(rc) != size {
+		t.Errorf("the inline route configuration is %d bytes, its name and virtual hosts %d", len(rc), size)
+	}
+}
+
+// TestVHDSChoice pins when an Envoy-mode scope uses VHDS: Delta scopes that
+// ask for it, except while the SotW proxies of a change of protocol are
+// still served.
+func TestVHDSChoice(t *testing.T) {
+	for _, tc := range []struct {
+		protocol   model.Protocol
+		vhds       bool
+		transition *model.Transition
+		want       bool
+	}{
+		{model.SotW, true, nil, false},
+		{model.Delta, true, nil, true},
+		{model.Delta, false, nil, false},
+		{model.Delta, true, &model.Transition{From: model.SotW}, false},
+		{model.SotW, true, &model.Transition{From: model.Delta}, false},
+	} {
+		sc := &model.Scope{Protocol: tc.protocol, Transition: tc.transition, Listener: model.Listener{Mode: model.ListenerEnvoy, Port: 80, VHDS: tc.vhds}}
+		if got := VHDS(sc); got != tc.want {
+			t.Errorf("VHDS(%s, asked %v, transition %v) = %v, want %v", tc.protocol, tc.vhds, tc.transition, got, tc.want)
+		}
+		res := Translate(sc, []*model.Service{{Key: model.Key{Namespace: "a", Name: "web"}, Ports: []model.ServicePort{{Port: 80}}}})
+		if err := checkInvariants(sc, res); err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+// changedNames lists "<type> <name>" of every resource that differs
+// between a and b, added or removed included, in type and name order.
+func changedNames(t *testing.T, a, b Resources) []string {
+	t.Helper()
+	byName := func(r Resources) map[string][]byte {
+		out := map[string][]byte{}
+		r.Each(func(typ xdstype.Type, m proto.Message) {
+			body, err := proto.MarshalOptions{Deterministic: true}.Marshal(m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out[fmt.Sprint(typ.Info().Short, " ", typ.Info().NameOf(m))] = body
+		})
+		return out
+	}
+	x, y := byName(a), byName(b)
+	var out []string
+	for k, v := range y {
+		if !bytes.Equal(x[k], v) {
+			out = append(out, k)
+		}
+	}
+	for k := range x {
+		if _, ok := y[k]; !ok {
+			out = append(out, k)
+		}
+	}
+	order := map[string]int{}
+	for typ := range xdstype.Count {
+		order[typ.Info().Short] = int(typ)
+	}
+	slices.SortFunc(out, func(p, q string) int {
+		tp, _, _ := strings.Cut(p, " ")
+		tq, _, _ := strings.Cut(q, " ")
+		return cmp.Or(cmp.Compare(order[tp], order[tq]), strings.Compare(p, q))
+	})
+	return out
 }

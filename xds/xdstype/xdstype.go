@@ -26,6 +26,9 @@ const (
 	Endpoint
 	Listener
 	Route
+	// VirtualHost is VHDS: the virtual hosts of a delta Envoy-mode scope's
+	// route configuration, one resource each (see package translate).
+	VirtualHost
 	// Count is the number of served types: arrays indexed by Type have this length.
 	Count
 )
@@ -53,6 +56,10 @@ type Info struct {
 	// RemovedLast says removals of this type wait until listeners and routes
 	// stopped referencing what is removed: make before break.
 	RemovedLast bool
+	// DeltaOnly says only incremental xDS carries the type: Envoy reads VHDS
+	// over delta alone, and a SotW proxy gets the same virtual hosts inline
+	// in its route configuration instead.
+	DeltaOnly bool
 	// NameOf returns the resource name of one of this type's messages.
 	NameOf func(proto.Message) string
 }
@@ -78,6 +85,11 @@ var table = [Count]Info{
 		Parent: Listener, HasParent: true,
 		NameOf: func(m proto.Message) string { return m.(*routev3.RouteConfiguration).GetName() },
 	},
+	VirtualHost: {
+		URL: "type.googleapis.com/envoy.config.route.v3.VirtualHost", Short: "VHDS",
+		DeltaOnly: true,
+		NameOf:    func(m proto.Message) string { return m.(*routev3.VirtualHost).GetName() },
+	},
 }
 
 // Info returns the table entry of t.
@@ -86,7 +98,7 @@ func (t Type) Info() *Info { return &table[t] }
 // URL returns t's type URL.
 func (t Type) URL() string { return table[t].URL }
 
-// String returns t's short name (CDS, EDS, LDS, RDS).
+// String returns t's short name (CDS, EDS, LDS, RDS, VHDS).
 func (t Type) String() string {
 	if t >= Count {
 		return "unknown"
