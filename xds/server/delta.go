@@ -376,9 +376,11 @@ func priceSotW(v snapshot.View, ts *deltaType, r *response, all bool) otherRespo
 		o.responses = 1
 	}
 	if len(r.removed) > 0 {
-		// SotW sends no removal, but the proxy unsubscribes from what its
-		// clusters or listeners stopped naming, and is then sent an empty
-		// response that moves its version to the new names.
+		// SotW sends no removal, but a by-name proxy (as Envoy subscribes
+		// to assignments and routes) unsubscribes from what its clusters
+		// or listeners stopped naming, and is then sent an empty response
+		// that moves its version to the new names. (A wildcard SotW proxy
+		// gets that empty response only when nothing else changed.)
 		o.responses++
 	}
 	return o

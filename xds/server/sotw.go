@@ -147,7 +147,10 @@ func (st *sotw) adopt(v snapshot.View, ts *sotwType, version string) int {
 	}
 	ts.version, ts.pending, ts.adopted, ts.last, ts.before, ts.lastOther = version, false, true, nil, nil, 0
 	clear(ts.owed)
-	return otherResponse{responses: 1}.price(v.TypeVersion(t), t.URL(), strconv.FormatUint(st.nonce+1, 10))
+	// The delta response takes a nonce there: so does its price here, so
+	// that the nonces of later responses, and their prices, stay in step.
+	st.nonce++
+	return otherResponse{responses: 1}.price(v.TypeVersion(t), t.URL(), strconv.FormatUint(st.nonce, 10))
 }
 
 // version is the version_info of a response to ts from v: the type's
@@ -350,12 +353,17 @@ func (st *sotw) plan(v snapshot.View) []*response {
 	var out, late []*response
 	removesLater := false
 	for _, r := range byType {
-		if r != nil && !r.silent && !r.t.Info().RemovedLast {
+		if r != nil && !r.silent && len(r.res) > 0 && !r.t.Info().RemovedLast {
 			removesLater = true
 		}
 	}
+	var moves []*response
 	for _, r := range byType {
 		if r == nil {
+			continue
+		}
+		if !r.full && !r.silent && len(r.res) == 0 {
+			moves = append(moves, r) // only a version move: after the rest
 			continue
 		}
 		if removesLater && r.full && r.t.Info().RemovedLast {
@@ -367,7 +375,7 @@ func (st *sotw) plan(v snapshot.View) []*response {
 		}
 		out = append(out, r)
 	}
-	return append(out, late...)
+	return append(append(out, late...), moves...)
 }
 
 // changes returns the response that brings one type up to date, or nil.
@@ -404,8 +412,11 @@ func (st *sotw) changes(v snapshot.View, ts *sotwType) *response {
 	if len(res) == 0 {
 		if len(gone) > 0 {
 			// SotW drops these with their cluster or listener; delta
-			// would have sent the removal.
-			return &response{t: t, version: st.version(v, ts), otherVersion: v.TypeVersion(t), removed: gone, silent: true}
+			// would have sent the removal. A by-name proxy unsubscribes
+			// from them next, and that moves its version (respond); a
+			// wildcard one is sent an empty response that moves it, so
+			// that it names the served version when it reconnects.
+			return &response{t: t, version: st.version(v, ts), otherVersion: v.TypeVersion(t), removed: gone, silent: !ts.wildcard}
 		}
 		return nil
 	}
