@@ -82,7 +82,8 @@ func (st *sotw) handle(req *discoveryv3.DiscoveryRequest) error {
 	claimed, clean := req.GetVersionInfo(), req.GetErrorDetail() == nil
 	// A first request, or a reconnect: the proxy waits for a response,
 	// unless it still holds the version it claimed on this stream.
-	awaiting := nonce == "" && !(ts.adopted && clean && claimed == ts.version)
+	stillHolds := ts.adopted && clean && claimed == ts.version
+	awaiting := nonce == "" && !stillHolds
 	changed, err := st.resubscribe(ts, req.GetResourceNames())
 	if err != nil {
 		return err
