@@ -14,9 +14,9 @@ import (
 	"time"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
-	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -189,10 +189,9 @@ func (cs *countingStream) RecvMsg(m any) error {
 	if err == nil && !cs.named {
 		cs.named = true
 		var node string
-		switch r := m.(type) {
-		case *discoveryv3.DiscoveryRequest:
-			node = r.GetNode().GetId()
-		case *discoveryv3.DeltaDiscoveryRequest:
+		// Both protocols' requests, whatever form the server decodes
+		// them into, carry the node.
+		if r, ok := m.(interface{ GetNode() *corev3.Node }); ok {
 			node = r.GetNode().GetId()
 		}
 		cs.rc.mu.Lock()

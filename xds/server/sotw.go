@@ -6,6 +6,8 @@ import (
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/scopeplane/scopeplane/xds/cost"
 	"github.com/scopeplane/scopeplane/xds/feedback"
@@ -44,6 +46,11 @@ type sotwType struct {
 	// nonce that claims the same version is the same proxy still holding
 	// it, not a new one waiting for the full set.
 	adopted bool
+	// lastNames and lastDigest are the count and digest of the encoded
+	// names of the last request that stated the subscription: a request
+	// repeating them (every ACK) states the same one.
+	lastNames  int
+	lastDigest uint64
 }
 
 type sotw struct {
@@ -54,16 +61,28 @@ type sotw struct {
 
 // StreamAggregatedResources serves one State-of-the-World ADS stream.
 func (s *Server) StreamAggregatedResources(g sotwStream) error {
-	return serve(s, model.SotW, g, func(base *stream) handler[*discoveryv3.DiscoveryRequest] {
+	return serve(s, model.SotW, sotwReader{g}, func(base *stream) handler[*sotwRequest] {
 		return &sotw{stream: base, grpc: g}
 	})
+}
+
+// sotwReader receives a SotW stream's requests with their names left
+// encoded (sotwRequest), which the server's codec decodes.
+type sotwReader struct{ sotwStream }
+
+func (r sotwReader) Recv() (*sotwRequest, error) {
+	req := &sotwRequest{}
+	if err := r.RecvMsg(req); err != nil {
+		return nil, err
+	}
+	return req, nil
 }
 
 // handle answers one request: it takes the ACK or NACK it carries, then
 // the subscription it states, and responds when the subscription changed or
 // the proxy waits for a first response.
-func (st *sotw) handle(req *discoveryv3.DiscoveryRequest) error {
-	t, err := st.requestedType(req.GetTypeUrl(), len(req.GetResourceNames()))
+func (st *sotw) handle(req *sotwRequest) error {
+	t, err := st.requestedType(req.GetTypeUrl(), req.names)
 	if err != nil {
 		return err
 	}
@@ -84,7 +103,7 @@ func (st *sotw) handle(req *discoveryv3.DiscoveryRequest) error {
 	// unless it still holds the version it claimed on this stream.
 	stillHolds := ts.adopted && clean && claimed == ts.version
 	awaiting := nonce == "" && !stillHolds
-	changed, err := st.resubscribe(ts, req.GetResourceNames())
+	changed, err := st.resubscribe(ts, req)
 	if err != nil {
 		return err
 	}
@@ -209,9 +228,19 @@ func (st *sotw) answer(ts *sotwType, detail string, nack bool) {
 
 // resubscribe makes the subscription what the request's names state and
 // reports whether it changed. Most requests are ACKs repeating the
-// subscription: that is checked without building anything. A subscription
+// subscription: that is checked on the encoded names, without decoding
+// them, and a list in another order without building anything. A subscription
 // beyond what the scope serves (plus the allowed extra) ends the stream.
-func (st *sotw) resubscribe(ts *sotwType, requested []string) (bool, error) {
+func (st *sotw) resubscribe(ts *sotwType, req *sotwRequest) (bool, error) {
+	if ts.requested && req.names == ts.lastNames && req.digest == ts.lastDigest {
+		return false, nil // the list the last request named, byte for byte
+	}
+	requested, err := req.resourceNames()
+	if err != nil {
+		st.srv.fb.Refuse(model.Key{}, RefusedMalformed)
+		return false, status.Errorf(codes.InvalidArgument, "malformed request: %v", err)
+	}
+	ts.lastNames, ts.lastDigest = req.names, req.digest
 	if ts.requested && sameSubscription(requested, ts) {
 		return false, nil
 	}
