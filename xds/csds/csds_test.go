@@ -23,10 +23,11 @@ func TestProxyConfigStatusPerType(t *testing.T) {
 		LastNACK: map[string]feedback.NACK{xdstype.Listener.URL(): {Version: "l1", Detail: "bad listener"}},
 	}
 	want := [xdstype.Count]statusv3.ConfigStatus{
-		xdstype.Cluster:  statusv3.ConfigStatus_STALE,
-		xdstype.Endpoint: statusv3.ConfigStatus_SYNCED,
-		xdstype.Listener: statusv3.ConfigStatus_ERROR,
-		xdstype.Route:    statusv3.ConfigStatus_NOT_SENT,
+		xdstype.Cluster:     statusv3.ConfigStatus_STALE,
+		xdstype.Endpoint:    statusv3.ConfigStatus_SYNCED,
+		xdstype.Listener:    statusv3.ConfigStatus_ERROR,
+		xdstype.Route:       statusv3.ConfigStatus_NOT_SENT,
+		xdstype.VirtualHost: statusv3.ConfigStatus_NOT_SENT,
 	}
 	cc := proxyConfig(model.Key{Namespace: "ns", Name: "s"}, p, &cur, "v2", nil)
 	for i, g := range cc.GetGenericXdsConfigs() {
