@@ -500,6 +500,19 @@ func (f *fleet) truths() (map[string]truth, error) {
 	return out, nil
 }
 
+// owed is what of a scope's truth the proxy must hold: all of it for a
+// delta proxy, all but the virtual hosts for a SotW one, which gets them
+// inline in the route configurations (SotW has no VHDS) and never asks for
+// them.
+func (p *proxy) owed(tr truth) truth {
+	if p.delta {
+		return tr
+	}
+	out := maps.Clone(tr)
+	out[xdstype.VirtualHost.URL()] = map[string][]byte{}
+	return out
+}
+
 // diff describes how have differs from want ("" when equal), and counts
 // the resources have holds that want does not: stale ones.
 func diff(have, want truth) (string, int) {
@@ -618,7 +631,7 @@ func (f *fleet) settled() (ok bool, state string, stale int) {
 			problems = append(problems, fmt.Sprintf("proxy %s not connected (%s)", p.id, p.describe()))
 			continue
 		}
-		d, s := diff(holding(p.c), trs[p.scope])
+		d, s := diff(holding(p.c), p.owed(trs[p.scope]))
 		stale += s
 		if d != "" {
 			problems = append(problems, fmt.Sprintf("proxy %s on %s:%s", p.id, on.name, d))
