@@ -74,12 +74,16 @@ type proxy struct {
 	absent  [xdstype.Count]int
 	// need holds the types that must still get a response on the current
 	// stream (after a restart).
-	need    uint8
-	counted bool
-	done    bool
-	doneAt  time.Time
-	nacks   int
-	opens   int
+	need uint8
+	// reopen is set while the proxy must open a new stream to be done
+	// (after a restart); opensAtArm is how many it had opened by then.
+	reopen     bool
+	opensAtArm int
+	counted    bool
+	done       bool
+	doneAt     time.Time
+	nacks      int
+	opens      int
 }
 
 func newProxy(idx, scope int, key model.Key, p adsclient.Protocol, tr *tracker) *proxy {
@@ -246,7 +250,7 @@ func (p *proxy) resubscribe(cur map[string]struct{}, next []string, t xdstype.Ty
 }
 
 func (p *proxy) checkDoneLocked(now time.Time) {
-	if p.done || len(p.pending) > 0 || p.need != 0 {
+	if p.done || len(p.pending) > 0 || p.need != 0 || (p.reopen && p.opens == p.opensAtArm) {
 		return
 	}
 	p.done, p.doneAt = true, now
@@ -260,7 +264,7 @@ func (p *proxy) checkDoneLocked(now time.Time) {
 func (p *proxy) arm(pending map[resKey]want, need uint8, counted bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.pending, p.need, p.counted = pending, need, counted
+	p.pending, p.need, p.counted, p.reopen = pending, need, counted, false
 	p.absent = [xdstype.Count]int{}
 	for k, w := range pending {
 		if !w.present {
@@ -269,6 +273,16 @@ func (p *proxy) arm(pending map[resKey]want, need uint8, counted bool) {
 	}
 	p.done, p.doneAt = false, time.Time{}
 	p.checkDoneLocked(time.Now())
+}
+
+// armReopen starts a restart: the proxy is done once it opened a new
+// stream and got a response of each type in need on it.
+func (p *proxy) armReopen(need uint8) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.pending, p.need, p.counted, p.reopen, p.opensAtArm = nil, need, true, true, p.opens
+	p.absent = [xdstype.Count]int{}
+	p.done, p.doneAt = false, time.Time{}
 }
 
 func (p *proxy) result() (done bool, at time.Time, left int, counted bool) {
@@ -280,6 +294,7 @@ func (p *proxy) result() (done bool, at time.Time, left int, counted bool) {
 func (p *proxy) opened() {
 	p.mu.Lock()
 	p.opens++
+	p.checkDoneLocked(time.Now())
 	p.mu.Unlock()
 }
 

@@ -32,6 +32,7 @@ import (
 	"github.com/scopeplane/scopeplane/xds/model"
 	"github.com/scopeplane/scopeplane/xds/pipeline"
 	"github.com/scopeplane/scopeplane/xds/server"
+	"github.com/scopeplane/scopeplane/xds/snapshot"
 	"github.com/scopeplane/scopeplane/xds/translate"
 )
 
@@ -46,6 +47,9 @@ type controlPlane interface {
 	// Priced is the bytes the control plane says the other protocol would
 	// have sent so far, or -1 when it does not say.
 	Priced() int64
+	// Synced is how many streams the control plane counts at their scope's
+	// current version, or -1 when it does not say.
+	Synced() int
 }
 
 // serveMain is the control-plane process: `bench serve`. It builds the world
@@ -54,6 +58,8 @@ type controlPlane interface {
 //
 //	event <name>   apply an event; answers "ok"
 //	usage          answers "usage <cpu-ns>": user+system CPU of this process (getrusage)
+//	priced         answers "priced <bytes>": what the other protocol would have sent (-1: not said)
+//	synced         answers "synced <n>": streams counted at their scope's version (-1: not said)
 //	gc             forces a GC and returns freed memory to the OS; answers "ok"
 //	heapprofile <file> writes a heap profile; answers "ok"
 //	profile <file> starts a CPU profile; "profile-stop" ends it; both answer "ok"
@@ -162,6 +168,8 @@ func serve(impl string, p WorldParams, addr string, replay, cpuprofile string) e
 			reply("usage %d", cpuNanos())
 		case "priced":
 			reply("priced %d", cp.Priced())
+		case "synced":
+			reply("synced %d", cp.Synced())
 		case "gc":
 			// Twice, so buffers parked in sync.Pools (which survive one
 			// collection) are freed too: what remains is retained state.
@@ -278,6 +286,26 @@ func (s *scopeplaneCP) Priced() int64 {
 	return n
 }
 
+// Synced is how many streams scopeplane's feedback counts at their scope's
+// current version: what the status's "N of M proxies at version V" says.
+func (s *scopeplaneCP) Synced() int {
+	n := 0
+	for _, key := range s.Store.Keys() {
+		sc := s.Store.Get(key)
+		if sc == nil {
+			continue
+		}
+		var version string
+		sc.Read(func(v snapshot.View) { version = v.Version() })
+		for _, p := range s.Feedback.Get(key).Proxies {
+			if p.AtVersion == version {
+				n++
+			}
+		}
+	}
+	return n
+}
+
 func (s *scopeplaneCP) Serve(ctx context.Context, lis net.Listener) error {
 	return s.Server.ServeListener(ctx, lis)
 }
@@ -374,6 +402,10 @@ func (b *baselineCP) ensure(node *corev3.Node) error {
 
 // Priced is -1: the baseline does not price the other protocol.
 func (b *baselineCP) Priced() int64 { return -1 }
+
+// Synced is -1: the baseline answers every reconnect, which is how the
+// driver sees its proxies converge.
+func (b *baselineCP) Synced() int { return -1 }
 
 func (b *baselineCP) Apply(Change) {
 	b.mu.Lock()

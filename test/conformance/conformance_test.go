@@ -152,10 +152,12 @@ func TestServiceAddedAndRemoved(t *testing.T) {
 			// Make before break: the route stops using the cluster before the
 			// cluster goes away; and children first: a delta proxy is told to
 			// drop the assignment before its cluster. (A SotW proxy drops the
-			// assignment itself with the cluster: nothing is sent for it.)
+			// assignment itself with the cluster: nothing is sent for it but,
+			// last, an empty response that moves its endpoints' version, so
+			// that it names the served one when it reconnects.)
 			var wantSeq []string
 			if pr.client == adsclient.SotW {
-				wantSeq = []string{"CDS[all 4]", "RDS[http-10080]", "CDS[3]"}
+				wantSeq = []string{"CDS[all 4]", "RDS[http-10080]", "CDS[3]", "EDS[]"}
 			} else {
 				wantSeq = []string{"VHDS[]-[http-10080/a.shop:80]", "EDS[]-[shop/a:80]", "CDS[]-[shop/a:80]"}
 			}

@@ -127,11 +127,10 @@ func TestOtherProtocolFigureIsTheOtherProtocolsBytes(t *testing.T) {
 		fmt.Fprintf(&table, "%-16s %10d %12d %10d %12d\n", step.name, s.Bytes, s.OtherBytes, d.Bytes, d.OtherBytes)
 		if step.name == "reconnect" {
 			// A reconnecting SotW proxy names one version per type. Where it
-			// names the served one it holds it all, and delta is priced at
-			// what a delta proxy would then get: nothing. The endpoints'
-			// version moved with a removal SotW never sends, so that claim
-			// does not match and delta is priced as a full resend: an upper
-			// bound, never less than what delta sent.
+			// names the served one it holds it all and is sent nothing, and
+			// delta is priced at what a delta proxy then gets: an empty
+			// response. A claim that does not match is priced as a full
+			// resend: an upper bound, never less than what delta sent.
 			if s.OtherBytes < d.Bytes || d.OtherBytes != s.Bytes {
 				t.Errorf("reconnect: the SotW scope priced delta at %d, under the %d delta sent; the delta scope priced SotW at %d, SotW sent %d",
 					s.OtherBytes, d.Bytes, d.OtherBytes, s.Bytes)

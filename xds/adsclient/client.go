@@ -466,6 +466,17 @@ func (c *Client) Versions(typeURL string) map[string]string {
 	return out
 }
 
+// VersionInfo returns the last SotW version_info the client accepted for typeURL: what its
+// next request of the type, and its first on a new stream, names.
+func (c *Client) VersionInfo(typeURL string) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if s := c.subs[typeURL]; s != nil {
+		return s.version
+	}
+	return ""
+}
+
 // Stats returns a copy of the counters.
 func (c *Client) Stats() Stats {
 	c.mu.Lock()

@@ -168,10 +168,13 @@ func (s *Server) status(req *statusv3.ClientStatusRequest) (*statusv3.ClientStat
 			if !sel.matchProxy(key, p) {
 				continue
 			}
-			cc := proxyConfig(key, p, &cur, at)
+			// A stream that left since Get is reported without them.
+			var subs map[string]feedback.Subscription
+			if !req.GetExcludeResourceContents() || (p.Protocol == model.SotW && p.AtVersion != at) {
+				subs, _ = s.fb.Subscriptions(key, p.ID)
+			}
+			cc := proxyConfig(key, p, &cur, at, subs)
 			if !req.GetExcludeResourceContents() {
-				// A stream that left since Get is reported without them.
-				subs, _ := s.fb.Subscriptions(key, p.ID)
 				cc.GenericXdsConfigs = append(cc.GenericXdsConfigs, subscriptions(subs)...)
 			}
 			resp.Config = append(resp.Config, cc)
@@ -207,7 +210,25 @@ func scopeConfig(key model.Key, v snapshot.View, contents bool) *statusv3.Client
 
 // proxyConfig is one proxy's state against its scope's current versions
 // (cur per type, at for the scope as a whole).
-func proxyConfig(key model.Key, p *feedback.Proxy, cur *[xdstype.Count]string, at string) *statusv3.ClientConfig {
+// current reports whether a proxy's acked version of type t is the type's
+// current version cur: for a SotW proxy subscribed by name (subs), the
+// version of what its names cover (snapshot.SubsetVersion).
+func current(p *feedback.Proxy, t xdstype.Type, acked, cur string, subs map[string]feedback.Subscription) bool {
+	if acked == cur {
+		return true
+	}
+	sub, ok := subs[t.URL()]
+	if p.Protocol != model.SotW || !ok || sub.Wildcard {
+		return false
+	}
+	var names uint64
+	for _, n := range sub.Names {
+		names ^= snapshot.NameDigest(n)
+	}
+	return acked == snapshot.SubsetVersion(cur, names)
+}
+
+func proxyConfig(key model.Key, p *feedback.Proxy, cur *[xdstype.Count]string, at string, subs map[string]feedback.Subscription) *statusv3.ClientConfig {
 	cc := &statusv3.ClientConfig{
 		ClientScope: key.String(),
 		Node: &corev3.Node{
@@ -242,7 +263,7 @@ func proxyConfig(key model.Key, p *feedback.Proxy, cur *[xdstype.Count]string, a
 			g.ConfigStatus, g.ClientStatus = statusv3.ConfigStatus_ERROR, adminv3.ClientResourceStatus_NACKED
 		case !ok:
 			g.ConfigStatus = statusv3.ConfigStatus_NOT_SENT
-		case inSync || acked == cur[t]:
+		case inSync || current(p, t, acked, cur[t], subs):
 			// A proxy at the scope's version holds all of it, even when a
 			// type's version moved only in names it does not subscribe to.
 			g.ConfigStatus, g.ClientStatus = statusv3.ConfigStatus_SYNCED, adminv3.ClientResourceStatus_ACKED

@@ -9,6 +9,7 @@ import (
 
 	"github.com/scopeplane/scopeplane/xds/feedback"
 	"github.com/scopeplane/scopeplane/xds/model"
+	"github.com/scopeplane/scopeplane/xds/snapshot"
 	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
@@ -28,7 +29,7 @@ func TestProxyConfigStatusPerType(t *testing.T) {
 		xdstype.Route:       statusv3.ConfigStatus_NOT_SENT,
 		xdstype.VirtualHost: statusv3.ConfigStatus_NOT_SENT,
 	}
-	cc := proxyConfig(model.Key{Namespace: "ns", Name: "s"}, p, &cur, "v2")
+	cc := proxyConfig(model.Key{Namespace: "ns", Name: "s"}, p, &cur, "v2", nil)
 	for i, g := range cc.GetGenericXdsConfigs() {
 		if g.GetConfigStatus() != want[i] {
 			t.Errorf("%s: %v, want %v", xdstype.Type(i), g.GetConfigStatus(), want[i])
@@ -51,9 +52,29 @@ func TestProxyConfigStatusPerType(t *testing.T) {
 	// even where a type's version moved only in names it does not hold.
 	p.Nacked = map[string]bool{}
 	p.AtVersion = "v2"
-	cc = proxyConfig(model.Key{Namespace: "ns", Name: "s"}, p, &cur, "v2")
+	cc = proxyConfig(model.Key{Namespace: "ns", Name: "s"}, p, &cur, "v2", nil)
 	if got := cc.GetGenericXdsConfigs()[xdstype.Cluster].GetConfigStatus(); got != statusv3.ConfigStatus_SYNCED {
 		t.Errorf("CDS of a proxy at the scope's version: %v", got)
+	}
+
+	// A SotW proxy subscribed by name ACKs the version of what its names
+	// cover: it is current when that is the type's version over the names
+	// it subscribes to, and stale for other names.
+	p.AtVersion = ""
+	names := snapshot.NameDigest("a") ^ snapshot.NameDigest("b")
+	p.Acked[xdstype.Route.URL()] = snapshot.SubsetVersion("r1", names)
+	for _, c := range []struct {
+		names []string
+		want  statusv3.ConfigStatus
+	}{
+		{[]string{"a", "b"}, statusv3.ConfigStatus_SYNCED},
+		{[]string{"a"}, statusv3.ConfigStatus_STALE},
+	} {
+		subs := map[string]feedback.Subscription{xdstype.Route.URL(): {Names: c.names}}
+		cc = proxyConfig(model.Key{Namespace: "ns", Name: "s"}, p, &cur, "v2", subs)
+		if got := cc.GetGenericXdsConfigs()[xdstype.Route].GetConfigStatus(); got != c.want {
+			t.Errorf("RDS acked over names a, b, subscribed to %v: %v, want %v", c.names, got, c.want)
+		}
 	}
 }
 

@@ -225,6 +225,20 @@ func (t *Tracker) AtVersion(key model.Key, id uint64, version string, observed t
 	}
 }
 
+// Behind records that a proxy counted at its scope's version lacks part
+// of it after all: a reconnecting SotW proxy is counted in sync as soon as
+// the types it holds at the served version are taken, and a type it
+// requests next, naming an older version, is sent in full. It counts at a
+// version again once everything is answered (AtVersion).
+func (t *Tracker) Behind(key model.Key, id uint64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if p := t.proxyLocked(key, id); p != nil && p.AtVersion != "" {
+		p.AtVersion = ""
+		t.changed.Add(key)
+	}
+}
+
 // HeldBack is what a rejected response kept from the proxy: how many
 // resources it carried, and how many the other protocol's response for the
 // same change would have (its blast radius there).

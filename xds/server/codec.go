@@ -1,9 +1,15 @@
 package server
 
 import (
+	"fmt"
+	"hash/maphash"
+	"unicode/utf8"
+
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/scopeplane/scopeplane/xds/snapshot"
 )
@@ -18,7 +24,8 @@ import (
 // have). So a response waiting for a proxy that does not read pins
 // references to bytes every stream of the scope shares, not its own copy,
 // and no stream pays to marshal what the builder marshalled once.
-// Everything else, requests included, goes through the protobuf codec.
+// SotW requests (sotwRequest) are decoded with their names left encoded.
+// Everything else goes through the protobuf codec.
 type codec struct{ proto encoding.CodecV2 }
 
 func newCodec() codec { return codec{proto: encoding.GetCodecV2("proto")} }
@@ -30,7 +37,12 @@ func (c codec) Marshal(v any) (mem.BufferSlice, error) {
 	return c.proto.Marshal(v)
 }
 
-func (c codec) Unmarshal(data mem.BufferSlice, v any) error { return c.proto.Unmarshal(data, v) }
+func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
+	if r, ok := v.(*sotwRequest); ok {
+		return r.unmarshal(data)
+	}
+	return c.proto.Unmarshal(data, v)
+}
 
 // Name is the content subtype the codec serves: the one xDS clients use.
 func (codec) Name() string { return "proto" }
@@ -133,3 +145,81 @@ func (w *wireResponse) buffers() mem.BufferSlice {
 	}
 	return out
 }
+
+// sotwRequest is a DiscoveryRequest as the SotW handler receives it: every
+// field decoded but resource_names, which are kept encoded (with a digest
+// of their encoding) until the handler needs them. Envoy repeats its whole
+// subscription in every ACK, a thousand assignment names in a scope of a
+// thousand Services; decoding them is a string allocated and checked per
+// name, most of a SotW endpoint event, though an ACK names what the
+// previous request named. Comparing digests costs one pass over the bytes.
+type sotwRequest struct {
+	*discoveryv3.DiscoveryRequest
+	// raw is the whole encoded request; names counts its resource_names
+	// and digest is the digest of their encoding, in order.
+	raw    []byte
+	names  int
+	digest uint64
+}
+
+// namesSeed keys the digests of encoded name lists: per process, so that
+// no client can choose lists that collide.
+var namesSeed = maphash.MakeSeed()
+
+// unmarshal decodes data into r: resource_names are digested and skipped,
+// the rest goes through the protobuf codec's rules.
+func (r *sotwRequest) unmarshal(data mem.BufferSlice) error {
+	r.raw = data.Materialize()
+	var (
+		rest []byte
+		h    maphash.Hash
+	)
+	h.SetSeed(namesSeed)
+	r.names = 0
+	for b := r.raw; len(b) > 0; {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return protowire.ParseError(n)
+		}
+		m := protowire.ConsumeFieldValue(num, typ, b[n:])
+		if m < 0 {
+			return protowire.ParseError(m)
+		}
+		if field := b[:n+m]; num == fieldResourceNames && typ == protowire.BytesType {
+			_, _ = h.Write(field)
+			r.names++
+		} else {
+			rest = append(rest, field...)
+		}
+		b = b[n+m:]
+	}
+	r.digest = h.Sum64()
+	r.DiscoveryRequest = &discoveryv3.DiscoveryRequest{}
+	return proto.Unmarshal(rest, r.DiscoveryRequest)
+}
+
+// resourceNames decodes the request's resource_names, refusing one that is
+// not valid UTF-8 as the protobuf codec would.
+func (r *sotwRequest) resourceNames() ([]string, error) {
+	if r.names == 0 {
+		return nil, nil
+	}
+	out := make([]string, 0, r.names)
+	for b := r.raw; len(b) > 0; {
+		num, typ, n := protowire.ConsumeTag(b)
+		b = b[n:]
+		m := protowire.ConsumeFieldValue(num, typ, b)
+		if num == fieldResourceNames && typ == protowire.BytesType {
+			v, _ := protowire.ConsumeBytes(b)
+			if !utf8.Valid(v) {
+				return nil, fmt.Errorf("resource_names[%d] is not valid UTF-8", len(out))
+			}
+			out = append(out, string(v))
+		}
+		b = b[m:]
+	}
+	return out, nil
+}
+
+// fieldResourceNames is DiscoveryRequest's resource_names.
+const fieldResourceNames = 3

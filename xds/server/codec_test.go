@@ -8,6 +8,7 @@ import (
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -167,5 +168,58 @@ func BenchmarkHeldSotW(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// TestSotWRequestKeepsNamesEncoded checks the SotW request decoder against
+// the protobuf codec: the same fields, the same names once decoded, the
+// same digest for the same list and another for another order or list,
+// and a name that is not UTF-8 refused.
+func TestSotWRequestKeepsNamesEncoded(t *testing.T) {
+	c := newCodec()
+	decode := func(req *discoveryv3.DiscoveryRequest) *sotwRequest {
+		t.Helper()
+		data, err := c.Marshal(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got sotwRequest
+		if err := c.Unmarshal(data, &got); err != nil {
+			t.Fatal(err)
+		}
+		return &got
+	}
+	req := &discoveryv3.DiscoveryRequest{
+		VersionInfo: "v1", Node: &corev3.Node{Id: "envoy-1"}, TypeUrl: xdstype.Endpoint.URL(),
+		ResourceNames: []string{"default/a:80", "default/b:80"}, ResponseNonce: "7",
+	}
+	got := decode(req)
+	names, err := got.resourceNames()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.names != 2 || fmt.Sprint(names) != fmt.Sprint(req.ResourceNames) || len(got.GetResourceNames()) != 0 {
+		t.Errorf("names %d %v (left in the message: %v), want %v", got.names, names, got.GetResourceNames(), req.ResourceNames)
+	}
+	rest := proto.Clone(req).(*discoveryv3.DiscoveryRequest)
+	rest.ResourceNames = nil
+	if !proto.Equal(got.DiscoveryRequest, rest) {
+		t.Errorf("decoded %v, want %v", got.DiscoveryRequest, rest)
+	}
+	ack := proto.Clone(req).(*discoveryv3.DiscoveryRequest)
+	ack.VersionInfo, ack.ResponseNonce = "v2", "8"
+	if d := decode(ack); d.digest != got.digest || d.names != got.names {
+		t.Error("an ACK naming the same list has another digest")
+	}
+	swapped := proto.Clone(req).(*discoveryv3.DiscoveryRequest)
+	swapped.ResourceNames = []string{"default/b:80", "default/a:80"}
+	if decode(swapped).digest == got.digest {
+		t.Error("a list in another order has the same digest")
+	}
+	bad := decode(&discoveryv3.DiscoveryRequest{TypeUrl: xdstype.Endpoint.URL()})
+	bad.raw = protowire.AppendString(protowire.AppendTag(nil, fieldResourceNames, protowire.BytesType), "\xff")
+	bad.names = 1
+	if _, err := bad.resourceNames(); err == nil {
+		t.Error("a name that is not UTF-8 was taken")
 	}
 }

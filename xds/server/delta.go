@@ -355,10 +355,18 @@ func (st *delta) send(r *response) error {
 
 // priceSotW is the SotW response that would have carried the same change
 // to the proxy: the whole subscribed set of a full-state type whenever it
-// changed, the changed resources of a by-name type (nothing for a removal:
-// SotW drops those with their parent), and every subscribed resource when
-// the stream connects (all: SotW resends the world).
+// changed, the changed resources of a by-name type (for a removal only the
+// empty response that follows the unsubscription: SotW drops those with
+// their parent), and every subscribed resource when
+// the stream connects (all), unless the proxy declared exactly what is
+// served: SotW resends the world to a proxy whose version_info is not the
+// served one.
 func priceSotW(v snapshot.View, ts *deltaType, r *response, all bool) otherResponse {
+	if all && len(r.res) == 0 && len(r.removed) == 0 && len(ts.held) > 0 {
+		// A reconnect declaring exactly what is served: a SotW proxy
+		// holding the same names the served version and is sent nothing.
+		return otherResponse{}
+	}
 	if _, vhds := envoyMode(v); vhds {
 		switch ts.t {
 		case xdstype.VirtualHost:
@@ -424,6 +432,14 @@ func priceSotW(v snapshot.View, ts *deltaType, r *response, all bool) otherRespo
 	}
 	if o.resources > 0 {
 		o.responses = 1
+	}
+	if len(r.removed) > 0 {
+		// SotW sends no removal, but a by-name proxy (as Envoy subscribes
+		// to assignments and routes) unsubscribes from what its clusters
+		// or listeners stopped naming, and is then sent an empty response
+		// that moves its version to the new names. (A wildcard SotW proxy
+		// gets that empty response only when nothing else changed.)
+		o.responses++
 	}
 	return o
 }

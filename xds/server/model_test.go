@@ -20,6 +20,7 @@ import (
 	"github.com/scopeplane/scopeplane/xds/catalog"
 	"github.com/scopeplane/scopeplane/xds/model"
 	"github.com/scopeplane/scopeplane/xds/server"
+	"github.com/scopeplane/scopeplane/xds/snapshot"
 )
 
 var (
@@ -352,6 +353,10 @@ type stepCounts struct {
 	// graceWaits counts waits for the response a change of a rejected type
 	// causes, and graceMissed those that ended without one.
 	graceWaits, graceMissed int
+	// adopted counts the types SotW proxies reconnected with at the served
+	// version (sent nothing), claimedStale those they named another
+	// version of (sent the full set).
+	adopted, claimedStale int
 }
 
 func (c *stepCounts) String() string {
@@ -361,8 +366,8 @@ func (c *stepCounts) String() string {
 			parts = append(parts, fmt.Sprintf("%s=%d", kindNames[k], n))
 		}
 	}
-	return fmt.Sprintf("%s; refused %v; ended by the server %v; NACKs %d; responses %d; proxies checked in sync %v; grace waits %d (%d without a response)",
-		strings.Join(parts, " "), c.refused, c.ended, c.nacks, c.responses, c.synced, c.graceWaits, c.graceMissed)
+	return fmt.Sprintf("%s; refused %v; ended by the server %v; NACKs %d; responses %d; proxies checked in sync %v; grace waits %d (%d without a response); SotW reconnects: %d types at the served version, %d at another",
+		strings.Join(parts, " "), c.refused, c.ended, c.nacks, c.responses, c.synced, c.graceWaits, c.graceMissed, c.adopted, c.claimedStale)
 }
 
 // harness is one run: the world, the control plane serving it, and the proxies.
@@ -442,11 +447,21 @@ func (h *harness) expectation(p *proxy) (proxyState, codes.Code) {
 }
 
 func (h *harness) connect(p *proxy) {
+	var sc *snapshot.Snapshot
+	if key, ok := p.key(); ok {
+		sc = h.cp.Store.Get(key)
+	}
+	adopted, stale := p.claims(sc)
+	p.adopted = adopted
 	p.start(h.cp.conn)
 	p.state, p.want = h.expectation(p)
 	if p.state == ending {
 		h.counts.refused[p.want]++
+		p.adopted = nil
+		return
 	}
+	h.counts.adopted += len(adopted)
+	h.counts.claimedStale += stale
 }
 
 // do applies one step and waits for quiescence, checking every proxy.
@@ -623,6 +638,9 @@ func (h *harness) quiesce() error {
 				return err
 			}
 			h.counts.synced[p.proto]++
+			if err := p.sentNothingAdopted(); err != nil {
+				return err
+			}
 		}
 		evs := p.c.Events()
 		h.counts.responses += len(evs) - p.stepStart
@@ -645,6 +663,29 @@ func (h *harness) quiesce() error {
 		}
 		if s := p.nackResends(); s != "" {
 			return fmt.Errorf("proxy %s: the server resent a NACKed version:\n%s", p.id, s)
+		}
+	}
+	return nil
+}
+
+// sentNothingAdopted checks the free reconnect: a SotW proxy whose stream
+// opened during a step that changed nothing of its scope, naming the
+// served version of a type, is sent not one byte of that type until it
+// changes its subscription (after another type's full set, say), and
+// holds the truth all the same (waitSynced checked that, strictly, since a
+// new stream starts with nothing a NACK left behind).
+func (p *proxy) sentNothingAdopted() error {
+	if p.streamStart < p.stepStart || len(p.changed) > 0 {
+		return nil
+	}
+	resubscribed := func(t string) bool {
+		marks := p.subMarks[t]
+		return len(marks) > 0 && marks[len(marks)-1] >= p.streamStart
+	}
+	for _, ev := range p.c.Events()[p.streamStart:] {
+		if p.adopted[ev.TypeURL] && !resubscribed(ev.TypeURL) {
+			return fmt.Errorf("proxy %s reconnected at the served version of %s and was sent %d bytes of it (version %s):\n%s",
+				p.id, shortType(ev.TypeURL), ev.Bytes, ev.Version, p.trace())
 		}
 	}
 	return nil

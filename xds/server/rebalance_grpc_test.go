@@ -15,6 +15,7 @@ import (
 	"github.com/scopeplane/scopeplane/xds/bootstrap"
 	"github.com/scopeplane/scopeplane/xds/model"
 	"github.com/scopeplane/scopeplane/xds/server"
+	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
 // TestGRPCClientFollowsMaxConnectionAge ages connections out after about
@@ -101,6 +102,7 @@ func TestGRPCClientFollowsMaxConnectionAge(t *testing.T) {
 		return id, id != 0 && at == version, fmt.Sprintf("newest stream %d at %q, the scope at %q", id, at, version)
 	}
 	last, _, _ := newest()
+	before := cp.Feedback.Get(key).Total
 	for move := 1; move <= 2; move++ {
 		testkit.Eventually(t, fmt.Sprintf("move %d: a new stream, in sync", move), func() (bool, string) {
 			id, synced, state := newest()
@@ -112,6 +114,18 @@ func TestGRPCClientFollowsMaxConnectionAge(t *testing.T) {
 		}
 	}
 	t.Logf("grpc-go's xDS client is on its stream %d", last)
+	// grpc-go names the last version it accepted per type on the new
+	// stream, which is the served one: it is sent nothing of it. (Two
+	// moves resending the world would cost twice the initial sync.)
+	testkit.Eventually(t, "the two moves' first requests of every type taken", func() (bool, string) {
+		connects := cp.Feedback.Get(key).Total.Connects - before.Connects
+		return connects >= 2*int64(xdstype.Count), fmt.Sprintf("%d connects, want %d (one per type and stream)", connects, 2*xdstype.Count)
+	})
+	moved := cp.Feedback.Get(key).Total
+	t.Logf("the moves cost %d connects and %d bytes; the initial sync %d bytes", moved.Connects-before.Connects, moved.ConnectBytes-before.ConnectBytes, before.ConnectBytes)
+	if bytes := moved.ConnectBytes - before.ConnectBytes; bytes >= before.ConnectBytes {
+		t.Errorf("the moves were sent %d bytes in their connects, as much as the initial sync (%d): the world again", bytes, before.ConnectBytes)
+	}
 
 	w.services[svcKey] = backendOn(b.Port)
 	cp.Catalog.UpsertService(w.services[svcKey])

@@ -87,7 +87,10 @@ func (m *moving) stop(t *testing.T) {
 // holdsTruth describes how what c holds differs from the truth of its
 // scope as cp serves it, or returns "" when it holds exactly the truth, at
 // the versions cp serves: a delta client's resource versions are what it
-// claims when it reconnects, a SotW client's the type's version_info.
+// claims when it reconnects, a SotW client's the type's version_info (the
+// client subscribes to every type by wildcard, so it is the type's
+// version). A SotW resource keeps the version of the response that brought
+// it: a reconnect at the served version sends nothing again.
 func holdsTruth(c *adsclient.Client, tr truth, cp *controlPlane, key model.Key, delta bool) string {
 	var b strings.Builder
 	sc := cp.Store.Get(key)
@@ -101,15 +104,15 @@ func holdsTruth(c *adsclient.Client, tr truth, cp *controlPlane, key model.Key, 
 		held := c.State(t)
 		diffHeld(&b, shortType(t), held, tr[t], nil)
 		sc.Read(func(v snapshot.View) {
-			for name, h := range held {
-				want := v.TypeVersion(snapshotType(t))
-				if delta {
-					if r := v.Get(snapshotType(t), name); r != nil {
-						want = r.Version
-					}
+			if !delta {
+				if got, want := c.VersionInfo(t), v.TypeVersion(snapshotType(t)); got != want {
+					fmt.Fprintf(&b, "  %s: at version_info %s, served at %s\n", shortType(t), got, want)
 				}
-				if h.Version != want {
-					fmt.Fprintf(&b, "  %s %q: held at version %s, served at %s\n", shortType(t), name, h.Version, want)
+				return
+			}
+			for name, h := range held {
+				if r := v.Get(snapshotType(t), name); r != nil && h.Version != r.Version {
+					fmt.Fprintf(&b, "  %s %q: held at version %s, served at %s\n", shortType(t), name, h.Version, r.Version)
 				}
 			}
 		})

@@ -3,10 +3,11 @@ package server
 import (
 	"maps"
 	"strconv"
-	"strings"
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/scopeplane/scopeplane/xds/cost"
@@ -38,6 +39,20 @@ type sotwType struct {
 	// rejecting proxy keeps that set, so it becomes held again, and the
 	// next response is priced and made-before-broken from it.
 	before map[string]*snapshot.Resource
+	// namesDigest is the digest of the by-name subscription (the XOR of
+	// snapshot.NameDigest over ts.names), which its versions cover.
+	namesDigest uint64
+	// adopted is set while the proxy holds, by its own claim on this
+	// stream's first request of the type, the version ts.version names,
+	// without a response having been sent: a later request without a
+	// nonce that claims the same version is the same proxy still holding
+	// it, not a new one waiting for the full set.
+	adopted bool
+	// lastNames and lastDigest are the count and digest of the encoded
+	// names of the last request that stated the subscription: a request
+	// repeating them (every ACK) states the same one.
+	lastNames  int
+	lastDigest uint64
 }
 
 type sotw struct {
@@ -48,16 +63,28 @@ type sotw struct {
 
 // StreamAggregatedResources serves one State-of-the-World ADS stream.
 func (s *Server) StreamAggregatedResources(g sotwStream) error {
-	return serve(s, model.SotW, g, func(base *stream) handler[*discoveryv3.DiscoveryRequest] {
+	return serve(s, model.SotW, sotwReader{g}, func(base *stream) handler[*sotwRequest] {
 		return &sotw{stream: base, grpc: g}
 	})
+}
+
+// sotwReader receives a SotW stream's requests with their names left
+// encoded (sotwRequest), which the server's codec decodes.
+type sotwReader struct{ sotwStream }
+
+func (r sotwReader) Recv() (*sotwRequest, error) {
+	req := &sotwRequest{}
+	if err := r.RecvMsg(req); err != nil {
+		return nil, err
+	}
+	return req, nil
 }
 
 // handle answers one request: it takes the ACK or NACK it carries, then
 // the subscription it states, and responds when the subscription changed or
 // the proxy waits for a first response.
-func (st *sotw) handle(req *discoveryv3.DiscoveryRequest) error {
-	t, err := st.requestedType(req.GetTypeUrl(), len(req.GetResourceNames()))
+func (st *sotw) handle(req *sotwRequest) error {
+	t, err := st.requestedType(req.GetTypeUrl(), req.names)
 	if err != nil {
 		return err
 	}
@@ -73,11 +100,15 @@ func (st *sotw) handle(req *discoveryv3.DiscoveryRequest) error {
 	if nonce != "" && ts.pending {
 		st.answer(ts, req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil)
 	}
-	changed, err := st.resubscribe(ts, req.GetResourceNames())
+	claimed, clean := req.GetVersionInfo(), req.GetErrorDetail() == nil
+	// A first request, or a reconnect: the proxy waits for a response,
+	// unless it still holds the version it claimed on this stream.
+	stillHolds := ts.adopted && clean && claimed == ts.version
+	awaiting := nonce == "" && !stillHolds
+	changed, err := st.resubscribe(ts, req)
 	if err != nil {
 		return err
 	}
-	awaiting := nonce == "" // a first request, or a reconnect: the proxy waits for a response
 	if !changed && !awaiting {
 		st.reportSynced(st.settled)
 		return nil
@@ -85,30 +116,98 @@ func (st *sotw) handle(req *discoveryv3.DiscoveryRequest) error {
 	if awaiting {
 		clear(ts.held) // what the proxy holds is unknown to this stream
 	}
-	var resp *response
+	var (
+		resp    *response
+		adopted bool
+		other   int
+	)
 	st.sc.Read(func(v snapshot.View) {
-		if resp = st.respond(v, ts, awaiting); resp == nil {
+		if awaiting && clean && !ts.pending && claimed != "" && claimed == st.version(v, ts) {
+			other = st.adopt(v, ts, claimed)
+			adopted = true
 			return
 		}
-		resp.connect = awaiting
-		if t == xdstype.Route && deltaVHDS(v) {
+		if resp = st.respond(v, ts, awaiting); resp != nil && awaiting {
+			resp.connect = true
+		}
+		if resp != nil && t == xdstype.Route && deltaVHDS(v) {
 			resp.other, resp.priced = st.priceVHDS(v, resp), true
 		}
-		// A reconnecting proxy that names the served version holds it
-		// all: a delta proxy would have claimed it and received nothing.
-		if claimed := req.GetVersionInfo(); awaiting && claimed != "" && claimed == v.TypeVersion(t) {
-			resp.other, resp.priced = otherResponse{responses: 1}, true
-			if t == xdstype.Route && deltaVHDS(v) {
-				resp.other.vhds, resp.other.vhdsVersion = 1, v.TypeVersion(xdstype.VirtualHost)
-			}
-		}
 	})
+	if adopted {
+		// Nothing is sent, and nothing costs: the proxy holds the current
+		// set. A delta proxy declaring it would have been sent one empty
+		// response, which is what the other protocol is priced at.
+		st.srv.fb.Sent(st.key, model.SotW, t.URL(), feedback.Push{Connect: true, OtherBytes: other})
+		st.accepted(&ts.subscription, claimed)
+		st.reportSynced(st.settled)
+		return nil
+	}
 	if resp != nil {
 		return sendAll(st.stream, []*response{resp}, st.send, st.settled)
 	}
 	st.reportSynced(st.settled)
 	return nil
 }
+
+// adopt takes a proxy's claim, on its first request of the type on this
+// stream, to hold the version the stream would send it now: versions are
+// content hashes over the type (and, by name, over the subscribed names),
+// so the claim proves it holds exactly what that response would carry.
+// The stream records that set as held and the version as answered, as if
+// it had sent and the proxy had ACKed it, and returns what the delta
+// response to the same proxy, declaring the same resources, would have
+// cost: an empty response.
+func (st *sotw) adopt(v snapshot.View, ts *sotwType, version string) int {
+	t := ts.t
+	hold := func(r *snapshot.Resource) { ts.held[r.Name] = r }
+	if ts.wildcard {
+		v.All(t, hold)
+	} else {
+		for name := range ts.names {
+			if r := v.Get(t, name); r != nil {
+				hold(r)
+			}
+		}
+	}
+	ts.version, ts.pending, ts.adopted, ts.last, ts.before, ts.lastOther = version, false, true, nil, nil, 0
+	clear(ts.owed)
+	// Delta sends one empty response of the type (and, for route
+	// configurations fetching their virtual hosts by VHDS, one of those);
+	// pricing it takes their nonces, so later prices stay in step.
+	o := otherResponse{responses: 1}
+	if t == xdstype.Route && deltaVHDS(v) {
+		o.vhds, o.vhdsVersion = 1, v.TypeVersion(xdstype.VirtualHost)
+	}
+	return o.price(v.TypeVersion(t), t.URL(), &st.otherNonce)
+}
+
+// version is the version_info of a response to ts from v: the type's
+// version for a wildcard subscription, which covers every resource of the
+// type; for a by-name one, the type's version combined with the
+// subscribed names, since a proxy subscribed to other names holds other
+// resources at the same type version.
+//
+// A by-name type's response carries only what the proxy lacks, so its
+// version denotes the whole subscription only if the proxy took every
+// response before it: one built while an earlier response is unanswered
+// is marked (pipelined), since the proxy may reject that one (its answer
+// then names a superseded nonce) and still accept this. A proxy naming a
+// marked version on a new stream gets the full set again.
+func (st *sotw) version(v snapshot.View, ts *sotwType) string {
+	version := v.TypeVersion(ts.t)
+	if !ts.wildcard {
+		version = snapshot.SubsetVersion(version, ts.namesDigest)
+	}
+	if ts.pending && !ts.t.FullState() {
+		version += pipelined
+	}
+	return version
+}
+
+// pipelined marks the version of a by-name response sent while an earlier
+// one of its type was unanswered.
+const pipelined = "-pipelined"
 
 // answer takes the proxy's answer to the pending response. On a NACK the
 // proxy keeps its last good configuration; the rejected version is not sent
@@ -138,9 +237,19 @@ func (st *sotw) answer(ts *sotwType, detail string, nack bool) {
 
 // resubscribe makes the subscription what the request's names state and
 // reports whether it changed. Most requests are ACKs repeating the
-// subscription: that is checked without building anything. A subscription
+// subscription: that is checked on the encoded names, without decoding
+// them, and a list in another order without building anything. A subscription
 // beyond what the scope serves (plus the allowed extra) ends the stream.
-func (st *sotw) resubscribe(ts *sotwType, requested []string) (bool, error) {
+func (st *sotw) resubscribe(ts *sotwType, req *sotwRequest) (bool, error) {
+	if ts.requested && req.names == ts.lastNames && req.digest == ts.lastDigest {
+		return false, nil // the list the last request named, byte for byte
+	}
+	requested, err := req.resourceNames()
+	if err != nil {
+		st.srv.fb.Refuse(model.Key{}, RefusedMalformed)
+		return false, status.Errorf(codes.InvalidArgument, "malformed request: %v", err)
+	}
+	ts.lastNames, ts.lastDigest = req.names, req.digest
 	if ts.requested && sameSubscription(requested, ts) {
 		return false, nil
 	}
@@ -173,6 +282,12 @@ func (st *sotw) resubscribe(ts *sotwType, requested []string) (bool, error) {
 		}
 		st.asked(ts.t, added, removed, ts.wildcard, wildcard)
 	}
+	if changed {
+		ts.namesDigest = 0
+		for n := range names {
+			ts.namesDigest ^= snapshot.NameDigest(n)
+		}
+	}
 	ts.requested, ts.wildcard, ts.names = true, wildcard, names
 	ts.forgetUnsubscribed()
 	for name := range ts.before {
@@ -185,7 +300,8 @@ func (st *sotw) resubscribe(ts *sotwType, requested []string) (bool, error) {
 
 // respond returns what a changed subscription (or a proxy awaiting its
 // first response, force) must receive: the full set of a full-state type,
-// the subscribed resources the proxy lacks of a by-name type.
+// the subscribed resources the proxy lacks of a by-name type (none, when
+// only the version moved).
 func (st *sotw) respond(v snapshot.View, ts *sotwType, force bool) *response {
 	t := ts.t
 	if t.FullState() {
@@ -204,8 +320,13 @@ func (st *sotw) respond(v snapshot.View, ts *sotwType, force bool) *response {
 			add(name)
 		}
 	}
-	if len(res) > 0 || force {
-		return &response{t: t, version: v.TypeVersion(t), res: res}
+	// A subscription change that leaves the proxy lacking nothing still
+	// moves the version its names are served at (it covers the names):
+	// an empty response tells the proxy, so that it names the served
+	// version when it reconnects, and is sent nothing again.
+	version := st.version(v, ts)
+	if len(res) > 0 || force || (!ts.pending && ts.version != version) {
+		return &response{t: t, version: version, otherVersion: v.TypeVersion(t), res: res}
 	}
 	return nil
 }
@@ -237,7 +358,7 @@ func (st *sotw) fullResponse(v snapshot.View, ts *sotwType, force bool) *respons
 			return nil
 		}
 	}
-	return &response{t: t, version: v.TypeVersion(t), res: res, full: true}
+	return &response{t: t, version: st.version(v, ts), otherVersion: v.TypeVersion(t), res: res, full: true}
 }
 
 // push sends what changed in the scope since the stream last looked, in ADS
@@ -276,12 +397,17 @@ func (st *sotw) plan(v snapshot.View) []*response {
 	var out, late []*response
 	removesLater := false
 	for _, r := range byType {
-		if r != nil && !r.silent && !r.t.Info().RemovedLast {
+		if r != nil && !r.silent && len(r.res) > 0 && !r.t.Info().RemovedLast {
 			removesLater = true
 		}
 	}
+	var moves []*response
 	for _, r := range byType {
 		if r == nil {
+			continue
+		}
+		if !r.full && !r.silent && len(r.res) == 0 {
+			moves = append(moves, r) // only a version move: after the rest
 			continue
 		}
 		if removesLater && r.full && r.t.Info().RemovedLast {
@@ -293,7 +419,7 @@ func (st *sotw) plan(v snapshot.View) []*response {
 		}
 		out = append(out, r)
 	}
-	return append(out, late...)
+	return append(append(out, late...), moves...)
 }
 
 // changes returns the response that brings one type up to date, or nil.
@@ -330,13 +456,16 @@ func (st *sotw) changes(v snapshot.View, ts *sotwType) *response {
 	if len(res) == 0 {
 		if len(gone) > 0 {
 			// SotW drops these with their cluster or listener; delta
-			// would have sent the removal.
-			return &response{t: t, version: v.TypeVersion(t), removed: gone, silent: true}
+			// would have sent the removal. A by-name proxy unsubscribes
+			// from them next, and that moves its version (respond); a
+			// wildcard one is sent an empty response that moves it, so
+			// that it names the served version when it reconnects.
+			return &response{t: t, version: st.version(v, ts), otherVersion: v.TypeVersion(t), removed: gone, silent: !ts.wildcard}
 		}
 		return nil
 	}
 	ts.sendOwed(once)
-	return &response{t: t, version: v.TypeVersion(t), res: res, removed: gone}
+	return &response{t: t, version: st.version(v, ts), otherVersion: v.TypeVersion(t), res: res, removed: gone}
 }
 
 // makeBeforeBreak returns a full-state response that keeps the held
@@ -355,7 +484,7 @@ func makeBeforeBreak(final *response, held map[string]*snapshot.Resource) *respo
 	if len(union) == len(final.res) {
 		return nil
 	}
-	return &response{t: final.t, version: final.version + draining, res: union, full: true}
+	return &response{t: final.t, version: final.version + draining, otherVersion: final.otherVersion, res: union, full: true}
 }
 
 // draining marks the version of a make-before-break response.
@@ -366,9 +495,9 @@ func (st *sotw) send(r *response) error {
 	if !r.priced {
 		r.other = priceDelta(ts, r)
 	}
-	// The delta response would have had the served version, not a
-	// make-before-break step's.
-	otherVersion := strings.TrimSuffix(r.version, draining)
+	// The delta response would have had the type's version, not a
+	// by-name subscription's or a make-before-break step's.
+	otherVersion := r.otherVersion
 	if r.silent {
 		st.srv.fb.Sent(st.key, model.SotW, r.t.URL(), feedback.Push{
 			OtherBytes: r.other.price(otherVersion, r.t.URL(), &st.otherNonce),
@@ -378,10 +507,14 @@ func (st *sotw) send(r *response) error {
 	st.nonce++
 	nonce := strconv.FormatUint(st.nonce, 10)
 	resp := sotwResponse(r.version, r.t.URL(), nonce, r.res)
+	if r.connect {
+		// Other types may have counted the stream in sync already.
+		st.srv.fb.Behind(st.key, st.id)
+	}
 	if err := st.sendWithin(st.grpc, resp); err != nil {
 		return err
 	}
-	ts.nonce, ts.version, ts.pending, ts.last, ts.lastOther = nonce, r.version, true, r.res, r.other.resources
+	ts.nonce, ts.version, ts.pending, ts.last, ts.lastOther, ts.adopted = nonce, r.version, true, r.res, r.other.resources, false
 	if r.full {
 		ts.before, ts.held = ts.held, make(map[string]*snapshot.Resource, len(r.res))
 	}

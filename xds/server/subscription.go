@@ -186,7 +186,11 @@ func (s *subscription) sendOwed(once func(name string)) {
 type response struct {
 	t       xdstype.Type
 	version string
-	res     []*snapshot.Resource
+	// otherVersion is the version the other protocol's response would
+	// carry (SotW responses only: delta's system_version_info is the
+	// type's version, a by-name SotW response's is not).
+	otherVersion string
+	res          []*snapshot.Resource
 	// removed names resources the proxy must drop: sent in delta; in SotW
 	// only priced, as what a delta response would have removed.
 	removed []string

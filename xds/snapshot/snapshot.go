@@ -288,3 +288,27 @@ func (v View) Version() string {
 	}
 	return digestVersion(d)
 }
+
+// NameDigest is one name's part of the digest of a set of names, the XOR
+// of its names' parts: a subscription's digest updates in O(1) per name and
+// does not depend on the order the proxy lists them in.
+func NameDigest(name string) uint64 {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(name))
+	return h.Sum64()
+}
+
+// SubsetVersion is the version of the resources of a type at typeVersion
+// that a by-name subscription whose names digest to names (NameDigest)
+// covers. A type's version alone says nothing about which of its resources
+// a proxy subscribed to holds; this one denotes both, so that a proxy
+// naming it on a new stream, with the same names, provably holds exactly
+// what a response would bring it. It is as long as a type version.
+func SubsetVersion(typeVersion string, names uint64) string {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(typeVersion))
+	var b [9]byte
+	binary.BigEndian.PutUint64(b[1:], names)
+	_, _ = h.Write(b[:])
+	return digestVersion(h.Sum64())
+}

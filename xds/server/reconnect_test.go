@@ -1,0 +1,240 @@
+package server_test
+
+import (
+	"context"
+	"slices"
+	"testing"
+
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/scopeplane/scopeplane/internal/testkit"
+	"github.com/scopeplane/scopeplane/xds/model"
+	"github.com/scopeplane/scopeplane/xds/server"
+	"github.com/scopeplane/scopeplane/xds/snapshot"
+	"github.com/scopeplane/scopeplane/xds/xdstype"
+)
+
+// rawSotW is one SotW stream driven request by request, to state exactly
+// what a reconnecting proxy names.
+type rawSotW struct {
+	t      *testing.T
+	stream discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesClient
+	cancel context.CancelFunc
+	// bytes is what the stream received, by type URL.
+	bytes map[string]int
+}
+
+func openSotW(t *testing.T, cp *controlPlane) *rawSotW {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	stream, err := discoveryv3.NewAggregatedDiscoveryServiceClient(cp.conn).StreamAggregatedResources(ctx)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	r := &rawSotW{t: t, stream: stream, cancel: cancel, bytes: map[string]int{}}
+	t.Cleanup(r.close)
+	return r
+}
+
+func (r *rawSotW) close() { r.cancel() }
+
+func (r *rawSotW) send(req *discoveryv3.DiscoveryRequest) {
+	r.t.Helper()
+	req.Node = testkit.Node("raw-proxy", "default/sotw")
+	if err := r.stream.Send(req); err != nil {
+		r.t.Fatal(err)
+	}
+}
+
+func (r *rawSotW) recv() *discoveryv3.DiscoveryResponse {
+	r.t.Helper()
+	resp, err := r.stream.Recv()
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	r.bytes[resp.GetTypeUrl()] += proto.Size(resp)
+	return resp
+}
+
+// ack answers resp with an ACK naming names.
+func (r *rawSotW) ack(resp *discoveryv3.DiscoveryResponse, names []string) {
+	r.t.Helper()
+	r.send(&discoveryv3.DiscoveryRequest{TypeUrl: resp.GetTypeUrl(), VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce(), ResourceNames: names})
+}
+
+func namesOf(resp *discoveryv3.DiscoveryResponse) []string {
+	var out []string
+	for _, a := range resp.GetResources() {
+		out = append(out, stringFieldOne(a.GetValue()))
+	}
+	slices.Sort(out)
+	return out
+}
+
+// stringFieldOne is the name of a Cluster, ClusterLoadAssignment (field
+// cluster_name), Listener or RouteConfiguration: field 1 of each.
+func stringFieldOne(b []byte) string {
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return ""
+		}
+		b = b[n:]
+		if num == 1 && typ == protowire.BytesType {
+			v, _ := protowire.ConsumeBytes(b)
+			return string(v)
+		}
+		if n = protowire.ConsumeFieldValue(num, typ, b); n < 0 {
+			return ""
+		}
+		b = b[n:]
+	}
+	return ""
+}
+
+// TestSotWReconnectAtServedVersionIsSentNothing checks the free SotW
+// reconnect over real gRPC: a new stream whose first request of a type
+// names the version the scope serves for that subscription (the type's
+// version by wildcard, the type's and the names' by name) is sent nothing
+// of it, is counted in sync and answered, costs nothing in the scope's
+// figures, and gets the next change as if it had been sent the set; one
+// naming another version, or another name set, or repeating a rejection,
+// is sent the full set.
+func TestSotWReconnectAtServedVersionIsSentNothing(t *testing.T) {
+	w := newWorld()
+	w.namespaces["default"] = map[string]string{}
+	for _, svc := range []*model.Service{
+		testkit.Service("default", "a", "10.0.0.1", "10.0.0.2"),
+		testkit.Service("default", "b", "10.0.0.3"),
+	} {
+		w.services[svc.Key] = svc
+	}
+	key := model.Key{Namespace: "default", Name: "sotw"}
+	w.scopes[key] = &model.Scope{
+		Key: key, Generation: 1, Protocol: model.SotW,
+		Listener:   model.Listener{Mode: model.ListenerEnvoy, Port: 10080},
+		Selections: []model.Selection{{Namespace: "default", Selector: labels.Everything()}},
+	}
+	cp, err := startControlPlane(w, server.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := cp.stop(); err != nil {
+			t.Error(err)
+		}
+	}()
+	cds, eds, lds := xdstype.Cluster.URL(), xdstype.Endpoint.URL(), xdstype.Listener.URL()
+	edsNames := []string{"default/a:80", "default/b:80"}
+
+	// The first stream: clusters by wildcard, endpoints by name.
+	first := openSotW(t, cp)
+	first.send(&discoveryv3.DiscoveryRequest{TypeUrl: cds})
+	clusters := first.recv()
+	first.ack(clusters, nil)
+	first.send(&discoveryv3.DiscoveryRequest{TypeUrl: eds, ResourceNames: edsNames})
+	endpoints := first.recv()
+	first.ack(endpoints, edsNames)
+	if got := namesOf(endpoints); !slices.Equal(got, edsNames) {
+		t.Fatalf("endpoints %v, want %v", got, edsNames)
+	}
+	var typeVersion [xdstype.Count]string
+	cp.Store.Get(key).Read(func(v snapshot.View) {
+		for ty := range xdstype.Count {
+			typeVersion[ty] = v.TypeVersion(ty)
+		}
+	})
+	if clusters.GetVersionInfo() != typeVersion[xdstype.Cluster] {
+		t.Errorf("a wildcard subscription's version %q, want the type's %q", clusters.GetVersionInfo(), typeVersion[xdstype.Cluster])
+	}
+	byName := snapshot.SubsetVersion(typeVersion[xdstype.Endpoint], snapshot.NameDigest(edsNames[0])^snapshot.NameDigest(edsNames[1]))
+	if endpoints.GetVersionInfo() != byName {
+		t.Errorf("a by-name subscription's version %q, want the type's over its names %q", endpoints.GetVersionInfo(), byName)
+	}
+	first.close()
+	before := cp.Feedback.Get(key).Total
+
+	// Reconnect at the served versions: nothing is sent for either type.
+	// The listener request that follows is a barrier: the stream handles
+	// requests in order, so its response comes first only if the two
+	// before it were sent nothing.
+	second := openSotW(t, cp)
+	second.send(&discoveryv3.DiscoveryRequest{TypeUrl: cds, VersionInfo: clusters.GetVersionInfo()})
+	second.send(&discoveryv3.DiscoveryRequest{TypeUrl: eds, VersionInfo: endpoints.GetVersionInfo(), ResourceNames: []string{edsNames[1], edsNames[0]}})
+	second.send(&discoveryv3.DiscoveryRequest{TypeUrl: lds})
+	listeners := second.recv()
+	if listeners.GetTypeUrl() != lds {
+		t.Fatalf("the reconnect at the served versions was sent %s (version %s) first", listeners.GetTypeUrl(), listeners.GetVersionInfo())
+	}
+	second.ack(listeners, nil)
+	testkit.Eventually(t, "the reconnected proxy is counted in sync, at the versions it named", func() (bool, string) {
+		ok, why := serverSynced(cp, key, "raw-proxy")
+		if !ok {
+			return false, why
+		}
+		for _, fp := range cp.Feedback.Get(key).Proxies {
+			if fp.Node == "raw-proxy" && (fp.Acked[cds] != clusters.GetVersionInfo() || fp.Acked[eds] != endpoints.GetVersionInfo()) {
+				return false, "acked " + fp.Acked[cds] + ", " + fp.Acked[eds]
+			}
+		}
+		return true, ""
+	})
+	after := cp.Feedback.Get(key).Total
+	if got, want := after.Connects-before.Connects, int64(3); got != want {
+		t.Errorf("the reconnect counted %d connects, want %d (one per type, sent or not)", got, want)
+	}
+	if got, want := after.ConnectBytes-before.ConnectBytes, int64(second.bytes[lds]); got != want {
+		t.Errorf("the reconnect's connect bytes %d, want %d: only the listeners were sent", got, want)
+	}
+
+	// The next change reaches the stream as a difference from the set it
+	// was taken to hold: only the changed assignment, no cluster.
+	a := *w.services[model.Key{Namespace: "default", Name: "a"}]
+	a.Endpoints = slices.Clone(a.Endpoints)
+	a.Endpoints[0].Address = "10.0.0.9"
+	w.services[a.Key] = &a
+	cp.Catalog.UpsertService(&a)
+	cp.Sync()
+	change := second.recv()
+	if change.GetTypeUrl() != eds || !slices.Equal(namesOf(change), []string{"default/a:80"}) {
+		t.Fatalf("after the endpoint change the stream was sent %s %v, want only default/a:80's assignment", change.GetTypeUrl(), namesOf(change))
+	}
+	second.ack(change, edsNames)
+	second.close()
+
+	cp.Store.Get(key).Read(func(v snapshot.View) {
+		for ty := range xdstype.Count {
+			typeVersion[ty] = v.TypeVersion(ty)
+		}
+	})
+	current := change.GetVersionInfo()
+	for _, c := range []struct {
+		what string
+		req  *discoveryv3.DiscoveryRequest
+		want []string
+	}{
+		{"an older version of the clusters",
+			&discoveryv3.DiscoveryRequest{TypeUrl: cds, VersionInfo: clusters.GetVersionInfo() + "0"}, []string{"default/a:80", "default/b:80"}},
+		{"the served endpoint version over other names",
+			&discoveryv3.DiscoveryRequest{TypeUrl: eds, VersionInfo: current, ResourceNames: edsNames[:1]}, edsNames[:1]},
+		{"the endpoints' version from before the change",
+			&discoveryv3.DiscoveryRequest{TypeUrl: eds, VersionInfo: endpoints.GetVersionInfo(), ResourceNames: edsNames}, edsNames},
+		{"the served version with the rejection it sent last",
+			&discoveryv3.DiscoveryRequest{TypeUrl: eds, VersionInfo: current, ResourceNames: edsNames,
+				ErrorDetail: &rpcstatus.Status{Code: int32(codes.InvalidArgument), Message: "rejected before the reconnect"}}, edsNames},
+	} {
+		s := openSotW(t, cp)
+		s.send(c.req)
+		resp := s.recv()
+		if resp.GetTypeUrl() != c.req.GetTypeUrl() || !slices.Equal(namesOf(resp), c.want) {
+			t.Errorf("a reconnect naming %s was sent %s %v, want the full set %v", c.what, shortType(resp.GetTypeUrl()), namesOf(resp), c.want)
+		}
+		s.close()
+	}
+}
