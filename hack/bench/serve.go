@@ -29,6 +29,7 @@ import (
 
 	"github.com/scopeplane/scopeplane/xds/auth"
 	"github.com/scopeplane/scopeplane/xds/catalog"
+	"github.com/scopeplane/scopeplane/xds/feedback"
 	"github.com/scopeplane/scopeplane/xds/model"
 	"github.com/scopeplane/scopeplane/xds/pipeline"
 	"github.com/scopeplane/scopeplane/xds/server"
@@ -249,7 +250,11 @@ func cpuNanos() int64 {
 // process happens to be descheduled, and then the SotW and the Delta cell,
 // two processes, would push different batches and their figures for the
 // other protocol could not be compared. The build's CPU is the same.
-type scopeplaneCP struct{ *pipeline.Pipeline }
+type scopeplaneCP struct {
+	*pipeline.Pipeline
+	// types are the type URLs every proxy of the world subscribes to.
+	types []string
+}
 
 func newScopeplane(w *World) *scopeplaneCP {
 	p := pipeline.New(pipeline.Options{Server: server.Options{Authenticator: &auth.Authenticator{AllowAnonymous: true}}})
@@ -263,7 +268,8 @@ func newScopeplane(w *World) *scopeplaneCP {
 		p.Catalog.UpsertScope(sc)
 	}
 	p.Sync()
-	return &scopeplaneCP{p}
+	_, types := typesOf(w.P.Protocol)
+	return &scopeplaneCP{Pipeline: p, types: types}
 }
 
 func (s *scopeplaneCP) Apply(ch Change) {
@@ -287,7 +293,12 @@ func (s *scopeplaneCP) Priced() int64 {
 }
 
 // Synced is how many streams scopeplane's feedback counts at their scope's
-// current version: what the status's "N of M proxies at version V" says.
+// current version (what the status's "N of M proxies at version V" says)
+// having answered every type the world's proxies subscribe to. A stream is
+// at its version as soon as every type it asked for so far is answered, so
+// a SotW proxy sent nothing on a restart counts before it has asked for
+// its other types; what those requests cost (and price) is recorded before
+// their ACK, so counting ACKs of every type waits for all of it.
 func (s *scopeplaneCP) Synced() int {
 	n := 0
 	for _, key := range s.Store.Keys() {
@@ -298,12 +309,22 @@ func (s *scopeplaneCP) Synced() int {
 		var version string
 		sc.Read(func(v snapshot.View) { version = v.Version() })
 		for _, p := range s.Feedback.Get(key).Proxies {
-			if p.AtVersion == version {
+			if p.AtVersion == version && s.answeredAll(p) {
 				n++
 			}
 		}
 	}
 	return n
+}
+
+// answeredAll reports whether p ACKed every type of the world.
+func (s *scopeplaneCP) answeredAll(p *feedback.Proxy) bool {
+	for _, url := range s.types {
+		if _, ok := p.Acked[url]; !ok {
+			return false
+		}
+	}
+	return true
 }
 
 func (s *scopeplaneCP) Serve(ctx context.Context, lis net.Listener) error {
