@@ -3,6 +3,7 @@ package server
 import (
 	"fmt"
 	"hash/maphash"
+	"io"
 	"unicode/utf8"
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
@@ -155,9 +156,12 @@ func (w *wireResponse) buffers() mem.BufferSlice {
 // previous request named. Comparing digests costs one pass over the bytes.
 type sotwRequest struct {
 	*discoveryv3.DiscoveryRequest
-	// raw is the whole encoded request; names counts its resource_names
-	// and digest is the digest of their encoding, in order.
-	raw    []byte
+	// raw is the request as gRPC received it, held (by reference, not
+	// copied: joining its buffers was most of what an ACK cost once its
+	// names were left encoded) while it names resources, until free;
+	// names counts its resource_names and digest is the digest of their
+	// encoding, in order.
+	raw    mem.BufferSlice
 	names  int
 	digest uint64
 }
@@ -169,33 +173,46 @@ var namesSeed = maphash.MakeSeed()
 // unmarshal decodes data into r: resource_names are digested and skipped,
 // the rest goes through the protobuf codec's rules.
 func (r *sotwRequest) unmarshal(data mem.BufferSlice) error {
-	r.raw = data.Materialize()
 	var (
 		rest []byte
 		h    maphash.Hash
 	)
 	h.SetSeed(namesSeed)
 	r.names = 0
-	for b := r.raw; len(b) > 0; {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return protowire.ParseError(n)
+	for f := (fieldReader{bufs: data}); ; {
+		num, typ, field, err := f.next()
+		if err == io.EOF {
+			break
 		}
-		m := protowire.ConsumeFieldValue(num, typ, b[n:])
-		if m < 0 {
-			return protowire.ParseError(m)
+		if err != nil {
+			return err
 		}
-		if field := b[:n+m]; num == fieldResourceNames && typ == protowire.BytesType {
+		if num == fieldResourceNames && typ == protowire.BytesType {
 			_, _ = h.Write(field)
 			r.names++
 		} else {
 			rest = append(rest, field...)
 		}
-		b = b[n+m:]
 	}
 	r.digest = h.Sum64()
 	r.DiscoveryRequest = &discoveryv3.DiscoveryRequest{}
-	return proto.Unmarshal(rest, r.DiscoveryRequest)
+	if err := proto.Unmarshal(rest, r.DiscoveryRequest); err != nil {
+		return err
+	}
+	if r.names > 0 {
+		// gRPC frees data once this returns; the reference keeps it.
+		data.Ref()
+		r.raw = data
+	}
+	return nil
+}
+
+// free gives the request's buffers back to gRPC's pool once it is handled.
+// A request never freed (its stream ended first) is left to the garbage
+// collector, which is all a pool's buffer costs then.
+func (r *sotwRequest) free() {
+	r.raw.Free()
+	r.raw = nil
 }
 
 // resourceNames decodes the request's resource_names, refusing one that is
@@ -205,20 +222,93 @@ func (r *sotwRequest) resourceNames() ([]string, error) {
 		return nil, nil
 	}
 	out := make([]string, 0, r.names)
-	for b := r.raw; len(b) > 0; {
-		num, typ, n := protowire.ConsumeTag(b)
-		b = b[n:]
-		m := protowire.ConsumeFieldValue(num, typ, b)
+	for f := (fieldReader{bufs: r.raw}); ; {
+		num, typ, field, err := f.next()
+		if err == io.EOF {
+			return out, nil
+		}
+		if err != nil {
+			return nil, err
+		}
 		if num == fieldResourceNames && typ == protowire.BytesType {
-			v, _ := protowire.ConsumeBytes(b)
+			_, _, n := protowire.ConsumeTag(field)
+			v, _ := protowire.ConsumeBytes(field[n:])
 			if !utf8.Valid(v) {
 				return nil, fmt.Errorf("resource_names[%d] is not valid UTF-8", len(out))
 			}
 			out = append(out, string(v))
 		}
-		b = b[m:]
 	}
-	return out, nil
+}
+
+// fieldReader walks the fields of a protobuf message held in several
+// buffers, as gRPC receives a message larger than an HTTP/2 frame, without
+// joining them: a field inside one buffer is returned in place, and only
+// one that goes on into the next buffer is copied, alone, into scratch.
+type fieldReader struct {
+	bufs mem.BufferSlice
+	// i is the next buffer to read; b is what is left of the current one.
+	i       int
+	b       []byte
+	scratch []byte
+}
+
+// next returns the next field (its tag included), valid until the next
+// call; io.EOF after the last one.
+func (f *fieldReader) next() (protowire.Number, protowire.Type, []byte, error) {
+	if !f.fill() {
+		return 0, 0, nil, io.EOF
+	}
+	if num, typ, n := consumeField(f.b); n > 0 {
+		field := f.b[:n]
+		f.b = f.b[n:]
+		return num, typ, field, nil
+	}
+	// The field goes on in the next buffer (or is malformed). It is joined
+	// in ever larger chunks, so the copy is a few times the field at most.
+	// A prefix of a field never parses, so whatever the last chunk brought
+	// beyond the field is part of that chunk, and is read from there next.
+	f.scratch = f.scratch[:0]
+	for {
+		if !f.fill() {
+			_, _, n := consumeField(f.scratch)
+			return 0, 0, nil, protowire.ParseError(n)
+		}
+		chunk := f.b
+		take := min(len(chunk), max(16, len(f.scratch)))
+		f.scratch = append(f.scratch, chunk[:take]...)
+		if num, typ, n := consumeField(f.scratch); n > 0 {
+			f.b = chunk[take-(len(f.scratch)-n):]
+			return num, typ, f.scratch[:n], nil
+		}
+		f.b = chunk[take:]
+	}
+}
+
+// fill makes b the rest of a buffer with something left; false at the end.
+func (f *fieldReader) fill() bool {
+	for len(f.b) == 0 {
+		if f.i == len(f.bufs) {
+			return false
+		}
+		f.b = f.bufs[f.i].ReadOnlyData()
+		f.i++
+	}
+	return true
+}
+
+// consumeField parses the field b starts with and returns its size, tag
+// included, or a negative protowire error code.
+func consumeField(b []byte) (protowire.Number, protowire.Type, int) {
+	num, typ, n := protowire.ConsumeTag(b)
+	if n < 0 {
+		return 0, 0, n
+	}
+	m := protowire.ConsumeFieldValue(num, typ, b[n:])
+	if m < 0 {
+		return 0, 0, m
+	}
+	return num, typ, n + m
 }
 
 // fieldResourceNames is DiscoveryRequest's resource_names.

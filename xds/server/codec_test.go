@@ -2,12 +2,15 @@ package server
 
 import (
 	"fmt"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -217,9 +220,59 @@ func TestSotWRequestKeepsNamesEncoded(t *testing.T) {
 		t.Error("a list in another order has the same digest")
 	}
 	bad := decode(&discoveryv3.DiscoveryRequest{TypeUrl: xdstype.Endpoint.URL()})
-	bad.raw = protowire.AppendString(protowire.AppendTag(nil, fieldResourceNames, protowire.BytesType), "\xff")
+	bad.raw = mem.BufferSlice{mem.SliceBuffer(protowire.AppendString(protowire.AppendTag(nil, fieldResourceNames, protowire.BytesType), "\xff"))}
 	bad.names = 1
 	if _, err := bad.resourceNames(); err == nil {
 		t.Error("a name that is not UTF-8 was taken")
+	}
+}
+
+// TestSotWRequestAcrossBuffers decodes a request split into buffers at
+// every byte, as gRPC hands over a message spanning HTTP/2 frames: the
+// fields, the names and their digest must be those of the whole encoding,
+// and a truncated request must be refused, not misread.
+func TestSotWRequestAcrossBuffers(t *testing.T) {
+	req := &discoveryv3.DiscoveryRequest{
+		VersionInfo: "v1", Node: &corev3.Node{Id: "envoy-1", Cluster: strings.Repeat("c", 300)},
+		TypeUrl: xdstype.Endpoint.URL(), ResponseNonce: "7",
+		ResourceNames: []string{"default/a:80", strings.Repeat("n", 200), "default/b:80"},
+	}
+	b, err := proto.Marshal(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var whole sotwRequest
+	if err := whole.unmarshal(mem.BufferSlice{mem.SliceBuffer(b)}); err != nil {
+		t.Fatal(err)
+	}
+	split := func(b []byte, cuts ...int) mem.BufferSlice {
+		var out mem.BufferSlice
+		prev := 0
+		for _, c := range cuts {
+			out = append(out, mem.SliceBuffer(b[prev:c]))
+			prev = c
+		}
+		return append(out, mem.SliceBuffer(b[prev:]))
+	}
+	for i := 1; i < len(b); i++ {
+		for _, data := range []mem.BufferSlice{split(b, i), split(b, i/2, i), split(b, i, min(i+1, len(b)), min(i+3, len(b)))} {
+			var got sotwRequest
+			if err := got.unmarshal(data); err != nil {
+				t.Fatalf("split at %d: %v", i, err)
+			}
+			names, err := got.resourceNames()
+			if err != nil {
+				t.Fatalf("split at %d: %v", i, err)
+			}
+			if got.digest != whole.digest || got.names != 3 || !slices.Equal(names, req.ResourceNames) ||
+				!proto.Equal(got.DiscoveryRequest, whole.DiscoveryRequest) {
+				t.Fatalf("split at %d: decoded %v names %q digest %x, want %v %q %x",
+					i, got.DiscoveryRequest, names, got.digest, whole.DiscoveryRequest, req.ResourceNames, whole.digest)
+			}
+		}
+		var cut sotwRequest
+		if err := cut.unmarshal(split(b[:i], i/2)); err == nil && cut.names == 3 && proto.Equal(cut.DiscoveryRequest, whole.DiscoveryRequest) {
+			t.Fatalf("a request cut at %d was read as the whole one", i)
+		}
 	}
 }

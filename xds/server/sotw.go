@@ -84,6 +84,7 @@ func (r sotwReader) Recv() (*sotwRequest, error) {
 // the subscription it states, and responds when the subscription changed or
 // the proxy waits for a first response.
 func (st *sotw) handle(req *sotwRequest) error {
+	defer req.free()
 	t, err := st.requestedType(req.GetTypeUrl(), req.names)
 	if err != nil {
 		return err
