@@ -1,6 +1,7 @@
 package server
 
 import (
+	"errors"
 	"fmt"
 	"hash/maphash"
 	"io"
@@ -181,7 +182,7 @@ func (r *sotwRequest) unmarshal(data mem.BufferSlice) error {
 	r.names = 0
 	for f := (fieldReader{bufs: data}); ; {
 		num, typ, field, err := f.next()
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			break
 		}
 		if err != nil {
@@ -224,7 +225,7 @@ func (r *sotwRequest) resourceNames() ([]string, error) {
 	out := make([]string, 0, r.names)
 	for f := (fieldReader{bufs: r.raw}); ; {
 		num, typ, field, err := f.next()
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			return out, nil
 		}
 		if err != nil {
