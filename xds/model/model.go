@@ -58,6 +58,25 @@ type Service struct {
 	// Endpoints are merged across every EndpointSlice of the Service, in a
 	// deterministic order (address, then the slice's ports).
 	Endpoints []Endpoint
+	// TrafficDistribution is the Service's spec.trafficDistribution
+	// (PreferClose, PreferSameZone, PreferSameNode), "" when unset: a
+	// Service that sets it is routed by its EndpointSlices' hints, as
+	// kube-proxy routes it, and never by a scope's zone priorities.
+	TrafficDistribution string
+}
+
+// Topology reports whether the Service asks Kubernetes to keep its traffic
+// close: it sets a traffic distribution, or an endpoint carries hints.
+func (s *Service) Topology() bool {
+	if s.TrafficDistribution != "" {
+		return true
+	}
+	for i := range s.Endpoints {
+		if len(s.Endpoints[i].ForZones) > 0 || len(s.Endpoints[i].ForNodes) > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // PortProtocol is the L4 protocol of a port.
@@ -115,6 +134,10 @@ type Endpoint struct {
 	Terminating bool
 	Zone        string
 	Node        string
+	// ForZones and ForNodes are the endpoint's EndpointSlice hints, sorted:
+	// the zones, and the Nodes, whose clients should use it.
+	ForZones []string
+	ForNodes []string
 }
 
 // ScopeMetadataKey is the xDS node metadata key by which a proxy names the
@@ -131,6 +154,55 @@ type Location struct {
 	Node string
 	// Source says how Zone is known.
 	Source LocationSource
+}
+
+// Place is where a view of a scope's endpoints is taken from: one Node
+// (Zone empty) or one zone (Node empty). A proxy sees, of each assignment,
+// the view of its Node if there is one, else that of its zone, else the
+// scope's own (see Location.Places).
+type Place struct {
+	Zone string
+	Node string
+}
+
+// Compare orders places: Nodes first, by name, then zones.
+func (p Place) Compare(o Place) int {
+	switch {
+	case p.Node != o.Node && (p.Node == "" || o.Node == ""):
+		if p.Node != "" {
+			return -1
+		}
+		return 1
+	case p.Node < o.Node:
+		return -1
+	case p.Node > o.Node:
+		return 1
+	case p.Zone < o.Zone:
+		return -1
+	case p.Zone > o.Zone:
+		return 1
+	}
+	return 0
+}
+
+// String names the place for goldens and errors: "node/<name>" or "zone/<name>".
+func (p Place) String() string {
+	if p.Node != "" {
+		return "node/" + p.Node
+	}
+	return "zone/" + p.Zone
+}
+
+// Places returns where the proxy's views come from, the most specific
+// first: its Node's, then its zone's. Either is the zero Place when unknown.
+func (l Location) Places() (node, zone Place) {
+	if l.Node != "" {
+		node = Place{Node: l.Node}
+	}
+	if l.Zone != "" {
+		zone = Place{Zone: l.Zone}
+	}
+	return node, zone
 }
 
 // LocationSource says how a proxy's zone is known, from the most trusted.
@@ -198,6 +270,10 @@ type Scope struct {
 	// TransitionWindow is how long proxies of the previous protocol are
 	// still served after Protocol changes.
 	TransitionWindow time.Duration
+	// ZonePriority orders, for each proxy, the endpoints of its own zone
+	// first (priority 0, the rest at 1), in Services that ask Kubernetes
+	// for no topology (Service.Topology).
+	ZonePriority bool
 	// Transition is the change of protocol in progress (nil when there is
 	// none): set by the catalog when it sees Protocol change, or for a
 	// scope the catalog has not seen, carried from the ProxyScope's status,
