@@ -94,7 +94,32 @@ type ProxyScopeSpec struct {
 	// +listType=atomic
 	// +optional
 	Proxies []ServiceAccountName `json:"proxies,omitempty"`
+
+	// localityPriority orders each proxy's endpoints by where the proxy runs,
+	// for the selected Services that ask Kubernetes for no topology (no
+	// spec.trafficDistribution, no EndpointSlice hints). SameZone sends a
+	// proxy the endpoints of its own zone at priority 0 and the others at
+	// priority 1, so that its traffic leaves the zone only when the zone's
+	// endpoints fail; a proxy's zone is its Node's topology.kubernetes.io/zone
+	// label (from its authenticated token), else its bootstrap's
+	// node.locality.zone. None, the default, sends every proxy the same
+	// endpoints. Services that do ask are always routed as kube-proxy routes
+	// them: a proxy gets the endpoints hinted for its Node or zone, or all of
+	// them when none is hinted and ready there.
+	// +kubebuilder:validation:Enum=None;SameZone
+	// +optional
+	LocalityPriority LocalityPriority `json:"localityPriority,omitempty"`
 }
+
+// LocalityPriority is how a scope orders endpoints by locality.
+type LocalityPriority string
+
+const (
+	// LocalityPriorityNone sends every proxy the same endpoints.
+	LocalityPriorityNone LocalityPriority = "None"
+	// LocalityPrioritySameZone puts the endpoints of the proxy's zone first.
+	LocalityPrioritySameZone LocalityPriority = "SameZone"
+)
 
 // ServiceAccountName is the name of a ServiceAccount in the scope's
 // namespace, a DNS-1123 subdomain.

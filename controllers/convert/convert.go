@@ -40,6 +40,9 @@ func Service(svc *corev1.Service, endpointSlices []*discoveryv1.EndpointSlice) *
 		UID:    text(string(svc.UID)),
 		Labels: svc.Labels,
 	}
+	if td := svc.Spec.TrafficDistribution; td != nil {
+		out.TrafficDistribution = text(*td)
+	}
 	if svc.Spec.Type == corev1.ServiceTypeExternalName {
 		out.ExternalName = text(svc.Spec.ExternalName)
 	}
@@ -111,12 +114,27 @@ func Service(svc *corev1.Service, endpointSlices []*discoveryv1.EndpointSlice) *
 				if e.NodeName != nil {
 					ep.Node = text(*e.NodeName)
 				}
+				if h := e.Hints; h != nil {
+					ep.ForZones = hinted(h.ForZones, func(z discoveryv1.ForZone) string { return z.Name })
+					ep.ForNodes = hinted(h.ForNodes, func(n discoveryv1.ForNode) string { return n.Name })
+				}
 				out.Endpoints = append(out.Endpoints, ep)
 			}
 		}
 	}
 	out.Endpoints = dedupe(out.Endpoints)
 	return out
+}
+
+// hinted returns the names of an endpoint's zone or Node hints, sorted and
+// deduplicated (nil for none), so that equal hints compare equal.
+func hinted[H any](hs []H, name func(H) string) []string {
+	var out []string
+	for _, h := range hs {
+		out = append(out, text(name(h)))
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
 }
 
 // text returns s as valid UTF-8: each run of bytes that is not becomes
@@ -191,10 +209,11 @@ const DefaultTransition = 600 * time.Second
 // the error names the selection.
 func Scope(ps *xdsv1alpha1.ProxyScope) (*model.Scope, error) {
 	out := &model.Scope{
-		Key:        model.Key{Namespace: ps.Namespace, Name: ps.Name},
-		Generation: ps.Generation,
-		Protocol:   Protocol(ps.Spec.Protocol),
-		Listener:   model.Listener{Mode: model.ListenerMode(ps.Spec.Listener.Mode), VHDS: ps.Spec.Listener.VirtualHosts == xdsv1alpha1.VirtualHostsVHDS},
+		Key:          model.Key{Namespace: ps.Namespace, Name: ps.Name},
+		Generation:   ps.Generation,
+		Protocol:     Protocol(ps.Spec.Protocol),
+		Listener:     model.Listener{Mode: model.ListenerMode(ps.Spec.Listener.Mode), VHDS: ps.Spec.Listener.VirtualHosts == xdsv1alpha1.VirtualHostsVHDS},
+		ZonePriority: ps.Spec.LocalityPriority == xdsv1alpha1.LocalityPrioritySameZone,
 	}
 	for _, sa := range ps.Spec.Proxies {
 		out.Proxies = append(out.Proxies, string(sa))

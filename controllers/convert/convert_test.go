@@ -91,7 +91,8 @@ func TestScope(t *testing.T) {
 				{Namespace: "team-a", Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"tier": "web"}}},
 				{NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"shared": "true"}}},
 			},
-			Listener: xdsv1alpha1.ListenerSpec{Mode: xdsv1alpha1.ListenerModeEnvoy, Port: ptr.To[int32](10080), VirtualHosts: xdsv1alpha1.VirtualHostsVHDS},
+			Listener:         xdsv1alpha1.ListenerSpec{Mode: xdsv1alpha1.ListenerModeEnvoy, Port: ptr.To[int32](10080), VirtualHosts: xdsv1alpha1.VirtualHostsVHDS},
+			LocalityPriority: xdsv1alpha1.LocalityPrioritySameZone,
 		},
 	}
 	sc, err := Scope(ps)
@@ -99,7 +100,7 @@ func TestScope(t *testing.T) {
 		t.Fatal(err)
 	}
 	if sc.Key != (model.Key{Namespace: "shop", Name: "gw"}) || sc.Generation != 3 || sc.Protocol != model.Delta ||
-		sc.Listener != (model.Listener{Mode: model.ListenerEnvoy, Port: 10080, VHDS: true}) || len(sc.Selections) != 3 {
+		sc.Listener != (model.Listener{Mode: model.ListenerEnvoy, Port: 10080, VHDS: true}) || len(sc.Selections) != 3 || !sc.ZonePriority {
 		t.Fatalf("scope converted to %+v", sc)
 	}
 	cart := &model.Service{Key: model.Key{Namespace: "shop", Name: "cart"}}
@@ -193,6 +194,42 @@ func TestServiceRepairsInvalidUTF8(t *testing.T) {
 	ext := Service(&corev1.Service{Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeExternalName, ExternalName: "pay\xff.example.com"}}, nil)
 	if ext.ExternalName != "pay\uFFFD.example.com" {
 		t.Errorf("ExternalName converted to %q", ext.ExternalName)
+	}
+}
+
+// TestServiceTopology checks that the Service's trafficDistribution and its
+// endpoints' hints reach the model, hints sorted and deduplicated, and that
+// Topology says which Services Kubernetes routes by them.
+func TestServiceTopology(t *testing.T) {
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "cart"},
+		Spec:       corev1.ServiceSpec{TrafficDistribution: ptr.To(corev1.ServiceTrafficDistributionPreferSameNode)},
+	}
+	slices := []*discoveryv1.EndpointSlice{{
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Endpoints: []discoveryv1.Endpoint{
+			{Addresses: []string{"10.0.0.1"}, Zone: ptr.To("b"), NodeName: ptr.To("n1"), Hints: &discoveryv1.EndpointHints{
+				ForZones: []discoveryv1.ForZone{{Name: "b"}, {Name: "a"}, {Name: "b"}},
+				ForNodes: []discoveryv1.ForNode{{Name: "n1"}},
+			}},
+			{Addresses: []string{"10.0.0.2"}, Zone: ptr.To("a")},
+		},
+	}}
+	got := Service(svc, slices)
+	if got.TrafficDistribution != "PreferSameNode" || !got.Topology() {
+		t.Errorf("trafficDistribution %q, Topology %v", got.TrafficDistribution, got.Topology())
+	}
+	e1, e2 := got.Endpoints[0], got.Endpoints[1]
+	if !reflect.DeepEqual(e1.ForZones, []string{"a", "b"}) || !reflect.DeepEqual(e1.ForNodes, []string{"n1"}) || e2.ForZones != nil || e2.ForNodes != nil {
+		t.Errorf("hints converted to %v %v, %v %v", e1.ForZones, e1.ForNodes, e2.ForZones, e2.ForNodes)
+	}
+	svc.Spec.TrafficDistribution = nil
+	if !Service(svc, slices).Topology() {
+		t.Error("a Service with hints and no trafficDistribution: Topology false")
+	}
+	slices[0].Endpoints[0].Hints = nil
+	if Service(svc, slices).Topology() {
+		t.Error("a Service without hints or trafficDistribution: Topology true")
 	}
 }
 

@@ -117,7 +117,7 @@ func (o *options) explain(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	frag := translate.Service(msvc, scope.Listener.Mode)
+	frag := translate.Service(msvc, translate.ProfileOf(scope))
 	px := proxyStateOf(proxy)
 	n, asked := 0, 0
 	frag.Each(func(t xdstype.Type, m proto.Message) {

@@ -14,29 +14,39 @@ import (
 )
 
 // Endpoints returns the ClusterLoadAssignments of a Service, one per EDS
-// cluster, sorted by cluster name. It is the part of Service that an
-// endpoint-only change invalidates, exported so such a change can redo only
-// these; the mode names them (see clusterName). ExternalName Services have
-// none.
+// cluster, sorted by cluster name: what a proxy sees that no Place of the
+// Service's fragment covers. ExternalName Services have none.
 func Endpoints(svc *model.Service, mode model.ListenerMode) []*endpointv3.ClusterLoadAssignment {
-	out := endpointsFor(svc, tcpPorts(svc), mode)
+	out, _ := endpointsFor(svc, tcpPorts(svc), Profile{Mode: mode})
 	sortByName(out, (*endpointv3.ClusterLoadAssignment).GetClusterName)
 	return out
 }
 
-// endpointsFor builds the assignments of the given (already filtered) ports.
-func endpointsFor(svc *model.Service, ports []model.ServicePort, mode model.ListenerMode) []*endpointv3.ClusterLoadAssignment {
+// endpointsFor builds the assignments of the given (already filtered)
+// ports, and what proxies at particular places see of them instead (see
+// views).
+func endpointsFor(svc *model.Service, ports []model.ServicePort, p Profile) ([]*endpointv3.ClusterLoadAssignment, []PlaceEndpoints) {
 	if svc.ExternalName != "" {
-		return nil
+		return nil, nil
 	}
 	out := make([]*endpointv3.ClusterLoadAssignment, 0, len(ports))
-	var scratch []candidate
+	var (
+		scratch []candidate
+		placed  []placedAssignment
+	)
+	topology := svc.Topology()
 	for i := range ports {
-		var cla *endpointv3.ClusterLoadAssignment
-		cla, scratch = loadAssignment(svc, &ports[i], clusterName(svc, ports[i].Port, mode), scratch[:0])
-		out = append(out, cla)
+		name := clusterName(svc, ports[i].Port, p.Mode)
+		scratch = candidates(svc, &ports[i], scratch[:0])
+		out = append(out, assignment(name, scratch, nil, nil))
+		switch {
+		case topology:
+			placed = append(placed, hintViews(name, scratch)...)
+		case p.ZonePriority:
+			placed = append(placed, zonePriorityViews(name, scratch)...)
+		}
 	}
-	return out
+	return out, groupByPlace(placed)
 }
 
 // candidate is an endpoint address that serves one Service port, before
@@ -46,12 +56,12 @@ type candidate struct {
 	raw    string
 	port   uint32
 	health corev3.HealthStatus
-	zone   string
+	ep     *model.Endpoint
 }
 
-// loadAssignment builds the ClusterLoadAssignment of one Service port. A
-// Service without endpoints still gets one, with no endpoints, so a proxy
-// never waits for a name that would never come.
+// candidates returns the endpoints that serve one Service port, appended to
+// scratch, in the order an assignment lists them: by zone, then address,
+// then port.
 //
 // Ready endpoints are HEALTHY. Serving endpoints that are not ready — the
 // EndpointSlice API's serving-but-terminating — are DRAINING, so Envoy
@@ -62,17 +72,9 @@ type candidate struct {
 // assignment.
 //
 // An address and port listed twice (a pod in two EndpointSlices during a
-// slice migration) is sent once, with its best health: grpc-go rejects
+// slice migration) is kept once, with its best health: grpc-go rejects
 // duplicates and Envoy would double its share.
-//
-// Endpoints are grouped by zone into one locality each, sorted by zone, and
-// within it by address then port. Every locality has a Locality message, even
-// for the empty zone, because grpc-go rejects a locality without one; its
-// weight is its number of HEALTHY endpoints (at least 1, since grpc-go drops
-// a zero-weight locality and Envoy forbids it), so that a zone full of
-// draining pods does not draw traffic onto its few ready ones. name is the
-// cluster's name, which the assignment carries.
-func loadAssignment(svc *model.Service, port *model.ServicePort, name string, scratch []candidate) (*endpointv3.ClusterLoadAssignment, []candidate) {
+func candidates(svc *model.Service, port *model.ServicePort, scratch []candidate) []candidate {
 	cands := scratch
 	for i := range svc.Endpoints {
 		ep := &svc.Endpoints[i]
@@ -93,7 +95,7 @@ func loadAssignment(svc *model.Service, port *model.ServicePort, name string, sc
 		if err != nil || addr.Zone() != "" {
 			continue
 		}
-		cands = append(cands, candidate{addr: addr, raw: ep.Address, port: uint32(n), health: health, zone: ep.Zone})
+		cands = append(cands, candidate{addr: addr, raw: ep.Address, port: uint32(n), health: health, ep: ep})
 	}
 
 	// Order by endpoint, best health first, so compaction keeps the best
@@ -103,36 +105,61 @@ func loadAssignment(svc *model.Service, port *model.ServicePort, name string, sc
 			a.addr.Compare(b.addr),
 			cmp.Compare(a.port, b.port),
 			healthRank(a.health)-healthRank(b.health),
-			strings.Compare(a.zone, b.zone),
+			strings.Compare(a.ep.Zone, b.ep.Zone),
 			strings.Compare(a.raw, b.raw),
 		)
 	})
 	cands = slices.CompactFunc(cands, func(a, b candidate) bool { return a.addr == b.addr && a.port == b.port })
-	slices.SortStableFunc(cands, func(a, b candidate) int { return strings.Compare(a.zone, b.zone) })
+	slices.SortStableFunc(cands, func(a, b candidate) int { return strings.Compare(a.ep.Zone, b.ep.Zone) })
+	return cands
+}
 
+// assignment builds the ClusterLoadAssignment named name of the candidates
+// that keep accepts (nil: all of them), each zone at the priority prio gives
+// it (nil: 0). A Service without endpoints still gets one, with no
+// endpoints, so a proxy never waits for a name that would never come.
+//
+// Endpoints are grouped by zone into one locality each, sorted by zone, and
+// within it by address then port. Every locality has a Locality message, even
+// for the empty zone, because grpc-go rejects a locality without one; its
+// weight is its number of HEALTHY endpoints (at least 1, since grpc-go drops
+// a zero-weight locality and Envoy forbids it), so that a zone full of
+// draining pods does not draw traffic onto its few ready ones.
+func assignment(name string, cands []candidate, keep func(*candidate) bool, prio func(zone string) uint32) *endpointv3.ClusterLoadAssignment {
 	cla := &endpointv3.ClusterLoadAssignment{ClusterName: name}
 	for start := 0; start < len(cands); {
 		end := start + 1
-		for end < len(cands) && cands[end].zone == cands[start].zone {
+		zone := cands[start].ep.Zone
+		for end < len(cands) && cands[end].ep.Zone == zone {
 			end++
 		}
 		group := cands[start:end]
-		lbs := make([]*endpointv3.LbEndpoint, len(group))
+		start = end
+		lbs := make([]*endpointv3.LbEndpoint, 0, len(group))
 		var healthy uint32
 		for i := range group {
-			lbs[i] = lbEndpoint(group[i].raw, group[i].port, group[i].health)
+			if keep != nil && !keep(&group[i]) {
+				continue
+			}
+			lbs = append(lbs, lbEndpoint(group[i].raw, group[i].port, group[i].health))
 			if group[i].health == corev3.HealthStatus_HEALTHY {
 				healthy++
 			}
 		}
-		cla.Endpoints = append(cla.Endpoints, &endpointv3.LocalityLbEndpoints{
-			Locality:            &corev3.Locality{Zone: group[0].zone},
+		if len(lbs) == 0 {
+			continue
+		}
+		l := &endpointv3.LocalityLbEndpoints{
+			Locality:            &corev3.Locality{Zone: zone},
 			LbEndpoints:         lbs,
 			LoadBalancingWeight: wrapperspb.UInt32(max(healthy, 1)),
-		})
-		start = end
+		}
+		if prio != nil {
+			l.Priority = prio(zone)
+		}
+		cla.Endpoints = append(cla.Endpoints, l)
 	}
-	return cla, cands
+	return cla
 }
 
 // healthRank orders health statuses best first.

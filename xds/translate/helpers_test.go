@@ -42,6 +42,8 @@ type testScope struct {
 	Protocol  model.Protocol     `json:"protocol,omitempty"`
 	// VirtualHosts is spec.listener.virtualHosts: Inline or VHDS.
 	VirtualHosts string `json:"virtualHosts,omitempty"`
+	// LocalityPriority is spec.localityPriority: None or SameZone.
+	LocalityPriority string `json:"localityPriority,omitempty"`
 }
 
 type testService struct {
@@ -50,6 +52,8 @@ type testService struct {
 	ExternalName string         `json:"externalName,omitempty"`
 	Ports        []testPort     `json:"ports,omitempty"`
 	Endpoints    []testEndpoint `json:"endpoints,omitempty"`
+	// TrafficDistribution is spec.trafficDistribution.
+	TrafficDistribution string `json:"trafficDistribution,omitempty"`
 }
 
 type testPort struct {
@@ -71,6 +75,9 @@ type testEndpoint struct {
 	Terminating bool               `json:"terminating,omitempty"`
 	Zone        string             `json:"zone,omitempty"`
 	Node        string             `json:"node,omitempty"`
+	// ForZones and ForNodes are the endpoint's hints.
+	ForZones []string `json:"forZones,omitempty"`
+	ForNodes []string `json:"forNodes,omitempty"`
 }
 
 type testEndpointPort struct {
@@ -87,15 +94,17 @@ func parseInput(data []byte) (*model.Scope, []*model.Service, error) {
 		return nil, nil, err
 	}
 	scope := &model.Scope{
-		Key:      model.Key{Namespace: in.Scope.Namespace, Name: in.Scope.Name},
-		Protocol: cmp.Or(in.Scope.Protocol, model.SotW),
-		Listener: model.Listener{Mode: in.Scope.Mode, Port: in.Scope.Port, VHDS: in.Scope.VirtualHosts == "VHDS"},
+		Key:          model.Key{Namespace: in.Scope.Namespace, Name: in.Scope.Name},
+		Protocol:     cmp.Or(in.Scope.Protocol, model.SotW),
+		Listener:     model.Listener{Mode: in.Scope.Mode, Port: in.Scope.Port, VHDS: in.Scope.VirtualHosts == "VHDS"},
+		ZonePriority: in.Scope.LocalityPriority == "SameZone",
 	}
 	services := make([]*model.Service, 0, len(in.Services))
 	for _, s := range in.Services {
 		svc := &model.Service{
-			Key:          model.Key{Namespace: s.Namespace, Name: s.Name},
-			ExternalName: s.ExternalName,
+			Key:                 model.Key{Namespace: s.Namespace, Name: s.Name},
+			ExternalName:        s.ExternalName,
+			TrafficDistribution: s.TrafficDistribution,
 		}
 		for _, p := range s.Ports {
 			svc.Ports = append(svc.Ports, model.ServicePort(p))
@@ -108,6 +117,8 @@ func parseInput(data []byte) (*model.Scope, []*model.Service, error) {
 				Terminating: e.Terminating,
 				Zone:        e.Zone,
 				Node:        e.Node,
+				ForZones:    e.ForZones,
+				ForNodes:    e.ForNodes,
 			}
 			ep.Serving = ep.Ready
 			if e.Serving != nil {
@@ -128,7 +139,8 @@ func parseInput(data []byte) (*model.Scope, []*model.Service, error) {
 
 // render writes resources as YAML: protojson (Any payloads resolved from the
 // global registry) converted by sigs.k8s.io/yaml, which sorts keys, so the
-// output is stable and readable in review.
+// output is stable and readable in review. Each place's assignments are a
+// section "endpoints@<place>", after the others.
 func render(res Resources) ([]byte, error) {
 	var buf bytes.Buffer
 	buf.WriteString("{")
@@ -141,6 +153,12 @@ func render(res Resources) ([]byte, error) {
 		{"listeners", asMessages(res.Listeners)},
 		{"routes", asMessages(res.Routes)},
 		{"virtualHosts", asMessages(res.VirtualHosts)},
+	}
+	for _, p := range res.Places {
+		sections = append(sections, struct {
+			key  string
+			msgs []proto.Message
+		}{"endpoints@" + p.Place.String(), asMessages(p.Endpoints)})
 	}
 	opts := protojson.MarshalOptions{Multiline: true}
 	for i, s := range sections {
@@ -177,7 +195,11 @@ func asMessages[T proto.Message](s []T) []proto.Message {
 func wire(res Resources) ([]byte, error) {
 	var buf bytes.Buffer
 	opts := proto.MarshalOptions{Deterministic: true}
-	for _, msgs := range [][]proto.Message{asMessages(res.Clusters), asMessages(res.Endpoints), asMessages(res.Listeners), asMessages(res.Routes), asMessages(res.VirtualHosts)} {
+	all := [][]proto.Message{asMessages(res.Clusters), asMessages(res.Endpoints), asMessages(res.Listeners), asMessages(res.Routes), asMessages(res.VirtualHosts)}
+	for _, p := range res.Places {
+		all = append(all, asMessages(p.Endpoints))
+	}
+	for _, msgs := range all {
 		buf.WriteString("--\n")
 		for _, m := range msgs {
 			b, err := opts.Marshal(m)
@@ -216,6 +238,11 @@ func validateAll(res Resources) error {
 	}
 	for _, e := range res.Endpoints {
 		check("endpoints "+e.GetClusterName(), e)
+	}
+	for _, p := range res.Places {
+		for _, e := range p.Endpoints {
+			check("endpoints "+e.GetClusterName()+" at "+p.Place.String(), e)
+		}
 	}
 	for _, l := range res.Listeners {
 		check("listener "+l.GetName(), l)
@@ -300,6 +327,23 @@ func checkInvariants(scope *model.Scope, res Resources) error {
 		}
 		if err := checkAssignment(e); err != nil {
 			fail("endpoints %s: %v", e.GetClusterName(), err)
+		}
+	}
+	for i, p := range res.Places {
+		if i > 0 && res.Places[i-1].Place.Compare(p.Place) >= 0 {
+			fail("places: %v then %v: not sorted and unique", res.Places[i-1].Place, p.Place)
+		}
+		if (p.Place.Zone == "") == (p.Place.Node == "") {
+			fail("place %+v: want a zone or a Node", p.Place)
+		}
+		sortedUnique("endpoints at "+p.Place.String(), names(len(p.Endpoints), func(i int) string { return p.Endpoints[i].GetClusterName() }))
+		for _, e := range p.Endpoints {
+			if !clas[e.GetClusterName()] {
+				fail("endpoints %s at %v: no scope-wide assignment of that name", e.GetClusterName(), p.Place)
+			}
+			if err := checkAssignment(e); err != nil {
+				fail("endpoints %s at %v: %v", e.GetClusterName(), p.Place, err)
+			}
 		}
 	}
 	for _, c := range res.Clusters {
@@ -430,6 +474,9 @@ func checkAssignment(cla *endpointv3.ClusterLoadAssignment) error {
 	}
 	seen := map[hostPort]bool{}
 	var lastZone *string
+	// Zone priorities are 0 for one zone, 1 for the rest: grpc-go rejects
+	// a gap, so a 1 needs a 0.
+	priorities := map[uint32]bool{}
 	for _, loc := range cla.GetEndpoints() {
 		if loc.GetLocality() == nil {
 			return errors.New("locality without Locality")
@@ -439,9 +486,10 @@ func checkAssignment(cla *endpointv3.ClusterLoadAssignment) error {
 			return fmt.Errorf("zones not sorted and unique: %q then %q", *lastZone, zone)
 		}
 		lastZone = &zone
-		if loc.GetPriority() != 0 {
-			return errors.New("priority set")
+		if p := loc.GetPriority(); p > 1 {
+			return fmt.Errorf("zone %q: priority %d", zone, p)
 		}
+		priorities[loc.GetPriority()] = true
 		if len(loc.GetLbEndpoints()) == 0 {
 			return fmt.Errorf("zone %q: empty locality", zone)
 		}
@@ -479,6 +527,9 @@ func checkAssignment(cla *endpointv3.ClusterLoadAssignment) error {
 		if w := loc.GetLoadBalancingWeight().GetValue(); w != max(healthy, 1) {
 			return fmt.Errorf("zone %q: locality weight %d, want %d", zone, w, max(healthy, 1))
 		}
+	}
+	if priorities[1] && !priorities[0] {
+		return errors.New("priority 1 without priority 0")
 	}
 	return nil
 }

@@ -16,7 +16,7 @@ func TestServiceOfInvertsTheNames(t *testing.T) {
 		Ports: []model.ServicePort{{Name: "grpc", Port: 50051, Protocol: model.ProtocolTCP, TargetPort: 50051}},
 	}
 	for _, mode := range []model.ListenerMode{model.ListenerEnvoy, model.ListenerProxylessGRPC} {
-		f := Service(svc, mode)
+		f := Service(svc, Profile{Mode: mode})
 		n := 0
 		f.Each(func(ty xdstype.Type, m proto.Message) {
 			name := ty.Info().NameOf(m)
@@ -52,7 +52,7 @@ func TestGRPCRouteNameCarriesTheIncarnation(t *testing.T) {
 	}
 	bytesOf := func(s *model.Service) map[string]string {
 		out := map[string]string{}
-		f := Service(s, model.ListenerProxylessGRPC)
+		f := Service(s, Profile{Mode: model.ListenerProxylessGRPC})
 		f.Each(func(ty xdstype.Type, m proto.Message) {
 			b, err := proto.MarshalOptions{Deterministic: true}.Marshal(m)
 			if err != nil {
@@ -82,7 +82,7 @@ func TestGRPCRouteNameCarriesTheIncarnation(t *testing.T) {
 			t.Errorf("no %s: %v", k, keys(next))
 		}
 	}
-	envoy := Service(svc("uid-1"), model.ListenerEnvoy)
+	envoy := Service(svc("uid-1"), Profile{Mode: model.ListenerEnvoy})
 	if n := envoy.Clusters[0].GetName(); n != "shop/cart:50051" {
 		t.Errorf("an Envoy-mode cluster is named %q; Envoy needs no incarnation in it", n)
 	}

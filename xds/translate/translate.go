@@ -68,6 +68,12 @@ type Resources struct {
 	// proxies fetch by VHDS (see VHDS) and SotW proxies find inline in the
 	// route configuration.
 	VirtualHosts []*routev3.VirtualHost
+	// Places holds, sorted by place, the assignments that proxies at a
+	// place see instead of those of the same names in Endpoints: the
+	// endpoints Kubernetes routes to from there (EndpointSlice hints), or
+	// the scope's zone priorities. Each must name an assignment of
+	// Endpoints; Each does not visit them.
+	Places []PlaceEndpoints
 }
 
 // Each calls fn for every resource, type by type in ADS order. It is the
@@ -97,14 +103,15 @@ func (r *Resources) Each(fn func(t xdstype.Type, m proto.Message)) {
 // translated: HTTP and gRPC routing, the only thing a scope's listener does,
 // cannot carry UDP or SCTP, and a port Envoy cannot address would get the
 // whole response rejected.
-func Service(svc *model.Service, mode model.ListenerMode) Fragment {
+func Service(svc *model.Service, p Profile) Fragment {
+	mode := p.Mode
 	ports := tcpPorts(svc)
 	out := Fragment{Service: svc.Key}
 	out.Clusters = make([]*clusterv3.Cluster, 0, len(ports))
 	for i := range ports {
 		out.Clusters = append(out.Clusters, cluster(svc, &ports[i], mode))
 	}
-	out.Endpoints = endpointsFor(svc, ports, mode)
+	out.Endpoints, out.Places = endpointsFor(svc, ports, p)
 	switch mode {
 	case model.ListenerProxylessGRPC:
 		out.Listeners = make([]*listenerv3.Listener, 0, 2*len(ports))
@@ -126,7 +133,7 @@ func Service(svc *model.Service, mode model.ListenerMode) Fragment {
 
 // AssembleScope merges the fragments of the Services a scope selects (the
 // caller has already filtered them, and they must be of distinct Services
-// translated in scope.Listener.Mode) into the scope's complete resource set.
+// translated in the scope's profile, ProfileOf) into the scope's complete resource set.
 //
 // In Envoy mode it adds one HTTP listener on scope.Listener.Port whose
 // connection manager fetches, over ADS, one route configuration, and every
@@ -152,6 +159,7 @@ func AssembleScope(scope *model.Scope, fragments []*Fragment) Resources {
 		out.Clusters = append(out.Clusters, f.Clusters...)
 		out.Endpoints = append(out.Endpoints, f.Endpoints...)
 	}
+	out.Places = mergePlaces(fragments)
 	switch scope.Listener.Mode {
 	case model.ListenerProxylessGRPC:
 		out.Listeners = make([]*listenerv3.Listener, 0, nListeners)
@@ -180,7 +188,7 @@ func AssembleScope(scope *model.Scope, fragments []*Fragment) Resources {
 func Translate(scope *model.Scope, services []*model.Service) Resources {
 	fragments := make([]*Fragment, len(services))
 	for i, svc := range services {
-		f := Service(svc, scope.Listener.Mode)
+		f := Service(svc, ProfileOf(scope))
 		fragments[i] = &f
 	}
 	return AssembleScope(scope, fragments)

@@ -83,7 +83,7 @@ func TestGolden(t *testing.T) {
 				t.Errorf("invariants:\n%v", err)
 			}
 			for _, svc := range services {
-				frag := Service(svc, scope.Listener.Mode)
+				frag := Service(svc, ProfileOf(scope))
 				if got := Endpoints(svc, scope.Listener.Mode); !equalMessages(got, frag.Endpoints) {
 					t.Errorf("%v: Endpoints differs from Service(...).Endpoints", svc.Key)
 				}
@@ -144,7 +144,7 @@ func TestDeterministic(t *testing.T) {
 func TestAssembleDoesNotModifyFragments(t *testing.T) {
 	a := &model.Service{Key: model.Key{Namespace: "a", Name: "web"}, Ports: []model.ServicePort{{Name: "http", Port: 80}}}
 	b := &model.Service{Key: model.Key{Namespace: "b", Name: "web"}, Ports: []model.ServicePort{{Name: "http", Port: 80}}}
-	fa, fb := Service(a, model.ListenerEnvoy), Service(b, model.ListenerEnvoy)
+	fa, fb := Service(a, Profile{Mode: model.ListenerEnvoy}), Service(b, Profile{Mode: model.ListenerEnvoy})
 	snapshot := []proto.Message{proto.Clone(fa.Hosts[0]), proto.Clone(fb.Hosts[0])}
 
 	res := AssembleScope(&model.Scope{Key: model.Key{Namespace: "a", Name: "s"}, Listener: model.Listener{Mode: model.ListenerEnvoy, Port: 8080}}, []*Fragment{&fa, &fb})
@@ -207,7 +207,7 @@ func TestRules(t *testing.T) {
 			ep("fd00::2", true, true, "z1", 8080),
 		},
 	}
-	frag := Service(svc, model.ListenerEnvoy)
+	frag := Service(svc, Profile{Mode: model.ListenerEnvoy})
 	if len(frag.Clusters) != 1 || frag.Clusters[0].GetName() != "ns/web:80" {
 		t.Fatalf("want only the TCP port's cluster ns/web:80, got %v", frag.Clusters)
 	}
@@ -226,7 +226,7 @@ func TestRules(t *testing.T) {
 
 	for _, ap := range []string{"grpc", "h2c", "http2", "kubernetes.io/h2c", "http", ""} {
 		s := &model.Service{Key: model.Key{Namespace: "ns", Name: "g"}, Ports: []model.ServicePort{{Name: "p", Port: 9000, AppProtocol: ap}}}
-		c := Service(s, model.ListenerProxylessGRPC).Clusters[0]
+		c := Service(s, Profile{Mode: model.ListenerProxylessGRPC}).Clusters[0]
 		opts := &upstreamhttpv3.HttpProtocolOptions{}
 		a := c.GetTypedExtensionProtocolOptions()[httpProtocolOptionsKey]
 		h2 := a != nil && a.UnmarshalTo(opts) == nil && opts.GetExplicitHttpConfig().GetHttp2ProtocolOptions() != nil
@@ -245,7 +245,7 @@ func TestRules(t *testing.T) {
 		model.ListenerEnvoy:         clusterv3.Cluster_STRICT_DNS,
 		model.ListenerProxylessGRPC: clusterv3.Cluster_LOGICAL_DNS,
 	} {
-		f := Service(ext, mode)
+		f := Service(ext, Profile{Mode: mode})
 		c := f.Clusters[0]
 		sa := c.GetLoadAssignment().GetEndpoints()[0].GetLbEndpoints()[0].GetEndpoint().GetAddress().GetSocketAddress()
 		if c.GetType() != typ || c.GetDnsLookupFamily() != clusterv3.Cluster_V4_PREFERRED || sa.GetAddress() != "api.example.com" || sa.GetPortValue() != 443 || len(f.Endpoints) != 0 {
@@ -253,7 +253,7 @@ func TestRules(t *testing.T) {
 		}
 	}
 
-	proxyless := Service(svc, model.ListenerProxylessGRPC)
+	proxyless := Service(svc, Profile{Mode: model.ListenerProxylessGRPC})
 	var names []string
 	for _, l := range proxyless.Listeners {
 		names = append(names, l.GetName())
@@ -277,7 +277,7 @@ func TestBareDomains(t *testing.T) {
 		for _, p := range tc.ports {
 			svc.Ports = append(svc.Ports, model.ServicePort{Name: fmt.Sprint(p), Port: p})
 		}
-		for _, vh := range Service(svc, model.ListenerEnvoy).Hosts {
+		for _, vh := range Service(svc, Profile{Mode: model.ListenerEnvoy}).Hosts {
 			wantBare := vh.GetName() == fmt.Sprint("web.ns:", tc.bare)
 			if got := slices.Contains(vh.GetDomains(), "web.ns"); got != wantBare {
 				t.Errorf("ports %v: %s has bare domains = %v, want %v (%v)", tc.ports, vh.GetName(), got, wantBare, vh.GetDomains())
