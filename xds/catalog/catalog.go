@@ -104,7 +104,21 @@ type Update struct {
 	Upserted Set
 	// Removed holds the names that left the scope, by type, sorted.
 	Removed [xdstype.Count][]string
+	// Places holds what changed in the views from particular places (see
+	// translate.PlaceEndpoints); on Reset, every place's complete view.
+	Places map[model.Place]PlaceChanges
 }
+
+// PlaceChanges is what changed in a scope's view from one place: the
+// assignments added or changed, by name, and the names removed, sorted.
+type PlaceChanges struct {
+	Upserted map[string]proto.Message
+	Removed  []string
+}
+
+// Placed is a scope's views from particular places: place → assignment
+// name → assignment, shared and read-only.
+type Placed map[model.Place]map[string]proto.Message
 
 // Catalog is safe for concurrent use: the reconcilers write to it, the
 // snapshot builder takes changes from it.
@@ -133,8 +147,8 @@ type Catalog struct {
 
 type serviceEntry struct {
 	svc *model.Service
-	// frags caches the Service's translation per listener mode in use.
-	frags map[model.ListenerMode]*translate.Fragment
+	// frags caches the Service's translation per profile in use.
+	frags map[translate.Profile]*translate.Fragment
 	// scopes are the scopes that select the Service.
 	scopes map[model.Key]struct{}
 }
@@ -148,6 +162,9 @@ type scopeEntry struct {
 	res     Set
 	// changed holds, per type, the names upserted or removed since the last Take.
 	changed [xdstype.Count]map[string]struct{}
+	// places and placeChanged are res and changed of the place views.
+	places       Placed
+	placeChanged map[model.Place]map[string]struct{}
 	// touched records that a resource changed since the last takeTouched.
 	touched bool
 	// created records that the scope was created since the last Take.
@@ -180,12 +197,12 @@ func (c *Catalog) Changed() <-chan struct{} { return c.dirty.Changed() }
 
 func (c *Catalog) markDirty(k model.Key) { c.dirty.Add(k) }
 
-func (e *serviceEntry) fragment(mode model.ListenerMode) *translate.Fragment {
-	if f, ok := e.frags[mode]; ok {
+func (e *serviceEntry) fragment(p translate.Profile) *translate.Fragment {
+	if f, ok := e.frags[p]; ok {
 		return f
 	}
-	f := translate.Service(e.svc, mode)
-	e.frags[mode] = &f
+	f := translate.Service(e.svc, p)
+	e.frags[p] = &f
 	return &f
 }
 
@@ -196,7 +213,7 @@ func (c *Catalog) UpsertService(svc *model.Service) {
 	defer c.mu.Unlock()
 	e, ok := c.services[svc.Key]
 	if !ok {
-		e = &serviceEntry{svc: svc, frags: map[model.ListenerMode]*translate.Fragment{}, scopes: map[model.Key]struct{}{}}
+		e = &serviceEntry{svc: svc, frags: map[translate.Profile]*translate.Fragment{}, scopes: map[model.Key]struct{}{}}
 		c.services[svc.Key] = e
 		if c.byNS[svc.Key.Namespace] == nil {
 			c.byNS[svc.Key.Namespace] = map[model.Key]*serviceEntry{}
@@ -208,18 +225,18 @@ func (c *Catalog) UpsertService(svc *model.Service) {
 	}
 	old := e.frags
 	e.svc = svc
-	e.frags = make(map[model.ListenerMode]*translate.Fragment, len(old))
+	e.frags = make(map[translate.Profile]*translate.Fragment, len(old))
 	nsLabels, nsKnown := c.namespaces[svc.Key.Namespace]
 	for key, sc := range c.scopes {
 		_, was := sc.services[svc.Key]
 		is, refusal := c.admits(sc, svc, nsLabels, nsKnown)
 		switch {
 		case was && is:
-			sc.replaceService(e, old[sc.scope.Listener.Mode])
+			sc.replaceService(e, old[translate.ProfileOf(sc.scope)])
 		case is:
 			sc.addService(e)
 		case was:
-			sc.removeService(e, old[sc.scope.Listener.Mode])
+			sc.removeService(e, old[translate.ProfileOf(sc.scope)])
 		}
 		if sc.settle() || refusal {
 			c.markDirty(key)
@@ -242,7 +259,7 @@ func (c *Catalog) DeleteService(key model.Key) {
 	}
 	for sk := range e.scopes {
 		sc := c.scopes[sk]
-		sc.removeService(e, e.frags[sc.scope.Listener.Mode])
+		sc.removeService(e, e.frags[translate.ProfileOf(sc.scope)])
 		if sc.settle() {
 			c.markDirty(sk)
 		}
@@ -309,7 +326,7 @@ func (c *Catalog) reselect(sc *scopeEntry, ns string, nsLabels map[string]string
 		case is && !was:
 			sc.addService(e)
 		case was && !is:
-			sc.removeService(e, e.frags[sc.scope.Listener.Mode])
+			sc.removeService(e, e.frags[translate.ProfileOf(sc.scope)])
 		}
 	}
 	return sc.settle() || changed
@@ -415,6 +432,9 @@ func (c *Catalog) UpsertScope(scope *model.Scope) {
 		delete(e.scopes, scope.Key)
 	}
 	sc.scope = scope
+	if sc.places == nil {
+		sc.places = Placed{}
+	}
 	sc.services = map[model.Key]*serviceEntry{}
 	sc.refused = map[model.Key]struct{}{}
 	for _, e := range c.services {
@@ -499,6 +519,25 @@ func (c *Catalog) Take() []Update {
 			slices.Sort(u.Removed[t])
 		}
 		sc.changed = [xdstype.Count]map[string]struct{}{}
+		for place, names := range sc.placeChanged {
+			pc := PlaceChanges{}
+			for name := range names {
+				if r, ok := sc.places[place][name]; ok {
+					if pc.Upserted == nil {
+						pc.Upserted = map[string]proto.Message{}
+					}
+					pc.Upserted[name] = r
+				} else {
+					pc.Removed = append(pc.Removed, name)
+				}
+			}
+			slices.Sort(pc.Removed)
+			if u.Places == nil {
+				u.Places = map[model.Place]PlaceChanges{}
+			}
+			u.Places[place] = pc
+		}
+		sc.placeChanged = nil
 		out = append(out, u)
 	}
 	slices.SortFunc(out, func(a, b Update) int { return a.Key.Compare(b.Key) })
@@ -519,6 +558,22 @@ func (c *Catalog) Resources(key model.Key) (Set, bool) {
 		out[t] = maps.Clone(byName)
 	}
 	return out, true
+}
+
+// Places returns a copy of a scope's views from particular places (nil
+// when the scope does not exist).
+func (c *Catalog) Places(key model.Key) Placed {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	sc, ok := c.scopes[key]
+	if !ok {
+		return nil
+	}
+	out := make(Placed, len(sc.places))
+	for place, byName := range sc.places {
+		out[place] = maps.Clone(byName)
+	}
+	return out
 }
 
 // resolution is what the scope's spec resolves to now.

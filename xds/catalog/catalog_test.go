@@ -304,6 +304,7 @@ func TestRandomChangesMatchTranslationFromScratch(t *testing.T) {
 	nsLabels := map[string]map[string]string{}
 	scopes := map[model.Key]*model.Scope{}
 	mirror := map[model.Key]*Set{} // what a consumer of Take holds
+	mirrorAt := map[model.Key]Placed{}
 	nss := []string{"a", "b", "c"}
 	modes := []model.ListenerMode{model.ListenerEnvoy, model.ListenerProxylessGRPC}
 	randomSelection := func() model.Selection {
@@ -329,6 +330,16 @@ func TestRandomChangesMatchTranslationFromScratch(t *testing.T) {
 			if rng.IntN(3) == 0 {
 				svc.Ports = append(svc.Ports, model.ServicePort{Name: "grpc", Port: 9090, Protocol: model.ProtocolTCP, AppProtocol: "grpc", TargetPort: 9090})
 			}
+			// Zones, and sometimes hints for them, so that place views
+			// come, change and go.
+			hints := rng.IntN(3) == 0
+			for i := range svc.Endpoints {
+				ep := &svc.Endpoints[i]
+				ep.Zone = []string{"", "z0", "z1"}[rng.IntN(3)]
+				if hints && ep.Zone != "" {
+					ep.ForZones = []string{ep.Zone}
+				}
+			}
 			world[svc.Key] = svc
 			c.UpsertService(svc)
 		case op < 6:
@@ -347,6 +358,7 @@ func TestRandomChangesMatchTranslationFromScratch(t *testing.T) {
 			}
 		case op < 9:
 			sc := scope("x", fmt.Sprint("p", rng.IntN(3)), modes[rng.IntN(2)], randomSelection(), randomSelection())
+			sc.ZonePriority = rng.IntN(2) == 0
 			scopes[sc.Key] = sc
 			c.UpsertScope(sc)
 		default:
@@ -358,12 +370,29 @@ func TestRandomChangesMatchTranslationFromScratch(t *testing.T) {
 			for _, u := range c.Take() {
 				if u.Scope == nil {
 					delete(mirror, u.Key)
+					delete(mirrorAt, u.Key)
 					continue
 				}
 				m := mirror[u.Key]
 				if m == nil || u.Reset {
 					m = &Set{}
 					mirror[u.Key] = m
+					mirrorAt[u.Key] = Placed{}
+				}
+				for place, pc := range u.Places {
+					at := mirrorAt[u.Key]
+					if at[place] == nil {
+						at[place] = map[string]proto.Message{}
+					}
+					for n, r := range pc.Upserted {
+						at[place][n] = r
+					}
+					for _, n := range pc.Removed {
+						delete(at[place], n)
+					}
+					if len(at[place]) == 0 {
+						delete(at, place)
+					}
 				}
 				for typ, byName := range u.Upserted {
 					if m[typ] == nil {
@@ -391,6 +420,13 @@ func TestRandomChangesMatchTranslationFromScratch(t *testing.T) {
 				if d := diff(*mirror[k], want); d != "" {
 					t.Fatalf("seed %d step %d: replaying Take for scope %s differs from a translation from scratch: %s", seed, step, k, d)
 				}
+				wantAt := placesFromScratch(sc, world, nsLabels)
+				if d := diffPlaced(c.Places(k), wantAt); d != "" {
+					t.Fatalf("seed %d step %d: the place views of scope %s differ from a translation from scratch: %s", seed, step, k, d)
+				}
+				if d := diffPlaced(mirrorAt[k], wantAt); d != "" {
+					t.Fatalf("seed %d step %d: replaying Take for the place views of scope %s differs from a translation from scratch: %s", seed, step, k, d)
+				}
 			}
 			if len(mirror) != len(scopes) {
 				t.Fatalf("seed %d step %d: Take reported %d scopes, %d exist", seed, step, len(mirror), len(scopes))
@@ -399,7 +435,7 @@ func TestRandomChangesMatchTranslationFromScratch(t *testing.T) {
 	}
 }
 
-func fromScratch(sc *model.Scope, world map[model.Key]*model.Service, nsLabels map[string]map[string]string) Set {
+func selectedOf(sc *model.Scope, world map[model.Key]*model.Service, nsLabels map[string]map[string]string) []*model.Service {
 	var selected []*model.Service
 	for _, svc := range world {
 		l, ok := nsLabels[svc.Key.Namespace]
@@ -407,7 +443,38 @@ func fromScratch(sc *model.Scope, world map[model.Key]*model.Service, nsLabels m
 			selected = append(selected, svc)
 		}
 	}
-	res := translate.Translate(sc, selected)
+	return selected
+}
+
+func placesFromScratch(sc *model.Scope, world map[model.Key]*model.Service, nsLabels map[string]map[string]string) Placed {
+	out := Placed{}
+	for _, p := range translate.Translate(sc, selectedOf(sc, world, nsLabels)).Places {
+		out[p.Place] = map[string]proto.Message{}
+		for _, cla := range p.Endpoints {
+			out[p.Place][cla.GetClusterName()] = cla
+		}
+	}
+	return out
+}
+
+func diffPlaced(got, want Placed) string {
+	for place := range got {
+		if _, ok := want[place]; !ok {
+			return fmt.Sprintf("place %v should not be there", place)
+		}
+	}
+	for place, w := range want {
+		var g, ww Set
+		g[xdstype.Endpoint], ww[xdstype.Endpoint] = got[place], w
+		if d := diff(g, ww); d != "" {
+			return fmt.Sprintf("at %v: %s", place, d)
+		}
+	}
+	return ""
+}
+
+func fromScratch(sc *model.Scope, world map[model.Key]*model.Service, nsLabels map[string]map[string]string) Set {
+	res := translate.Translate(sc, selectedOf(sc, world, nsLabels))
 	out := Set{}
 	res.Each(func(t xdstype.Type, r proto.Message) {
 		if out[t] == nil {

@@ -74,6 +74,44 @@ func (sc *scopeEntry) remove(t xdstype.Type, name string) {
 	sc.mark(t, name)
 }
 
+// setPlace stores the assignment proxies at place see for name, unless an
+// equal one is stored; removePlace forgets it. Like set and remove, they
+// record the change for Take.
+func (sc *scopeEntry) setPlace(place model.Place, name string, r proto.Message) {
+	byName := sc.places[place]
+	if byName == nil {
+		byName = map[string]proto.Message{}
+		sc.places[place] = byName
+	}
+	if old, ok := byName[name]; ok && (old == r || proto.Equal(old, r)) {
+		return
+	}
+	byName[name] = r
+	sc.markPlace(place, name)
+}
+
+func (sc *scopeEntry) removePlace(place model.Place, name string) {
+	if _, ok := sc.places[place][name]; !ok {
+		return
+	}
+	delete(sc.places[place], name)
+	if len(sc.places[place]) == 0 {
+		delete(sc.places, place)
+	}
+	sc.markPlace(place, name)
+}
+
+func (sc *scopeEntry) markPlace(place model.Place, name string) {
+	if sc.placeChanged == nil {
+		sc.placeChanged = map[model.Place]map[string]struct{}{}
+	}
+	if sc.placeChanged[place] == nil {
+		sc.placeChanged[place] = map[string]struct{}{}
+	}
+	sc.placeChanged[place][name] = struct{}{}
+	sc.touched = true
+}
+
 func (sc *scopeEntry) mark(t xdstype.Type, name string) {
 	if sc.changed[t] == nil {
 		sc.changed[t] = map[string]struct{}{}
@@ -87,9 +125,15 @@ func (sc *scopeEntry) mark(t xdstype.Type, name string) {
 // Service (ProxylessGRPC mode).
 func (sc *scopeEntry) envoyMode() bool { return sc.scope.Listener.Mode == model.ListenerEnvoy }
 
-// putFragment stores the resources a Service owns in this scope.
+// putFragment stores the resources a Service owns in this scope, and what
+// proxies at particular places see of them.
 func (sc *scopeEntry) putFragment(f *translate.Fragment) {
 	f.Each(func(t xdstype.Type, m proto.Message) { sc.set(t, t.Info().NameOf(m), m) })
+	for _, p := range f.Places {
+		for _, cla := range p.Endpoints {
+			sc.setPlace(p.Place, cla.GetClusterName(), cla)
+		}
+	}
 }
 
 // dropFragment removes the resources a Service owned in this scope, except
@@ -113,12 +157,28 @@ func (sc *scopeEntry) dropFragment(old, keep *translate.Fragment) {
 			sc.remove(t, name)
 		}
 	})
+	keptAt := map[model.Place]map[string]struct{}{}
+	if keep != nil {
+		for _, p := range keep.Places {
+			keptAt[p.Place] = map[string]struct{}{}
+			for _, cla := range p.Endpoints {
+				keptAt[p.Place][cla.GetClusterName()] = struct{}{}
+			}
+		}
+	}
+	for _, p := range old.Places {
+		for _, cla := range p.Endpoints {
+			if _, ok := keptAt[p.Place][cla.GetClusterName()]; !ok {
+				sc.removePlace(p.Place, cla.GetClusterName())
+			}
+		}
+	}
 }
 
 func (sc *scopeEntry) addService(e *serviceEntry) {
 	sc.services[e.svc.Key] = e
 	e.scopes[sc.scope.Key] = struct{}{}
-	sc.putFragment(e.fragment(sc.scope.Listener.Mode))
+	sc.putFragment(e.fragment(translate.ProfileOf(sc.scope)))
 	sc.routesStale = sc.envoyMode()
 }
 
@@ -130,7 +190,7 @@ func (sc *scopeEntry) removeService(e *serviceEntry, old *translate.Fragment) {
 }
 
 func (sc *scopeEntry) replaceService(e *serviceEntry, old *translate.Fragment) {
-	f := e.fragment(sc.scope.Listener.Mode)
+	f := e.fragment(translate.ProfileOf(sc.scope))
 	sc.dropFragment(old, f)
 	sc.putFragment(f)
 	if sc.envoyMode() && (old == nil || !virtualHostsEqual(old, f)) {
@@ -154,7 +214,7 @@ func virtualHostsEqual(a, b *translate.Fragment) bool {
 func (sc *scopeEntry) fragments() []*translate.Fragment {
 	out := make([]*translate.Fragment, 0, len(sc.services))
 	for _, e := range sc.services {
-		out = append(out, e.fragment(sc.scope.Listener.Mode))
+		out = append(out, e.fragment(translate.ProfileOf(sc.scope)))
 	}
 	return out
 }
@@ -208,7 +268,31 @@ func (sc *scopeEntry) takeTouched() bool {
 func (sc *scopeEntry) rebuild() {
 	all := translate.AssembleScope(sc.scope, sc.fragments())
 	sc.replaceTypes(&all, xdstype.All()...)
+	sc.replacePlaces(all.Places)
 	sc.routesStale = false
+}
+
+// replacePlaces makes the stored place views equal to places.
+func (sc *scopeEntry) replacePlaces(places []translate.PlaceEndpoints) {
+	want := map[model.Place]map[string]proto.Message{}
+	for _, p := range places {
+		want[p.Place] = map[string]proto.Message{}
+		for _, cla := range p.Endpoints {
+			want[p.Place][cla.GetClusterName()] = cla
+		}
+	}
+	for place, byName := range sc.places {
+		for name := range byName {
+			if _, ok := want[place][name]; !ok {
+				sc.removePlace(place, name)
+			}
+		}
+	}
+	for place, byName := range want {
+		for name, m := range byName {
+			sc.setPlace(place, name, m)
+		}
+	}
 }
 
 // settle re-assembles what the scope's changes made stale and reports
