@@ -178,9 +178,13 @@ func (b *Builder) applyScope(u *catalog.Update, observed time.Time) {
 		}
 	}
 
+	placeUpserts := marshalPlaces(u)
+
 	sc.mu.Lock()
 	defer sc.mu.Unlock()
 	sc.recordUnservable(u, upserts, bad)
+	names, allNames := placeNames(u)
+	sc.account(names, allNames, -1)
 	specChanged := !reflect.DeepEqual(sc.spec, u.Scope)
 	sc.spec = u.Scope
 	sc.resolution = u.Resolution
@@ -258,6 +262,8 @@ func (b *Builder) applyScope(u *catalog.Update, observed time.Time) {
 			}
 		}
 	}
+	changes = append(changes, sc.applyPlaces(u, placeUpserts, touched[xdstype.Cluster], next)...)
+	sc.account(names, allNames, 1)
 	if len(changes) == 0 && !specChanged {
 		return
 	}
@@ -265,6 +271,10 @@ func (b *Builder) applyScope(u *catalog.Update, observed time.Time) {
 	for t := range xdstype.Count {
 		sc.types[t].version = digestVersion(sc.types[t].digest)
 	}
+	for _, ps := range sc.places {
+		ps.version = digestVersion(sc.types[xdstype.Endpoint].digest ^ ps.delta)
+	}
+	sc.version = sc.scopeVersion()
 	sc.log = append(sc.log, changes...)
 	sc.trimLogLocked()
 	sc.wakeLocked()

@@ -23,6 +23,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/scopeplane/scopeplane/xds/catalog"
+	"github.com/scopeplane/scopeplane/xds/cost"
 	"github.com/scopeplane/scopeplane/xds/model"
 	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
@@ -119,32 +120,91 @@ type Snapshot struct {
 	wake       chan struct{}
 	deleted    bool
 
+	// places holds the views from particular places: assignments that
+	// proxies there see instead of the scope-wide ones of the same names.
+	places map[model.Place]*placeState
+	// version is the scope's version, View.Version.
+	version string
+
 	// unservable holds the resources whose latest content is held back;
 	// unservableList is the same, sorted, as View.Resolution hands it out.
 	unservable     map[typedName]Unservable
 	unservableList []Unservable
 }
 
+// placeState is the view from one place: the assignments proxies there see
+// instead of the scope-wide ones, each a name the scope holds.
+type placeState struct {
+	res map[string]*Resource
+	// digest is the XOR of its (name, version) pairs, what it adds to the
+	// scope's version.
+	digest uint64
+	// delta and sotwDelta are what the view changes in the scope-wide
+	// assignments' digest and SotW bytes, for a proxy that sees it: the sum
+	// over its names of contribution.
+	delta     uint64
+	sotwDelta int
+	// version is the assignments' type version as seen from the place.
+	version string
+}
+
+// contribution is what one name of the view changes in the digest and
+// the SotW bytes of the scope-wide assignments, which hold base of it.
+func (ps *placeState) contribution(base *typeState, name string) (uint64, int) {
+	r := ps.res[name]
+	if r == nil {
+		return 0, 0
+	}
+	d, n := nameDigest(name, r.Version), cost.SotWEntry(r.Size)
+	if b := base.res[name]; b != nil {
+		d ^= nameDigest(name, b.Version)
+		n -= cost.SotWEntry(b.Size)
+	}
+	return d, n
+}
+
 func newSnapshot(key model.Key) *Snapshot {
-	s := &Snapshot{Key: key, wake: make(chan struct{}), unservable: map[typedName]Unservable{}}
+	s := &Snapshot{Key: key, wake: make(chan struct{}), unservable: map[typedName]Unservable{}, places: map[model.Place]*placeState{}}
 	for t := range s.types {
 		s.types[t].res = map[string]*Resource{}
 		s.types[t].version = emptyVersion
 	}
+	s.version = s.scopeVersion()
 	return s
 }
 
 // emptyVersion is the version of a type that holds nothing.
 const emptyVersion = "0"
 
-// View is a consistent read of a scope, valid only inside Scope.Read.
-type View struct{ s *Snapshot }
+// View is a consistent read of a scope as proxies at one location see it,
+// valid only inside Snapshot.Read or ReadFrom.
+type View struct {
+	s *Snapshot
+	// node and zone are the place views the location sees, nil where it
+	// sees the scope-wide assignments; node's win over zone's.
+	node, zone *placeState
+}
 
-// Read calls fn with a consistent view of the scope.
+// Read calls fn with a consistent view of the scope as a proxy that no
+// place view covers sees it.
 func (s *Snapshot) Read(fn func(v View)) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	fn(View{s})
+	fn(View{s: s})
+}
+
+// ReadFrom calls fn with a consistent view of the scope as a proxy at loc
+// sees it: of each assignment, its Node's view, else its zone's, else the
+// scope-wide one.
+func (s *Snapshot) ReadFrom(loc model.Location, fn func(v View)) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	v := View{s: s}
+	if len(s.places) > 0 {
+		node, zone := loc.Places()
+		v.node, v.zone = s.places[node], s.places[zone]
+	}
+	fn(v)
 }
 
 // Spec is the scope's current spec; nil once the scope is deleted.
@@ -203,15 +263,80 @@ func (v View) RevTime() time.Time { return v.s.revTime }
 // Rev is the scope's current revision; it grows with every change.
 func (v View) Rev() uint64 { return v.s.rev }
 
-// TypeVersion is the version of all resources of one type.
-func (v View) TypeVersion(t xdstype.Type) string { return v.s.types[t].version }
+// placed reports whether the view sees a place view of type t's resources.
+func (v View) placed(t xdstype.Type) bool {
+	return t == xdstype.Endpoint && (v.node != nil || v.zone != nil)
+}
 
-// Get returns the current resource of that type and name, or nil.
-func (v View) Get(t xdstype.Type, name string) *Resource { return v.s.types[t].res[name] }
+// TypeVersion is the version of all resources of one type, as the view
+// sees them.
+func (v View) TypeVersion(t xdstype.Type) string {
+	switch {
+	case !v.placed(t):
+		return v.s.types[t].version
+	case v.zone == nil:
+		return v.node.version
+	case v.node == nil:
+		return v.zone.version
+	}
+	d, _ := v.overlap()
+	return digestVersion(v.s.types[t].digest ^ v.node.delta ^ v.zone.delta ^ d)
+}
+
+// overlap is what the zone's view contributes for the names the Node's
+// view covers too, which it must not.
+func (v View) overlap() (uint64, int) {
+	var d uint64
+	var n int
+	base := &v.s.types[xdstype.Endpoint]
+	for name := range v.node.res {
+		cd, cn := v.zone.contribution(base, name)
+		d, n = d^cd, n+cn
+	}
+	return d, -n
+}
+
+// Get returns the current resource of that type and name as the view sees
+// it, or nil.
+func (v View) Get(t xdstype.Type, name string) *Resource {
+	if v.placed(t) {
+		if r := v.node.get(name); r != nil {
+			return r
+		}
+		if r := v.zone.get(name); r != nil {
+			return r
+		}
+	}
+	return v.s.types[t].res[name]
+}
+
+// get returns the place's own assignment of that name; ps may be nil.
+func (ps *placeState) get(name string) *Resource {
+	if ps == nil {
+		return nil
+	}
+	return ps.res[name]
+}
 
 // SotWBytes is what every resource of the type adds to a SotW response: a
 // wildcard full-state response is Header plus this.
-func (v View) SotWBytes(t xdstype.Type) int { return v.s.types[t].sotwBytes }
+func (v View) SotWBytes(t xdstype.Type) int {
+	n := v.s.types[t].sotwBytes
+	if !v.placed(t) {
+		return n
+	}
+	if v.node != nil {
+		n += v.node.sotwDelta
+	}
+	if v.zone != nil {
+		n += v.zone.sotwDelta
+	}
+	if v.node != nil && v.zone != nil {
+		_, o := v.overlap()
+		n += o
+	}
+	return n
+}
 
 // InlineRouteSize is the encoded size, as an Any, of the route
 // configuration named name that carries every VirtualHost of the scope
@@ -227,8 +352,15 @@ func (v View) InlineRouteSize(name string) int {
 // Len returns how many resources of the type the scope holds.
 func (v View) Len(t xdstype.Type) int { return len(v.s.types[t].res) }
 
-// All calls fn for every resource of the type, in no particular order.
+// All calls fn for every resource of the type as the view sees it, in no
+// particular order.
 func (v View) All(t xdstype.Type, fn func(*Resource)) {
+	if v.placed(t) {
+		for name := range v.s.types[t].res {
+			fn(v.Get(t, name))
+		}
+		return
+	}
 	for _, r := range v.s.types[t].res {
 		fn(r)
 	}
@@ -279,12 +411,20 @@ func digestVersion(d uint64) string {
 	return hex.EncodeToString(b[:])
 }
 
-// Version is the version of the scope as a whole: a digest of its type
-// versions, the "V" of "N of M proxies at version V".
-func (v View) Version() string {
+// Version is the version of the scope as a whole, the same from every
+// place: a digest of its type versions and of every place's view, the "V"
+// of "N of M proxies at version V". A proxy is at V when it holds V as its
+// location sees it.
+func (v View) Version() string { return v.s.version }
+
+// scopeVersion computes Version from the scope's state.
+func (s *Snapshot) scopeVersion() string {
 	var d uint64
 	for t := range xdstype.Count {
-		d ^= nameDigest(t.URL(), v.s.types[t].version)
+		d ^= nameDigest(t.URL(), s.types[t].version)
+	}
+	for place, ps := range s.places {
+		d ^= nameDigest(place.String(), digestVersion(ps.digest))
 	}
 	return digestVersion(d)
 }

@@ -1,0 +1,163 @@
+package snapshot
+
+import (
+	"google.golang.org/protobuf/proto"
+
+	"github.com/scopeplane/scopeplane/xds/catalog"
+	"github.com/scopeplane/scopeplane/xds/metrics"
+	"github.com/scopeplane/scopeplane/xds/model"
+	"github.com/scopeplane/scopeplane/xds/xdstype"
+)
+
+// marshalPlaces marshals the place views' upserts of an update. An
+// assignment that cannot be served is not applied, so its place keeps the
+// version it had: it has the endpoints of the scope-wide one of its name,
+// which is held back the same way (see Unservable).
+func marshalPlaces(u *catalog.Update) map[model.Place][]marshalled {
+	if len(u.Places) == 0 {
+		return nil
+	}
+	out := make(map[model.Place][]marshalled, len(u.Places))
+	for place, pc := range u.Places {
+		for name, msg := range pc.Upserted {
+			value, err := servable(msg)
+			if err != nil {
+				metrics.UnservableResources.WithLabelValues(xdstype.Endpoint.URL()).Inc()
+				continue
+			}
+			body, wire := encode(xdstype.Endpoint.URL(), value)
+			out[place] = append(out[place], marshalled{name: name, body: body, wire: wire, hash: hash64(value)})
+		}
+	}
+	return out
+}
+
+// placeNames returns the assignment names whose contribution to a place
+// view (placeState.contribution) the update can change: those of the
+// views' own changes, and of the scope-wide assignments and of the clusters
+// their versions follow. all says it can change every name.
+func placeNames(u *catalog.Update) (names map[string]struct{}, all bool) {
+	if u.Reset {
+		return nil, true
+	}
+	names = map[string]struct{}{}
+	add := func(n string) { names[n] = struct{}{} }
+	for _, t := range []xdstype.Type{xdstype.Cluster, xdstype.Endpoint} {
+		for n := range u.Upserted[t] {
+			add(n)
+		}
+		for _, n := range u.Removed[t] {
+			add(n)
+		}
+	}
+	for _, pc := range u.Places {
+		for n := range pc.Upserted {
+			add(n)
+		}
+		for _, n := range pc.Removed {
+			add(n)
+		}
+	}
+	return names, false
+}
+
+// account adds (sign 1) or takes out (sign -1) the contributions of the
+// given names, or of all names, to every place view's delta: taken out
+// before an update changes them and added after, it keeps the deltas exact
+// at a cost proportional to the update.
+func (s *Snapshot) account(names map[string]struct{}, all bool, sign int) {
+	base := &s.types[xdstype.Endpoint]
+	one := func(ps *placeState, name string) {
+		d, n := ps.contribution(base, name)
+		ps.delta ^= d
+		ps.sotwDelta += sign * n
+	}
+	for _, ps := range s.places {
+		if all {
+			for name := range ps.res {
+				one(ps, name)
+			}
+			continue
+		}
+		for name := range names {
+			one(ps, name)
+		}
+	}
+}
+
+// applyPlaces applies an update's place views, versioned like the
+// scope-wide assignments (following the cluster of the same name), and
+// returns the log entries of the names whose view changed. clusters are the
+// clusters this revision changed: a view's assignment the update left alone
+// is re-versioned when its cluster changed, as a scope-wide one is.
+func (s *Snapshot) applyPlaces(u *catalog.Update, upserts map[model.Place][]marshalled, clusters map[string]struct{}, rev uint64) []logEntry {
+	var changes []logEntry
+	parent := &s.types[xdstype.Cluster]
+	touched := map[model.Place]map[string]struct{}{}
+	put := func(place model.Place, name string, m *Resource) {
+		ps := s.places[place]
+		if ps == nil {
+			ps = &placeState{res: map[string]*Resource{}}
+			s.places[place] = ps
+		}
+		if old := ps.res[name]; old != nil {
+			if old.Version == m.Version {
+				return
+			}
+			ps.digest ^= nameDigest(name, old.Version)
+		}
+		ps.res[name] = m
+		ps.digest ^= nameDigest(name, m.Version)
+		if touched[place] == nil {
+			touched[place] = map[string]struct{}{}
+		}
+		touched[place][name] = struct{}{}
+		changes = append(changes, logEntry{rev: rev, typ: xdstype.Endpoint, name: name})
+	}
+	remove := func(place model.Place, name string) {
+		ps := s.places[place]
+		old := ps.get(name)
+		if old == nil {
+			return
+		}
+		ps.digest ^= nameDigest(name, old.Version)
+		delete(ps.res, name)
+		if len(ps.res) == 0 {
+			delete(s.places, place)
+		}
+		changes = append(changes, logEntry{rev: rev, typ: xdstype.Endpoint, name: name})
+	}
+	if u.Reset {
+		for place, ps := range s.places {
+			for name := range ps.res {
+				if _, ok := u.Places[place].Upserted[name]; !ok {
+					remove(place, name)
+				}
+			}
+		}
+	}
+	for place, pc := range u.Places {
+		for _, name := range pc.Removed {
+			remove(place, name)
+		}
+	}
+	for place, ms := range upserts {
+		for _, m := range ms {
+			version := resourceVersion(m.hash, parent, m.name)
+			put(place, m.name, &Resource{Name: m.name, Version: version, Body: m.body, Wire: m.wire, Size: proto.Size(m.body)})
+		}
+	}
+	for name := range clusters {
+		for place, ps := range s.places {
+			r := ps.res[name]
+			if r == nil {
+				continue
+			}
+			if _, done := touched[place][name]; done {
+				continue
+			}
+			put(place, name, &Resource{Name: name, Version: resourceVersion(hash64(r.Body.GetValue()), parent, name), Body: r.Body, Wire: r.Wire, Size: r.Size})
+		}
+	}
+	return changes
+}
