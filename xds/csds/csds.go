@@ -173,7 +173,12 @@ func (s *Server) status(req *statusv3.ClientStatusRequest) (*statusv3.ClientStat
 			if !req.GetExcludeResourceContents() || (p.Protocol == model.SotW && p.AtVersion != at) {
 				subs, _ = s.fb.Subscriptions(key, p.ID)
 			}
-			cc := proxyConfig(key, p, &cur, at, subs)
+			seen := cur
+			if p.Location != (model.Location{}) {
+				// Its assignments may be those of its place's view.
+				sc.ReadFrom(p.Location, func(v snapshot.View) { seen[xdstype.Endpoint] = v.TypeVersion(xdstype.Endpoint) })
+			}
+			cc := proxyConfig(key, p, &seen, at, subs)
 			if !req.GetExcludeResourceContents() {
 				cc.GenericXdsConfigs = append(cc.GenericXdsConfigs, subscriptions(subs)...)
 			}

@@ -79,7 +79,7 @@ func (st *delta) handle(req *discoveryv3.DeltaDiscoveryRequest) error {
 		return nil
 	}
 	var resp *response
-	st.sc.Read(func(v snapshot.View) {
+	st.read(func(v snapshot.View) {
 		resp = &response{t: t, version: v.TypeVersion(t)}
 		seen := map[string]struct{}{}
 		consider := func(name string, announceMissing bool) {
@@ -143,7 +143,7 @@ func (st *delta) answer(ts *deltaType, nonce, detail string, nack bool) {
 func (st *delta) resubscribe(ts *deltaType, req *discoveryv3.DeltaDiscoveryRequest, first bool) (candidates []string, newlyWildcard bool, err error) {
 	ts.requested = true
 	if first {
-		st.sc.Read(func(v snapshot.View) {
+		st.read(func(v snapshot.View) {
 			for name, version := range req.GetInitialResourceVersions() {
 				// Share the served resource where the claim matches it.
 				if r := v.Get(ts.t, name); r != nil && r.Version == version {

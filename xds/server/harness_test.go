@@ -63,8 +63,10 @@ func (w *world) clone() *world {
 type truth map[string]map[string][]byte
 
 // truthOf translates the scope from scratch, independently of the catalog's
-// incremental bookkeeping, and marshals it the way the snapshot builder does.
-func (w *world) truthOf(key model.Key) (truth, error) {
+// incremental bookkeeping, and marshals it the way the snapshot builder
+// does, as proxies of the zone see it: the zone's view of an assignment
+// where there is one.
+func (w *world) truthOf(key model.Key, zone string) (truth, error) {
 	sc := w.scopes[key]
 	if sc == nil {
 		return nil, fmt.Errorf("scope %s does not exist", key)
@@ -101,6 +103,19 @@ func (w *world) truthOf(key model.Key) (truth, error) {
 	})
 	if err != nil {
 		return nil, err
+	}
+	for _, p := range res.Places {
+		if zone == "" || p.Place != (model.Place{Zone: zone}) {
+			continue
+		}
+		for _, cla := range p.Endpoints {
+			if _, ok := out[xdstype.Endpoint.URL()][cla.GetClusterName()]; !ok {
+				return nil, fmt.Errorf("translation of %s has an assignment %q only at %v", key, cla.GetClusterName(), p.Place)
+			}
+			if out[xdstype.Endpoint.URL()][cla.GetClusterName()], err = mo.Marshal(cla); err != nil {
+				return nil, err
+			}
+		}
 	}
 	return out, nil
 }
@@ -246,15 +261,24 @@ func startFedControlPlane(fill func(*catalog.Catalog), opts server.Options) (*co
 }
 
 // stop ends ServeListener (which drains every stream) and waits for it.
+// It leaves the client connection open, so that its streams see how the
+// server ended them rather than the connection closing under them; close
+// closes it too.
 func (cp *controlPlane) stop() error {
 	cp.cancel()
-	defer func() { _ = cp.conn.Close() }()
 	select {
 	case err := <-cp.served:
 		return err
 	case <-time.After(20 * time.Second):
 		return errors.New("ServeListener did not return 20s after its context ended")
 	}
+}
+
+// close stops the control plane and closes the client connection.
+func (cp *controlPlane) close() error {
+	err := cp.stop()
+	_ = cp.conn.Close()
+	return err
 }
 
 // scopeVersion returns the served version of a scope, and whether it exists.
@@ -288,7 +312,8 @@ type proxy struct {
 	ref   string // the scope named in node metadata ("" for none)
 	proto model.Protocol
 	c     *adsclient.Client
-	armed atomic.Bool // NACK the next response
+	node  *corev3.Node // what c sends
+	armed atomic.Bool  // NACK the next response
 
 	state  proxyState
 	want   codes.Code // when ending
@@ -312,6 +337,8 @@ type proxy struct {
 	subs map[string]map[string]struct{}
 	// subMarks records, per type, the event count when a subscription changed.
 	subMarks map[string][]int
+	// zone is where the proxy runs, as its bootstrap's node.locality says.
+	zone string
 	// adopted are the SotW types whose version_info, as the current stream
 	// opened, was the version the server serves the proxy's subscription
 	// at: it holds exactly that, and must be sent nothing of the type until
@@ -348,6 +375,7 @@ func newProxy(id, ref string, proto model.Protocol) *proxy {
 	}
 	node := testkit.Node(id, ref)
 	node.Cluster = "model"
+	p.node = node
 	cfg := adsclient.Config{
 		Node:         node,
 		Types:        allTypes,
@@ -371,6 +399,17 @@ func newProxy(id, ref string, proto model.Protocol) *proxy {
 	}
 	p.c = adsclient.New(cfg)
 	return p
+}
+
+// moveTo makes the proxy's next stream declare that it runs in zone; the
+// client sends the node it was made with, so this changes it in place,
+// between streams.
+func (p *proxy) moveTo(zone string) {
+	p.zone = zone
+	p.node.Locality = nil
+	if zone != "" {
+		p.node.Locality = &corev3.Locality{Zone: zone}
+	}
 }
 
 // start opens a stream on conn; Run goes on in the background.
@@ -407,7 +446,7 @@ func (p *proxy) claims(sc *snapshot.Snapshot) (adopted map[string]bool, stale in
 	if !p.sotw() || sc == nil {
 		return adopted, 0
 	}
-	sc.Read(func(v snapshot.View) {
+	sc.ReadFrom(model.Location{Zone: p.zone}, func(v snapshot.View) {
 		for _, t := range allTypes {
 			claimed := p.c.VersionInfo(t)
 			wildcard := t == xdstype.Cluster.URL() || t == xdstype.Listener.URL()
@@ -626,7 +665,7 @@ func (p *proxy) mismatch(tr truth, cp *controlPlane, key model.Key, strict bool)
 			// A delta proxy's versions are what it declares on reconnect, so
 			// they must be the server's.
 			if sc != nil {
-				sc.Read(func(v snapshot.View) {
+				sc.ReadFrom(model.Location{Zone: p.zone}, func(v snapshot.View) {
 					for name, h := range held {
 						if r := v.Get(snapshotType(t), name); r != nil && r.Version != h.Version && !stale.names[t][name] {
 							fmt.Fprintf(&b, "  %s %q: held version %s, served version %s\n", short, name, h.Version, r.Version)
@@ -643,7 +682,7 @@ func (p *proxy) mismatch(tr truth, cp *controlPlane, key model.Key, strict bool)
 			}
 			diffHeld(&b, short, held, want, nil)
 			if sc != nil {
-				sc.Read(func(v snapshot.View) {
+				sc.ReadFrom(model.Location{Zone: p.zone}, func(v snapshot.View) {
 					tv := v.TypeVersion(snapshotType(t))
 					for name, h := range held {
 						if h.Version != tv {

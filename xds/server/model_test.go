@@ -199,6 +199,10 @@ type step struct {
 	proxy  string
 	ref    string
 	proto  model.Protocol
+	// zone is where the proxy of a Connect or Reconnect step runs, as its
+	// bootstrap declares it; a Reconnect from another zone is a proxy that
+	// moved.
+	zone string
 }
 
 func (s *step) String() string {
@@ -226,8 +230,10 @@ func (s *step) String() string {
 		}
 		b.WriteString(" }")
 	case kConnect:
-		fmt.Fprintf(&b, " %s %s scope=%q", s.proxy, s.proto, s.ref)
-	case kDisconnect, kReconnect, kNACK:
+		fmt.Fprintf(&b, " %s %s scope=%q zone=%q", s.proxy, s.proto, s.ref, s.zone)
+	case kReconnect:
+		fmt.Fprintf(&b, " %s zone=%q", s.proxy, s.zone)
+	case kDisconnect, kNACK:
 		fmt.Fprintf(&b, " %s", s.proxy)
 	}
 	if s.note != "" {
@@ -376,9 +382,10 @@ type harness struct {
 	cp      *controlPlane
 	proxies map[string]*proxy
 	timeout time.Duration
-	truths  map[model.Key]truth
-	// last is every scope's truth after the previous world change.
-	last   map[model.Key]truth
+	truths  map[view]truth
+	// last is every scope's truth, from every zone, after the previous
+	// world change.
+	last   map[view]truth
 	counts stepCounts
 }
 
@@ -396,7 +403,7 @@ func (h *harness) close() {
 	for _, p := range h.proxies {
 		_ = p.stop()
 	}
-	_ = h.cp.stop()
+	_ = h.cp.close()
 }
 
 // worldChange applies a world-change step to the world and to the catalog.
@@ -471,7 +478,7 @@ func (h *harness) do(s *step) error {
 		p.stepStart = len(p.c.Events())
 		p.changed = map[string]bool{}
 	}
-	h.truths = map[model.Key]truth{}
+	h.truths = map[view]truth{}
 	switch s.kind {
 	case kUpsertService, kDeleteService, kUpsertNamespace, kDeleteNamespace, kUpsertScope, kDeleteScope, kBatch:
 		h.worldChange(s)
@@ -502,6 +509,7 @@ func (h *harness) do(s *step) error {
 			}
 		}
 		p := newProxy(s.proxy, s.ref, s.proto)
+		p.moveTo(s.zone)
 		h.proxies[s.proxy] = p
 		h.connect(p)
 	case kDisconnect:
@@ -515,6 +523,7 @@ func (h *harness) do(s *step) error {
 			if err := h.disconnect(p); err != nil {
 				return err
 			}
+			p.moveTo(s.zone)
 			h.connect(p)
 		}
 	case kNACK:
@@ -565,6 +574,7 @@ func (h *harness) restart() error {
 		}
 		p.state = idle
 	}
+	_ = h.cp.conn.Close()
 	cp, err := startControlPlane(h.w, server.Options{})
 	if err != nil {
 		return err
@@ -581,21 +591,24 @@ func (h *harness) restart() error {
 // legitimately repeat one the proxy NACKed before (the resource left and
 // came back), which the resend check must not count.
 func (h *harness) markContentChanges() error {
-	now := map[model.Key]truth{}
+	now := map[view]truth{}
 	for key := range h.w.scopes {
-		tr, err := h.truth(key)
-		if err != nil {
-			return err
+		for _, zone := range zones {
+			tr, err := h.truth(key, zone)
+			if err != nil {
+				return err
+			}
+			now[view{key, zone}] = tr
 		}
-		now[key] = tr
 	}
 	for _, p := range h.proxies {
 		key, _ := p.key()
-		if p.state != connected || now[key] == nil {
+		at := view{key, p.zone}
+		if p.state != connected || now[at] == nil {
 			continue
 		}
 		for _, t := range allTypes {
-			if !maps.EqualFunc(now[key][t], h.last[key][t], bytesEqual) {
+			if !maps.EqualFunc(now[at][t], h.last[at][t], bytesEqual) {
 				p.subMarks[t] = append(p.subMarks[t], p.stepStart)
 				p.changed[t] = true
 			}
@@ -605,15 +618,21 @@ func (h *harness) markContentChanges() error {
 	return nil
 }
 
-func (h *harness) truth(key model.Key) (truth, error) {
-	if tr, ok := h.truths[key]; ok {
+// view is a scope as proxies of one zone see it.
+type view struct {
+	key  model.Key
+	zone string
+}
+
+func (h *harness) truth(key model.Key, zone string) (truth, error) {
+	if tr, ok := h.truths[view{key, zone}]; ok {
 		return tr, nil
 	}
-	tr, err := h.w.truthOf(key)
+	tr, err := h.w.truthOf(key, zone)
 	if err != nil {
 		return nil, err
 	}
-	h.truths[key] = tr
+	h.truths[view{key, zone}] = tr
 	return tr, nil
 }
 
@@ -702,7 +721,7 @@ func (p *proxy) sentNothingAdopted() error {
 // count the proxy as in sync while it lacks part of the scope.
 func (h *harness) waitSynced(p *proxy) error {
 	key, _ := p.key()
-	tr, err := h.truth(key)
+	tr, err := h.truth(key, p.zone)
 	if err != nil {
 		return err
 	}
@@ -883,9 +902,18 @@ func (g *generator) labels(pool map[string][]string) map[string]string {
 
 func (g *generator) endpoints(ports []model.ServicePort) []model.Endpoint {
 	n := g.pick(5)
+	hinted := g.chance(30)
 	out := make([]model.Endpoint, 0, n)
 	for range n {
 		ep := model.Endpoint{Family: model.IPv4, Address: fmt.Sprintf("10.0.0.%d", 1+g.pick(6)), Zone: pickOf(g, zones), Node: fmt.Sprintf("node-%d", g.pick(3))}
+		if hinted && ep.Zone != "" {
+			// As the EndpointSlice controller hints: mostly for its own
+			// zone, sometimes for another one too.
+			ep.ForZones = []string{ep.Zone}
+			if g.chance(20) {
+				ep.ForZones = slices.Sorted(maps.Keys(map[string]bool{ep.Zone: true, pickOf(g, zones[1:]): true}))
+			}
+		}
 		if g.chance(12) {
 			ep.Family, ep.Address = model.IPv6, fmt.Sprintf("fd00::%x", 1+g.pick(6))
 		}
@@ -921,6 +949,9 @@ func (g *generator) service(key model.Key) *model.Service {
 	}
 	if svc.ExternalName == "" {
 		svc.Endpoints = g.endpoints(svc.Ports)
+	}
+	if g.chance(15) {
+		svc.TrafficDistribution = "PreferClose"
 	}
 	return svc
 }
@@ -976,7 +1007,7 @@ func (g *generator) protocol() model.Protocol {
 
 func (g *generator) scope(key model.Key) *model.Scope {
 	g.gen++
-	sc := &model.Scope{Key: key, Generation: g.gen, Protocol: g.protocol(), Listener: g.listener()}
+	sc := &model.Scope{Key: key, Generation: g.gen, Protocol: g.protocol(), Listener: g.listener(), ZonePriority: g.chance(30)}
 	for range 1 + g.pick(2) {
 		sc.Selections = append(sc.Selections, g.selection(key.Namespace))
 	}
@@ -988,7 +1019,10 @@ func (g *generator) changeScope(old *model.Scope) (*model.Scope, string) {
 	g.gen++
 	sc := *old
 	sc.Generation = g.gen
-	switch g.pick(5) {
+	switch g.pick(6) {
+	case 5:
+		sc.ZonePriority = !sc.ZonePriority
+		return &sc, "zone priority switch"
 	case 0:
 		if sc.Protocol == model.SotW {
 			sc.Protocol = model.Delta
@@ -1119,7 +1153,11 @@ func (g *generator) next(h *harness) step {
 					break
 				}
 			}
-			return step{kind: kReconnect, proxy: p.id}
+			s := step{kind: kReconnect, proxy: p.id, zone: p.zone}
+			if g.chance(30) {
+				s.zone, s.note = pickOf(g, zones), "moves"
+			}
+			return s
 		case x < 94:
 			if len(running) == 0 {
 				continue
@@ -1141,7 +1179,7 @@ func (g *generator) connect(h *harness) step {
 		}
 		id = pickOf(g, proxyIDs)
 	}
-	s := step{kind: kConnect, proxy: id, proto: g.protocol()}
+	s := step{kind: kConnect, proxy: id, proto: g.protocol(), zone: pickOf(g, zones)}
 	switch x := g.pick(100); {
 	case x < 4:
 		s.ref = ""

@@ -214,7 +214,7 @@ func TestMaxConnectionAgeMovesProxies(t *testing.T) {
 	addr := cp.conn.Target()
 	tr := func(key model.Key) truth {
 		t.Helper()
-		out, err := w.truthOf(key)
+		out, err := w.truthOf(key, "")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -352,6 +352,7 @@ func replicasAgree(t *testing.T, seed uint64, steps int) {
 		if !cp1Stopped {
 			_ = cp1.stop()
 		}
+		_ = cp1.conn.Close()
 	}()
 	apply := func(s step) {
 		applyToWorld(w1, &s)
@@ -377,7 +378,7 @@ func replicasAgree(t *testing.T, seed uint64, steps int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _ = cp2.stop() }()
+	defer func() { _ = cp2.close() }()
 
 	keys1, keys2 := cp1.Store.Keys(), cp2.Store.Keys()
 	slices.SortFunc(keys1, model.Key.Compare)
@@ -398,11 +399,11 @@ func replicasAgree(t *testing.T, seed uint64, steps int) {
 	defer dm.stop(t)
 	sm := startMoving(sotw, cp1.conn, true)
 	defer sm.stop(t)
-	deltaTruth, err := w1.truthOf(deltaKey)
+	deltaTruth, err := w1.truthOf(deltaKey, "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	sotwTruth, err := w1.truthOf(sotwKey)
+	sotwTruth, err := w1.truthOf(sotwKey, "")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -390,7 +390,7 @@ func (st *stream) tooManySubscribed(t xdstype.Type, n, served int) error {
 // exceeds what the scope serves plus the allowed extra.
 func (st *stream) checkSubscribed(t xdstype.Type, n int) error {
 	served := 0
-	st.sc.Read(func(v snapshot.View) { served = v.Len(t) })
+	st.read(func(v snapshot.View) { served = v.Len(t) })
 	if n > served+st.srv.opts.ExtraNamesPerType {
 		return st.tooManySubscribed(t, n, served)
 	}
@@ -400,9 +400,13 @@ func (st *stream) checkSubscribed(t xdstype.Type, n int) error {
 // stream is the state both protocols keep per ADS stream: which scope it
 // serves, and up to which revision of that scope it has caught up.
 type stream struct {
-	srv     *Server
-	key     model.Key
-	sc      *snapshot.Snapshot
+	srv *Server
+	key model.Key
+	sc  *snapshot.Snapshot
+	// at is where the proxy runs, which decides the place views it sees
+	// (see snapshot.ReadFrom); it is fixed for the stream's life, so a
+	// proxy that moves sees its new place when it reconnects.
+	at      model.Location
 	id      uint64
 	rev     uint64
 	ver     string
@@ -440,6 +444,9 @@ func isGRPC(node *corev3.Node) bool {
 	ua := node.GetUserAgentName()
 	return len(ua) >= 4 && strings.EqualFold(ua[:4], "grpc")
 }
+
+// read calls fn with the scope as the stream's proxy sees it.
+func (st *stream) read(fn func(v snapshot.View)) { st.sc.ReadFrom(st.at, fn) }
 
 // caughtUp records that the stream has processed the scope as v shows it.
 func (st *stream) caughtUp(v snapshot.View) {
@@ -527,10 +534,11 @@ func serve[Req request](s *Server, p model.Protocol, srv interface {
 	if err != nil {
 		return err
 	}
-	st := &stream{srv: s, key: key, sc: sc, id: s.fb.Connect(key, kept(first.GetNode()), p, peerOf(ctx), id.String(), s.locate(id, first.GetNode())), grpc: isGRPC(first.GetNode()),
+	loc := s.locate(id, first.GetNode())
+	st := &stream{srv: s, key: key, sc: sc, at: loc, id: s.fb.Connect(key, kept(first.GetNode()), p, peerOf(ctx), id.String(), loc), grpc: isGRPC(first.GetNode()),
 		nacks: rate.NewLimiter(rate.Limit(s.opts.NACKsPerSecond), s.opts.NACKBurst)}
 	defer s.fb.Disconnect(key, st.id)
-	sc.Read(func(v snapshot.View) { st.caughtUp(v); st.watchTransition(v, p) })
+	st.read(func(v snapshot.View) { st.caughtUp(v); st.watchTransition(v, p) })
 	h := open(st)
 	if err := h.handle(first); err != nil {
 		return err
@@ -541,7 +549,7 @@ func serve[Req request](s *Server, p model.Protocol, srv interface {
 			err = h.handle(req)
 		case <-st.ends:
 			// The transition is over, unless the spec changed meanwhile.
-			sc.Read(func(v snapshot.View) {
+			st.read(func(v snapshot.View) {
 				st.spec = nil
 				if err = st.stillServes(v, p); err == nil {
 					st.watchTransition(v, p)

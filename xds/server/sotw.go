@@ -122,7 +122,7 @@ func (st *sotw) handle(req *sotwRequest) error {
 		adopted bool
 		other   int
 	)
-	st.sc.Read(func(v snapshot.View) {
+	st.read(func(v snapshot.View) {
 		if awaiting && clean && !ts.pending && claimed != "" && claimed == st.version(v, ts) {
 			other = st.adopt(v, ts, claimed)
 			adopted = true

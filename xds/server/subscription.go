@@ -91,7 +91,7 @@ func (st *stream) asked(t xdstype.Type, added, removed []string, wildcardBefore,
 	// rare for Envoy, which names what the scope announced, and neither
 	// holds more than the scope served.
 	var names map[model.Key]int
-	st.sc.Read(func(v snapshot.View) {
+	st.read(func(v snapshot.View) {
 		count := func(list []string, d int) {
 			for _, n := range list {
 				if v.Get(t, n) == nil {
@@ -306,7 +306,7 @@ func catchUp[R any](st *stream, p model.Protocol, plan func(v snapshot.View) []R
 		out []R
 		err error
 	)
-	st.sc.Read(func(v snapshot.View) {
+	st.read(func(v snapshot.View) {
 		if err = st.stillServes(v, p); err != nil {
 			return
 		}
