@@ -135,6 +135,8 @@ func TestProxyScopeRejectsInvalidSpecs(t *testing.T) {
 			`spec.listener: Invalid value: virtualHosts is for Envoy listeners: gRPC clients get their routes inline; remove listener.virtualHosts`, false},
 		{"virtual-hosts-unknown", "services: [{names: [a]}]\nlistener: {mode: Envoy, port: 80, virtualHosts: OnDemand}\n",
 			`spec.listener.virtualHosts: Unsupported value: "OnDemand": supported values: "Inline", "VHDS"`, true},
+		{"locality-priority-unknown", "services: [{names: [a]}]\nlocalityPriority: PreferClose\n" + proxyless,
+			`spec.localityPriority: Unsupported value: "PreferClose": supported values: "None", "SameZone"`, true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
