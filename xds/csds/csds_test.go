@@ -4,9 +4,11 @@ import (
 	"testing"
 	"time"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	statusv3 "github.com/envoyproxy/go-control-plane/envoy/service/status/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 
+	"github.com/scopeplane/scopeplane/xds/catalog"
 	"github.com/scopeplane/scopeplane/xds/feedback"
 	"github.com/scopeplane/scopeplane/xds/model"
 	"github.com/scopeplane/scopeplane/xds/snapshot"
@@ -103,5 +105,53 @@ func TestStringMatchers(t *testing.T) {
 	}
 	if _, err := compileString(&matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_SafeRegex{SafeRegex: &matcherv3.RegexMatcher{Regex: "("}}}); err == nil {
 		t.Error("an invalid regex compiled")
+	}
+}
+
+// TestProxyAssignmentsAreComparedWithItsOwnView checks that a proxy's
+// assignments are SYNCED when they are its zone's view of the scope, and
+// STALE for a proxy elsewhere that holds the same versions.
+func TestProxyAssignmentsAreComparedWithItsOwnView(t *testing.T) {
+	cat := catalog.New()
+	store := snapshot.NewStore()
+	b := snapshot.NewBuilder(cat, store, 0)
+	key := model.Key{Namespace: "shop", Name: "s"}
+	cat.UpsertScope(&model.Scope{Key: key, Protocol: model.SotW, Listener: model.Listener{Mode: model.ListenerProxylessGRPC},
+		Selections: []model.Selection{{Namespace: "shop"}}})
+	ep := func(addr, zone string) model.Endpoint {
+		return model.Endpoint{Address: addr, Family: model.IPv4, Ready: true, Serving: true, Zone: zone, ForZones: []string{zone},
+			Ports: []model.EndpointPort{{Name: "grpc", Port: 9000, Protocol: model.ProtocolTCP}}}
+	}
+	cat.UpsertService(&model.Service{Key: model.Key{Namespace: "shop", Name: "web"}, TrafficDistribution: "PreferClose",
+		Ports:     []model.ServicePort{{Name: "grpc", Port: 9000, Protocol: model.ProtocolTCP, TargetPort: 9000}},
+		Endpoints: []model.Endpoint{ep("10.0.0.1", "zone-a"), ep("10.0.0.2", "zone-b")}})
+	b.Apply(cat.Take())
+	var inA string
+	store.Get(key).ReadFrom(model.Location{Zone: "zone-a"}, func(v snapshot.View) { inA = v.TypeVersion(xdstype.Endpoint) })
+
+	fb := feedback.New(time.Minute)
+	srv := New(store, fb)
+	for _, zone := range []string{"zone-a", "zone-b"} {
+		id := fb.Connect(key, &corev3.Node{Id: zone}, model.SotW, "", "", model.Location{Zone: zone, Source: model.LocatedByBootstrap})
+		fb.ACK(key, id, xdstype.Endpoint.URL(), inA, true)
+	}
+	resp, err := srv.status(&statusv3.ClientStatusRequest{ExcludeResourceContents: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]statusv3.ConfigStatus{"zone-a": statusv3.ConfigStatus_SYNCED, "zone-b": statusv3.ConfigStatus_STALE}
+	seen := 0
+	for _, cc := range resp.GetConfig() {
+		w, ok := want[cc.GetNode().GetId()]
+		if !ok {
+			continue
+		}
+		seen++
+		if got := cc.GetGenericXdsConfigs()[xdstype.Endpoint].GetConfigStatus(); got != w {
+			t.Errorf("proxy in %s holding zone-a's assignments: EDS %v, want %v", cc.GetNode().GetId(), got, w)
+		}
+	}
+	if seen != len(want) {
+		t.Fatalf("CSDS reported %d of the %d proxies", seen, len(want))
 	}
 }
