@@ -78,7 +78,7 @@ func (w *world) truthOf(key model.Key, zone string) (truth, error) {
 			selected = append(selected, svc)
 		}
 	}
-	res := translate.Translate(sc, selected)
+	res := translate.Translate(sc, selected).Seen(model.Location{Zone: zone})
 	out := truth{}
 	for _, t := range allTypes {
 		out[t] = map[string][]byte{}
@@ -103,19 +103,6 @@ func (w *world) truthOf(key model.Key, zone string) (truth, error) {
 	})
 	if err != nil {
 		return nil, err
-	}
-	for _, p := range res.Places {
-		if zone == "" || p.Place != (model.Place{Zone: zone}) {
-			continue
-		}
-		for _, cla := range p.Endpoints {
-			if _, ok := out[xdstype.Endpoint.URL()][cla.GetClusterName()]; !ok {
-				return nil, fmt.Errorf("translation of %s has an assignment %q only at %v", key, cla.GetClusterName(), p.Place)
-			}
-			if out[xdstype.Endpoint.URL()][cla.GetClusterName()], err = mo.Marshal(cla); err != nil {
-				return nil, err
-			}
-		}
 	}
 	return out, nil
 }

@@ -162,3 +162,39 @@ func mergePlaces(fragments []*Fragment) []PlaceEndpoints {
 	}
 	return groupByPlace(placed)
 }
+
+// Seen returns the resources as a proxy at loc sees them: each assignment
+// replaced by the view of its Node where there is one, else by that of its
+// zone. Tests and the benchmark derive a proxy's truth with it from a
+// translation from scratch; the server reads the same views from the
+// snapshot. Everything but the assignments is shared with r, and the result
+// has no Places of its own: it is a view already.
+func (r Resources) Seen(loc model.Location) Resources {
+	node, zone := loc.Places()
+	view := map[string]*endpointv3.ClusterLoadAssignment{}
+	for _, place := range []model.Place{zone, node} { // the Node's view wins
+		if place == (model.Place{}) {
+			continue
+		}
+		for _, p := range r.Places {
+			if p.Place != place {
+				continue
+			}
+			for _, cla := range p.Endpoints {
+				view[cla.GetClusterName()] = cla
+			}
+		}
+	}
+	out := r
+	out.Places = nil
+	if len(view) == 0 {
+		return out
+	}
+	out.Endpoints = slices.Clone(r.Endpoints)
+	for i, cla := range out.Endpoints {
+		if v, ok := view[cla.GetClusterName()]; ok {
+			out.Endpoints[i] = v
+		}
+	}
+	return out
+}
