@@ -7,6 +7,9 @@ import (
 	"testing"
 	"time"
 
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	"google.golang.org/protobuf/proto"
+
 	"github.com/scopeplane/scopeplane/xds/model"
 	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
@@ -58,16 +61,18 @@ func TestQuickCorrectness(t *testing.T) {
 		}
 	}
 	// Each cell's figure for the other protocol is that protocol's bytes.
-	if rows := pricedRows(results); len(rows) != 2*(4+1) {
-		t.Errorf("%d events compared between the protocols, want every event of both layouts (10)", len(rows))
+	if rows := pricedRows(results); len(rows) != 3*(4+1) {
+		t.Errorf("%d events compared between the protocols, want every event of the three layouts (15)", len(rows))
 	}
 	for _, d := range Disagreements(results) {
 		t.Error(d)
 	}
 	var report strings.Builder
 	Report(&report, results, header)
-	if !strings.Contains(report.String(), "| scopeplane SotW scoped S=60 N=10 | endpoint |") {
-		t.Errorf("the report lacks a row:\n%s", report.String())
+	for _, row := range []string{"| scopeplane SotW scoped S=60 N=10 | endpoint |", "| scopeplane Delta zoned S=60 N=10 | RSS/proxy |"} {
+		if !strings.Contains(report.String(), row) {
+			t.Errorf("the report lacks the row %q:\n%s", row, report.String())
+		}
 	}
 	if t.Failed() {
 		t.Log(log.String())
@@ -78,14 +83,14 @@ func TestQuickCorrectness(t *testing.T) {
 // the whole set of a changed full-state type, delta only what changed.
 func TestLimit(t *testing.T) {
 	w := NewWorld(WorldParams{Services: 40, Layout: Unscoped, Protocol: model.SotW})
-	before, err := w.Truth(w.Scopes[0])
+	before, err := w.Truth(View{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := w.Apply(EvEndpoint); err != nil {
 		t.Fatal(err)
 	}
-	after, err := w.Truth(w.Scopes[0])
+	after, err := w.Truth(View{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,7 +109,7 @@ func TestLimit(t *testing.T) {
 	if _, err := w.Apply(EvAddRemove); err != nil {
 		t.Fatal(err)
 	}
-	next, err := w.Truth(w.Scopes[0])
+	next, err := w.Truth(View{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,6 +128,69 @@ func TestLimit(t *testing.T) {
 	}
 }
 
+// TestZonedViews checks the zoned world's truths: each zone's proxies see
+// their zone's endpoint of every Service, an endpoint event changes one
+// zone's view only, and a zone whose endpoints drained falls back to every
+// ready endpoint, as kube-proxy does.
+func TestZonedViews(t *testing.T) {
+	w := NewWorld(WorldParams{Services: 40, Layout: Zoned, Protocol: model.Delta})
+	views := w.Views()
+	if len(views) != numZones {
+		t.Fatalf("%d views, want one per zone (%d)", len(views), numZones)
+	}
+	const svc0 = "ns-0/svc-0:80"
+	truths := func() []*Truth {
+		var out []*Truth
+		for _, v := range views {
+			tr, err := w.Truth(v)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, tr)
+		}
+		return out
+	}
+	endpoints := func(tr *Truth) []string {
+		var cla endpointv3.ClusterLoadAssignment
+		if err := proto.Unmarshal(tr[xdstype.Endpoint][svc0].Body, &cla); err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, l := range cla.GetEndpoints() {
+			for _, e := range l.GetLbEndpoints() {
+				out = append(out, l.GetLocality().GetZone()+"/"+e.GetEndpoint().GetAddress().GetSocketAddress().GetAddress())
+			}
+		}
+		return out
+	}
+	before := truths()
+	for z, tr := range before {
+		if got := endpoints(tr); len(got) != 1 || !strings.HasPrefix(got[0], zoneName(z)+"/") {
+			t.Errorf("%s sees %v of %s, want its own zone's endpoint", zoneName(z), got, svc0)
+		}
+	}
+	if _, err := w.Apply(EvEndpoint); err != nil {
+		t.Fatal(err)
+	}
+	after := truths()
+	for z := range views {
+		d := Diff(before[z], after[z])
+		if changed := len(d) > 0; changed != (z == 1) {
+			t.Errorf("an endpoint of zone-b moved: %s's view changed by %v", zoneName(z), d)
+		}
+	}
+	if _, err := w.Apply(EvDrain); err != nil {
+		t.Fatal(err)
+	}
+	drained := truths()
+	if got := endpoints(drained[0]); len(got) != 2 {
+		t.Errorf("zone-a has no ready endpoint of %s left, so it sees every ready one; it sees %v", svc0, got)
+	}
+	if got := endpoints(drained[2]); len(got) != 1 {
+		t.Errorf("zone-c still sees %v of %s, want its own endpoint", got, svc0)
+	}
+}
+
 // TestWorldIsDeterministic checks what a restart relies on: two worlds built
 // from the same parameters and events are equal.
 func TestWorldIsDeterministic(t *testing.T) {
@@ -136,12 +204,13 @@ func TestWorldIsDeterministic(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	for i, sc := range a.Scopes {
-		ta, err := a.Truth(sc)
+	for i, v := range a.Views() {
+		sc := a.Scopes[v.Scope]
+		ta, err := a.Truth(v)
 		if err != nil {
 			t.Fatal(err)
 		}
-		tb, err := b.Truth(b.Scopes[i])
+		tb, err := b.Truth(b.Views()[i])
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -311,7 +311,7 @@ func runCellErr(c Cell, o RunOptions, res *Result) error {
 	if res.RSSBefore, err = cp.rss(); err != nil {
 		return err
 	}
-	l, err := newLoad(cp.addr, c.N, c.Protocol, w.Scopes)
+	l, err := newLoad(cp.addr, c.N, c.Protocol, w)
 	if err != nil {
 		return err
 	}
@@ -323,15 +323,15 @@ func runCellErr(c Cell, o RunOptions, res *Result) error {
 	for _, p := range l.proxies {
 		pending := map[resKey]want{}
 		for t := range xdstype.Count {
-			for name, r := range truths[p.scope][t] {
+			for name, r := range truths[p.view][t] {
 				pending[resKey{t, name}] = want{present: true, digest: r.Digest}
 			}
 		}
 		p.arm(pending, 0, true)
-		if _, ok := limits[p.scope]; !ok {
-			limits[p.scope] = limitBytes(c.Protocol, truths[p.scope], Diff(nil, truths[p.scope]))
+		if _, ok := limits[p.view]; !ok {
+			limits[p.view] = limitBytes(c.Protocol, truths[p.view], Diff(nil, truths[p.view]))
 		}
-		ph.Limit += int64(limits[p.scope])
+		ph.Limit += int64(limits[p.view])
 	}
 	ph.Affected = c.N
 	profBase := ""
@@ -381,7 +381,7 @@ func runCellErr(c Cell, o RunOptions, res *Result) error {
 		}
 		limits := map[int]int{}
 		for _, p := range l.proxies {
-			d := diffs[p.scope]
+			d := diffs[p.view]
 			if len(d) == 0 {
 				p.arm(nil, 0, false)
 				continue
@@ -392,10 +392,10 @@ func runCellErr(c Cell, o RunOptions, res *Result) error {
 			}
 			p.arm(pending, 0, true)
 			ph.Affected++
-			if _, ok := limits[p.scope]; !ok {
-				limits[p.scope] = limitBytes(c.Protocol, nextTruths[p.scope], d)
+			if _, ok := limits[p.view]; !ok {
+				limits[p.view] = limitBytes(c.Protocol, nextTruths[p.view], d)
 			}
-			ph.Limit += int64(limits[p.scope])
+			ph.Limit += int64(limits[p.view])
 		}
 		truths = nextTruths
 		if profBase != "" {
@@ -480,17 +480,18 @@ func waitSynced(cp *cpProc, n int, t0, deadline time.Time) (time.Duration, error
 	}
 }
 
+// truthsOf returns the truth of each view that n proxies hold, by view.
 func truthsOf(w *World, n int) (map[int]*Truth, error) {
 	out := map[int]*Truth{}
-	for s, sc := range w.Scopes {
-		if s >= n {
+	for i, v := range w.Views() {
+		if i >= n {
 			break
 		}
-		tr, err := w.Truth(sc)
+		tr, err := w.Truth(v)
 		if err != nil {
 			return nil, err
 		}
-		out[s] = tr
+		out[i] = tr
 	}
 	return out, nil
 }
@@ -535,7 +536,7 @@ func measure(cp *cpProc, l *load, ph *Phase, o RunOptions, trigger func() error,
 }
 
 // finish reads a phase's traffic and convergence times, and checks every
-// proxy against the truth of its scope.
+// proxy against the truth of its view.
 func finish(l *load, ph *Phase, t0 time.Time, before adsclient.Counts, truths map[int]*Truth) {
 	after := l.counts()
 	ph.Bytes = after.Bytes - before.Bytes
@@ -557,7 +558,7 @@ func finish(l *load, ph *Phase, t0 time.Time, before adsclient.Counts, truths ma
 			fail(fmt.Errorf("proxy-%d did not converge: %d resources still pending", p.idx, left))
 			continue
 		}
-		if err := p.verify(truths[p.scope]); err != nil {
+		if err := p.verify(truths[p.view]); err != nil {
 			fail(err)
 		}
 	}

@@ -56,8 +56,9 @@ type seenRes struct {
 // VHDS included),
 // plus the bookkeeping that timestamps its convergence.
 type proxy struct {
-	idx   int
-	scope int
+	idx int
+	// view is the index of the view (World.Views) the proxy must hold.
+	view  int
 	proto adsclient.Protocol
 	c     *adsclient.Client
 	tr    *tracker
@@ -86,8 +87,8 @@ type proxy struct {
 	opens      int
 }
 
-func newProxy(idx, scope int, key model.Key, p adsclient.Protocol, tr *tracker) *proxy {
-	px := &proxy{idx: idx, scope: scope, proto: p, tr: tr, eds: map[string]struct{}{}, rds: map[string]struct{}{}}
+func newProxy(idx, view int, key model.Key, loc model.Location, p adsclient.Protocol, tr *tracker) *proxy {
+	px := &proxy{idx: idx, view: view, proto: p, tr: tr, eds: map[string]struct{}{}, rds: map[string]struct{}{}}
 	protocol := model.SotW
 	if p == adsclient.Delta {
 		protocol = model.Delta
@@ -105,6 +106,9 @@ func newProxy(idx, scope int, key model.Key, p adsclient.Protocol, tr *tracker) 
 		Types:   types,
 		Reject:  px.judge,
 		OnEvent: px.onEvent,
+	}
+	if loc.Zone != "" {
+		cfg.Node.Locality = &corev3.Locality{Zone: loc.Zone}
 	}
 	if p == adsclient.SotW {
 		cfg.Wildcard = map[string]bool{xdstype.Cluster.URL(): true, xdstype.Listener.URL(): true}
@@ -480,7 +484,7 @@ type load struct {
 	wg      sync.WaitGroup
 }
 
-func newLoad(addr string, n int, p model.Protocol, scopes []*model.Scope) (*load, error) {
+func newLoad(addr string, n int, p model.Protocol, w *World) (*load, error) {
 	l := &load{tr: &tracker{}}
 	ap := adsclient.SotW
 	if p == model.Delta {
@@ -503,9 +507,10 @@ func newLoad(addr string, n int, p model.Protocol, scopes []*model.Scope) (*load
 		}
 		l.conns = append(l.conns, cc)
 	}
+	views := w.Views()
 	for i := range n {
-		s := i % len(scopes)
-		l.proxies = append(l.proxies, newProxy(i, s, scopes[s].Key, ap, l.tr))
+		v := i % len(views)
+		l.proxies = append(l.proxies, newProxy(i, v, w.Scopes[views[v].Scope].Key, views[v].Loc, ap, l.tr))
 	}
 	return l, nil
 }

@@ -67,11 +67,11 @@ type Preset struct {
 var Presets = map[string]Preset{
 	"full": {Sizes: []size{
 		{S: 10000, N: 100, Layouts: []Layout{Unscoped, Scoped}},
-		{S: 1000, N: 1000, Layouts: []Layout{Unscoped, Scoped}},
+		{S: 1000, N: 1000, Layouts: []Layout{Unscoped, Scoped, Zoned}},
 		{S: 10000, N: 1000, Layouts: []Layout{Scoped}},
 	}, EndpointEvents: 3, Timeout: 5 * time.Minute},
-	"quick": {Sizes: []size{{S: 500, N: 50, Layouts: []Layout{Unscoped, Scoped}}}, EndpointEvents: 2, Timeout: time.Minute},
-	"tiny":  {Sizes: []size{{S: 60, N: 10, Layouts: []Layout{Unscoped, Scoped}}}, EndpointEvents: 1, Timeout: 30 * time.Second},
+	"quick": {Sizes: []size{{S: 500, N: 50, Layouts: []Layout{Unscoped, Scoped, Zoned}}}, EndpointEvents: 2, Timeout: time.Minute},
+	"tiny":  {Sizes: []size{{S: 60, N: 10, Layouts: []Layout{Unscoped, Scoped, Zoned}}}, EndpointEvents: 1, Timeout: 30 * time.Second},
 	// sweep varies one dimension at a time, unscoped, for the plots:
 	// the Services at N=100, then the proxies at S=1000.
 	"sweep": {Sizes: []size{
@@ -138,7 +138,7 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "-size %q: want SxN with S >= 22 and N >= 1\n", *only)
 			return 2
 		}
-		sz.Layouts = []Layout{Unscoped, Scoped}
+		sz.Layouts = []Layout{Unscoped, Scoped, Zoned}
 		p.Sizes = []size{sz}
 	}
 	var protos []model.Protocol

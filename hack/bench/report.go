@@ -201,7 +201,52 @@ func Report(w io.Writer, results []*Result, header string) {
 		fmt.Fprintf(w, "| %s %s S=%d N=%d | RSS/proxy | | %s | |\n", r.Protocol, r.Layout, r.S, r.N, ratio(b.RSSPerProxy(), r.RSSPerProxy()))
 	}
 	fmt.Fprintln(w)
+	topology(w, results)
 	targets(w, results, base, otherProtocol(w, results))
+}
+
+// topology writes what topology-aware routing costs: each zoned cell
+// against the unscoped cell of the same implementation, protocol and size,
+// the same world but for PreferClose and zone hints (a view per zone).
+func topology(w io.Writer, results []*Result) {
+	plain := map[Cell]*Result{}
+	for _, r := range results {
+		if r.Layout == Unscoped && r.Err == "" {
+			plain[r.Cell] = r
+		}
+	}
+	header := false
+	for _, r := range results {
+		c := r.Cell
+		c.Layout = Unscoped
+		u := plain[c]
+		if r.Layout != Zoned || r.Err != "" || u == nil {
+			continue
+		}
+		if !header {
+			fmt.Fprintln(w, "### Topology-aware routing")
+			fmt.Fprintln(w)
+			fmt.Fprintln(w, "The zoned cells against the unscoped ones of the same world, as zoned/unscoped: every Service asks for PreferClose with each endpoint hinted for its zone, and the proxies run in three zones, so each zone's proxies share a view of every assignment.")
+			fmt.Fprintln(w)
+			fmt.Fprintln(w, "| cell | event | bytes | CP CPU | p99 |")
+			fmt.Fprintln(w, "|---|---|--:|--:|--:|")
+			header = true
+		}
+		um := map[string]*Phase{}
+		for _, p := range u.merged() {
+			um[p.Name] = p
+		}
+		for _, p := range r.merged() {
+			if q := um[p.Name]; q != nil {
+				fmt.Fprintf(w, "| %s | %s | %s | %s | %s |\n", cellLabel(r.Cell), p.Name, ratio(float64(p.Bytes), float64(q.Bytes)),
+					ratio(float64(p.CPU), float64(q.CPU)), ratio(float64(p.Percentile(0.99)), float64(q.Percentile(0.99))))
+			}
+		}
+		fmt.Fprintf(w, "| %s | RSS/proxy | | | %s |\n", cellLabel(r.Cell), ratio(r.RSSPerProxy(), u.RSSPerProxy()))
+	}
+	if header {
+		fmt.Fprintln(w)
+	}
 }
 
 // agreementTolerance is how far a cell's figure for the other protocol may

@@ -69,12 +69,16 @@ func serveMain(args []string) int {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	impl := fs.String("impl", "scopeplane", "control plane: scopeplane or baseline (stock go-control-plane SnapshotCache)")
 	services := fs.Int("services", 1000, "number of Services")
-	layout := fs.String("layout", string(Unscoped), "unscoped or scoped")
+	layout := fs.String("layout", string(Unscoped), "unscoped, scoped or zoned")
 	protocol := fs.String("protocol", string(model.SotW), "SotW or Delta (the scopes' protocol)")
 	addr := fs.String("addr", "127.0.0.1:0", "ADS listen address (loopback only)")
 	replay := fs.String("replay", "", "comma-separated events applied before serving (a restart)")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of this process's whole life to this file")
 	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if l := Layout(*layout); l != Unscoped && l != Scoped && l != Zoned {
+		fmt.Fprintf(os.Stderr, "bench serve: -layout %q: want unscoped, scoped or zoned\n", *layout)
 		return 2
 	}
 	if err := serve(*impl, WorldParams{Services: *services, Layout: Layout(*layout), Protocol: model.Protocol(*protocol)},
@@ -335,35 +339,49 @@ func (s *scopeplaneCP) Serve(ctx context.Context, lis net.Listener) error {
 // a SnapshotCache holding one snapshot per node, made with NewSnapshot and
 // one version string for every type, served by pkg/server/v3. On every event
 // it re-translates every scope (with xds/translate, so the resources are the
-// ones scopeplane serves) and sets a new snapshot for every node. A node gets
-// its snapshot when it first shows up on a stream.
+// ones scopeplane serves) and sets a new snapshot for every node: the view
+// of its scope from its zone, as a control plane with per-node snapshots
+// does topology-aware routing. A node gets its snapshot when it first shows
+// up on a stream.
 type baselineCP struct {
 	mu    sync.Mutex
 	w     *World
+	views map[baselineView]int // → index in w.Views()
 	cache cachev3.SnapshotCache
-	res   map[model.Key]map[resourcev3.Type][]types.Resource
+	res   []map[resourcev3.Type][]types.Resource // by view
 	nodes []baselineNode
 	known sync.Map // node id → struct{}; read without mu so streams never wait for a rebuild
 }
 
+// baselineView names a view as a node's bootstrap does.
+type baselineView struct {
+	scope model.Key
+	zone  string
+}
+
 type baselineNode struct {
-	id  string
-	key model.Key
+	id   string
+	view int
 }
 
 func newBaseline(w *World) *baselineCP {
-	b := &baselineCP{w: w, cache: cachev3.NewSnapshotCache(true, cachev3.IDHash{}, nil)}
+	b := &baselineCP{w: w, views: map[baselineView]int{}, cache: cachev3.NewSnapshotCache(true, cachev3.IDHash{}, nil)}
+	for i, v := range w.Views() {
+		b.views[baselineView{w.Scopes[v.Scope].Key, v.Loc.Zone}] = i
+	}
 	b.rebuild()
 	return b
 }
 
 func (b *baselineCP) version() string { return fmt.Sprint("w", len(b.w.Applied)) }
 
-// rebuild translates every scope from scratch. b.mu must be held (or b not shared yet).
+// rebuild translates every view from scratch. b.mu must be held (or b not shared yet).
 func (b *baselineCP) rebuild() {
-	b.res = make(map[model.Key]map[resourcev3.Type][]types.Resource, len(b.w.Scopes))
-	for _, sc := range b.w.Scopes {
-		r := translate.Translate(sc, b.w.Selected(sc))
+	views := b.w.Views()
+	b.res = make([]map[resourcev3.Type][]types.Resource, len(views))
+	for i, v := range views {
+		sc := b.w.Scopes[v.Scope]
+		r := translate.Translate(sc, b.w.Selected(sc)).Seen(v.Loc)
 		m := map[resourcev3.Type][]types.Resource{}
 		for _, c := range r.Clusters {
 			m[resourcev3.ClusterType] = append(m[resourcev3.ClusterType], c)
@@ -382,12 +400,12 @@ func (b *baselineCP) rebuild() {
 				m[resourcev3.VirtualHostType] = append(m[resourcev3.VirtualHostType], vh)
 			}
 		}
-		b.res[sc.Key] = m
+		b.res[i] = m
 	}
 }
 
-func (b *baselineCP) setSnapshot(id string, key model.Key) error {
-	snap, err := cachev3.NewSnapshot(b.version(), b.res[key])
+func (b *baselineCP) setSnapshot(id string, view int) error {
+	snap, err := cachev3.NewSnapshot(b.version(), b.res[view])
 	if err != nil {
 		return err
 	}
@@ -404,19 +422,20 @@ func (b *baselineCP) ensure(node *corev3.Node) error {
 		return nil
 	}
 	ns, name, _ := strings.Cut(node.GetMetadata().GetFields()[model.ScopeMetadataKey].GetStringValue(), "/")
-	key := model.Key{Namespace: ns, Name: name}
+	key := baselineView{model.Key{Namespace: ns, Name: name}, node.GetLocality().GetZone()}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if _, ok := b.known.Load(id); ok {
 		return nil
 	}
-	if _, ok := b.res[key]; !ok {
-		return status.Errorf(codes.NotFound, "node %q: unknown scope %q", id, key)
+	view, ok := b.views[key]
+	if !ok {
+		return status.Errorf(codes.NotFound, "node %q: unknown scope %q in zone %q", id, key.scope, key.zone)
 	}
-	if err := b.setSnapshot(id, key); err != nil {
+	if err := b.setSnapshot(id, view); err != nil {
 		return err
 	}
-	b.nodes = append(b.nodes, baselineNode{id: id, key: key})
+	b.nodes = append(b.nodes, baselineNode{id: id, view: view})
 	b.known.Store(id, struct{}{})
 	return nil
 }
@@ -433,7 +452,7 @@ func (b *baselineCP) Apply(Change) {
 	defer b.mu.Unlock()
 	b.rebuild()
 	for _, n := range b.nodes {
-		if err := b.setSnapshot(n.id, n.key); err != nil {
+		if err := b.setSnapshot(n.id, n.view); err != nil {
 			fmt.Fprintln(os.Stderr, "baseline: SetSnapshot:", err)
 		}
 	}

@@ -15,16 +15,21 @@ import (
 )
 
 // The shape of the benchmark world, fixed so that every run measures the
-// same thing: Services of one HTTP port and three endpoints each, spread over
-// twenty namespaces; in the scoped layout twenty scopes select fifty
-// Services each (Services of other namespaces and the rest of their own are
-// in no scope); in the unscoped layout one scope selects every Service. All
-// scopes use the Envoy listener mode, so the four types flow.
+// same thing: Services of one HTTP port and three endpoints each, one per
+// zone of three, spread over twenty namespaces; in the scoped layout twenty
+// scopes select fifty Services each (Services of other namespaces and the
+// rest of their own are in no scope); in the unscoped and zoned layouts one
+// scope selects every Service. In the zoned layout every Service asks for
+// trafficDistribution: PreferClose and each endpoint is hinted for its own
+// zone, as the EndpointSlice controller does, and the proxies run in the
+// three zones in turn. All scopes use the Envoy listener mode, so the four
+// types flow.
 const (
 	numNamespaces = 20
 	numScopes     = 20
 	perScope      = 50
 	endpointsPer  = 3
+	numZones      = endpointsPer
 	listenerPort  = 10080
 	drainServices = 100
 	scopeLabel    = "bench.scopeplane.dev/scope"
@@ -33,10 +38,13 @@ const (
 // Layout is how scopes select Services.
 type Layout string
 
-// The two layouts of the benchmark.
+// The layouts of the benchmark.
 const (
 	Unscoped Layout = "unscoped"
 	Scoped   Layout = "scoped"
+	// Zoned is the unscoped layout with topology-aware routing: what it
+	// costs over Unscoped is the price of per-zone views.
+	Zoned Layout = "zoned"
 )
 
 // Event names, as the driver sends them to the control-plane process.
@@ -69,7 +77,7 @@ type World struct {
 func NewWorld(p WorldParams) *World {
 	w := &World{P: p, Services: make(map[model.Key]*model.Service, p.Services)}
 	for i := range p.Services {
-		svc := makeService(fmt.Sprint("ns-", i%numNamespaces), fmt.Sprint("svc-", i), i, memberOf(p, i))
+		svc := w.makeService(fmt.Sprint("ns-", i%numNamespaces), fmt.Sprint("svc-", i), i, memberOf(p, i))
 		w.Services[svc.Key] = svc
 	}
 	switch p.Layout {
@@ -130,7 +138,7 @@ func endpointAddress(n int) string {
 	return fmt.Sprintf("10.%d.%d.%d", n>>16&255, n>>8&255, n&255)
 }
 
-func makeService(ns, name string, idx, scope int) *model.Service {
+func (w *World) makeService(ns, name string, idx, scope int) *model.Service {
 	svc := &model.Service{
 		Key:   model.Key{Namespace: ns, Name: name},
 		Ports: []model.ServicePort{{Name: "http", Port: 80, Protocol: model.ProtocolTCP, TargetPort: 8080}},
@@ -138,19 +146,53 @@ func makeService(ns, name string, idx, scope int) *model.Service {
 	if scope >= 0 {
 		svc.Labels = map[string]string{scopeLabel: fmt.Sprint("scope-", scope)}
 	}
+	zoned := w.P.Layout == Zoned
+	if zoned {
+		svc.TrafficDistribution = "PreferClose"
+	}
 	for e := range endpointsPer {
 		n := idx*4 + e + 1
-		svc.Endpoints = append(svc.Endpoints, model.Endpoint{
+		ep := model.Endpoint{
 			Address: endpointAddress(n),
 			Family:  model.IPv4,
 			Ports:   []model.EndpointPort{{Name: "http", Port: 8080, Protocol: model.ProtocolTCP}},
 			Ready:   true,
 			Serving: true,
-			Zone:    fmt.Sprintf("zone-%c", 'a'+e),
+			Zone:    zoneName(e),
 			Node:    fmt.Sprint("node-", n%500),
-		})
+		}
+		if zoned {
+			ep.ForZones = []string{ep.Zone}
+		}
+		svc.Endpoints = append(svc.Endpoints, ep)
 	}
 	return svc
+}
+
+func zoneName(i int) string { return fmt.Sprintf("zone-%c", 'a'+i) }
+
+// View is what one group of proxies must hold: a scope as seen from a
+// location.
+type View struct {
+	Scope int
+	Loc   model.Location
+}
+
+// Views lists the world's views; proxy i holds view i modulo their number.
+// In the zoned layout they are the scope from each zone; otherwise each
+// scope from nowhere in particular.
+func (w *World) Views() []View {
+	var out []View
+	for s := range w.Scopes {
+		if w.P.Layout != Zoned {
+			out = append(out, View{Scope: s})
+			continue
+		}
+		for z := range numZones {
+			out = append(out, View{Scope: s, Loc: model.Location{Zone: zoneName(z)}})
+		}
+	}
+	return out
 }
 
 // clone copies a Service deeply enough to change its endpoints: the catalog
@@ -203,7 +245,7 @@ func (w *World) Apply(ev string) (Change, error) {
 		if w.P.Layout == Scoped {
 			scope = 0
 		}
-		ch.Upserted = append(ch.Upserted, makeService("ns-0", fmt.Sprint("svc-new-", seq), w.P.Services+seq, scope))
+		ch.Upserted = append(ch.Upserted, w.makeService("ns-0", fmt.Sprint("svc-new-", seq), w.P.Services+seq, scope))
 		ch.Deleted = append(ch.Deleted, model.Key{Namespace: "ns-1", Name: "svc-21"})
 	default:
 		return ch, fmt.Errorf("unknown event %q", ev)
@@ -244,12 +286,14 @@ type Res struct {
 // Truth is what every proxy of a scope must hold: type → name → resource.
 type Truth [xdstype.Count]map[string]Res
 
-// Truth translates a scope from scratch with xds/translate, independently of
-// any control plane's incremental state: what a proxy of the scope's
-// protocol holds, so in SotW no VirtualHost resource (Envoy reads VHDS over
-// delta only; a SotW route configuration carries them inline).
-func (w *World) Truth(sc *model.Scope) (*Truth, error) {
-	r := translate.Translate(sc, w.Selected(sc))
+// Truth translates a view's scope from scratch with xds/translate,
+// independently of any control plane's incremental state: what a proxy of
+// the scope's protocol at the view's location holds, so in SotW no
+// VirtualHost resource (Envoy reads VHDS over delta only; a SotW route
+// configuration carries them inline).
+func (w *World) Truth(v View) (*Truth, error) {
+	sc := w.Scopes[v.Scope]
+	r := translate.Translate(sc, w.Selected(sc)).Seen(v.Loc)
 	var tr Truth
 	for t := range tr {
 		tr[t] = map[string]Res{}
