@@ -28,7 +28,10 @@ func TestMain(m *testing.M) {
 // cell (both control planes, both protocols, both layouts) through the
 // initial sync, every event and a restart, with every proxy converging and
 // holding exactly the truth after each, and each cell's figure for the other
-// protocol agreeing with the other protocol's cell. It asserts no timing.
+// protocol agreeing with the other protocol's cell; and a short churn (5
+// changes in a second) per control plane and protocol, after which every
+// proxy holds the truth and every change converged at every proxy. It
+// asserts no timing.
 func TestQuickCorrectness(t *testing.T) {
 	if testing.Short() {
 		t.Skip("spawns control-plane processes")
@@ -42,8 +45,11 @@ func TestQuickCorrectness(t *testing.T) {
 			t.Errorf("%s: %s", r.Cell, r.Err)
 			continue
 		}
-		if len(r.Phases) != 4+p.EndpointEvents {
-			t.Errorf("%s: %d phases, want %d", r.Cell, len(r.Phases), 4+p.EndpointEvents)
+		if want := 4 + p.EndpointEvents; !r.Churn.On() && len(r.Phases) != want {
+			t.Errorf("%s: %d phases, want %d", r.Cell, len(r.Phases), want)
+		}
+		if r.Churn.On() {
+			checkChurn(t, r, p.Churn.Changes())
 		}
 		for _, ph := range r.Phases {
 			if ph.Failed > 0 {
@@ -66,11 +72,40 @@ func TestQuickCorrectness(t *testing.T) {
 	}
 	var report strings.Builder
 	Report(&report, results, header)
-	if !strings.Contains(report.String(), "| scopeplane SotW scoped S=60 N=10 | endpoint |") {
-		t.Errorf("the report lacks a row:\n%s", report.String())
+	for _, row := range []string{"| scopeplane SotW scoped S=60 N=10 | endpoint |", "| baseline Delta unscoped S=60 N=10 | churn 5/s for 1s |",
+		"| sustained churn: control plane ≤ 0.5 core |"} {
+		if !strings.Contains(report.String(), row) {
+			t.Errorf("the report lacks the row %q:\n%s", row, report.String())
+		}
 	}
 	if t.Failed() {
 		t.Log(log.String())
+	}
+}
+
+// checkChurn checks a churn cell: a sync and the churn, every change
+// converged at every proxy (all of the unscoped layout's proxies are
+// affected by each), and versions built and sent.
+func checkChurn(t *testing.T, r *Result, changes int) {
+	t.Helper()
+	if len(r.Phases) != 2 || r.Phases[1].Churn == nil {
+		t.Errorf("%s: phases %d, want a sync and a churn", r.Cell, len(r.Phases))
+		return
+	}
+	ph := r.Phases[1]
+	c := ph.Churn
+	if c.Changes != changes || len(c.ChangeLat) != changes || len(ph.Lat) != changes*r.N || ph.Affected != r.N {
+		t.Errorf("%s: %d changes, %d converged, %d (change, proxy) pairs over %d affected proxies; want %d, %d, %d, %d",
+			r.Cell, c.Changes, len(c.ChangeLat), len(ph.Lat), ph.Affected, changes, changes, changes*r.N, r.N)
+	}
+	if c.Builds < 1 || c.Bytes == 0 || c.Responses == 0 {
+		t.Errorf("%s: %d versions built, %d bytes and %d responses sent during the churn", r.Cell, c.Builds, c.Bytes, c.Responses)
+	}
+	for _, d := range ph.Lat {
+		if d <= 0 {
+			t.Errorf("%s: a change converged %s after it was made", r.Cell, d)
+			break
+		}
 	}
 }
 
