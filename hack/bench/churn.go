@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"time"
 
 	"github.com/scopeplane/scopeplane/xds/xdstype"
@@ -19,11 +20,16 @@ type churnTrack struct {
 	index map[uint64]int
 }
 
-func (tr *churnTrack) add(d uint64, at time.Time, change int) {
+func (tr *churnTrack) add(d uint64, change int) {
 	tr.index[d] = len(tr.digests)
 	tr.digests = append(tr.digests, d)
-	tr.at = append(tr.at, at)
 	tr.change = append(tr.change, change)
+}
+
+// send writes one command without waiting for its answer.
+func (p *cpProc) send(cmd string) error {
+	_, err := io.WriteString(p.stdin, cmd+"\n")
+	return err
 }
 
 // builds is how many versions the control plane has built.
@@ -53,35 +59,40 @@ func runChurn(cp *cpProc, l *load, w *World, truths map[int]*Truth, c Cell, o Ru
 	n := c.Churn.Changes()
 	ph := &Phase{Name: EvChurn, Churn: &ChurnStats{Changes: n}}
 
-	// The world after the churn (events are deterministic), so its truth
-	// is known up front and the driver need not translate whole scopes
-	// while it keeps the schedule.
-	end := w.copy()
-	for range n {
-		if _, err := end.Apply(EvChurn); err != nil {
+	// Every change and the world after them, up front (events are
+	// deterministic), so that keeping the schedule is all the driver does
+	// meanwhile: the versions each change makes of the assignments it
+	// touches, per scope with proxies, and the truth at the end.
+	tracks := map[int]map[resKey]*churnTrack{}
+	touched := make([][]*churnTrack, n)
+	for i := range n {
+		ch, err := w.Apply(EvChurn)
+		if err != nil {
 			return nil, err
 		}
-	}
-	final, err := truthsOf(end, c.N)
-	if err != nil {
-		return nil, err
-	}
-	// The assignments the churn changes, per scope with proxies.
-	tracks := map[int]map[resKey]*churnTrack{}
-	for k := range churnServices {
-		svc := end.Services[churnKey(k)]
-		for s := range final {
-			as, err := Assignments(end.Scopes[s], svc)
+		for s := range truths {
+			as, err := Assignments(w.Scopes[s], ch.Upserted[0])
 			if err != nil {
 				return nil, err
 			}
-			for name := range as {
+			for name, r := range as {
 				if tracks[s] == nil {
 					tracks[s] = map[resKey]*churnTrack{}
 				}
-				tracks[s][resKey{xdstype.Endpoint, name}] = &churnTrack{index: map[uint64]int{}}
+				k := resKey{xdstype.Endpoint, name}
+				tr := tracks[s][k]
+				if tr == nil {
+					tr = &churnTrack{index: map[uint64]int{}}
+					tracks[s][k] = tr
+				}
+				tr.add(r.Digest, i)
+				touched[i] = append(touched[i], tr)
 			}
 		}
+	}
+	final, err := truthsOf(w, c.N)
+	if err != nil {
+		return nil, err
 	}
 	for _, p := range l.proxies {
 		keys := make([]resKey, 0, len(tracks[p.scope]))
@@ -105,29 +116,38 @@ func runChurn(cp *cpProc, l *load, w *World, truths map[int]*Truth, c Cell, o Ru
 			return err
 		}
 		counts0, load0 := l.counts(), cpuNanos()
+		// The control plane's answers are read as they come, so a busy
+		// control plane never delays the next change.
+		answered := make(chan error, 1)
+		go func() {
+			for range n {
+				l, err := cp.read(o.Timeout)
+				if err == nil && l != "ok" {
+					err = fmt.Errorf("event %s: %s", EvChurn, l)
+				}
+				if err != nil {
+					answered <- err
+					return
+				}
+			}
+			answered <- nil
+		}()
 		start := time.Now()
 		interval := c.Churn.For / time.Duration(n)
 		for i := range n {
 			time.Sleep(time.Until(start.Add(time.Duration(i) * interval)))
-			ch, err := w.Apply(EvChurn)
-			if err != nil {
-				return err
-			}
 			at := time.Now()
-			if _, err := cp.do("event " + EvChurn); err != nil {
+			if err := cp.send("event " + EvChurn); err != nil {
 				return err
 			}
-			for s, byKey := range tracks {
-				as, err := Assignments(w.Scopes[s], ch.Upserted[0])
-				if err != nil {
-					return err
-				}
-				for name, r := range as {
-					byKey[resKey{xdstype.Endpoint, name}].add(r.Digest, at, i)
-				}
+			for _, tr := range touched[i] {
+				tr.at = append(tr.at, at)
 			}
 		}
 		time.Sleep(time.Until(start.Add(c.Churn.For)))
+		if err := <-answered; err != nil {
+			return err
+		}
 		st.Window = time.Since(start)
 		counts := l.counts()
 		st.Bytes, st.Responses = counts.Bytes-counts0.Bytes, counts.Responses-counts0.Responses
@@ -163,6 +183,8 @@ func runChurn(cp *cpProc, l *load, w *World, truths map[int]*Truth, c Cell, o Ru
 		}
 		return nil
 	}
+	// The proxies have Timeout to converge after the schedule.
+	o.Timeout += c.Churn.For
 	if err := measure(cp, l, ph, o, trigger, final); err != nil {
 		return nil, err
 	}
