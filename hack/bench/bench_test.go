@@ -98,8 +98,8 @@ func checkChurn(t *testing.T, r *Result, changes int) {
 		t.Errorf("%s: %d changes, %d converged, %d (change, proxy) pairs over %d affected proxies; want %d, %d, %d, %d",
 			r.Cell, c.Changes, len(c.ChangeLat), len(ph.Lat), ph.Affected, changes, changes, changes*r.N, r.N)
 	}
-	if c.Builds < 1 || c.Bytes == 0 || c.Responses == 0 {
-		t.Errorf("%s: %d versions built, %d bytes and %d responses sent during the churn", r.Cell, c.Builds, c.Bytes, c.Responses)
+	if c.Builds < 1 || ph.Bytes == 0 || ph.Responses == 0 || c.Drained <= 0 {
+		t.Errorf("%s: %d versions built, %d bytes and %d responses sent, drained after %s", r.Cell, c.Builds, ph.Bytes, ph.Responses, c.Drained)
 	}
 	for _, d := range ph.Lat {
 		if d <= 0 {

@@ -100,16 +100,21 @@ type Phase struct {
 	Churn *ChurnStats
 }
 
-// ChurnStats is what a sustained churn cost while it lasted, and how long
-// its changes took to reach the proxies.
+// ChurnStats is what a sustained churn did beyond what every phase
+// measures, and how long its changes took to reach the proxies. The
+// phase's CPU, bytes and responses are everything the churn caused, until
+// traffic stopped; divided by Window they are its cost per second of churn,
+// work the control plane or the proxies deferred past the schedule
+// included.
 type ChurnStats struct {
 	Changes int
-	// Window runs from the first change to the end of the schedule; CPU,
-	// LoadCPU, Bytes and Responses are what was used and received within
-	// it, Builds the versions the control plane built within it.
-	Window                   time.Duration
-	CPU, LoadCPU             time.Duration
-	Bytes, Responses, Builds int64
+	// Window runs from the first change to the end of the schedule.
+	Window time.Duration
+	// Builds is how many versions the control plane built in the phase.
+	Builds int64
+	// Drained is when, from the first change, the last proxy held the
+	// last version of every churned resource.
+	Drained time.Duration
 	// ChangeLat holds, for each change that affected a proxy, how long
 	// until every proxy it affects had converged on it (see runChurn).
 	ChangeLat []time.Duration

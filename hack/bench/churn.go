@@ -107,15 +107,6 @@ func runChurn(cp *cpProc, l *load, w *World, truths map[int]*Truth, c Cell, o Ru
 
 	st := ph.Churn
 	trigger := func() error {
-		builds0, err := cp.builds()
-		if err != nil {
-			return err
-		}
-		cpu0, err := cp.cpu()
-		if err != nil {
-			return err
-		}
-		counts0, load0 := l.counts(), cpuNanos()
 		// The control plane's answers are read as they come, so a busy
 		// control plane never delays the next change.
 		answered := make(chan error, 1)
@@ -149,19 +140,6 @@ func runChurn(cp *cpProc, l *load, w *World, truths map[int]*Truth, c Cell, o Ru
 			return err
 		}
 		st.Window = time.Since(start)
-		counts := l.counts()
-		st.Bytes, st.Responses = counts.Bytes-counts0.Bytes, counts.Responses-counts0.Responses
-		st.LoadCPU = time.Duration(cpuNanos() - load0)
-		cpu1, err := cp.cpu()
-		if err != nil {
-			return err
-		}
-		st.CPU = cpu1 - cpu0
-		builds1, err := cp.builds()
-		if err != nil {
-			return err
-		}
-		st.Builds = builds1 - builds0
 		// Each proxy is done once it holds the last version of every
 		// churned resource its scope serves.
 		for _, p := range l.proxies {
@@ -183,11 +161,20 @@ func runChurn(cp *cpProc, l *load, w *World, truths map[int]*Truth, c Cell, o Ru
 		}
 		return nil
 	}
+	builds0, err := cp.builds()
+	if err != nil {
+		return nil, err
+	}
 	// The proxies have Timeout to converge after the schedule.
 	o.Timeout += c.Churn.For
 	if err := measure(cp, l, ph, o, trigger, final); err != nil {
 		return nil, err
 	}
+	builds1, err := cp.builds()
+	if err != nil {
+		return nil, err
+	}
+	st.Builds, st.Drained = builds1-builds0, ph.Converged()
 
 	// Convergence of each change at each proxy, from what the proxies
 	// ACKed: a version converges its own change and every earlier one of

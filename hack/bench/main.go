@@ -70,13 +70,20 @@ type Preset struct {
 
 // Presets: full is the documented run, quick checks every cell on a small
 // world in under two minutes, tiny is what `go test` runs.
-
+//
+// full's S=10,000/N=10,000 size is scoped only: 20 scopes of 50 Services
+// (the other 9,950 Services are in no scope), 500 proxies each, so an
+// endpoint change reaches 500 proxies (with 200 scopes of 50 it would
+// reach 50) while each proxy holds what it holds at every scoped size.
 var Presets = map[string]Preset{
 	"full": {Sizes: []size{
 		{S: 10000, N: 100, Layouts: []Layout{Unscoped, Scoped}},
 		{S: 1000, N: 1000, Layouts: []Layout{Unscoped, Scoped}},
 		{S: 10000, N: 1000, Layouts: []Layout{Scoped}},
-	}, EndpointEvents: 3, Timeout: 5 * time.Minute},
+		{S: 10000, N: 10000, Layouts: []Layout{Scoped}},
+	}, EndpointEvents: 3,
+		ChurnSizes: []size{{S: 1000, N: 1000, Layouts: []Layout{Unscoped}}}, Churn: Churn{Rate: 50, For: time.Minute},
+		Timeout: 5 * time.Minute},
 	"quick": {Sizes: []size{{S: 500, N: 50, Layouts: []Layout{Unscoped, Scoped}}}, EndpointEvents: 2,
 		ChurnSizes: []size{{S: 500, N: 50, Layouts: []Layout{Unscoped}}}, Churn: Churn{Rate: 50, For: 5 * time.Second},
 		Timeout: time.Minute},

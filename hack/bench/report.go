@@ -17,8 +17,8 @@ func phaseLine(p *Phase) string {
 		s += fmt.Sprintf(" reopened=%d", p.Reopened)
 	}
 	if c := p.Churn; c != nil {
-		s += fmt.Sprintf("\n      churn: %d changes in %s, %d versions built, %d responses, CP %.2f cores, change p50=%s p99=%s max=%s",
-			c.Changes, ms(c.Window), c.Builds, c.Responses, c.perSecond(c.CPU.Seconds()),
+		s += fmt.Sprintf("\n      churn: %d changes in %s, %d versions built, %d responses, all held the last after %s, CP %.2f cores, change p50=%s p99=%s max=%s",
+			c.Changes, ms(c.Window), c.Builds, p.Responses, ms(c.Drained), c.perSecond(p.CPU.Seconds()),
 			ms(percentile(c.ChangeLat, 0.5)), ms(percentile(c.ChangeLat, 0.99)), ms(percentile(c.ChangeLat, 1)))
 	}
 	for _, e := range p.Errors {
@@ -366,14 +366,14 @@ func churnTable(w io.Writer, results []*Result) {
 		}
 		p := r.phase(EvChurn)
 		if r.Err != "" || p == nil || p.Churn == nil {
-			rows = append(rows, fmt.Sprintf("| %s | error | %s |||||||||||", cellLabel(r.Cell), strings.ReplaceAll(r.Err, "|", "/")))
+			rows = append(rows, fmt.Sprintf("| %s | error | %s ||||||||||||", cellLabel(r.Cell), strings.ReplaceAll(r.Err, "|", "/")))
 			continue
 		}
 		c := p.Churn
-		rows = append(rows, fmt.Sprintf("| %s | %s | %.1f | %.1f | %.1f | %.2f | %.2f | %s | %s | %s | %s | %s | %s | %s |", cellLabel(r.Cell), r.Churn,
-			c.perSecond(float64(c.Changes)), c.perSecond(float64(c.Builds)), c.perSecond(float64(c.Responses)/float64(r.N)),
-			c.perSecond(c.CPU.Seconds()), c.perSecond(c.LoadCPU.Seconds()),
-			human(int64(c.perSecond(float64(c.Bytes)))), human(int64(c.perSecond(float64(c.Bytes)/float64(r.N)))),
+		rows = append(rows, fmt.Sprintf("| %s | %s | %.1f | %.1f | %.1f | %.2f | %.2f | %s | %s | %s | %s | %s | %s | %s | %s |", cellLabel(r.Cell), r.Churn,
+			c.perSecond(float64(c.Changes)), c.perSecond(float64(c.Builds)), c.perSecond(float64(p.Responses)/float64(r.N)),
+			c.perSecond(p.CPU.Seconds()), c.perSecond(p.LoadCPU.Seconds()),
+			human(int64(c.perSecond(float64(p.Bytes)))), human(int64(c.perSecond(float64(p.Bytes)/float64(r.N)))), ms(c.Drained),
 			ms(percentile(c.ChangeLat, 0.5)), ms(percentile(c.ChangeLat, 0.99)), ms(percentile(c.ChangeLat, 1)),
 			ms(p.Percentile(0.99)), okText(r.Failures())))
 	}
@@ -382,25 +382,25 @@ func churnTable(w io.Writer, results []*Result) {
 	}
 	fmt.Fprintln(w, "### Sustained churn")
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "Endpoint changes handed to the control plane on a fixed schedule, whether or not the earlier ones reached the proxies; each control plane coalesces them as it builds (scopeplane: its builder's window; the baseline: one rebuild for every change that arrived during the previous one). Rates are over the schedule's window: changes, versions the control plane built, responses each proxy received, CPU (cores), bytes. A change has converged at a proxy once the proxy ACKed that version of the resource or a later one (a later change of the same resource supersedes it); *change* p50/p99/max are over the changes, each until every proxy it affects converged; *proxy p99* is over every (change, proxy) pair. Correct: after the churn every proxy holds the truth.")
+	fmt.Fprintln(w, "Endpoint changes handed to the control plane on a fixed schedule, whether or not the earlier ones reached the proxies; each control plane coalesces them as it builds (scopeplane: its builder's window; the baseline: one rebuild for every change that arrived during the previous one). Rates are per second of the schedule: the changes made, and everything the churn caused until traffic stopped (work deferred past the schedule included) — versions the control plane built, responses each proxy received, CPU (cores), bytes. *Drained*: from the first change until every proxy held the last version of every churned resource. A change has converged at a proxy once the proxy ACKed that version of the resource or a later one (a later change of the same resource supersedes it); *change* p50/p99/max are over the changes, each until every proxy it affects converged; *proxy p99* is over every (change, proxy) pair. Correct: after the churn every proxy holds the truth.")
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "| cell | churn | changes/s | versions/s | responses/proxy/s | CP cores | load cores | bytes/s | bytes/s/proxy | change p50 | change p99 | change max | proxy p99 | correct |")
-	fmt.Fprintln(w, "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|")
+	fmt.Fprintln(w, "| cell | churn | changes/s | versions/s | responses/proxy/s | CP cores | load cores | bytes/s | bytes/s/proxy | drained | change p50 | change p99 | change max | proxy p99 | correct |")
+	fmt.Fprintln(w, "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|")
 	for _, row := range rows {
 		fmt.Fprintln(w, row)
 	}
 	fmt.Fprintln(w)
 }
 
-// worstChurn is the largest figure f of scopeplane's churn cells, and where.
-func worstChurn(results []*Result, f func(*ChurnStats) float64) (float64, string) {
+// worstChurn is the largest figure f of scopeplane's churn phases, and where.
+func worstChurn(results []*Result, f func(*Phase) float64) (float64, string) {
 	worst, at := 0.0, ""
 	for _, r := range results {
 		if r.Impl != "scopeplane" || r.Err != "" || !r.Churn.On() {
 			continue
 		}
 		if p := r.phase(EvChurn); p != nil && p.Churn != nil {
-			if x := f(p.Churn); at == "" || x > worst {
+			if x := f(p); at == "" || x > worst {
 				worst, at = x, cellLabel(r.Cell)
 			}
 		}
@@ -490,8 +490,8 @@ func targets(w io.Writer, results []*Result, base map[string]*Result, agree agre
 			}
 		}
 	}
-	p99Churn, p99ChurnAt := worstChurn(results, func(c *ChurnStats) float64 { return percentile(c.ChangeLat, 0.99).Seconds() })
-	cpuChurn, cpuChurnAt := worstChurn(results, func(c *ChurnStats) float64 { return c.perSecond(c.CPU.Seconds()) })
+	p99Churn, p99ChurnAt := worstChurn(results, func(p *Phase) float64 { return percentile(p.Churn.ChangeLat, 0.99).Seconds() })
+	cpuChurn, cpuChurnAt := worstChurn(results, func(p *Phase) float64 { return p.Churn.perSecond(p.CPU.Seconds()) })
 	if !haveSP && p99ChurnAt == "" {
 		return
 	}
