@@ -72,7 +72,7 @@ func TestQuickCorrectness(t *testing.T) {
 	}
 	var report strings.Builder
 	Report(&report, results, header)
-	for _, row := range []string{"| scopeplane SotW scoped S=60 N=10 | endpoint |", "| baseline Delta unscoped S=60 N=10 | churn 5/s for 1s |",
+	for _, row := range []string{"| scopeplane SotW scoped S=60 N=10 | endpoint |", "| baseline Delta unscoped S=60 N=10 | churn 5/s for 1s, window 10ms |",
 		"| sustained churn: control plane ≤ 0.5 core |"} {
 		if !strings.Contains(report.String(), row) {
 			t.Errorf("the report lacks the row %q:\n%s", row, report.String())

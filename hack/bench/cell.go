@@ -44,12 +44,13 @@ func (c Cell) String() string {
 // Churn is a sustained churn: Rate endpoint changes (EvChurn) per second
 // for For, each handed to the control plane when it is due, whether or not
 // the earlier ones reached the proxies. Both control planes build changes
-// as they arrive, coalescing them (scopeplane with its builder's window, as
-// in production; the baseline by rebuilding once for every change that
-// arrived during its previous rebuild).
+// as they arrive, coalescing them for Window (scopeplane with its builder's
+// window, as in production; the baseline by rebuilding once for every
+// change that arrived during its previous rebuild, after the window).
 type Churn struct {
-	Rate int
-	For  time.Duration
+	Rate   int
+	For    time.Duration
+	Window time.Duration
 }
 
 // On reports whether c is a churn at all.
@@ -58,10 +59,12 @@ func (c Churn) On() bool { return c.Rate > 0 && c.For > 0 }
 // Changes is how many changes the churn makes.
 func (c Churn) Changes() int { return int(float64(c.Rate) * c.For.Seconds()) }
 
-func (c Churn) String() string { return fmt.Sprintf("churn %d/s for %s", c.Rate, c.For) }
+func (c Churn) String() string {
+	return fmt.Sprintf("churn %d/s for %s, window %s", c.Rate, c.For, c.Window)
+}
 
-// churnWindow is the coalescing window of the churn cells: scopeplane's
-// default --coalesce-window.
+// churnWindow is the coalescing window of the presets' churn cells:
+// scopeplane's default --coalesce-window.
 const churnWindow = 10 * time.Millisecond
 
 // Phase is what one event cost and whether every proxy ended up right.
@@ -203,7 +206,7 @@ func spawn(c Cell, addr, replay string) (*cpProc, error) {
 		args = append(args, "-replay", replay)
 	}
 	if c.Churn.On() {
-		args = append(args, "-coalesce-window", churnWindow.String())
+		args = append(args, "-coalesce-window", c.Churn.Window.String())
 	}
 	cmd := exec.Command(self, args...)
 	cmd.Env = append(os.Environ(), serveEnv+"=1")

@@ -82,13 +82,13 @@ var Presets = map[string]Preset{
 		{S: 10000, N: 1000, Layouts: []Layout{Scoped}},
 		{S: 10000, N: 10000, Layouts: []Layout{Scoped}},
 	}, EndpointEvents: 3,
-		ChurnSizes: []size{{S: 1000, N: 1000, Layouts: []Layout{Unscoped}}}, Churn: Churn{Rate: 50, For: time.Minute},
+		ChurnSizes: []size{{S: 1000, N: 1000, Layouts: []Layout{Unscoped}}}, Churn: Churn{Rate: 50, For: time.Minute, Window: churnWindow},
 		Timeout: 5 * time.Minute},
 	"quick": {Sizes: []size{{S: 500, N: 50, Layouts: []Layout{Unscoped, Scoped}}}, EndpointEvents: 2,
-		ChurnSizes: []size{{S: 500, N: 50, Layouts: []Layout{Unscoped}}}, Churn: Churn{Rate: 50, For: 5 * time.Second},
+		ChurnSizes: []size{{S: 500, N: 50, Layouts: []Layout{Unscoped}}}, Churn: Churn{Rate: 50, For: 5 * time.Second, Window: churnWindow},
 		Timeout: time.Minute},
 	"tiny": {Sizes: []size{{S: 60, N: 10, Layouts: []Layout{Unscoped, Scoped}}}, EndpointEvents: 1,
-		ChurnSizes: []size{{S: 60, N: 10, Layouts: []Layout{Unscoped}}}, Churn: Churn{Rate: 5, For: time.Second},
+		ChurnSizes: []size{{S: 60, N: 10, Layouts: []Layout{Unscoped}}}, Churn: Churn{Rate: 5, For: time.Second, Window: churnWindow},
 		Timeout: 30 * time.Second},
 	// sweep varies one dimension at a time, unscoped, for the plots:
 	// the Services at N=100, then the proxies at S=1000.
@@ -132,6 +132,7 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 	impls := fs.String("impl", "baseline,scopeplane", "implementations to measure")
 	protocols := fs.String("protocol", "SotW,Delta", "protocols to measure")
 	layouts := fs.String("layout", "", "only these layouts (default: the preset's)")
+	window := fs.Duration("coalesce-window", churnWindow, "the churn cells' coalescing window (scopeplane's --coalesce-window)")
 	kinds := fs.String("kind", "events,churn", "only these kinds of cells: events (sync, the events, a restart), churn (sync, then the preset's sustained churn)")
 	only := fs.String("size", "", "measure this size instead of the preset's, as SxN (e.g. 1000x1000)")
 	out := fs.String("out", "", "also write the markdown report to this file")
@@ -170,6 +171,7 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 			p.ChurnSizes = []size{sz}
 		}
 	}
+	p.Churn.Window = *window
 	var protos []model.Protocol
 	for _, s := range strings.Split(*protocols, ",") {
 		protos = append(protos, model.Protocol(s))
