@@ -119,7 +119,7 @@ helm: ## Build (once, cached) the pinned Helm that tests the chart; print its pa
 	@hack/helm.sh
 
 .PHONY: bench
-bench: ## Benchmark scopeplane against stock go-control-plane, every cell of docs/performance.md (events up to 10,000 proxies, a minute of sustained churn), and redraw its charts in docs/bench (about an hour; BENCH_FLAGS adds flags).
+bench: ## Benchmark scopeplane against stock go-control-plane, every cell of docs/performance.md (events up to 10,000 proxies, a minute of sustained churn), and redraw its charts in docs/bench (about 40 minutes; BENCH_FLAGS adds flags).
 	go run ./hack/bench -preset full $(BENCH_FLAGS)
 	go run ./hack/bench -preset sweep -plots docs/bench $(BENCH_FLAGS)
 
