@@ -119,12 +119,12 @@ helm: ## Build (once, cached) the pinned Helm that tests the chart; print its pa
 	@hack/helm.sh
 
 .PHONY: bench
-bench: ## Benchmark scopeplane against stock go-control-plane, every cell of docs/performance.md, and redraw its charts in docs/bench (minutes; BENCH_FLAGS adds flags).
+bench: ## Benchmark scopeplane against stock go-control-plane, every cell of docs/performance.md (events up to 10,000 proxies, a minute of sustained churn), and redraw its charts in docs/bench (about 40 minutes; BENCH_FLAGS adds flags).
 	go run ./hack/bench -preset full $(BENCH_FLAGS)
 	go run ./hack/bench -preset sweep -plots docs/bench $(BENCH_FLAGS)
 
 .PHONY: bench-quick
-bench-quick: ## The same benchmark on a small world (S=500, N=50, every cell, under 2 minutes); fails if any proxy is wrong or a figure for the other protocol disagrees.
+bench-quick: ## The same benchmark on a small world (S=500, N=50, every cell and 5 s of churn, under 2 minutes); fails if any proxy is wrong or a figure for the other protocol disagrees.
 	go run ./hack/bench -preset quick $(BENCH_FLAGS)
 
 ##@ Run

@@ -31,7 +31,10 @@ func TestMain(m *testing.M) {
 // cell (both control planes, both protocols, both layouts) through the
 // initial sync, every event and a restart, with every proxy converging and
 // holding exactly the truth after each, and each cell's figure for the other
-// protocol agreeing with the other protocol's cell. It asserts no timing.
+// protocol agreeing with the other protocol's cell; and a short churn (5
+// changes in a second) per control plane and protocol, after which every
+// proxy holds the truth and every change converged at every proxy. It
+// asserts no timing.
 func TestQuickCorrectness(t *testing.T) {
 	if testing.Short() {
 		t.Skip("spawns control-plane processes")
@@ -45,8 +48,11 @@ func TestQuickCorrectness(t *testing.T) {
 			t.Errorf("%s: %s", r.Cell, r.Err)
 			continue
 		}
-		if len(r.Phases) != 4+p.EndpointEvents {
-			t.Errorf("%s: %d phases, want %d", r.Cell, len(r.Phases), 4+p.EndpointEvents)
+		if want := 4 + p.EndpointEvents; !r.Churn.On() && len(r.Phases) != want {
+			t.Errorf("%s: %d phases, want %d", r.Cell, len(r.Phases), want)
+		}
+		if r.Churn.On() {
+			checkChurn(t, r, p.Churn.Changes())
 		}
 		for _, ph := range r.Phases {
 			if ph.Failed > 0 {
@@ -69,13 +75,40 @@ func TestQuickCorrectness(t *testing.T) {
 	}
 	var report strings.Builder
 	Report(&report, results, header)
-	for _, row := range []string{"| scopeplane SotW scoped S=60 N=10 | endpoint |", "| scopeplane Delta zoned S=60 N=10 | RSS/proxy |"} {
+	for _, row := range []string{"| scopeplane SotW scoped S=60 N=10 | endpoint |", "| scopeplane Delta zoned S=60 N=10 | RSS/proxy |",
+		"| baseline Delta unscoped S=60 N=10 | churn 5/s for 1s, window 10ms |", "| sustained churn: control plane ≤ 0.5 core |"} {
 		if !strings.Contains(report.String(), row) {
 			t.Errorf("the report lacks the row %q:\n%s", row, report.String())
 		}
 	}
 	if t.Failed() {
 		t.Log(log.String())
+	}
+}
+
+// checkChurn checks a churn cell: a sync and the churn, every change
+// converged at every proxy (all of the unscoped layout's proxies are
+// affected by each), and versions built and sent.
+func checkChurn(t *testing.T, r *Result, changes int) {
+	t.Helper()
+	if len(r.Phases) != 2 || r.Phases[1].Churn == nil {
+		t.Errorf("%s: phases %d, want a sync and a churn", r.Cell, len(r.Phases))
+		return
+	}
+	ph := r.Phases[1]
+	c := ph.Churn
+	if c.Changes != changes || len(c.ChangeLat) != changes || len(ph.Lat) != changes*r.N || ph.Affected != r.N {
+		t.Errorf("%s: %d changes, %d converged, %d (change, proxy) pairs over %d affected proxies; want %d, %d, %d, %d",
+			r.Cell, c.Changes, len(c.ChangeLat), len(ph.Lat), ph.Affected, changes, changes, changes*r.N, r.N)
+	}
+	if c.Builds < 1 || ph.Bytes == 0 || ph.Responses == 0 || c.Drained <= 0 {
+		t.Errorf("%s: %d versions built, %d bytes and %d responses sent, drained after %s", r.Cell, c.Builds, ph.Bytes, ph.Responses, c.Drained)
+	}
+	for _, d := range ph.Lat {
+		if d <= 0 {
+			t.Errorf("%s: a change converged %s after it was made", r.Cell, d)
+			break
+		}
 	}
 }
 

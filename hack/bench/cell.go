@@ -23,17 +23,49 @@ import (
 // as the control-plane process.
 const serveEnv = "SCOPEPLANE_BENCH_SERVE"
 
-// Cell is one combination the benchmark measures.
+// Cell is one combination the benchmark measures: after the initial sync,
+// the event sequence, or a sustained churn when Churn is set.
 type Cell struct {
 	Impl     string
 	Protocol model.Protocol
 	Layout   Layout
 	S, N     int
+	Churn    Churn
 }
 
 func (c Cell) String() string {
-	return fmt.Sprintf("%s/%s/%s/S=%d/N=%d", c.Impl, c.Protocol, c.Layout, c.S, c.N)
+	s := fmt.Sprintf("%s/%s/%s/S=%d/N=%d", c.Impl, c.Protocol, c.Layout, c.S, c.N)
+	if c.Churn.On() {
+		s += "/" + c.Churn.String()
+	}
+	return s
 }
+
+// Churn is a sustained churn: Rate endpoint changes (EvChurn) per second
+// for For, each handed to the control plane when it is due, whether or not
+// the earlier ones reached the proxies. Both control planes build changes
+// as they arrive, coalescing them for Window (scopeplane with its builder's
+// window, as in production; the baseline by rebuilding once for every
+// change that arrived during its previous rebuild, after the window).
+type Churn struct {
+	Rate   int
+	For    time.Duration
+	Window time.Duration
+}
+
+// On reports whether c is a churn at all.
+func (c Churn) On() bool { return c.Rate > 0 && c.For > 0 }
+
+// Changes is how many changes the churn makes.
+func (c Churn) Changes() int { return int(float64(c.Rate) * c.For.Seconds()) }
+
+func (c Churn) String() string {
+	return fmt.Sprintf("churn %d/s for %s, window %s", c.Rate, c.For, c.Window)
+}
+
+// churnWindow is the coalescing window of the presets' churn cells:
+// scopeplane's default --coalesce-window.
+const churnWindow = 10 * time.Millisecond
 
 // Phase is what one event cost and whether every proxy ended up right.
 type Phase struct {
@@ -66,7 +98,33 @@ type Phase struct {
 	// when the control plane first counted every proxy at its scope's
 	// version.
 	Synced time.Duration
+	// Churn is set for a churn; its Lat holds one convergence time per
+	// change and proxy the change affects.
+	Churn *ChurnStats
 }
+
+// ChurnStats is what a sustained churn did beyond what every phase
+// measures, and how long its changes took to reach the proxies. The
+// phase's CPU, bytes and responses are everything the churn caused, until
+// traffic stopped; divided by Window they are its cost per second of churn,
+// work the control plane or the proxies deferred past the schedule
+// included.
+type ChurnStats struct {
+	Changes int
+	// Window runs from the first change to the end of the schedule.
+	Window time.Duration
+	// Builds is how many versions the control plane built in the phase.
+	Builds int64
+	// Drained is when, from the first change, the last proxy held the
+	// last version of every churned resource.
+	Drained time.Duration
+	// ChangeLat holds, for each change that affected a proxy, how long
+	// until every proxy it affects had converged on it (see runChurn).
+	ChangeLat []time.Duration
+}
+
+// perSecond is n over the window, per second.
+func (c *ChurnStats) perSecond(n float64) float64 { return n / c.Window.Seconds() }
 
 // Converged is when the last affected proxy converged.
 func (p *Phase) Converged() time.Duration {
@@ -77,11 +135,14 @@ func (p *Phase) Converged() time.Duration {
 }
 
 // Percentile returns the q-quantile (0..1) of the convergence times.
-func (p *Phase) Percentile(q float64) time.Duration {
-	if len(p.Lat) == 0 {
+func (p *Phase) Percentile(q float64) time.Duration { return percentile(p.Lat, q) }
+
+// percentile returns the q-quantile (0..1) of lat, 0 when it is empty.
+func percentile(lat []time.Duration, q float64) time.Duration {
+	if len(lat) == 0 {
 		return 0
 	}
-	s := slices.Clone(p.Lat)
+	s := slices.Clone(lat)
 	slices.Sort(s)
 	i := int(q*float64(len(s))+0.999999) - 1
 	return s[max(0, min(i, len(s)-1))]
@@ -143,6 +204,9 @@ func spawn(c Cell, addr, replay string) (*cpProc, error) {
 		"-protocol", string(c.Protocol), "-addr", addr}
 	if replay != "" {
 		args = append(args, "-replay", replay)
+	}
+	if c.Churn.On() {
+		args = append(args, "-coalesce-window", c.Churn.Window.String())
 	}
 	cmd := exec.Command(self, args...)
 	cmd.Env = append(os.Environ(), serveEnv+"=1")
@@ -360,6 +424,25 @@ func runCellErr(c Cell, o RunOptions, res *Result) error {
 		if _, err := cp.do("heapprofile " + profBase + ".heap.pprof"); err != nil {
 			return err
 		}
+	}
+	if c.Churn.On() {
+		if profBase != "" {
+			if _, err := cp.do(fmt.Sprintf("profile %s.1-%s.cpu.pprof", profBase, EvChurn)); err != nil {
+				return err
+			}
+		}
+		ph, err := runChurn(cp, l, w, truths, c, o)
+		if err != nil {
+			return err
+		}
+		if profBase != "" {
+			if _, err := cp.do("profile-stop"); err != nil {
+				return err
+			}
+		}
+		res.Phases = append(res.Phases, ph)
+		logf(o, "  %s: %s", c, phaseLine(ph))
+		return nil
 	}
 	events := make([]string, 0, o.EndpointEvents+2)
 	for range o.EndpointEvents {

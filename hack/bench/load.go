@@ -50,6 +50,12 @@ type seenRes struct {
 	digest uint64
 }
 
+// heldAt is one version of a resource a proxy ACKed, and when.
+type heldAt struct {
+	digest uint64
+	at     time.Time
+}
+
 // proxy is one simulated Envoy: an adsclient.Client on its own ADS stream,
 // subscribing as Envoy does (SotW: wildcard CDS and LDS, EDS and RDS by the
 // names the clusters and listeners reference; Delta: wildcard for all five,
@@ -73,6 +79,9 @@ type proxy struct {
 	// pending is what must still arrive (or go) for the phase to be done.
 	pending map[resKey]want
 	absent  [xdstype.Count]int
+	// history holds, during a churn, every version of each resource the
+	// churn changes that the proxy ACKed, in order (nil otherwise).
+	history map[resKey][]heldAt
 	// need holds the types that must still get a response on the current
 	// stream (after a restart).
 	need uint8
@@ -133,10 +142,12 @@ func (p *proxy) judge(typeURL string, resources []*anypb.Any, _ []string) string
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.stash = p.stash[:0]
-	if len(p.pending) > 0 {
+	if len(p.pending) > 0 || p.history != nil {
 		for _, a := range resources {
 			name := stringField(a.GetValue(), 1)
-			if _, ok := p.pending[resKey{t, name}]; ok {
+			k := resKey{t, name}
+			_, pending := p.pending[k]
+			if _, watched := p.history[k]; pending || watched {
 				p.stash = append(p.stash, seenRes{name, digest(a.GetValue())})
 			}
 		}
@@ -174,13 +185,16 @@ func (p *proxy) onEvent(ev adsclient.Event) {
 		p.mu.Unlock()
 		return
 	}
-	if len(p.pending) > 0 {
-		for _, s := range p.stash {
-			k := resKey{t, s.name}
-			if w, ok := p.pending[k]; ok && w.present && w.digest == s.digest {
-				delete(p.pending, k)
-			}
+	for _, s := range p.stash {
+		k := resKey{t, s.name}
+		if h, ok := p.history[k]; ok && (len(h) == 0 || h[len(h)-1].digest != s.digest) {
+			p.history[k] = append(h, heldAt{s.digest, now})
 		}
+		if w, ok := p.pending[k]; ok && w.present && w.digest == s.digest {
+			delete(p.pending, k)
+		}
+	}
+	if len(p.pending) > 0 {
 		for _, n := range ev.Removed {
 			p.satisfyAbsent(resKey{t, n})
 		}
@@ -268,6 +282,10 @@ func (p *proxy) checkDoneLocked(now time.Time) {
 func (p *proxy) arm(pending map[resKey]want, need uint8, counted bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.armLocked(pending, need, counted)
+}
+
+func (p *proxy) armLocked(pending map[resKey]want, need uint8, counted bool) {
 	p.pending, p.need, p.counted, p.reopen = pending, need, counted, false
 	p.absent = [xdstype.Count]int{}
 	for k, w := range pending {
@@ -277,6 +295,43 @@ func (p *proxy) arm(pending map[resKey]want, need uint8, counted bool) {
 	}
 	p.done, p.doneAt = false, time.Time{}
 	p.checkDoneLocked(time.Now())
+}
+
+// watch starts a churn: from now on the proxy records each version of keys
+// it ACKs; the phase waits for nothing yet.
+func (p *proxy) watch(keys []resKey) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.armLocked(nil, 0, false)
+	p.history = make(map[resKey][]heldAt, len(keys))
+	for _, k := range keys {
+		p.history[k] = nil
+	}
+}
+
+// armLast ends a churn's changes: the proxy is done once it ACKed final,
+// the last version of each resource the churn changed, unless the last
+// version it ACKed already is.
+func (p *proxy) armLast(final map[resKey]want) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	pending := make(map[resKey]want, len(final))
+	for k, w := range final {
+		if l := p.history[k]; len(l) == 0 || l[len(l)-1].digest != w.digest {
+			pending[k] = w
+		}
+	}
+	p.armLocked(pending, 0, true)
+}
+
+// takeHistory returns what the proxy recorded since watch, and stops
+// recording.
+func (p *proxy) takeHistory() map[resKey][]heldAt {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	h := p.history
+	p.history = nil
+	return h
 }
 
 // armReopen starts a restart: the proxy is done once it opened a new

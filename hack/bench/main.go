@@ -11,6 +11,7 @@
 // kills and restarts it for the restart event.
 //
 //	go run ./hack/bench -preset full    # make bench: the documented figures
+//	go run ./hack/bench -preset full -kind churn   # only its sustained churn
 //	go run ./hack/bench -preset quick   # make bench-quick: S=500, N=50, every cell
 //	go run ./hack/bench serve -impl scopeplane -services 1000 -cpuprofile cp.pprof
 //
@@ -57,21 +58,38 @@ type size struct {
 
 // Preset is a named benchmark configuration.
 type Preset struct {
+	// Sizes are measured through the event sequence.
 	Sizes          []size
 	EndpointEvents int
-	Timeout        time.Duration
+	// ChurnSizes are measured under Churn instead.
+	ChurnSizes []size
+	Churn      Churn
+	// Timeout bounds each phase (a churn's from its first change).
+	Timeout time.Duration
 }
 
 // Presets: full is the documented run, quick checks every cell on a small
 // world in under two minutes, tiny is what `go test` runs.
+//
+// full's S=10,000/N=10,000 size is scoped only: 20 scopes of 50 Services
+// (the other 9,950 Services are in no scope), 500 proxies each, so an
+// endpoint change reaches 500 proxies (with 200 scopes of 50 it would
+// reach 50) while each proxy holds what it holds at every scoped size.
 var Presets = map[string]Preset{
 	"full": {Sizes: []size{
 		{S: 10000, N: 100, Layouts: []Layout{Unscoped, Scoped}},
 		{S: 1000, N: 1000, Layouts: []Layout{Unscoped, Scoped, Zoned}},
 		{S: 10000, N: 1000, Layouts: []Layout{Scoped}},
-	}, EndpointEvents: 3, Timeout: 5 * time.Minute},
-	"quick": {Sizes: []size{{S: 500, N: 50, Layouts: []Layout{Unscoped, Scoped, Zoned}}}, EndpointEvents: 2, Timeout: time.Minute},
-	"tiny":  {Sizes: []size{{S: 60, N: 10, Layouts: []Layout{Unscoped, Scoped, Zoned}}}, EndpointEvents: 1, Timeout: 30 * time.Second},
+		{S: 10000, N: 10000, Layouts: []Layout{Scoped}},
+	}, EndpointEvents: 3,
+		ChurnSizes: []size{{S: 1000, N: 1000, Layouts: []Layout{Unscoped}}}, Churn: Churn{Rate: 50, For: time.Minute, Window: churnWindow},
+		Timeout: 5 * time.Minute},
+	"quick": {Sizes: []size{{S: 500, N: 50, Layouts: []Layout{Unscoped, Scoped, Zoned}}}, EndpointEvents: 2,
+		ChurnSizes: []size{{S: 500, N: 50, Layouts: []Layout{Unscoped}}}, Churn: Churn{Rate: 50, For: 5 * time.Second, Window: churnWindow},
+		Timeout: time.Minute},
+	"tiny": {Sizes: []size{{S: 60, N: 10, Layouts: []Layout{Unscoped, Scoped, Zoned}}}, EndpointEvents: 1,
+		ChurnSizes: []size{{S: 60, N: 10, Layouts: []Layout{Unscoped}}}, Churn: Churn{Rate: 5, For: time.Second, Window: churnWindow},
+		Timeout: 30 * time.Second},
 	// sweep varies one dimension at a time, unscoped, for the plots:
 	// the Services at N=100, then the proxies at S=1000.
 	"sweep": {Sizes: []size{
@@ -85,17 +103,24 @@ var Presets = map[string]Preset{
 	}, EndpointEvents: 2, Timeout: 5 * time.Minute},
 }
 
-// Cells lists a preset's cells, baseline next to scopeplane.
+// Cells lists a preset's cells, baseline next to scopeplane: the event
+// cells, then the churn cells.
 func (p Preset) Cells(impls []string, protocols []model.Protocol) []Cell {
 	var out []Cell
-	for _, sz := range p.Sizes {
-		for _, l := range sz.Layouts {
-			for _, proto := range protocols {
-				for _, impl := range impls {
-					out = append(out, Cell{Impl: impl, Protocol: proto, Layout: l, S: sz.S, N: sz.N})
+	add := func(sizes []size, churn Churn) {
+		for _, sz := range sizes {
+			for _, l := range sz.Layouts {
+				for _, proto := range protocols {
+					for _, impl := range impls {
+						out = append(out, Cell{Impl: impl, Protocol: proto, Layout: l, S: sz.S, N: sz.N, Churn: churn})
+					}
 				}
 			}
 		}
+	}
+	add(p.Sizes, Churn{})
+	if p.Churn.On() {
+		add(p.ChurnSizes, p.Churn)
 	}
 	return out
 }
@@ -107,6 +132,8 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 	impls := fs.String("impl", "baseline,scopeplane", "implementations to measure")
 	protocols := fs.String("protocol", "SotW,Delta", "protocols to measure")
 	layouts := fs.String("layout", "", "only these layouts (default: the preset's)")
+	window := fs.Duration("coalesce-window", churnWindow, "the churn cells' coalescing window (scopeplane's --coalesce-window)")
+	kinds := fs.String("kind", "events,churn", "only these kinds of cells: events (sync, the events, a restart), churn (sync, then the preset's sustained churn)")
 	only := fs.String("size", "", "measure this size instead of the preset's, as SxN (e.g. 1000x1000)")
 	out := fs.String("out", "", "also write the markdown report to this file")
 	plots := fs.String("plots", "", "also write SVG charts of the unscoped cells' cost vs Services and vs proxies into this directory")
@@ -140,13 +167,17 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 		}
 		sz.Layouts = []Layout{Unscoped, Scoped, Zoned}
 		p.Sizes = []size{sz}
+		if len(p.ChurnSizes) > 0 {
+			p.ChurnSizes = []size{sz}
+		}
 	}
+	p.Churn.Window = *window
 	var protos []model.Protocol
 	for _, s := range strings.Split(*protocols, ",") {
 		protos = append(protos, model.Protocol(s))
 	}
 	cells := p.Cells(strings.Split(*impls, ","), protos)
-	cells = filterCells(cells, *layouts)
+	cells = filterCells(cells, *layouts, *kinds)
 	if *profile != "" {
 		if err := os.MkdirAll(*profile, 0o755); err != nil {
 			fmt.Fprintln(stderr, err)
@@ -191,10 +222,14 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-func filterCells(cells []Cell, layouts string) []Cell {
+func filterCells(cells []Cell, layouts, kinds string) []Cell {
 	var out []Cell
 	for _, c := range cells {
-		if layouts == "" || strings.Contains(","+layouts+",", ","+string(c.Layout)+",") {
+		kind := "events"
+		if c.Churn.On() {
+			kind = "churn"
+		}
+		if (layouts == "" || strings.Contains(","+layouts+",", ","+string(c.Layout)+",")) && strings.Contains(","+kinds+",", ","+kind+",") {
 			out = append(out, c)
 		}
 	}

@@ -115,7 +115,7 @@ func Plot(dir string, results []*Result) ([]string, error) {
 func alongAxis(results []*Result, a axis) ([]*Result, int) {
 	xs := map[int]map[int]bool{}
 	for _, r := range results {
-		if r.Layout != Unscoped || r.Err != "" {
+		if r.Layout != Unscoped || r.Err != "" || r.Churn.On() {
 			continue
 		}
 		if xs[a.fixed(r.Cell)] == nil {
@@ -134,7 +134,7 @@ func alongAxis(results []*Result, a axis) ([]*Result, int) {
 	}
 	var out []*Result
 	for _, r := range results {
-		if r.Layout == Unscoped && r.Err == "" && a.fixed(r.Cell) == best {
+		if r.Layout == Unscoped && r.Err == "" && !r.Churn.On() && a.fixed(r.Cell) == best {
 			out = append(out, r)
 		}
 	}

@@ -51,6 +51,10 @@ type controlPlane interface {
 	// Synced is how many streams the control plane counts at their scope's
 	// current version, or -1 when it does not say.
 	Synced() int
+	// Builds is how many versions of the world the control plane has built
+	// so far, summed over its scopes: what it pushed, as opposed to the
+	// changes it was handed.
+	Builds() int64
 }
 
 // serveMain is the control-plane process: `bench serve`. It builds the world
@@ -61,6 +65,7 @@ type controlPlane interface {
 //	usage          answers "usage <cpu-ns>": user+system CPU of this process (getrusage)
 //	priced         answers "priced <bytes>": what the other protocol would have sent (-1: not said)
 //	synced         answers "synced <n>": streams counted at their scope's version (-1: not said)
+//	builds         answers "builds <n>": versions built so far, over every scope
 //	gc             forces a GC and returns freed memory to the OS; answers "ok"
 //	heapprofile <file> writes a heap profile; answers "ok"
 //	profile <file> starts a CPU profile; "profile-stop" ends it; both answer "ok"
@@ -74,6 +79,7 @@ func serveMain(args []string) int {
 	addr := fs.String("addr", "127.0.0.1:0", "ADS listen address (loopback only)")
 	replay := fs.String("replay", "", "comma-separated events applied before serving (a restart)")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of this process's whole life to this file")
+	window := fs.Duration("coalesce-window", 0, "build changes in the background as they arrive, coalescing those within this window, as scopeplane's --coalesce-window (0: build each event as one batch before answering it)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -82,14 +88,14 @@ func serveMain(args []string) int {
 		return 2
 	}
 	if err := serve(*impl, WorldParams{Services: *services, Layout: Layout(*layout), Protocol: model.Protocol(*protocol)},
-		*addr, *replay, *cpuprofile); err != nil {
+		*addr, *replay, *cpuprofile, *window); err != nil {
 		fmt.Fprintln(os.Stderr, "bench serve:", err)
 		return 1
 	}
 	return 0
 }
 
-func serve(impl string, p WorldParams, addr string, replay, cpuprofile string) error {
+func serve(impl string, p WorldParams, addr string, replay, cpuprofile string, window time.Duration) error {
 	if host, _, err := net.SplitHostPort(addr); err != nil || !net.ParseIP(host).IsLoopback() {
 		return fmt.Errorf("-addr %q: the benchmark serves on loopback only", addr)
 	}
@@ -138,9 +144,9 @@ func serve(impl string, p WorldParams, addr string, replay, cpuprofile string) e
 	var cp controlPlane
 	switch impl {
 	case "scopeplane":
-		cp = newScopeplane(w)
+		cp = newScopeplane(w, window)
 	case "baseline":
-		cp = newBaseline(w)
+		cp = newBaseline(w, window)
 	default:
 		return fmt.Errorf("unknown -impl %q", impl)
 	}
@@ -175,6 +181,8 @@ func serve(impl string, p WorldParams, addr string, replay, cpuprofile string) e
 			reply("priced %d", cp.Priced())
 		case "synced":
 			reply("synced %d", cp.Synced())
+		case "builds":
+			reply("builds %d", cp.Builds())
 		case "gc":
 			// Twice, so buffers parked in sync.Pools (which survive one
 			// collection) are freed too: what remains is retained state.
@@ -248,20 +256,24 @@ func cpuNanos() int64 {
 }
 
 // scopeplaneCP is the real pipeline minus Kubernetes: catalog → snapshot
-// builder → scopeplane's ADS server, with feedback. Each event is built as
-// one batch (Sync), not through the coalescing window: the window would
-// split an event that changes many Services (a node drain) wherever the
-// process happens to be descheduled, and then the SotW and the Delta cell,
-// two processes, would push different batches and their figures for the
-// other protocol could not be compared. The build's CPU is the same.
+// builder → scopeplane's ADS server, with feedback. Without a window each
+// event is built as one batch (Sync), not through the coalescing window: the
+// window would split an event that changes many Services (a node drain)
+// wherever the process happens to be descheduled, and then the SotW and the
+// Delta cell, two processes, would push different batches and their figures
+// for the other protocol could not be compared. The build's CPU is the same.
+// With a window (the churn cells) the builder runs as in production: each
+// change goes into the catalog and the builder versions what arrived within
+// the window as one revision.
 type scopeplaneCP struct {
 	*pipeline.Pipeline
 	// types are the type URLs every proxy of the world subscribes to.
-	types []string
+	types  []string
+	window time.Duration
 }
 
-func newScopeplane(w *World) *scopeplaneCP {
-	p := pipeline.New(pipeline.Options{Server: server.Options{Authenticator: &auth.Authenticator{AllowAnonymous: true}}})
+func newScopeplane(w *World, window time.Duration) *scopeplaneCP {
+	p := pipeline.New(pipeline.Options{CoalesceWindow: window, Server: server.Options{Authenticator: &auth.Authenticator{AllowAnonymous: true}}})
 	// The baseline serves every scope the Services its selections name, in
 	// any namespace; so does scopeplane here, as with --cross-namespace=allow.
 	p.Catalog.SetCrossNamespace(catalog.CrossNamespaceAllow, false)
@@ -273,7 +285,7 @@ func newScopeplane(w *World) *scopeplaneCP {
 	}
 	p.Sync()
 	_, types := typesOf(w.P.Protocol)
-	return &scopeplaneCP{Pipeline: p, types: types}
+	return &scopeplaneCP{Pipeline: p, types: types, window: window}
 }
 
 func (s *scopeplaneCP) Apply(ch Change) {
@@ -283,7 +295,20 @@ func (s *scopeplaneCP) Apply(ch Change) {
 	for _, k := range ch.Deleted {
 		s.Catalog.DeleteService(k)
 	}
-	s.Sync()
+	if s.window == 0 {
+		s.Sync()
+	}
+}
+
+// Builds sums the revisions of every scope: each is one version pushed.
+func (s *scopeplaneCP) Builds() int64 {
+	var n int64
+	for _, key := range s.Store.Keys() {
+		if sc := s.Store.Get(key); sc != nil {
+			sc.Read(func(v snapshot.View) { n += int64(v.Rev()) })
+		}
+	}
+	return n
 }
 
 // Priced is what scopeplane says the other protocol would have sent, over
@@ -332,6 +357,11 @@ func (s *scopeplaneCP) answeredAll(p *feedback.Proxy) bool {
 }
 
 func (s *scopeplaneCP) Serve(ctx context.Context, lis net.Listener) error {
+	if s.window > 0 {
+		// The world is built (Sync, above): the builder only waits for
+		// changes.
+		go func() { _ = s.Run(ctx, nil) }()
+	}
 	return s.Server.ServeListener(ctx, lis)
 }
 
@@ -343,14 +373,24 @@ func (s *scopeplaneCP) Serve(ctx context.Context, lis net.Listener) error {
 // of its scope from its zone, as a control plane with per-node snapshots
 // does topology-aware routing. A node gets its snapshot when it first shows
 // up on a stream.
+//
+// With a window (the churn cells) it rebuilds in the background instead, as
+// a controller whose work queue folds the changes that arrive during a
+// rebuild into the next one: the fairest coalescing a rebuild-everything
+// control plane can have. Each rebuild waits the window after the change
+// that woke it, then builds the latest world.
 type baselineCP struct {
-	mu    sync.Mutex
-	w     *World
-	views map[baselineView]int // → index in w.Views()
-	cache cachev3.SnapshotCache
-	res   []map[resourcev3.Type][]types.Resource // by view
-	nodes []baselineNode
-	known sync.Map // node id → struct{}; read without mu so streams never wait for a rebuild
+	mu      sync.Mutex
+	w       *World
+	views   map[baselineView]int // → index in w.Views()
+	window  time.Duration
+	next    chan *World // with a window: the latest world not built yet
+	cache   cachev3.SnapshotCache
+	res     []map[resourcev3.Type][]types.Resource // by view
+	version string
+	builds  int64
+	nodes   []baselineNode
+	known   sync.Map // node id → struct{}; read without mu so streams never wait for a rebuild
 }
 
 // baselineView names a view as a node's bootstrap does.
@@ -364,24 +404,27 @@ type baselineNode struct {
 	view int
 }
 
-func newBaseline(w *World) *baselineCP {
-	b := &baselineCP{w: w, views: map[baselineView]int{}, cache: cachev3.NewSnapshotCache(true, cachev3.IDHash{}, nil)}
+func newBaseline(w *World, window time.Duration) *baselineCP {
+	b := &baselineCP{w: w, views: map[baselineView]int{}, window: window, next: make(chan *World, 1),
+		cache: cachev3.NewSnapshotCache(true, cachev3.IDHash{}, nil)}
 	for i, v := range w.Views() {
 		b.views[baselineView{w.Scopes[v.Scope].Key, v.Loc.Zone}] = i
 	}
-	b.rebuild()
+	b.rebuild(w)
 	return b
 }
 
-func (b *baselineCP) version() string { return fmt.Sprint("w", len(b.w.Applied)) }
-
-// rebuild translates every view from scratch. b.mu must be held (or b not shared yet).
-func (b *baselineCP) rebuild() {
-	views := b.w.Views()
+// rebuild translates every view of w from scratch and gives every node a
+// snapshot of its view, versioned by the number of events applied. b.mu
+// must be held (or b not shared yet).
+func (b *baselineCP) rebuild(w *World) {
+	views := w.Views()
 	b.res = make([]map[resourcev3.Type][]types.Resource, len(views))
+	b.version = fmt.Sprint("w", len(w.Applied))
+	b.builds++
 	for i, v := range views {
-		sc := b.w.Scopes[v.Scope]
-		r := translate.Translate(sc, b.w.Selected(sc)).Seen(v.Loc)
+		sc := w.Scopes[v.Scope]
+		r := translate.Translate(sc, w.Selected(sc)).Seen(v.Loc)
 		m := map[resourcev3.Type][]types.Resource{}
 		for _, c := range r.Clusters {
 			m[resourcev3.ClusterType] = append(m[resourcev3.ClusterType], c)
@@ -402,10 +445,15 @@ func (b *baselineCP) rebuild() {
 		}
 		b.res[i] = m
 	}
+	for _, n := range b.nodes {
+		if err := b.setSnapshot(n.id, n.view); err != nil {
+			fmt.Fprintln(os.Stderr, "baseline: SetSnapshot:", err)
+		}
+	}
 }
 
 func (b *baselineCP) setSnapshot(id string, view int) error {
-	snap, err := cachev3.NewSnapshot(b.version(), b.res[view])
+	snap, err := cachev3.NewSnapshot(b.version, b.res[view])
 	if err != nil {
 		return err
 	}
@@ -448,17 +496,59 @@ func (b *baselineCP) Priced() int64 { return -1 }
 func (b *baselineCP) Synced() int { return -1 }
 
 func (b *baselineCP) Apply(Change) {
+	if b.window > 0 {
+		// Hand the rebuild loop a copy of the world as it is now (the
+		// serve loop goes on changing b.w), replacing one it has not
+		// taken yet. Only this goroutine sends, so the send cannot block.
+		select {
+		case <-b.next:
+		default:
+		}
+		b.next <- b.w.copy()
+		return
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.rebuild()
-	for _, n := range b.nodes {
-		if err := b.setSnapshot(n.id, n.view); err != nil {
-			fmt.Fprintln(os.Stderr, "baseline: SetSnapshot:", err)
+	b.rebuild(b.w)
+}
+
+// Builds is how many times the baseline rebuilt the world: each is a new
+// version for every node.
+func (b *baselineCP) Builds() int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.builds
+}
+
+// rebuildLoop rebuilds the latest world handed over by Apply, a window
+// after the change that woke it, until ctx ends.
+func (b *baselineCP) rebuildLoop(ctx context.Context) {
+	for {
+		var w *World
+		select {
+		case <-ctx.Done():
+			return
+		case w = <-b.next:
 		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(b.window):
+		}
+		select {
+		case w = <-b.next:
+		default:
+		}
+		b.mu.Lock()
+		b.rebuild(w)
+		b.mu.Unlock()
 	}
 }
 
 func (b *baselineCP) Serve(ctx context.Context, lis net.Listener) error {
+	if b.window > 0 {
+		go b.rebuildLoop(ctx)
+	}
 	cb := baselineCallbacks{b}
 	srv := &baselineADS{sotw: sotwv3.NewServer(ctx, b.cache, cb), delta: deltav3.NewServer(ctx, b.cache, cb)}
 	g := grpc.NewServer(server.GRPCOptions(server.DefaultOptions)...)

@@ -32,6 +32,11 @@ const (
 	numZones      = endpointsPer
 	listenerPort  = 10080
 	drainServices = 100
+	// churnServices is how many Services a churn moves endpoints of, in
+	// turn: each changes every churnServices-th change, so at 50 changes a
+	// second one is changed again 200 ms later and a slow push is
+	// superseded rather than queued.
+	churnServices = 10
 	scopeLabel    = "bench.scopeplane.dev/scope"
 )
 
@@ -52,6 +57,9 @@ const (
 	EvEndpoint  = "endpoint"
 	EvDrain     = "drain"
 	EvAddRemove = "addremove"
+	// EvChurn is one change of a sustained churn: EvEndpoint's change, of
+	// the next of the first churnServices Services in turn.
+	EvChurn = "churn"
 )
 
 // WorldParams determine a world completely: two processes that build a world
@@ -195,6 +203,11 @@ func (w *World) Views() []View {
 	return out
 }
 
+// churnKey names Service k, which a churn changes when k < churnServices.
+func churnKey(k int) model.Key {
+	return model.Key{Namespace: fmt.Sprint("ns-", k%numNamespaces), Name: fmt.Sprint("svc-", k)}
+}
+
 // clone copies a Service deeply enough to change its endpoints: the catalog
 // compares a new Service with the one it holds, so an event must never
 // modify a Service in place.
@@ -216,12 +229,18 @@ func (w *World) Apply(ev string) (Change, error) {
 	seq := len(w.Applied)
 	var ch Change
 	switch ev {
-	case EvEndpoint:
-		// One endpoint of a Service every layout selects (scope 0's first)
-		// moves to a new address, as when a pod is replaced.
-		svc := w.Services[model.Key{Namespace: "ns-0", Name: "svc-0"}]
+	case EvEndpoint, EvChurn:
+		// One endpoint of a Service every layout selects moves to a new
+		// address, as when a pod is replaced: svc-0 (scope 0's first) for
+		// EvEndpoint, svc-k for the k-th change of a churn modulo
+		// churnServices (in scope k when scoped).
+		key := churnKey(0)
+		if ev == EvChurn {
+			key = churnKey(seq % churnServices)
+		}
+		svc := w.Services[key]
 		if svc == nil {
-			return ch, fmt.Errorf("event %s: svc-0 is gone", ev)
+			return ch, fmt.Errorf("event %s: %s is gone", ev, key)
 		}
 		svc = clone(svc)
 		svc.Endpoints[1].Address = fmt.Sprintf("10.250.%d.%d", seq/250%256, seq%250+1)
@@ -260,6 +279,15 @@ func (w *World) Apply(ev string) (Change, error) {
 	return ch, nil
 }
 
+// copy returns a copy of the world that later events do not change: the
+// Services themselves are never modified in place.
+func (w *World) copy() *World {
+	c := *w
+	c.Services = maps.Clone(w.Services)
+	c.Applied = slices.Clone(w.Applied)
+	return &c
+}
+
 // Selected returns the Services a scope selects, sorted by key.
 func (w *World) Selected(sc *model.Scope) []*model.Service {
 	var out []*model.Service
@@ -293,7 +321,28 @@ type Truth [xdstype.Count]map[string]Res
 // configuration carries them inline).
 func (w *World) Truth(v View) (*Truth, error) {
 	sc := w.Scopes[v.Scope]
-	r := translate.Translate(sc, w.Selected(sc)).Seen(v.Loc)
+	return truthOf(sc, w.Selected(sc), v.Loc)
+}
+
+// Assignments returns the ClusterLoadAssignments a view's scope serves for
+// svc alone, as the truth holds them: an assignment depends on its Service
+// only, so a churn's driver can follow each change without translating the
+// whole scope (the driver checks the last ones against the truth).
+func (w *World) Assignments(v View, svc *model.Service) (map[string]Res, error) {
+	sc := w.Scopes[v.Scope]
+	if !sc.Selects(svc, nil, false) {
+		return nil, nil
+	}
+	tr, err := truthOf(sc, []*model.Service{svc}, v.Loc)
+	if err != nil {
+		return nil, err
+	}
+	return tr[xdstype.Endpoint], nil
+}
+
+// truthOf translates a scope that selects svcs, as seen from loc.
+func truthOf(sc *model.Scope, svcs []*model.Service, loc model.Location) (*Truth, error) {
+	r := translate.Translate(sc, svcs).Seen(loc)
 	var tr Truth
 	for t := range tr {
 		tr[t] = map[string]Res{}
