@@ -401,19 +401,13 @@ func runCellErr(c Cell, o RunOptions, res *Result) error {
 	profBase := ""
 	if o.ProfileDir != "" {
 		profBase, _ = filepath.Abs(filepath.Join(o.ProfileDir, strings.NewReplacer("/", "-", "=", "").Replace(c.String())))
-		if _, err := cp.do("profile " + profBase + ".0-sync.cpu.pprof"); err != nil {
-			return err
-		}
 	}
-	if err := measure(cp, l, ph, o, func() error { l.start(); return nil }, truths); err != nil {
+	if err := profiled(cp, profBase, "0-sync", func() error {
+		return measure(cp, l, ph, o, func() error { l.start(); return nil }, truths)
+	}); err != nil {
 		return err
 	}
 	ph.Reopened -= c.N // each proxy's first stream
-	if profBase != "" {
-		if _, err := cp.do("profile-stop"); err != nil {
-			return err
-		}
-	}
 	res.Phases = append(res.Phases, ph)
 	logf(o, "  %s: %s", c, phaseLine(ph))
 	if res.RSSAfter, err = cp.rss(); err != nil {
@@ -426,19 +420,12 @@ func runCellErr(c Cell, o RunOptions, res *Result) error {
 		}
 	}
 	if c.Churn.On() {
-		if profBase != "" {
-			if _, err := cp.do(fmt.Sprintf("profile %s.1-%s.cpu.pprof", profBase, EvChurn)); err != nil {
-				return err
-			}
-		}
-		ph, err := runChurn(cp, l, w, truths, c, o)
-		if err != nil {
+		var ph *Phase
+		if err := profiled(cp, profBase, "1-"+EvChurn, func() (err error) {
+			ph, err = runChurn(cp, l, w, truths, c, o)
 			return err
-		}
-		if profBase != "" {
-			if _, err := cp.do("profile-stop"); err != nil {
-				return err
-			}
+		}); err != nil {
+			return err
 		}
 		res.Phases = append(res.Phases, ph)
 		logf(o, "  %s: %s", c, phaseLine(ph))
@@ -481,18 +468,10 @@ func runCellErr(c Cell, o RunOptions, res *Result) error {
 			ph.Limit += int64(limits[p.view])
 		}
 		truths = nextTruths
-		if profBase != "" {
-			if _, err := cp.do(fmt.Sprintf("profile %s.%d-%s.cpu.pprof", profBase, len(res.Phases), ev)); err != nil {
-				return err
-			}
-		}
-		if err := measure(cp, l, ph, o, func() error { _, err := cp.do("event " + ev); return err }, truths); err != nil {
+		if err := profiled(cp, profBase, fmt.Sprintf("%d-%s", len(res.Phases), ev), func() error {
+			return measure(cp, l, ph, o, func() error { _, err := cp.do("event " + ev); return err }, truths)
+		}); err != nil {
 			return err
-		}
-		if profBase != "" {
-			if _, err := cp.do("profile-stop"); err != nil {
-				return err
-			}
 		}
 		res.Phases = append(res.Phases, ph)
 		logf(o, "  %s: %s", c, phaseLine(ph))
@@ -543,6 +522,22 @@ func runCellErr(c Cell, o RunOptions, res *Result) error {
 	res.Phases = append(res.Phases, ph)
 	logf(o, "  %s: %s", c, phaseLine(ph))
 	return nil
+}
+
+// profiled runs one phase under a CPU profile of the control plane, written
+// to <profBase>.<name>.cpu.pprof, when profBase is set.
+func profiled(cp *cpProc, profBase, name string, run func() error) error {
+	if profBase == "" {
+		return run()
+	}
+	if _, err := cp.do("profile " + profBase + "." + name + ".cpu.pprof"); err != nil {
+		return err
+	}
+	if err := run(); err != nil {
+		return err
+	}
+	_, err := cp.do("profile-stop")
+	return err
 }
 
 // waitSynced polls the control plane until it counts n streams in sync,
