@@ -400,7 +400,7 @@ func runCellErr(c Cell, o RunOptions, res *Result) error {
 	ph.Affected = c.N
 	profBase := ""
 	if o.ProfileDir != "" {
-		profBase, _ = filepath.Abs(filepath.Join(o.ProfileDir, strings.NewReplacer("/", "-", "=", "").Replace(c.String())))
+		profBase, _ = filepath.Abs(filepath.Join(o.ProfileDir, strings.NewReplacer("/", "-", "=", "", " ", "_", ",", "").Replace(c.String())))
 	}
 	if err := profiled(cp, profBase, "0-sync", func() error {
 		return measure(cp, l, ph, o, func() error { l.start(); return nil }, truths)
