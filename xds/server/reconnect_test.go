@@ -3,6 +3,7 @@ package server_test
 import (
 	"context"
 	"slices"
+	"strconv"
 	"testing"
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
@@ -158,6 +159,11 @@ func TestSotWReconnectAtServedVersionIsSentNothing(t *testing.T) {
 		t.Errorf("a by-name subscription's version %q, want the type's over its names %q", endpoints.GetVersionInfo(), byName)
 	}
 	first.close()
+	// A response is counted once sent, which the proxy may see first.
+	testkit.Eventually(t, "the first stream's two responses are counted", func() (bool, string) {
+		n := cp.Feedback.Get(key).Total.Connects
+		return n == 2, strconv.FormatInt(n, 10) + " connects"
+	})
 	before := cp.Feedback.Get(key).Total
 
 	// Reconnect at the served versions: nothing is sent for either type.
