@@ -114,11 +114,17 @@ func (st *stream) sendWithin(g grpc.ServerStream, m any) error {
 		return err
 	case <-timeout.C:
 	}
+	return st.slowReader(g.Context(), "the next one waited %s for room in the stream")
+}
+
+// slowReader ends a stream whose proxy does not read or answer what it was
+// sent, saying how (a format taking the send timeout), and closes its
+// connection. The status cannot reach a proxy that does not read (it would
+// queue behind what the proxy left unread); it stays for the server's own
+// accounting, gRPC's handled-streams metric.
+func (st *stream) slowReader(ctx context.Context, how string) error {
 	st.srv.fb.Refuse(st.key, RefusedSlowReader)
-	// The status cannot reach a proxy that does not read (it would queue
-	// behind what the proxy left unread); it stays for the server's own
-	// accounting, gRPC's handled-streams metric.
-	st.srv.conns.close(g.Context())
+	st.srv.conns.close(ctx)
 	return status.Errorf(codes.DeadlineExceeded,
-		"the proxy did not read the responses sent to it: the next one waited %s for room in the stream (--xds-send-timeout); the stream and its connection are closed", st.srv.opts.SendTimeout)
+		"the proxy did not read the responses sent to it: "+how+" (--xds-send-timeout); the stream and its connection are closed", st.srv.opts.SendTimeout)
 }

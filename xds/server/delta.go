@@ -456,6 +456,16 @@ func departing(ts *deltaType, removed []string) int {
 	return n
 }
 
+// busy reports whether a response is unanswered.
+func (st *delta) busy() bool {
+	for _, ts := range st.types {
+		if ts != nil && len(ts.inflight) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // settled reports whether every response was answered and none rejected.
 func (st *delta) settled() bool {
 	for _, ts := range st.types {

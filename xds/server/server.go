@@ -73,8 +73,9 @@ type Options struct {
 	NewConnectionsPerSecond float64
 	NewConnectionsBurst     int
 	// SendTimeout ends a stream, and closes its connection, when one
-	// response cannot be handed to the transport within it: the proxy does
-	// not read what it was sent before.
+	// response cannot be handed to the transport within it, or a change
+	// waits for the proxy to answer the last response longer: the proxy
+	// does not read what it was sent before.
 	SendTimeout time.Duration
 	// NACKsPerSecond and NACKBurst pace the rejections one stream gets
 	// reported (to status, Events and metrics); the rest are answered but
@@ -487,6 +488,8 @@ type handler[Req any] interface {
 	handle(Req) error
 	// push sends what changed in the scope since the stream caught up.
 	push() error
+	// busy reports whether a response the stream sent is unanswered.
+	busy() bool
 }
 
 // request is what serve needs of either protocol's requests.
@@ -543,10 +546,32 @@ func serve[Req request](s *Server, p model.Protocol, srv interface {
 	if err := h.handle(first); err != nil {
 		return err
 	}
+	// held is set while a change waits for the proxy to answer what it was
+	// sent: a stream pushes only when nothing it sent is unanswered, as
+	// go-control-plane's watches answer only a request, so a proxy that
+	// lags behind a burst of changes gets their sum in one push when it
+	// answers, not each of them queued behind the other.
+	// A proxy that leaves a response unanswered for the send timeout while
+	// a change waits is ended as one that does not read: with nothing more
+	// sent to it, no send would time out.
+	held := false
+	unanswered := time.NewTimer(s.opts.SendTimeout)
+	unanswered.Stop()
+	defer unanswered.Stop()
 	for {
+		wake := st.wake
+		if held {
+			wake = nil
+		}
 		select {
 		case req := <-reqs:
-			err = h.handle(req)
+			if err = h.handle(req); err == nil && held && !h.busy() {
+				held = false
+				unanswered.Stop()
+				err = h.push()
+			}
+		case <-unanswered.C:
+			return st.slowReader(ctx, "a change waited %s for it to answer the last one")
 		case <-st.ends:
 			// The transition is over, unless the spec changed meanwhile.
 			st.read(func(v snapshot.View) {
@@ -555,8 +580,12 @@ func serve[Req request](s *Server, p model.Protocol, srv interface {
 					st.watchTransition(v, p)
 				}
 			})
-		case <-st.wake:
-			err = h.push()
+		case <-wake:
+			if held = h.busy(); held {
+				unanswered.Reset(s.opts.SendTimeout)
+			} else {
+				err = h.push()
+			}
 		case err := <-errc:
 			return endOf(err)
 		case <-ctx.Done():

@@ -624,6 +624,17 @@ func (st *sotw) settled() bool {
 	return true
 }
 
+// busy reports whether a response is unanswered: one superseded by a
+// later response of its type is answered with that one.
+func (st *sotw) busy() bool {
+	for _, ts := range st.types {
+		if ts != nil && ts.pending {
+			return true
+		}
+	}
+	return false
+}
+
 // sameSubscription reports whether a request's resource names are the
 // subscription the stream already has, without allocating.
 func sameSubscription(names []string, ts *sotwType) bool {
