@@ -80,7 +80,7 @@ func (st *delta) handle(req *discoveryv3.DeltaDiscoveryRequest) error {
 	}
 	var resp *response
 	st.read(func(v snapshot.View) {
-		resp = &response{t: t, version: v.TypeVersion(t)}
+		resp = &response{t: t, version: v.TypeVersion(t), set: v.Set(t)}
 		seen := map[string]struct{}{}
 		consider := func(name string, announceMissing bool) {
 			if _, dup := seen[name]; dup {
@@ -123,11 +123,7 @@ func (st *delta) answer(ts *deltaType, nonce, detail string, nack bool) {
 	}
 	owed := make([]string, 0, len(in.undo))
 	for name, prev := range in.undo {
-		if prev == nil {
-			delete(ts.held, name)
-		} else {
-			ts.held[name] = prev
-		}
+		ts.hold(name, prev)
 		owed = append(owed, name)
 	}
 	st.rejected(&ts.subscription, in.version, detail, owed, feedback.HeldBack{Resources: len(in.undo), OtherResources: in.other})
@@ -147,9 +143,9 @@ func (st *delta) resubscribe(ts *deltaType, req *discoveryv3.DeltaDiscoveryReque
 			for name, version := range req.GetInitialResourceVersions() {
 				// Share the served resource where the claim matches it.
 				if r := v.Get(ts.t, name); r != nil && r.Version == version {
-					ts.held[name] = r
+					ts.hold(name, r)
 				} else {
-					ts.held[name] = &snapshot.Resource{Name: name, Version: version}
+					ts.hold(name, &snapshot.Resource{Name: name, Version: version})
 				}
 				candidates = append(candidates, name)
 			}
@@ -159,6 +155,7 @@ func (st *delta) resubscribe(ts *deltaType, req *discoveryv3.DeltaDiscoveryReque
 		}
 	}
 	wasWildcard := ts.wildcard
+	ts.subscribing(req.GetResourceNamesSubscribe(), wildcardAfter(ts.wildcard, req))
 	var added, removed []string
 	for _, n := range req.GetResourceNamesSubscribe() {
 		if n == "*" {
@@ -196,6 +193,13 @@ func (st *delta) resubscribe(ts *deltaType, req *discoveryv3.DeltaDiscoveryReque
 	return candidates, ts.wildcard && (first || !wasWildcard), nil
 }
 
+// wildcardAfter is whether a subscription that is a wildcard or not
+// (before) is one after the request: a request subscribes, then unsubscribes.
+func wildcardAfter(before bool, req *discoveryv3.DeltaDiscoveryRequest) bool {
+	return (before || slices.Contains(req.GetResourceNamesSubscribe(), "*")) &&
+		!slices.Contains(req.GetResourceNamesUnsubscribe(), "*")
+}
+
 // diff adds to resp what the proxy needs for one name: the resource when it
 // holds another version (or none), or a removal when it holds one that is gone.
 func (st *delta) diff(v snapshot.View, ts *deltaType, name string, resp *response, announceMissing bool) {
@@ -203,7 +207,7 @@ func (st *delta) diff(v snapshot.View, ts *deltaType, name string, resp *respons
 		return
 	}
 	r := v.Get(ts.t, name)
-	_, has := ts.held[name]
+	has := ts.heldRes(name) != nil
 	switch {
 	case r != nil && !ts.holds(r):
 		resp.res = append(resp.res, r)
@@ -229,12 +233,14 @@ func (st *delta) plan(v snapshot.View) []*response {
 		if ts == nil {
 			continue
 		}
-		resp := &response{t: ts.t, version: v.TypeVersion(ts.t)}
+		resp := &response{t: ts.t, version: v.TypeVersion(ts.t), set: v.Set(ts.t)}
 		once := ts.eachChange(v, st.rev, func(name string) { st.diff(v, ts, name, resp, false) })
 		if len(resp.res) > 0 || len(resp.removed) > 0 {
 			ts.sendOwed(once)
 			resp.other, resp.priced = priceSotW(v, ts, resp, false), true
 			byType[t] = resp
+		} else {
+			ts.settle(resp.set)
 		}
 	}
 	if rc, vh := byType[xdstype.Route], byType[xdstype.VirtualHost]; rc != nil && vh != nil && rc.other.responses > 0 {
@@ -267,12 +273,12 @@ func (st *delta) plan(v snapshot.View) []*response {
 			addOther.drains = 1
 		}
 		if len(r.res) > 0 {
-			adds[r.t] = &response{t: r.t, version: r.version, res: r.res, other: addOther, priced: true}
+			adds[r.t] = &response{t: r.t, version: r.version, set: r.set, res: r.res, other: addOther, priced: true}
 		} else {
 			rmOther = sumOther(rmOther, addOther)
 		}
 		if len(r.removed) > 0 {
-			rms[r.t] = &response{t: r.t, version: r.version, removed: r.removed, other: rmOther, priced: true}
+			rms[r.t] = &response{t: r.t, version: r.version, set: r.set, removed: r.removed, other: rmOther, priced: true}
 		} else if adds[r.t] != nil {
 			adds[r.t].other = sumOther(addOther, rmOther)
 		}
@@ -332,14 +338,15 @@ func (st *delta) send(r *response) error {
 	}
 	undo := make(map[string]*snapshot.Resource, len(r.res)+len(r.removed))
 	for _, res := range r.res {
-		undo[res.Name] = ts.held[res.Name]
+		undo[res.Name] = ts.heldRes(res.Name)
 		ts.sent(res)
 	}
 	for _, name := range r.removed {
-		undo[name] = ts.held[name]
-		delete(ts.held, name)
+		undo[name] = ts.heldRes(name)
+		ts.hold(name, nil)
 		delete(ts.owed, name)
 	}
+	ts.settle(r.set)
 	if len(ts.inflight) >= maxInflight {
 		// A proxy that never answers: forget the oldest bookkeeping rather
 		// than grow without bound.
@@ -362,7 +369,7 @@ func (st *delta) send(r *response) error {
 // served: SotW resends the world to a proxy whose version_info is not the
 // served one.
 func priceSotW(v snapshot.View, ts *deltaType, r *response, all bool) otherResponse {
-	if all && len(r.res) == 0 && len(r.removed) == 0 && len(ts.held) > 0 {
+	if all && len(r.res) == 0 && len(r.removed) == 0 && ts.heldCount() > 0 {
 		// A reconnect declaring exactly what is served: a SotW proxy
 		// holding the same names the served version and is sent nothing.
 		return otherResponse{}
@@ -449,7 +456,7 @@ func priceSotW(v snapshot.View, ts *deltaType, r *response, all bool) otherRespo
 func departing(ts *deltaType, removed []string) int {
 	n := 0
 	for _, name := range removed {
-		if h := ts.held[name]; h != nil {
+		if h := ts.heldRes(name); h != nil {
 			n += cost.SotWEntry(h.Size)
 		}
 	}

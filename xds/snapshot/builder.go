@@ -196,7 +196,7 @@ func (b *Builder) applyScope(u *catalog.Update, observed time.Time) {
 	}
 	put := func(t xdstype.Type, name string, body *anypb.Any, wire mem.Buffer, version string) {
 		ts := &sc.types[t]
-		old := ts.res[name]
+		old := ts.res.get(name)
 		if old != nil && old.Version == version {
 			return
 		}
@@ -206,7 +206,7 @@ func (b *Builder) applyScope(u *catalog.Update, observed time.Time) {
 			ts.inlineBytes -= inlineEntry(old.Body.GetValue())
 		}
 		r := &Resource{Name: name, Version: version, Body: body, Wire: wire, Size: proto.Size(body)}
-		ts.res[name] = r
+		ts.res = ts.res.set(r)
 		ts.digest ^= nameDigest(name, version)
 		ts.sotwBytes += cost.SotWEntry(r.Size)
 		ts.inlineBytes += inlineEntry(body.GetValue())
@@ -215,23 +215,23 @@ func (b *Builder) applyScope(u *catalog.Update, observed time.Time) {
 	}
 	remove := func(t xdstype.Type, name string) {
 		ts := &sc.types[t]
-		old, ok := ts.res[name]
-		if !ok {
+		old := ts.res.get(name)
+		if old == nil {
 			return
 		}
 		ts.digest ^= nameDigest(name, old.Version)
 		ts.sotwBytes -= cost.SotWEntry(old.Size)
 		ts.inlineBytes -= inlineEntry(old.Body.GetValue())
-		delete(ts.res, name)
+		ts.res = ts.res.remove(name)
 		changes = append(changes, logEntry{rev: next, typ: t, name: name})
 	}
 	if u.Reset {
 		for t := range xdstype.Count {
-			for name := range sc.types[t].res {
-				if _, ok := u.Upserted[t][name]; !ok {
-					remove(t, name)
+			sc.types[t].res.all(func(r *Resource) {
+				if _, ok := u.Upserted[t][r.Name]; !ok {
+					remove(t, r.Name)
 				}
-			}
+			})
 		}
 	}
 	for t := range xdstype.Count {
@@ -257,7 +257,7 @@ func (b *Builder) applyScope(u *catalog.Update, observed time.Time) {
 			if _, done := touched[t][name]; done {
 				continue
 			}
-			if r := sc.types[t].res[name]; r != nil {
+			if r := sc.types[t].res.get(name); r != nil {
 				put(t, name, r.Body, r.Wire, resourceVersion(hash64(r.Body.GetValue()), parent, name))
 			}
 		}
@@ -341,7 +341,7 @@ func (s *Snapshot) recordUnservable(u *catalog.Update, upserts [xdstype.Count][]
 func (s *Snapshot) trimLogLocked() {
 	limit := 1024
 	for t := range xdstype.Count {
-		limit += 2 * len(s.types[t].res)
+		limit += 2 * s.types[t].res.Len()
 	}
 	if len(s.log) <= limit {
 		return
@@ -383,7 +383,7 @@ func versionOf(h uint64) string {
 // finishes warming a changed cluster only with an EDS response after it.
 func resourceVersion(h uint64, parent *typeState, name string) string {
 	if parent != nil {
-		if p := parent.res[name]; p != nil {
+		if p := parent.res.get(name); p != nil {
 			return versionOf(h ^ hash64([]byte(p.Version)))
 		}
 	}

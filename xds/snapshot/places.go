@@ -74,9 +74,7 @@ func (s *Snapshot) account(names map[string]struct{}, all bool, sign int) {
 	}
 	for _, ps := range s.places {
 		if all {
-			for name := range ps.res {
-				one(ps, name)
-			}
+			ps.res.all(func(r *Resource) { one(ps, r.Name) })
 			continue
 		}
 		for name := range names {
@@ -97,16 +95,16 @@ func (s *Snapshot) applyPlaces(u *catalog.Update, upserts map[model.Place][]mars
 	put := func(place model.Place, name string, m *Resource) {
 		ps := s.places[place]
 		if ps == nil {
-			ps = &placeState{res: map[string]*Resource{}}
+			ps = &placeState{}
 			s.places[place] = ps
 		}
-		if old := ps.res[name]; old != nil {
+		if old := ps.res.get(name); old != nil {
 			if old.Version == m.Version {
 				return
 			}
 			ps.digest ^= nameDigest(name, old.Version)
 		}
-		ps.res[name] = m
+		ps.res = ps.res.set(m)
 		ps.digest ^= nameDigest(name, m.Version)
 		if touched[place] == nil {
 			touched[place] = map[string]struct{}{}
@@ -121,19 +119,19 @@ func (s *Snapshot) applyPlaces(u *catalog.Update, upserts map[model.Place][]mars
 			return
 		}
 		ps.digest ^= nameDigest(name, old.Version)
-		delete(ps.res, name)
-		if len(ps.res) == 0 {
+		ps.res = ps.res.remove(name)
+		if ps.res.Len() == 0 {
 			delete(s.places, place)
 		}
 		changes = append(changes, logEntry{rev: rev, typ: xdstype.Endpoint, name: name})
 	}
 	if u.Reset {
 		for place, ps := range s.places {
-			for name := range ps.res {
-				if _, ok := u.Places[place].Upserted[name]; !ok {
-					remove(place, name)
+			ps.res.all(func(r *Resource) {
+				if _, ok := u.Places[place].Upserted[r.Name]; !ok {
+					remove(place, r.Name)
 				}
-			}
+			})
 		}
 	}
 	for place, pc := range u.Places {
@@ -149,7 +147,7 @@ func (s *Snapshot) applyPlaces(u *catalog.Update, upserts map[model.Place][]mars
 	}
 	for name := range clusters {
 		for place, ps := range s.places {
-			r := ps.res[name]
+			r := ps.res.get(name)
 			if r == nil {
 				continue
 			}

@@ -80,7 +80,7 @@ func NewResource(t xdstype.Type, name, version string, value []byte) *Resource {
 }
 
 type typeState struct {
-	res     map[string]*Resource
+	res     tree
 	digest  uint64
 	version string
 	// sotwBytes is what all of the type's resources add to a SotW response.
@@ -135,7 +135,7 @@ type Snapshot struct {
 // placeState is the view from one place: the assignments proxies there see
 // instead of the scope-wide ones, each a name the scope holds.
 type placeState struct {
-	res map[string]*Resource
+	res tree
 	// digest is the XOR of its (name, version) pairs, what it adds to the
 	// scope's version.
 	digest uint64
@@ -151,12 +151,12 @@ type placeState struct {
 // contribution is what one name of the view changes in the digest and
 // the SotW bytes of the scope-wide assignments, which hold base of it.
 func (ps *placeState) contribution(base *typeState, name string) (uint64, int) {
-	r := ps.res[name]
+	r := ps.res.get(name)
 	if r == nil {
 		return 0, 0
 	}
 	d, n := nameDigest(name, r.Version), cost.SotWEntry(r.Size)
-	if b := base.res[name]; b != nil {
+	if b := base.res.get(name); b != nil {
 		d ^= nameDigest(name, b.Version)
 		n -= cost.SotWEntry(b.Size)
 	}
@@ -166,7 +166,6 @@ func (ps *placeState) contribution(base *typeState, name string) (uint64, int) {
 func newSnapshot(key model.Key) *Snapshot {
 	s := &Snapshot{Key: key, wake: make(chan struct{}), unservable: map[typedName]Unservable{}, places: map[model.Place]*placeState{}}
 	for t := range s.types {
-		s.types[t].res = map[string]*Resource{}
 		s.types[t].version = emptyVersion
 	}
 	s.version = s.scopeVersion()
@@ -289,10 +288,10 @@ func (v View) overlap() (uint64, int) {
 	var d uint64
 	var n int
 	base := &v.s.types[xdstype.Endpoint]
-	for name := range v.node.res {
-		cd, cn := v.zone.contribution(base, name)
+	v.node.res.all(func(r *Resource) {
+		cd, cn := v.zone.contribution(base, r.Name)
 		d, n = d^cd, n+cn
-	}
+	})
 	return d, -n
 }
 
@@ -307,7 +306,7 @@ func (v View) Get(t xdstype.Type, name string) *Resource {
 			return r
 		}
 	}
-	return v.s.types[t].res[name]
+	return v.s.types[t].res.get(name)
 }
 
 // get returns the place's own assignment of that name; ps may be nil.
@@ -315,7 +314,7 @@ func (ps *placeState) get(name string) *Resource {
 	if ps == nil {
 		return nil
 	}
-	return ps.res[name]
+	return ps.res.get(name)
 }
 
 // SotWBytes is what every resource of the type adds to a SotW response: a
@@ -350,20 +349,16 @@ func (v View) InlineRouteSize(name string) int {
 }
 
 // Len returns how many resources of the type the scope holds.
-func (v View) Len(t xdstype.Type) int { return len(v.s.types[t].res) }
+func (v View) Len(t xdstype.Type) int { return v.s.types[t].res.Len() }
 
 // All calls fn for every resource of the type as the view sees it, in no
 // particular order.
 func (v View) All(t xdstype.Type, fn func(*Resource)) {
 	if v.placed(t) {
-		for name := range v.s.types[t].res {
-			fn(v.Get(t, name))
-		}
+		v.s.types[t].res.all(func(r *Resource) { fn(v.Get(t, r.Name)) })
 		return
 	}
-	for _, r := range v.s.types[t].res {
-		fn(r)
-	}
+	v.s.types[t].res.all(fn)
 }
 
 // ChangedSince calls fn for every name of type t that changed (was added,
@@ -451,4 +446,60 @@ func SubsetVersion(typeVersion string, names uint64) string {
 	binary.BigEndian.PutUint64(b[1:], names)
 	_, _ = h.Write(b[:])
 	return digestVersion(h.Sum64())
+}
+
+// TypeSet is the resources of one type as one location saw them at one
+// revision. It is immutable: a stream keeps the set it brought its proxy to
+// by reference, for as long as the proxy holds it, at no cost per resource;
+// the scope's later revisions share all of it but what changed.
+type TypeSet struct {
+	scope tree
+	// node and zone are the place views the location saw, empty where it
+	// saw the scope-wide assignments (see View.Get).
+	node, zone tree
+}
+
+// Set returns the resources of type t as the view sees them.
+func (v View) Set(t xdstype.Type) TypeSet {
+	s := TypeSet{scope: v.s.types[t].res}
+	if v.placed(t) {
+		if v.node != nil {
+			s.node = v.node.res
+		}
+		if v.zone != nil {
+			s.zone = v.zone.res
+		}
+	}
+	return s
+}
+
+// Get returns the resource of that name in the set, or nil.
+func (s TypeSet) Get(name string) *Resource {
+	if r := s.node.get(name); r != nil {
+		return r
+	}
+	if r := s.zone.get(name); r != nil {
+		return r
+	}
+	return s.scope.get(name)
+}
+
+// Len is how many resources the set holds.
+func (s TypeSet) Len() int { return s.scope.Len() }
+
+// All calls fn for every resource of the set, in no particular order.
+func (s TypeSet) All(fn func(*Resource)) {
+	if s.node.Len() == 0 && s.zone.Len() == 0 {
+		s.scope.all(fn)
+		return
+	}
+	s.scope.all(func(r *Resource) { fn(s.Get(r.Name)) })
+}
+
+// Changes calls fn for every name whose resource may differ between a and
+// b, possibly more than once, in time proportional to what differs.
+func Changes(a, b TypeSet, fn func(name string)) {
+	treeChanges(a.scope, b.scope, fn)
+	treeChanges(a.node, b.node, fn)
+	treeChanges(a.zone, b.zone, fn)
 }
