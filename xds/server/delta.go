@@ -95,7 +95,7 @@ func (st *delta) handle(req *discoveryv3.DeltaDiscoveryRequest) error {
 		for _, name := range candidates {
 			// A name subscribed explicitly that does not exist is announced
 			// as removed, so the proxy does not wait for it.
-			_, explicit := ts.names[name]
+			explicit := ts.names.has(name)
 			consider(name, explicit)
 		}
 		resp.connect = first
@@ -162,8 +162,7 @@ func (st *delta) resubscribe(ts *deltaType, req *discoveryv3.DeltaDiscoveryReque
 			ts.wildcard = true
 			continue
 		}
-		if _, ok := ts.names[n]; !ok {
-			ts.names[n] = struct{}{}
+		if ts.names.add(n) {
 			candidates = append(candidates, n)
 			added = append(added, n)
 		}
@@ -173,18 +172,20 @@ func (st *delta) resubscribe(ts *deltaType, req *discoveryv3.DeltaDiscoveryReque
 			ts.wildcard = false
 			continue
 		}
-		if _, ok := ts.names[n]; ok {
-			delete(ts.names, n)
+		if ts.names.remove(n) {
 			removed = append(removed, n)
 		}
 	}
 	if len(added) > 0 {
-		if err := st.checkSubscribed(ts.t, len(ts.names)); err != nil {
+		if err := st.checkSubscribed(ts.t, ts.names.len()); err != nil {
 			return nil, false, err
 		}
 	}
 	// A first request's legacy wildcard counts as a wildcard from nothing.
-	st.asked(ts.t, added, removed, wasWildcard && !first, ts.wildcard)
+	if len(added) > 0 || len(removed) > 0 {
+		st.read(func(v snapshot.View) { ts.names.share(v.Names(ts.t)) })
+	}
+	st.asked(&ts.subscription, added, removed, wasWildcard && !first)
 	if len(req.GetResourceNamesUnsubscribe()) > 0 || (first && !ts.wildcard) {
 		// Only a request that narrows the subscription can drop anything;
 		// an ACK must not cost a pass over everything the proxy holds.
@@ -409,11 +410,11 @@ func priceSotW(v snapshot.View, ts *deltaType, r *response, all bool) otherRespo
 			case ts.wildcard:
 				v.All(ts.t, func(res *snapshot.Resource) { price(res.Name) })
 			default:
-				for name := range ts.names {
+				ts.names.all(func(name string) {
 					if v.Get(ts.t, name) != nil {
 						price(name)
 					}
-				}
+				})
 			}
 			return o
 		}
@@ -424,12 +425,12 @@ func priceSotW(v snapshot.View, ts *deltaType, r *response, all bool) otherRespo
 			o.entries, o.resources = v.SotWBytes(ts.t), v.Len(ts.t)
 			return o
 		}
-		for name := range ts.names {
+		ts.names.all(func(name string) {
 			if res := v.Get(ts.t, name); res != nil {
 				o.entries += cost.SotWEntry(res.Size)
 				o.resources++
 			}
-		}
+		})
 		return o
 	}
 	var o otherResponse

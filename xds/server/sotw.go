@@ -1,7 +1,6 @@
 package server
 
 import (
-	"maps"
 	"strconv"
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
@@ -261,34 +260,34 @@ func (st *sotw) resubscribe(ts *sotwType, req *sotwRequest) (bool, error) {
 	if len(names) == 0 && (!ts.requested || ts.wildcard) {
 		wildcard = true // legacy wildcard: an empty first request, kept while empty
 	}
-	changed := !ts.requested || wildcard != ts.wildcard || !maps.Equal(names, ts.names)
-	if changed {
-		var added, removed []string
-		for n := range names {
-			if _, ok := ts.names[n]; !ok {
-				added = append(added, n)
-			}
-		}
-		for n := range ts.names {
-			if _, ok := names[n]; !ok {
-				removed = append(removed, n)
-			}
-		}
-		st.asked(ts.t, added, removed, ts.wildcard, wildcard)
-		ts.subscribing(added, wildcard)
-		if ts.before != nil {
-			// What the base of before implies changes with the names too.
-			b := holding{diff: ts.listed(*ts.before)}
-			ts.before = &b
+	if ts.requested && wildcard == ts.wildcard && sameNames(names, &ts.names) {
+		return false, nil
+	}
+	var added, removed []string
+	for n := range names {
+		if !ts.names.has(n) {
+			added = append(added, n)
 		}
 	}
-	if changed {
-		ts.namesDigest = 0
-		for n := range names {
-			ts.namesDigest ^= snapshot.NameDigest(n)
+	ts.names.all(func(n string) {
+		if _, ok := names[n]; !ok {
+			removed = append(removed, n)
 		}
+	})
+	ts.subscribing(added, wildcard)
+	if ts.before != nil {
+		// What the base of before implies changes with the names too.
+		b := holding{diff: ts.listed(*ts.before)}
+		ts.before = &b
 	}
-	ts.requested, ts.wildcard, ts.names = true, wildcard, names
+	ts.namesDigest = 0
+	for n := range names {
+		ts.namesDigest ^= snapshot.NameDigest(n)
+	}
+	wasWildcard := ts.wildcard
+	ts.requested, ts.wildcard, ts.names = true, wildcard, ownNames(names)
+	st.read(func(v snapshot.View) { ts.names.share(v.Names(ts.t)) })
+	st.asked(&ts.subscription, added, removed, wasWildcard)
 	ts.forgetUnsubscribed()
 	if ts.before != nil {
 		for name := range ts.before.diff {
@@ -297,7 +296,20 @@ func (st *sotw) resubscribe(ts *sotwType, req *sotwRequest) (bool, error) {
 			}
 		}
 	}
-	return changed, nil
+	return true, nil
+}
+
+// sameNames reports whether names are the set's.
+func sameNames(names map[string]struct{}, set *nameSet) bool {
+	if len(names) != set.len() {
+		return false
+	}
+	for n := range names {
+		if !set.has(n) {
+			return false
+		}
+	}
+	return true
 }
 
 // respond returns what a changed subscription (or a proxy awaiting its
@@ -318,9 +330,7 @@ func (st *sotw) respond(v snapshot.View, ts *sotwType, force bool) *response {
 	if ts.wildcard {
 		v.All(t, func(r *snapshot.Resource) { add(r.Name) })
 	} else {
-		for name := range ts.names {
-			add(name)
-		}
+		ts.names.all(add)
 	}
 	// A subscription change that leaves the proxy lacking nothing still
 	// moves the version its names are served at (it covers the names):
@@ -342,11 +352,11 @@ func (st *sotw) fullResponse(v snapshot.View, ts *sotwType, force bool) *respons
 		res = make([]*snapshot.Resource, 0, v.Len(t))
 		v.All(t, func(r *snapshot.Resource) { res = append(res, r) })
 	} else {
-		for name := range ts.names {
+		ts.names.all(func(name string) {
 			if r := v.Get(t, name); r != nil {
 				res = append(res, r)
 			}
-		}
+		})
 	}
 	if !force {
 		same := true
@@ -636,7 +646,7 @@ func (st *sotw) settled() bool {
 // subscription the stream already has, without allocating.
 func sameSubscription(names []string, ts *sotwType) bool {
 	if len(names) == 0 {
-		return ts.wildcard && len(ts.names) == 0
+		return ts.wildcard && ts.names.len() == 0
 	}
 	star, n := false, 0
 	for _, name := range names {
@@ -644,12 +654,12 @@ func sameSubscription(names []string, ts *sotwType) bool {
 			star = true
 			continue
 		}
-		if _, ok := ts.names[name]; !ok {
+		if !ts.names.has(name) {
 			return false
 		}
 		n++
 	}
 	// Duplicates in the request would make n overcount; a mismatch is only
 	// a slower path, never a wrong answer.
-	return n == len(ts.names) && star == ts.wildcard
+	return n == ts.names.len() && star == ts.wildcard
 }

@@ -22,7 +22,7 @@ type subscription struct {
 	t         xdstype.Type
 	requested bool
 	wildcard  bool
-	names     map[string]struct{}
+	names     nameSet
 	// held is what the proxy holds from this stream, as far as the server
 	// knows: for a SotW full-state type the last full set sent (the set
 	// before it again once the proxy rejected it); otherwise
@@ -40,7 +40,7 @@ type subscription struct {
 }
 
 func newSubscription(t xdstype.Type) subscription {
-	return subscription{t: t, names: map[string]struct{}{}, owed: map[string]struct{}{}}
+	return subscription{t: t, owed: map[string]struct{}{}}
 }
 
 // holding is what a proxy holds of one type, kept so that a proxy in step
@@ -108,11 +108,11 @@ func (s *subscription) eachIn(h holding, fn func(*snapshot.Resource)) {
 		h.base.All(from)
 		return
 	}
-	for name := range s.names {
+	s.names.all(func(name string) {
 		if r := h.base.Get(name); r != nil {
 			from(r)
 		}
-	}
+	})
 }
 
 // listed is every resource of h by name, as the subscription reads it.
@@ -186,7 +186,7 @@ func (s *subscription) settle(set snapshot.TypeSet) {
 		}
 		return
 	}
-	scan := len(s.names)
+	scan := s.names.len()
 	if s.wildcard {
 		scan = set.Len()
 	}
@@ -202,11 +202,11 @@ func (s *subscription) settle(set snapshot.TypeSet) {
 	if s.wildcard {
 		set.All(against)
 	} else {
-		for name := range s.names {
+		s.names.all(func(name string) {
 			if r := set.Get(name); r != nil {
 				against(r)
 			}
-		}
+		})
 	}
 	for name, h := range s.held.diff {
 		if h != nil && (!s.subscribed(name) || set.Get(name) == nil) {
@@ -222,8 +222,7 @@ func (s *subscription) subscribed(name string) bool {
 	if s.wildcard {
 		return true
 	}
-	_, ok := s.names[name]
-	return ok
+	return s.names.has(name)
 }
 
 // holds reports whether the proxy holds exactly r. Versions are content
@@ -251,11 +250,12 @@ func (s *subscription) forgetUnsubscribed() {
 // asked tells the feedback how a subscription changed, for the client
 // status service and the usage of the scope's Services: the names added
 // and removed, and whether it went to or from a wildcard.
-func (st *stream) asked(t xdstype.Type, added, removed []string, wildcardBefore, wildcardAfter bool) {
+func (st *stream) asked(s *subscription, added, removed []string, wildcardBefore bool) {
+	t, wildcardAfter := s.t, s.wildcard
 	if len(added) == 0 && len(removed) == 0 && wildcardBefore == wildcardAfter {
 		return
 	}
-	st.srv.fb.Subscribed(st.key, st.id, t.URL(), added, removed, wildcardAfter)
+	st.srv.fb.Subscribed(st.key, st.id, t.URL(), s.names.frozen(), wildcardAfter)
 	// Only names the scope serves count: the usage of a Service outlives
 	// the stream by the cost window, and made-up names (a client
 	// reconnecting with new ones at the pacing rate) must not grow it. The

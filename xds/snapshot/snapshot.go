@@ -503,3 +503,25 @@ func Changes(a, b TypeSet, fn func(name string)) {
 	treeChanges(a.node, b.node, fn)
 	treeChanges(a.zone, b.zone, fn)
 }
+
+// Names is the names of one type a scope served at one revision:
+// immutable, like TypeSet, so that every stream subscribed to exactly
+// those names (as Envoy subscribes to the assignment of every cluster)
+// keeps one set by reference instead of a copy each.
+type Names struct{ t tree }
+
+// Names returns the names of type t the scope serves.
+func (v View) Names(t xdstype.Type) Names { return Names{v.s.types[t].res} }
+
+// Has reports whether the set holds name.
+func (n Names) Has(name string) bool { return n.t.get(name) != nil }
+
+// Len is how many names the set holds.
+func (n Names) Len() int { return n.t.Len() }
+
+// All calls fn for every name of the set, in no particular order.
+func (n Names) All(fn func(name string)) { n.t.all(func(r *Resource) { fn(r.Name) }) }
+
+// NameChanges calls fn for every name held by only one of a and b, and
+// possibly others, in time proportional to how the two differ.
+func NameChanges(a, b Names, fn func(name string)) { treeChanges(a.t, b.t, fn) }
