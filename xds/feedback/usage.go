@@ -1,6 +1,7 @@
 package feedback
 
 import (
+	"math"
 	"time"
 
 	"github.com/scopeplane/scopeplane/xds/model"
@@ -19,6 +20,11 @@ type usage struct {
 	// lastWildcard is when the last of them stopped.
 	wildcards    int
 	lastWildcard time.Time
+	// index numbers the Services streams ask for, and keys lists them by
+	// number, so that a stream counts its asks in a slice, 2 bytes per
+	// Service, rather than in a map of its own (Proxy.asks).
+	index map[model.Key]int
+	keys  []model.Key
 }
 
 // Usage is which Services a scope's proxies asked for during the cost window.
@@ -46,14 +52,20 @@ func (t *Tracker) Asks(key model.Key, id uint64, names map[model.Key]int, wildca
 	}
 	now := t.now()
 	for svc, n := range names {
-		before := p.asks[svc]
-		after := max(before+n, 0)
-		if after == 0 {
-			delete(p.asks, svc)
-		} else {
-			p.asks[svc] = after
+		i := s.usage.number(svc)
+		if i >= len(p.asks) {
+			p.asks = append(p.asks, make([]uint16, i+1-len(p.asks))...)
 		}
+		before := int(p.asks[i])
+		after := max(before+n, 0)
+		if before == math.MaxUint16 {
+			after = before // saturated: counted until the stream ends
+		}
+		p.asks[i] = uint16(min(after, math.MaxUint16))
 		s.usage.change(svc, before, after, now)
+	}
+	if len(s.usage.keys) > 2*len(s.usage.streams)+renumberSlack {
+		s.renumber()
 	}
 	if wildcard != 0 {
 		before := p.wildcards
@@ -62,10 +74,55 @@ func (t *Tracker) Asks(key model.Key, id uint64, names map[model.Key]int, wildca
 	}
 }
 
+// renumberSlack is how many more Services than twice those asked for now
+// the usage numbers before it numbers them again (renumber).
+const renumberSlack = 1024
+
+// number returns the number of svc, giving it the next one if it has none.
+func (u *usage) number(svc model.Key) int {
+	i, ok := u.index[svc]
+	if !ok {
+		if u.index == nil {
+			u.index = map[model.Key]int{}
+		}
+		i = len(u.keys)
+		u.index[svc] = i
+		u.keys = append(u.keys, svc)
+	}
+	return i
+}
+
+// renumber numbers only the Services streams ask for now, and moves every
+// stream's counts to the new numbers: the numbering follows the Services
+// in use, not every Service the scope's proxies ever asked for.
+func (r *Report) renumber() {
+	old := r.usage.keys
+	r.usage.index, r.usage.keys = nil, nil
+	for svc := range r.usage.streams {
+		r.usage.number(svc)
+	}
+	for _, p := range r.Proxies {
+		var asks []uint16
+		for i, n := range p.asks {
+			if n == 0 {
+				continue
+			}
+			j := r.usage.index[old[i]]
+			if j >= len(asks) {
+				asks = append(asks, make([]uint16, j+1-len(asks))...)
+			}
+			asks[j] = n
+		}
+		p.asks = asks
+	}
+}
+
 // forget takes a disconnected stream's subscriptions out of the usage.
 func (u *usage) forget(p *Proxy, now time.Time) {
-	for svc, n := range p.asks {
-		u.change(svc, n, 0, now)
+	for i, n := range p.asks {
+		if n > 0 {
+			u.change(u.keys[i], int(n), 0, now)
+		}
 	}
 	u.changeWildcard(p.wildcards, 0, now)
 }
