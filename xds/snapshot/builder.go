@@ -13,9 +13,7 @@ import (
 	"sync"
 	"time"
 
-	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/scopeplane/scopeplane/xds/catalog"
 	"github.com/scopeplane/scopeplane/xds/cost"
@@ -127,10 +125,9 @@ func (b *Builder) apply(updates []catalog.Update, observed time.Time) {
 }
 
 type marshalled struct {
-	name string
-	body *anypb.Any
-	wire mem.Buffer
-	hash uint64
+	name  string
+	value []byte
+	hash  uint64
 }
 
 func (b *Builder) applyScope(u *catalog.Update, observed time.Time) {
@@ -173,8 +170,7 @@ func (b *Builder) applyScope(u *catalog.Update, observed time.Time) {
 				metrics.UnservableResources.WithLabelValues(t.URL()).Inc()
 				continue
 			}
-			body, wire := encode(t.URL(), value)
-			upserts[t] = append(upserts[t], marshalled{name: name, body: body, wire: wire, hash: hash64(value)})
+			upserts[t] = append(upserts[t], marshalled{name: name, value: value, hash: hash64(value)})
 		}
 	}
 
@@ -194,7 +190,7 @@ func (b *Builder) applyScope(u *catalog.Update, observed time.Time) {
 	for t := range xdstype.Count {
 		touched[t] = map[string]struct{}{}
 	}
-	put := func(t xdstype.Type, name string, body *anypb.Any, wire mem.Buffer, version string) {
+	put := func(t xdstype.Type, name string, value []byte, version string) {
 		ts := &sc.types[t]
 		old := ts.res.get(name)
 		if old != nil && old.Version == version {
@@ -205,11 +201,11 @@ func (b *Builder) applyScope(u *catalog.Update, observed time.Time) {
 			ts.sotwBytes -= cost.SotWEntry(old.Size)
 			ts.inlineBytes -= inlineEntry(old.Body.GetValue())
 		}
-		r := &Resource{Name: name, Version: version, Body: body, Wire: wire, Size: proto.Size(body)}
+		r := NewResource(t, name, version, value)
 		ts.res = ts.res.set(r)
 		ts.digest ^= nameDigest(name, version)
 		ts.sotwBytes += cost.SotWEntry(r.Size)
-		ts.inlineBytes += inlineEntry(body.GetValue())
+		ts.inlineBytes += inlineEntry(value)
 		touched[t][name] = struct{}{}
 		changes = append(changes, logEntry{rev: next, typ: t, name: name})
 	}
@@ -246,7 +242,7 @@ func (b *Builder) applyScope(u *catalog.Update, observed time.Time) {
 			parent = &sc.types[info.Parent]
 		}
 		for _, m := range upserts[t] {
-			put(t, m.name, m.body, m.wire, resourceVersion(m.hash, parent, m.name))
+			put(t, m.name, m.value, resourceVersion(m.hash, parent, m.name))
 		}
 		if parent == nil {
 			continue
@@ -258,7 +254,7 @@ func (b *Builder) applyScope(u *catalog.Update, observed time.Time) {
 				continue
 			}
 			if r := sc.types[t].res.get(name); r != nil {
-				put(t, name, r.Body, r.Wire, resourceVersion(hash64(r.Body.GetValue()), parent, name))
+				put(t, name, r.Body.GetValue(), resourceVersion(hash64(r.Body.GetValue()), parent, name))
 			}
 		}
 	}

@@ -1,8 +1,6 @@
 package snapshot
 
 import (
-	"google.golang.org/protobuf/proto"
-
 	"github.com/scopeplane/scopeplane/xds/catalog"
 	"github.com/scopeplane/scopeplane/xds/metrics"
 	"github.com/scopeplane/scopeplane/xds/model"
@@ -25,8 +23,7 @@ func marshalPlaces(u *catalog.Update) map[model.Place][]marshalled {
 				metrics.UnservableResources.WithLabelValues(xdstype.Endpoint.URL()).Inc()
 				continue
 			}
-			body, wire := encode(xdstype.Endpoint.URL(), value)
-			out[place] = append(out[place], marshalled{name: name, body: body, wire: wire, hash: hash64(value)})
+			out[place] = append(out[place], marshalled{name: name, value: value, hash: hash64(value)})
 		}
 	}
 	return out
@@ -142,7 +139,7 @@ func (s *Snapshot) applyPlaces(u *catalog.Update, upserts map[model.Place][]mars
 	for place, ms := range upserts {
 		for _, m := range ms {
 			version := resourceVersion(m.hash, parent, m.name)
-			put(place, m.name, &Resource{Name: m.name, Version: version, Body: m.body, Wire: m.wire, Size: proto.Size(m.body)})
+			put(place, m.name, NewResource(xdstype.Endpoint, m.name, version, m.value))
 		}
 	}
 	for name := range clusters {
@@ -154,7 +151,8 @@ func (s *Snapshot) applyPlaces(u *catalog.Update, upserts map[model.Place][]mars
 			if _, done := touched[place][name]; done {
 				continue
 			}
-			put(place, name, &Resource{Name: name, Version: resourceVersion(hash64(r.Body.GetValue()), parent, name), Body: r.Body, Wire: r.Wire, Size: r.Size})
+			value := r.Body.GetValue()
+			put(place, name, NewResource(xdstype.Endpoint, name, resourceVersion(hash64(value), parent, name), value))
 		}
 	}
 	return changes

@@ -19,7 +19,6 @@ import (
 
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/scopeplane/scopeplane/xds/catalog"
@@ -36,47 +35,73 @@ type Resource struct {
 	Body    *anypb.Any
 	// Wire is Body encoded as an entry of a SotW response's resources,
 	// which is also the resource field of a delta response's Resource
-	// (field 2 in both): tag, length, then the Any. Body's Value is its
-	// tail, so the bytes are held once. The ADS server hands Wire to gRPC's
-	// transport as it is, so that every stream's response refers to these
-	// bytes instead of carrying its own copy; it is a gRPC buffer made once
-	// here, so that a response's reference costs no allocation either. Its
-	// Free does nothing: the bytes are garbage collected, never recycled.
-	Wire mem.Buffer
+	// (field 2 in both): tag, length, then the Any. Delta is the whole
+	// entry of a delta response's resources: tag, length, the Resource's
+	// version and name, then Wire. Wire is Delta's tail and Body's Value
+	// Wire's, so the bytes are held once. The ADS server hands Wire or
+	// Delta to gRPC's transport as they are, so that every stream's
+	// response refers to these bytes instead of carrying its own copy, one
+	// buffer per resource; they are gRPC buffers made once here, so that a
+	// response's reference costs no allocation either. Their Free does
+	// nothing: the bytes are garbage collected, never recycled.
+	Wire, Delta mem.Buffer
 	// Size is the encoded size of Body, for pricing responses (package cost).
 	Size int
 }
 
-// anyField is the field number of a resource's Any in both a SotW
-// DiscoveryResponse (resources) and a delta Resource (resource).
-const anyField = 2
+// Field numbers: of a resource's Any in both a SotW DiscoveryResponse
+// (resources) and a delta Resource (resource), which is also the field of
+// the Resources of a DeltaDiscoveryResponse; of a delta Resource's version
+// and name.
+const (
+	anyField             = 2
+	deltaResourceVersion = 1
+	deltaResourceName    = 3
+)
 
-// encode returns the Any of typeURL over value and its Wire form, with the
-// Any's Value aliasing the tail of the Wire.
-func encode(typeURL string, value []byte) (*anypb.Any, mem.Buffer) {
-	size := protowire.SizeTag(1) + protowire.SizeBytes(len(typeURL))
+// NewResource returns the resource of type t named name at version, from
+// its encoded value, laid out in one buffer as Resource says.
+func NewResource(t xdstype.Type, name, version string, value []byte) *Resource {
+	url := t.URL()
+	size := protowire.SizeTag(1) + protowire.SizeBytes(len(url))
 	if len(value) > 0 { // proto3 leaves an empty bytes field out
 		size += protowire.SizeTag(2) + protowire.SizeBytes(len(value))
 	}
-	wire := make([]byte, 0, protowire.SizeTag(anyField)+protowire.SizeBytes(size))
-	wire = protowire.AppendTag(wire, anyField, protowire.BytesType)
-	wire = protowire.AppendVarint(wire, uint64(size))
-	wire = protowire.AppendTag(wire, 1, protowire.BytesType)
-	wire = protowire.AppendString(wire, typeURL)
+	wire := protowire.SizeTag(anyField) + protowire.SizeBytes(size)
+	inner := wire + stringSize(deltaResourceVersion, version) + stringSize(deltaResourceName, name)
+	b := make([]byte, 0, protowire.SizeTag(anyField)+protowire.SizeBytes(inner))
+	b = protowire.AppendTag(b, anyField, protowire.BytesType)
+	b = protowire.AppendVarint(b, uint64(inner))
+	b = appendString(b, deltaResourceVersion, version)
+	b = appendString(b, deltaResourceName, name)
+	w := len(b)
+	b = protowire.AppendTag(b, anyField, protowire.BytesType)
+	b = protowire.AppendVarint(b, uint64(size))
+	b = appendString(b, 1, url)
 	if len(value) > 0 {
-		wire = protowire.AppendTag(wire, 2, protowire.BytesType)
-		wire = protowire.AppendBytes(wire, value)
+		b = protowire.AppendTag(b, 2, protowire.BytesType)
+		b = protowire.AppendBytes(b, value)
 	}
-	n := len(wire)
-	return &anypb.Any{TypeUrl: typeURL, Value: wire[n-len(value) : n : n]}, mem.SliceBuffer(wire)
+	n := len(b)
+	body := &anypb.Any{TypeUrl: url, Value: b[n-len(value) : n : n]}
+	return &Resource{Name: name, Version: version, Body: body, Wire: mem.SliceBuffer(b[w:]), Delta: mem.SliceBuffer(b), Size: size}
 }
 
-// NewResource returns the resource of type t named name at version, from
-// its encoded value, in the form the builder gives every resource
-// (exported for benchmarks and tests of what the server sends).
-func NewResource(t xdstype.Type, name, version string, value []byte) *Resource {
-	body, wire := encode(t.URL(), value)
-	return &Resource{Name: name, Version: version, Body: body, Wire: wire, Size: proto.Size(body)}
+// stringSize is what a string field adds to a message (proto3 leaves an
+// empty one out).
+func stringSize(field protowire.Number, s string) int {
+	if s == "" {
+		return 0
+	}
+	return protowire.SizeTag(field) + protowire.SizeBytes(len(s))
+}
+
+func appendString(b []byte, field protowire.Number, s string) []byte {
+	if s == "" {
+		return b
+	}
+	b = protowire.AppendTag(b, field, protowire.BytesType)
+	return protowire.AppendString(b, s)
 }
 
 type typeState struct {
