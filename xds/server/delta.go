@@ -340,8 +340,8 @@ func (st *delta) send(r *response) error {
 	undo := make(map[string]*snapshot.Resource, len(r.res)+len(r.removed))
 	for _, res := range r.res {
 		undo[res.Name] = ts.heldRes(res.Name)
-		ts.sent(res)
 	}
+	ts.sentAll(r.res, r.set)
 	for _, name := range r.removed {
 		undo[name] = ts.heldRes(name)
 		ts.hold(name, nil)

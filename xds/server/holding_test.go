@@ -16,7 +16,8 @@ import (
 )
 
 // TestHoldingIsTheMapItReplaced drives one subscription through random
-// scope revisions, responses, rejections, settles and subscription changes
+// scope revisions, responses (a new stream's first among them),
+// rejections, settles and subscription changes
 // (names added and removed, to and from a wildcard), next to the plain
 // maps a stream used to keep, and checks after every step that what the
 // subscription says its proxy holds, and the names it subscribes to, are
@@ -77,7 +78,7 @@ func holdingRun(t *testing.T, seed uint64) {
 		}
 	}
 	for step := range 400 {
-		switch op := rng.IntN(10); op {
+		switch rng.IntN(10) {
 		case 0:
 			revise()
 			read()
@@ -144,10 +145,18 @@ func holdingRun(t *testing.T, seed uint64) {
 			wildcard = !wildcard
 			s.wildcard = wildcard
 			forget()
-		case 9:
-			if rng.IntN(8) == 0 {
-				s.holdNothing()
-				clear(held)
+		case 9: // a new stream, and often its first response
+			s.holdNothing()
+			clear(held)
+			if rng.IntN(2) == 0 {
+				var res []*snapshot.Resource
+				set.All(func(r *snapshot.Resource) {
+					if subscribed(r.Name) && rng.IntN(8) > 0 { // most often all of it
+						res = append(res, r)
+						held[r.Name] = r
+					}
+				})
+				s.sentAll(res, set)
 			}
 		}
 		for k := range universe {

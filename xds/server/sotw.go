@@ -536,9 +536,7 @@ func (st *sotw) send(r *response) error {
 		ts.before = &before
 		ts.holdSet(r.set)
 	}
-	for _, res := range r.res {
-		ts.sent(res)
-	}
+	ts.sentAll(r.res, r.set)
 	ts.settle(r.set)
 	st.srv.fb.Sent(st.key, model.SotW, r.t.URL(), feedback.Push{
 		Resources: len(r.res), Bytes: resp.size, Connect: r.connect,

@@ -302,6 +302,46 @@ func (s *subscription) sent(r *snapshot.Resource) {
 	delete(s.owed, r.Name)
 }
 
+// sentAll is sent of every resource of a response planned from set, which
+// lists each name once. A stream's first response, which brings a proxy
+// that held nothing set's resource of every name it subscribes to, leaves
+// it holding set: recorded as that, not name by name for settle to fold.
+func (s *subscription) sentAll(res []*snapshot.Resource, set snapshot.TypeSet) {
+	if len(res) > 0 && !s.held.whole && len(s.held.diff) == 0 && s.covers(res, set) {
+		s.holdSet(set)
+		for _, r := range res {
+			delete(s.owed, r.Name)
+		}
+		return
+	}
+	for _, r := range res {
+		s.sent(r)
+	}
+}
+
+// covers reports whether res, which lists each name once, is set's
+// resource of every name subscribed.
+func (s *subscription) covers(res []*snapshot.Resource, set snapshot.TypeSet) bool {
+	n := set.Len()
+	if !s.wildcard {
+		n = 0
+		s.names.all(func(name string) {
+			if set.Get(name) != nil {
+				n++
+			}
+		})
+	}
+	if len(res) != n {
+		return false
+	}
+	for _, r := range res {
+		if r != set.Get(r.Name) || !s.subscribed(r.Name) {
+			return false
+		}
+	}
+	return true
+}
+
 // rejected records a NACK of the response of version whose names are now
 // owed, and reports it with the proxy's error detail and what the rejection
 // held back, here and in the other protocol. Beyond the stream's NACK pace
