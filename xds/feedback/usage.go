@@ -36,10 +36,11 @@ type Usage struct {
 	Services map[model.Key]bool
 }
 
-// Asks records how a stream's subscriptions changed: per Service, how many
-// more (or, negative, fewer) of its resource names the stream subscribes
-// to, and whether it gained (+1) or lost (-1) a wildcard subscription.
-func (t *Tracker) Asks(key model.Key, id uint64, names map[model.Key]int, wildcard int) {
+// Asks records how a stream's subscriptions changed: the Service of each
+// resource name it subscribed to (added) and dropped (removed), a Service
+// once per name, and whether it gained (+1) or lost (-1) a wildcard
+// subscription.
+func (t *Tracker) Asks(key model.Key, id uint64, added, removed []model.Key, wildcard int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	s := t.scopes[key]
@@ -51,7 +52,7 @@ func (t *Tracker) Asks(key model.Key, id uint64, names map[model.Key]int, wildca
 		return
 	}
 	now := t.now()
-	for svc, n := range names {
+	count := func(svc model.Key, n int) {
 		i := s.usage.number(svc)
 		if i >= len(p.asks) {
 			p.asks = append(p.asks, make([]uint16, i+1-len(p.asks))...)
@@ -61,8 +62,16 @@ func (t *Tracker) Asks(key model.Key, id uint64, names map[model.Key]int, wildca
 		if before == math.MaxUint16 {
 			after = before // saturated: counted until the stream ends
 		}
-		p.asks[i] = uint16(min(after, math.MaxUint16))
+		p.asks[i] = uint16(after)
 		s.usage.change(svc, before, after, now)
+	}
+	// Added first: a Service one of whose names replaces another stays
+	// asked for throughout.
+	for _, svc := range added {
+		count(svc, 1)
+	}
+	for _, svc := range removed {
+		count(svc, -1)
 	}
 	if len(s.usage.keys) > 2*len(s.usage.streams)+renumberSlack {
 		s.renumber()

@@ -265,23 +265,20 @@ func (st *stream) asked(s *subscription, added, removed []string, wildcardBefore
 	// the proxy dropped it stays counted until the stream ends. Both are
 	// rare for Envoy, which names what the scope announced, and neither
 	// holds more than the scope served.
-	var names map[model.Key]int
+	var asked, dropped []model.Key
 	st.read(func(v snapshot.View) {
-		count := func(list []string, d int) {
+		services := func(list []string) (out []model.Key) {
 			for _, n := range list {
 				if v.Get(t, n) == nil {
 					continue
 				}
 				if svc, ok := translate.ServiceOf(t, n); ok {
-					if names == nil {
-						names = map[model.Key]int{}
-					}
-					names[svc] += d
+					out = append(out, svc)
 				}
 			}
+			return out
 		}
-		count(added, 1)
-		count(removed, -1)
+		asked, dropped = services(added), services(removed)
 	})
 	wildcard := 0
 	switch {
@@ -290,8 +287,8 @@ func (st *stream) asked(s *subscription, added, removed []string, wildcardBefore
 	case wildcardBefore && !wildcardAfter:
 		wildcard = -1
 	}
-	if len(names) > 0 || wildcard != 0 {
-		st.srv.fb.Asks(st.key, st.id, names, wildcard)
+	if len(asked) > 0 || len(dropped) > 0 || wildcard != 0 {
+		st.srv.fb.Asks(st.key, st.id, asked, dropped, wildcard)
 	}
 }
 
