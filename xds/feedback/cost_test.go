@@ -115,8 +115,8 @@ func TestUsageRenumbers(t *testing.T) {
 		t.Fatalf("%d Services numbered, 1 asked for", n)
 	}
 	tr.Asks(key, two, nil, []model.Key{kept, kept}, 0)
-	if u := tr.scopes[key].usage; u.streams[kept] != 1 {
-		t.Fatalf("kept is asked for by %d streams, want 1", u.streams[kept])
+	if u := tr.scopes[key].usage; u.streams[u.index[kept]] != 1 {
+		t.Fatalf("kept is asked for by %d streams, want 1", u.streams[u.index[kept]])
 	}
 	tr.Disconnect(key, two)
 	clock = clock.Add(2 * time.Hour)
