@@ -1,7 +1,7 @@
 package snapshot
 
 import (
-	"hash/fnv"
+	"hash/maphash"
 	"math/bits"
 )
 
@@ -40,11 +40,11 @@ const (
 	tdepth = 64 // a shift at or beyond it lists collisions
 )
 
-func nameHash(name string) uint64 {
-	h := fnv.New64a()
-	_, _ = h.Write([]byte(name))
-	return h.Sum64()
-}
+// treeSeed keys the trie's hash per process, so that no one can choose
+// names that collide and pile up in one slot.
+var treeSeed = maphash.MakeSeed()
+
+func nameHash(name string) uint64 { return maphash.String(treeSeed, name) }
 
 // Len is how many names the tree holds.
 func (t tree) Len() int { return t.n }
