@@ -153,7 +153,12 @@ type Result struct {
 	Cell
 	Phases              []*Phase
 	RSSBefore, RSSAfter int64
-	Err                 string
+	// PeakRSS is the most the control plane was resident at, garbage and
+	// all (no GC forced): the high-water mark of the process that served
+	// the sync and the events and of the one started again, whichever is
+	// higher. Under a memory limit, it is what must stay below it.
+	PeakRSS int64
+	Err     string
 }
 
 // RSSPerProxy is the control plane's resident memory per connected proxy.
@@ -182,7 +187,10 @@ type RunOptions struct {
 	ProfileDir string
 	// Timeout bounds each phase.
 	Timeout time.Duration
-	Log     io.Writer
+	// GoMemLimit, when set, is the GOMEMLIMIT of every control-plane
+	// process, as the Helm chart sets it from the container's memory limit.
+	GoMemLimit string
+	Log        io.Writer
 }
 
 // cpProc is a control-plane process.
@@ -195,7 +203,7 @@ type cpProc struct {
 	ready   time.Time
 }
 
-func spawn(c Cell, addr, replay string) (*cpProc, error) {
+func spawn(c Cell, addr, replay, goMemLimit string) (*cpProc, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err
@@ -210,6 +218,9 @@ func spawn(c Cell, addr, replay string) (*cpProc, error) {
 	}
 	cmd := exec.Command(self, args...)
 	cmd.Env = append(os.Environ(), serveEnv+"=1")
+	if goMemLimit != "" {
+		cmd.Env = append(cmd.Env, "GOMEMLIMIT="+goMemLimit)
+	}
 	cmd.Stderr = os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	stdin, err := cmd.StdinPipe()
@@ -311,17 +322,25 @@ func (p *cpProc) rss() (int64, error) {
 	if _, err := p.do("gc"); err != nil {
 		return 0, err
 	}
+	return p.status("VmRSS")
+}
+
+// peakRSS is the most the process has been resident at so far.
+func (p *cpProc) peakRSS() (int64, error) { return p.status("VmHWM") }
+
+// status reads one size field of the process's /proc status, in bytes.
+func (p *cpProc) status(field string) (int64, error) {
 	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(p.cmd.Process.Pid), "status"))
 	if err != nil {
 		return 0, err
 	}
 	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+		if v, ok := strings.CutPrefix(line, field+":"); ok {
 			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
 			return kb << 10, err
 		}
 	}
-	return 0, errors.New("no VmRSS")
+	return 0, fmt.Errorf("no %s", field)
 }
 
 func (p *cpProc) kill() {
@@ -363,7 +382,7 @@ func runCellErr(c Cell, o RunOptions, res *Result) error {
 	if err != nil {
 		return err
 	}
-	cp, err := spawn(c, "127.0.0.1:0", "")
+	cp, err := spawn(c, "127.0.0.1:0", "", o.GoMemLimit)
 	if err != nil {
 		return err
 	}
@@ -494,9 +513,12 @@ func runCellErr(c Cell, o RunOptions, res *Result) error {
 	before, opens := l.counts(), l.opens()
 	l.tr.done.Store(0)
 	load0 := cpuNanos()
+	if res.PeakRSS, err = cp.peakRSS(); err != nil {
+		return err
+	}
 	t0 := time.Now()
 	cp.kill()
-	next, err := spawn(c, cp.addr, strings.Join(w.Applied, ","))
+	next, err := spawn(c, cp.addr, strings.Join(w.Applied, ","), o.GoMemLimit)
 	if err != nil {
 		cp = nil
 		return err
@@ -514,6 +536,11 @@ func runCellErr(c Cell, o RunOptions, res *Result) error {
 		return err
 	}
 	ph.LoadCPU = time.Duration(cpuNanos() - load0)
+	peak, err := cp.peakRSS()
+	if err != nil {
+		return err
+	}
+	res.PeakRSS = max(res.PeakRSS, peak)
 	if ph.Priced, err = cp.priced(); err != nil { // the new process's, from its start
 		return err
 	}

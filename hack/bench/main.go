@@ -139,6 +139,7 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 	plots := fs.String("plots", "", "also write SVG charts of the unscoped cells' cost vs Services and vs proxies into this directory")
 	profile := fs.String("profile", "", "write into this directory a CPU profile of each control plane per phase (sync, each event), and a heap profile after the initial sync")
 	loadprofile := fs.String("loadprofile", "", "write a CPU profile of this (the proxies') process to this file")
+	goMemLimit := fs.String("gomemlimit", "", "run each control plane with this GOMEMLIMIT; the Helm chart sets 90% of the container's memory limit (483183820 for its default 512Mi)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -184,7 +185,7 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 			return 1
 		}
 	}
-	results, header := run(cells, RunOptions{EndpointEvents: p.EndpointEvents, ProfileDir: *profile, Timeout: p.Timeout, Log: stderr},
+	results, header := run(cells, RunOptions{EndpointEvents: p.EndpointEvents, ProfileDir: *profile, Timeout: p.Timeout, GoMemLimit: *goMemLimit, Log: stderr},
 		"go run ./hack/bench "+strings.Join(args, " "))
 	var buf bytes.Buffer
 	Report(&buf, results, header)

@@ -1,6 +1,7 @@
 package feedback
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -64,13 +65,13 @@ func TestUsage(t *testing.T) {
 
 	one := tr.Connect(key, nil, model.SotW, "", "", model.Location{})
 	two := tr.Connect(key, nil, model.SotW, "", "", model.Location{})
-	tr.Asks(key, one, map[model.Key]int{a: 2, b: 1}, 0)
-	tr.Asks(key, two, map[model.Key]int{a: 1}, 0)
+	tr.Asks(key, one, []model.Key{a, a, b}, nil, 0)
+	tr.Asks(key, two, []model.Key{a}, nil, 0)
 	if u := used(); u.All || !u.Services[a] || !u.Services[b] {
 		t.Errorf("both asked for: %+v", u)
 	}
 	clock = clock.Add(time.Minute)
-	tr.Asks(key, one, map[model.Key]int{a: -2, b: -1}, 0)
+	tr.Asks(key, one, nil, []model.Key{a, a, b}, 0)
 	tr.Disconnect(key, two)
 	clock = clock.Add(59 * time.Minute)
 	if u := used(); !u.Services[a] || !u.Services[b] {
@@ -80,7 +81,7 @@ func TestUsage(t *testing.T) {
 	if u := used(); len(u.Services) != 0 {
 		t.Errorf("an hour after the last stream stopped: %+v", u)
 	}
-	tr.Asks(key, one, nil, 1)
+	tr.Asks(key, one, nil, nil, 1)
 	if u := used(); !u.All {
 		t.Errorf("a wildcard subscription does not ask for all: %+v", u)
 	}
@@ -88,5 +89,38 @@ func TestUsage(t *testing.T) {
 	clock = clock.Add(time.Hour)
 	if u := used(); u.All {
 		t.Errorf("an hour after the wildcard stream left: %+v", u)
+	}
+}
+
+// The numbers the usage gives Services follow those asked for now: after a
+// stream asked for many Services in turn, each dropped again, the others'
+// counts survive the renumbering and still leave with their stream.
+func TestUsageRenumbers(t *testing.T) {
+	key := model.Key{Namespace: "shop", Name: "gw"}
+	kept := model.Key{Namespace: "shop", Name: "kept"}
+	clock := time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)
+	tr := New(0)
+	tr.now = func() time.Time { return clock }
+	one := tr.Connect(key, nil, model.SotW, "", "", model.Location{})
+	two := tr.Connect(key, nil, model.SotW, "", "", model.Location{})
+	for i := range 3 * renumberSlack {
+		if i == 5 {
+			tr.Asks(key, two, []model.Key{kept, kept, kept}, nil, 0) // numbered 5, then 0
+		}
+		svc := model.Key{Namespace: "shop", Name: fmt.Sprint("s", i)}
+		tr.Asks(key, one, []model.Key{svc}, nil, 0)
+		tr.Asks(key, one, nil, []model.Key{svc}, 0)
+	}
+	if n := len(tr.scopes[key].usage.keys); n > 2+renumberSlack {
+		t.Fatalf("%d Services numbered, 1 asked for", n)
+	}
+	tr.Asks(key, two, nil, []model.Key{kept, kept}, 0)
+	if u := tr.scopes[key].usage; u.streams[u.index[kept]] != 1 {
+		t.Fatalf("kept is asked for by %d streams, want 1", u.streams[u.index[kept]])
+	}
+	tr.Disconnect(key, two)
+	clock = clock.Add(2 * time.Hour)
+	if u := tr.Get(key).Usage; len(u.Services) != 0 {
+		t.Errorf("two hours after every stream left: %+v", u)
 	}
 }

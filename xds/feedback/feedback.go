@@ -78,9 +78,10 @@ type Proxy struct {
 	// AtVersion is the scope version the proxy has fully ACKed: everything
 	// the scope held at that version was sent to it and accepted.
 	AtVersion string
-	// asks counts, per Service, the resource names the proxy subscribes to;
-	// wildcards its wildcard subscriptions (see Asks).
-	asks      map[model.Key]int
+	// asks counts, per Service by its number in the scope's usage, the
+	// resource names the proxy subscribes to; wildcards its wildcard
+	// subscriptions (see Asks).
+	asks      []uint16
 	wildcards int
 	// subs is what the proxy subscribes to, by type URL (see Subscribed).
 	subs map[string]*subscription
@@ -170,7 +171,7 @@ func (t *Tracker) Connect(key model.Key, node *corev3.Node, p model.Protocol, pe
 	t.nextID++
 	t.scopeLocked(key).Proxies[t.nextID] = &Proxy{
 		ID: t.nextID, Node: node.GetId(), Protocol: p, Cluster: node.GetCluster(), UserAgent: ua, Peer: peer, Identity: identity, Location: loc, Since: t.now(),
-		Acked: map[string]string{}, Nacked: map[string]bool{}, LastNACK: map[string]NACK{}, asks: map[model.Key]int{},
+		Acked: map[string]string{}, Nacked: map[string]bool{}, LastNACK: map[string]NACK{},
 	}
 	metrics.ConnectedProxies.WithLabelValues(key.String(), string(p)).Inc()
 	t.changed.Add(key)

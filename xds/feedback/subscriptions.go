@@ -1,7 +1,6 @@
 package feedback
 
 import (
-	"maps"
 	"slices"
 
 	"github.com/scopeplane/scopeplane/xds/model"
@@ -19,15 +18,24 @@ type Subscription struct {
 // subscription is a stream's Subscription as the tracker keeps it.
 type subscription struct {
 	wildcard bool
-	names    map[string]struct{}
+	names    Names
 }
 
-// Subscribed records how a stream's subscription to a type changed: the
-// names it added and removed, and whether it is a wildcard subscription
-// now. It is what the client status service reports per proxy, so that a
-// by-name client (gRPC's, which asks only for the targets it dials) is not
-// taken to hold every resource of a type it is in sync on.
-func (t *Tracker) Subscribed(key model.Key, id uint64, typeURL string, added, removed []string, wildcard bool) {
+// Names is the names a stream subscribes to of one type, handed to the
+// tracker whole and never changed after: the ADS server shares one set
+// among the streams subscribed to exactly what their scope serves, so the
+// tracker keeps it by reference rather than a copy per stream.
+type Names interface {
+	Len() int
+	All(fn func(name string))
+}
+
+// Subscribed records a stream's subscription to a type: the names it
+// subscribes to now, and whether it is a wildcard subscription. It is what
+// the client status service reports per proxy, so that a by-name client
+// (gRPC's, which asks only for the targets it dials) is not taken to hold
+// every resource of a type it is in sync on.
+func (t *Tracker) Subscribed(key model.Key, id uint64, typeURL string, names Names, wildcard bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	p := t.proxyLocked(key, id)
@@ -37,21 +45,11 @@ func (t *Tracker) Subscribed(key model.Key, id uint64, typeURL string, added, re
 	if p.subs == nil {
 		p.subs = map[string]*subscription{}
 	}
-	sub := p.subs[typeURL]
-	if sub == nil {
-		sub = &subscription{names: map[string]struct{}{}}
-		p.subs[typeURL] = sub
-	}
-	sub.wildcard = wildcard
-	for _, n := range added {
-		sub.names[n] = struct{}{}
-	}
-	for _, n := range removed {
-		delete(sub.names, n)
-	}
-	if !sub.wildcard && len(sub.names) == 0 {
+	if !wildcard && (names == nil || names.Len() == 0) {
 		delete(p.subs, typeURL)
+		return
 	}
+	p.subs[typeURL] = &subscription{wildcard: wildcard, names: names}
 }
 
 // Subscriptions returns what a connected stream subscribes to, by type
@@ -67,7 +65,13 @@ func (t *Tracker) Subscriptions(key model.Key, id uint64) (subs map[string]Subsc
 	}
 	subs = make(map[string]Subscription, len(p.subs))
 	for u, sub := range p.subs {
-		subs[u] = Subscription{Wildcard: sub.wildcard, Names: slices.Sorted(maps.Keys(sub.names))}
+		var names []string
+		if sub.names != nil && sub.names.Len() > 0 {
+			names = make([]string, 0, sub.names.Len())
+			sub.names.All(func(name string) { names = append(names, name) })
+			slices.Sort(names)
+		}
+		subs[u] = Subscription{Wildcard: sub.wildcard, Names: names}
 	}
 	return subs, true
 }

@@ -51,29 +51,23 @@ func (codec) Name() string { return "proto" }
 
 // wireResponse is a DiscoveryResponse or a DeltaDiscoveryResponse in the
 // form the codec sends: head holds the fields that are the stream's own
-// (version, type, nonce, removals), encoded; each resource follows, in
-// delta after its frame (a Resource's tag, length, name and version) from
-// frames.
+// (version, type, nonce, removals), encoded; each resource follows as the
+// snapshot encoded it, Resource.Wire in SotW and Resource.Delta in delta.
 type wireResponse struct {
-	head   []byte
-	frames []byte
-	// ends are where each resource's frame ends in frames (delta only).
-	ends []int
-	res  []*snapshot.Resource
-	size int
+	head  []byte
+	res   []*snapshot.Resource
+	delta bool
+	size  int
 }
 
 // Field numbers of DiscoveryResponse and DeltaDiscoveryResponse (the ones
-// they share carry the same numbers) and of a delta Resource.
+// they share carry the same numbers); their resources come encoded from
+// the snapshot.
 const (
-	fieldVersion   = 1 // version_info; system_version_info
-	fieldResources = 2
-	fieldTypeURL   = 4
-	fieldNonce     = 5
-	fieldRemoved   = 6 // delta only
-
-	fieldResourceVersion = 1
-	fieldResourceName    = 3
+	fieldVersion = 1 // version_info; system_version_info
+	fieldTypeURL = 4
+	fieldNonce   = 5
+	fieldRemoved = 6 // delta only
 )
 
 func appendString(b []byte, field protowire.Number, s string) []byte {
@@ -101,7 +95,7 @@ func sotwResponse(version, typeURL, nonce string, res []*snapshot.Resource) *wir
 // deltaResponse is the DeltaDiscoveryResponse of version, typeURL and
 // nonce carrying res and the removals.
 func deltaResponse(version, typeURL, nonce string, res []*snapshot.Resource, removed []string) *wireResponse {
-	w := &wireResponse{res: res, ends: make([]int, len(res))}
+	w := &wireResponse{res: res, delta: true}
 	w.head = appendString(nil, fieldVersion, version)
 	w.head = appendString(w.head, fieldTypeURL, typeURL)
 	w.head = appendString(w.head, fieldNonce, nonce)
@@ -109,41 +103,24 @@ func deltaResponse(version, typeURL, nonce string, res []*snapshot.Resource, rem
 		w.head = protowire.AppendTag(w.head, fieldRemoved, protowire.BytesType)
 		w.head = protowire.AppendString(w.head, name)
 	}
-	for i, r := range res {
-		inner := r.Wire.Len()
-		if r.Version != "" {
-			inner += protowire.SizeTag(fieldResourceVersion) + protowire.SizeBytes(len(r.Version))
-		}
-		if r.Name != "" {
-			inner += protowire.SizeTag(fieldResourceName) + protowire.SizeBytes(len(r.Name))
-		}
-		w.frames = protowire.AppendTag(w.frames, fieldResources, protowire.BytesType)
-		w.frames = protowire.AppendVarint(w.frames, uint64(inner))
-		w.frames = appendString(w.frames, fieldResourceVersion, r.Version)
-		w.frames = appendString(w.frames, fieldResourceName, r.Name)
-		w.ends[i] = len(w.frames)
-		w.size += r.Wire.Len()
+	w.size = len(w.head)
+	for _, r := range res {
+		w.size += r.Delta.Len()
 	}
-	w.size += len(w.head) + len(w.frames)
 	return w
 }
 
 // buffers is the response as gRPC sends it: the stream's own bytes and
 // references to the shared ones, none of them recycled.
 func (w *wireResponse) buffers() mem.BufferSlice {
-	n := 1 + len(w.res)
-	if w.ends != nil {
-		n += len(w.res)
-	}
-	out := make(mem.BufferSlice, 0, n)
+	out := make(mem.BufferSlice, 0, 1+len(w.res))
 	out = append(out, mem.SliceBuffer(w.head))
-	start := 0
-	for i, r := range w.res {
-		if w.ends != nil {
-			out = append(out, mem.SliceBuffer(w.frames[start:w.ends[i]]))
-			start = w.ends[i]
+	for _, r := range w.res {
+		if w.delta {
+			out = append(out, r.Delta)
+		} else {
+			out = append(out, r.Wire)
 		}
-		out = append(out, r.Wire)
 	}
 	return out
 }

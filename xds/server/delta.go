@@ -80,7 +80,7 @@ func (st *delta) handle(req *discoveryv3.DeltaDiscoveryRequest) error {
 	}
 	var resp *response
 	st.read(func(v snapshot.View) {
-		resp = &response{t: t, version: v.TypeVersion(t)}
+		resp = &response{t: t, version: v.TypeVersion(t), set: v.Set(t)}
 		seen := map[string]struct{}{}
 		consider := func(name string, announceMissing bool) {
 			if _, dup := seen[name]; dup {
@@ -95,7 +95,7 @@ func (st *delta) handle(req *discoveryv3.DeltaDiscoveryRequest) error {
 		for _, name := range candidates {
 			// A name subscribed explicitly that does not exist is announced
 			// as removed, so the proxy does not wait for it.
-			_, explicit := ts.names[name]
+			explicit := ts.names.has(name)
 			consider(name, explicit)
 		}
 		resp.connect = first
@@ -123,11 +123,7 @@ func (st *delta) answer(ts *deltaType, nonce, detail string, nack bool) {
 	}
 	owed := make([]string, 0, len(in.undo))
 	for name, prev := range in.undo {
-		if prev == nil {
-			delete(ts.held, name)
-		} else {
-			ts.held[name] = prev
-		}
+		ts.hold(name, prev)
 		owed = append(owed, name)
 	}
 	st.rejected(&ts.subscription, in.version, detail, owed, feedback.HeldBack{Resources: len(in.undo), OtherResources: in.other})
@@ -147,9 +143,9 @@ func (st *delta) resubscribe(ts *deltaType, req *discoveryv3.DeltaDiscoveryReque
 			for name, version := range req.GetInitialResourceVersions() {
 				// Share the served resource where the claim matches it.
 				if r := v.Get(ts.t, name); r != nil && r.Version == version {
-					ts.held[name] = r
+					ts.hold(name, r)
 				} else {
-					ts.held[name] = &snapshot.Resource{Name: name, Version: version}
+					ts.hold(name, &snapshot.Resource{Name: name, Version: version})
 				}
 				candidates = append(candidates, name)
 			}
@@ -159,14 +155,14 @@ func (st *delta) resubscribe(ts *deltaType, req *discoveryv3.DeltaDiscoveryReque
 		}
 	}
 	wasWildcard := ts.wildcard
+	ts.subscribing(req.GetResourceNamesSubscribe(), wildcardAfter(ts.wildcard, req))
 	var added, removed []string
 	for _, n := range req.GetResourceNamesSubscribe() {
 		if n == "*" {
 			ts.wildcard = true
 			continue
 		}
-		if _, ok := ts.names[n]; !ok {
-			ts.names[n] = struct{}{}
+		if ts.names.add(n) {
 			candidates = append(candidates, n)
 			added = append(added, n)
 		}
@@ -176,24 +172,33 @@ func (st *delta) resubscribe(ts *deltaType, req *discoveryv3.DeltaDiscoveryReque
 			ts.wildcard = false
 			continue
 		}
-		if _, ok := ts.names[n]; ok {
-			delete(ts.names, n)
+		if ts.names.remove(n) {
 			removed = append(removed, n)
 		}
 	}
 	if len(added) > 0 {
-		if err := st.checkSubscribed(ts.t, len(ts.names)); err != nil {
+		if err := st.checkSubscribed(ts.t, ts.names.len()); err != nil {
 			return nil, false, err
 		}
 	}
 	// A first request's legacy wildcard counts as a wildcard from nothing.
-	st.asked(ts.t, added, removed, wasWildcard && !first, ts.wildcard)
+	if len(added) > 0 || len(removed) > 0 {
+		st.read(func(v snapshot.View) { ts.names.share(v.Names(ts.t)) })
+	}
+	st.asked(&ts.subscription, added, removed, wasWildcard && !first)
 	if len(req.GetResourceNamesUnsubscribe()) > 0 || (first && !ts.wildcard) {
 		// Only a request that narrows the subscription can drop anything;
 		// an ACK must not cost a pass over everything the proxy holds.
 		ts.forgetUnsubscribed()
 	}
 	return candidates, ts.wildcard && (first || !wasWildcard), nil
+}
+
+// wildcardAfter is whether a subscription that is a wildcard or not
+// (before) is one after the request: a request subscribes, then unsubscribes.
+func wildcardAfter(before bool, req *discoveryv3.DeltaDiscoveryRequest) bool {
+	return (before || slices.Contains(req.GetResourceNamesSubscribe(), "*")) &&
+		!slices.Contains(req.GetResourceNamesUnsubscribe(), "*")
 }
 
 // diff adds to resp what the proxy needs for one name: the resource when it
@@ -203,7 +208,7 @@ func (st *delta) diff(v snapshot.View, ts *deltaType, name string, resp *respons
 		return
 	}
 	r := v.Get(ts.t, name)
-	_, has := ts.held[name]
+	has := ts.heldRes(name) != nil
 	switch {
 	case r != nil && !ts.holds(r):
 		resp.res = append(resp.res, r)
@@ -229,12 +234,14 @@ func (st *delta) plan(v snapshot.View) []*response {
 		if ts == nil {
 			continue
 		}
-		resp := &response{t: ts.t, version: v.TypeVersion(ts.t)}
+		resp := &response{t: ts.t, version: v.TypeVersion(ts.t), set: v.Set(ts.t)}
 		once := ts.eachChange(v, st.rev, func(name string) { st.diff(v, ts, name, resp, false) })
 		if len(resp.res) > 0 || len(resp.removed) > 0 {
 			ts.sendOwed(once)
 			resp.other, resp.priced = priceSotW(v, ts, resp, false), true
 			byType[t] = resp
+		} else {
+			ts.settle(resp.set)
 		}
 	}
 	if rc, vh := byType[xdstype.Route], byType[xdstype.VirtualHost]; rc != nil && vh != nil && rc.other.responses > 0 {
@@ -267,12 +274,12 @@ func (st *delta) plan(v snapshot.View) []*response {
 			addOther.drains = 1
 		}
 		if len(r.res) > 0 {
-			adds[r.t] = &response{t: r.t, version: r.version, res: r.res, other: addOther, priced: true}
+			adds[r.t] = &response{t: r.t, version: r.version, set: r.set, res: r.res, other: addOther, priced: true}
 		} else {
 			rmOther = sumOther(rmOther, addOther)
 		}
 		if len(r.removed) > 0 {
-			rms[r.t] = &response{t: r.t, version: r.version, removed: r.removed, other: rmOther, priced: true}
+			rms[r.t] = &response{t: r.t, version: r.version, set: r.set, removed: r.removed, other: rmOther, priced: true}
 		} else if adds[r.t] != nil {
 			adds[r.t].other = sumOther(addOther, rmOther)
 		}
@@ -332,14 +339,15 @@ func (st *delta) send(r *response) error {
 	}
 	undo := make(map[string]*snapshot.Resource, len(r.res)+len(r.removed))
 	for _, res := range r.res {
-		undo[res.Name] = ts.held[res.Name]
-		ts.sent(res)
+		undo[res.Name] = ts.heldRes(res.Name)
 	}
+	ts.sentAll(r.res, r.set)
 	for _, name := range r.removed {
-		undo[name] = ts.held[name]
-		delete(ts.held, name)
+		undo[name] = ts.heldRes(name)
+		ts.hold(name, nil)
 		delete(ts.owed, name)
 	}
+	ts.settle(r.set)
 	if len(ts.inflight) >= maxInflight {
 		// A proxy that never answers: forget the oldest bookkeeping rather
 		// than grow without bound.
@@ -362,7 +370,7 @@ func (st *delta) send(r *response) error {
 // served: SotW resends the world to a proxy whose version_info is not the
 // served one.
 func priceSotW(v snapshot.View, ts *deltaType, r *response, all bool) otherResponse {
-	if all && len(r.res) == 0 && len(r.removed) == 0 && len(ts.held) > 0 {
+	if all && len(r.res) == 0 && len(r.removed) == 0 && ts.heldCount() > 0 {
 		// A reconnect declaring exactly what is served: a SotW proxy
 		// holding the same names the served version and is sent nothing.
 		return otherResponse{}
@@ -402,11 +410,11 @@ func priceSotW(v snapshot.View, ts *deltaType, r *response, all bool) otherRespo
 			case ts.wildcard:
 				v.All(ts.t, func(res *snapshot.Resource) { price(res.Name) })
 			default:
-				for name := range ts.names {
+				ts.names.all(func(name string) {
 					if v.Get(ts.t, name) != nil {
 						price(name)
 					}
-				}
+				})
 			}
 			return o
 		}
@@ -417,12 +425,12 @@ func priceSotW(v snapshot.View, ts *deltaType, r *response, all bool) otherRespo
 			o.entries, o.resources = v.SotWBytes(ts.t), v.Len(ts.t)
 			return o
 		}
-		for name := range ts.names {
+		ts.names.all(func(name string) {
 			if res := v.Get(ts.t, name); res != nil {
 				o.entries += cost.SotWEntry(res.Size)
 				o.resources++
 			}
-		}
+		})
 		return o
 	}
 	var o otherResponse
@@ -449,7 +457,7 @@ func priceSotW(v snapshot.View, ts *deltaType, r *response, all bool) otherRespo
 func departing(ts *deltaType, removed []string) int {
 	n := 0
 	for _, name := range removed {
-		if h := ts.held[name]; h != nil {
+		if h := ts.heldRes(name); h != nil {
 			n += cost.SotWEntry(h.Size)
 		}
 	}

@@ -171,7 +171,11 @@ const (
 	kUpsertScope
 	kDeleteScope
 	// kBatch applies several world changes before one build, so the
-	// catalog coalesces them.
+	// catalog coalesces them; a burst builds each on its own instead,
+	// without waiting for the proxies in between, so that streams fall
+	// several revisions behind, mid-push, and catch up across them (a
+	// burst changes no scope: how a stream ends would depend on which
+	// revisions it saw).
 	kBatch
 	kConnect
 	kDisconnect
@@ -196,6 +200,7 @@ type step struct {
 	labels map[string]string
 	scope  *model.Scope
 	batch  []step
+	burst  bool
 	proxy  string
 	ref    string
 	proto  model.Protocol
@@ -220,6 +225,9 @@ func (s *step) String() string {
 	case kUpsertScope:
 		fmt.Fprintf(&b, " %s", fmtScope(s.scope))
 	case kBatch:
+		if s.burst {
+			b.WriteString(" burst")
+		}
 		b.WriteString(" {")
 		for i := range s.batch {
 			if i > 0 {
@@ -481,8 +489,15 @@ func (h *harness) do(s *step) error {
 	h.truths = map[view]truth{}
 	switch s.kind {
 	case kUpsertService, kDeleteService, kUpsertNamespace, kDeleteNamespace, kUpsertScope, kDeleteScope, kBatch:
-		h.worldChange(s)
-		h.cp.Sync()
+		if s.burst {
+			for i := range s.batch {
+				h.worldChange(&s.batch[i])
+				h.cp.Sync()
+			}
+		} else {
+			h.worldChange(s)
+			h.cp.Sync()
+		}
 		if err := h.markContentChanges(); err != nil {
 			return err
 		}
@@ -1127,9 +1142,13 @@ func (g *generator) next(h *harness) step {
 			return g.worldStep(h.w)
 		case x < 66:
 			w := h.w.clone()
-			s := step{kind: kBatch}
+			s := step{kind: kBatch, burst: g.chance(50)}
 			for range 2 + g.pick(3) {
 				sub := g.worldStep(w)
+				if s.burst && (sub.kind == kUpsertScope || sub.kind == kDeleteScope) {
+					// How a stream ends would depend on the revisions it saw.
+					continue
+				}
 				applyToWorld(w, &sub)
 				s.batch = append(s.batch, sub)
 			}

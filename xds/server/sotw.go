@@ -1,7 +1,6 @@
 package server
 
 import (
-	"maps"
 	"strconv"
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
@@ -28,8 +27,9 @@ type sotwType struct {
 	nonce   string
 	version string
 	pending bool
-	// last lists the resources of the last response, owed again if it is
-	// rejected (by-name types only: a full-state type is resent whole).
+	// last lists the resources of the last response while it is pending,
+	// owed again if it is rejected (by-name types only: a full-state type
+	// is resent whole).
 	last []*snapshot.Resource
 	// lastOther is how many resources the delta response that last one
 	// stands for would have carried: what a rejection holds back there.
@@ -38,7 +38,7 @@ type sotwType struct {
 	// the last response replaced it, kept until the proxy answers: a
 	// rejecting proxy keeps that set, so it becomes held again, and the
 	// next response is priced and made-before-broken from it.
-	before map[string]*snapshot.Resource
+	before *holding
 	// namesDigest is the digest of the by-name subscription (the XOR of
 	// snapshot.NameDigest over ts.names), which its versions cover.
 	namesDigest uint64
@@ -115,7 +115,7 @@ func (st *sotw) handle(req *sotwRequest) error {
 		return nil
 	}
 	if awaiting {
-		clear(ts.held) // what the proxy holds is unknown to this stream
+		ts.holdNothing() // what the proxy holds is unknown to this stream
 	}
 	var (
 		resp    *response
@@ -161,16 +161,7 @@ func (st *sotw) handle(req *sotwRequest) error {
 // cost: an empty response.
 func (st *sotw) adopt(v snapshot.View, ts *sotwType, version string) int {
 	t := ts.t
-	hold := func(r *snapshot.Resource) { ts.held[r.Name] = r }
-	if ts.wildcard {
-		v.All(t, hold)
-	} else {
-		for name := range ts.names {
-			if r := v.Get(t, name); r != nil {
-				hold(r)
-			}
-		}
-	}
+	ts.holdSet(v.Set(t))
 	ts.version, ts.pending, ts.adopted, ts.last, ts.before, ts.lastOther = version, false, true, nil, nil, 0
 	clear(ts.owed)
 	// Delta sends one empty response of the type (and, for route
@@ -218,17 +209,18 @@ func (st *sotw) answer(ts *sotwType, detail string, nack bool) {
 	before := ts.before
 	ts.before = nil
 	if !nack {
+		ts.last = nil
 		st.accepted(&ts.subscription, ts.version)
 		return
 	}
 	if before != nil {
-		ts.held = before
+		ts.held = *before
 	}
 	var owed []string
 	if !ts.t.FullState() {
 		for _, r := range ts.last {
-			if ts.held[r.Name] == r {
-				delete(ts.held, r.Name)
+			if ts.heldRes(r.Name) == r {
+				ts.hold(r.Name, nil)
 				owed = append(owed, r.Name)
 			}
 		}
@@ -268,35 +260,56 @@ func (st *sotw) resubscribe(ts *sotwType, req *sotwRequest) (bool, error) {
 	if len(names) == 0 && (!ts.requested || ts.wildcard) {
 		wildcard = true // legacy wildcard: an empty first request, kept while empty
 	}
-	changed := !ts.requested || wildcard != ts.wildcard || !maps.Equal(names, ts.names)
-	if changed {
-		var added, removed []string
-		for n := range names {
-			if _, ok := ts.names[n]; !ok {
-				added = append(added, n)
-			}
-		}
-		for n := range ts.names {
-			if _, ok := names[n]; !ok {
-				removed = append(removed, n)
-			}
-		}
-		st.asked(ts.t, added, removed, ts.wildcard, wildcard)
+	if ts.requested && wildcard == ts.wildcard && sameNames(names, &ts.names) {
+		return false, nil
 	}
-	if changed {
-		ts.namesDigest = 0
-		for n := range names {
-			ts.namesDigest ^= snapshot.NameDigest(n)
+	var added, removed []string
+	for n := range names {
+		if !ts.names.has(n) {
+			added = append(added, n)
 		}
 	}
-	ts.requested, ts.wildcard, ts.names = true, wildcard, names
+	ts.names.all(func(n string) {
+		if _, ok := names[n]; !ok {
+			removed = append(removed, n)
+		}
+	})
+	ts.subscribing(added, wildcard)
+	if ts.before != nil {
+		// What the base of before implies changes with the names too.
+		b := holding{diff: ts.listed(*ts.before)}
+		ts.before = &b
+	}
+	ts.namesDigest = 0
+	for n := range names {
+		ts.namesDigest ^= snapshot.NameDigest(n)
+	}
+	wasWildcard := ts.wildcard
+	ts.requested, ts.wildcard, ts.names = true, wildcard, ownNames(names)
+	st.read(func(v snapshot.View) { ts.names.share(v.Names(ts.t)) })
+	st.asked(&ts.subscription, added, removed, wasWildcard)
 	ts.forgetUnsubscribed()
-	for name := range ts.before {
-		if !ts.subscribed(name) {
-			delete(ts.before, name)
+	if ts.before != nil {
+		for name := range ts.before.diff {
+			if !ts.subscribed(name) {
+				delete(ts.before.diff, name)
+			}
 		}
 	}
-	return changed, nil
+	return true, nil
+}
+
+// sameNames reports whether names are the set's.
+func sameNames(names map[string]struct{}, set *nameSet) bool {
+	if len(names) != set.len() {
+		return false
+	}
+	for n := range names {
+		if !set.has(n) {
+			return false
+		}
+	}
+	return true
 }
 
 // respond returns what a changed subscription (or a proxy awaiting its
@@ -317,9 +330,7 @@ func (st *sotw) respond(v snapshot.View, ts *sotwType, force bool) *response {
 	if ts.wildcard {
 		v.All(t, func(r *snapshot.Resource) { add(r.Name) })
 	} else {
-		for name := range ts.names {
-			add(name)
-		}
+		ts.names.all(add)
 	}
 	// A subscription change that leaves the proxy lacking nothing still
 	// moves the version its names are served at (it covers the names):
@@ -327,7 +338,7 @@ func (st *sotw) respond(v snapshot.View, ts *sotwType, force bool) *response {
 	// version when it reconnects, and is sent nothing again.
 	version := st.version(v, ts)
 	if len(res) > 0 || force || (!ts.pending && ts.version != version) {
-		return &response{t: t, version: version, otherVersion: v.TypeVersion(t), res: res}
+		return &response{t: t, version: version, otherVersion: v.TypeVersion(t), set: v.Set(t), res: res}
 	}
 	return nil
 }
@@ -341,13 +352,13 @@ func (st *sotw) fullResponse(v snapshot.View, ts *sotwType, force bool) *respons
 		res = make([]*snapshot.Resource, 0, v.Len(t))
 		v.All(t, func(r *snapshot.Resource) { res = append(res, r) })
 	} else {
-		for name := range ts.names {
+		ts.names.all(func(name string) {
 			if r := v.Get(t, name); r != nil {
 				res = append(res, r)
 			}
-		}
+		})
 	}
-	if !force && len(res) == len(ts.held) {
+	if !force {
 		same := true
 		for _, r := range res {
 			if !ts.holds(r) {
@@ -355,11 +366,11 @@ func (st *sotw) fullResponse(v snapshot.View, ts *sotwType, force bool) *respons
 				break
 			}
 		}
-		if same {
+		if same && len(res) == ts.heldCount() {
 			return nil
 		}
 	}
-	return &response{t: t, version: st.version(v, ts), otherVersion: v.TypeVersion(t), res: res, full: true}
+	return &response{t: t, version: st.version(v, ts), otherVersion: v.TypeVersion(t), set: v.Set(t), res: res, full: true}
 }
 
 // push sends what changed in the scope since the stream last looked, in ADS
@@ -386,8 +397,11 @@ func (st *sotw) push() error {
 func (st *sotw) plan(v snapshot.View) []*response {
 	var byType [xdstype.Count]*response
 	for t, ts := range st.types {
-		if ts != nil {
-			byType[t] = st.changes(v, ts)
+		if ts == nil {
+			continue
+		}
+		if byType[t] = st.changes(v, ts); byType[t] == nil {
+			ts.settle(v.Set(ts.t))
 		}
 	}
 	if r := byType[xdstype.Route]; r != nil && !r.silent {
@@ -412,7 +426,7 @@ func (st *sotw) plan(v snapshot.View) []*response {
 			continue
 		}
 		if removesLater && r.full && r.t.Info().RemovedLast {
-			if early := makeBeforeBreak(r, st.types[r.t].held); early != nil {
+			if early := makeBeforeBreak(r, &st.types[r.t].subscription); early != nil {
 				out = append(out, early)
 				late = append(late, r)
 				continue
@@ -446,8 +460,8 @@ func (st *sotw) changes(v snapshot.View, ts *sotwType) *response {
 		}
 		r := v.Get(t, name)
 		if r == nil {
-			if _, held := ts.held[name]; held {
-				delete(ts.held, name)
+			if ts.heldRes(name) != nil {
+				ts.hold(name, nil)
 				gone = append(gone, name)
 			}
 		} else if !ts.holds(r) {
@@ -461,31 +475,31 @@ func (st *sotw) changes(v snapshot.View, ts *sotwType) *response {
 			// from them next, and that moves its version (respond); a
 			// wildcard one is sent an empty response that moves it, so
 			// that it names the served version when it reconnects.
-			return &response{t: t, version: st.version(v, ts), otherVersion: v.TypeVersion(t), removed: gone, silent: !ts.wildcard}
+			return &response{t: t, version: st.version(v, ts), otherVersion: v.TypeVersion(t), set: v.Set(t), removed: gone, silent: !ts.wildcard}
 		}
 		return nil
 	}
 	ts.sendOwed(once)
-	return &response{t: t, version: st.version(v, ts), otherVersion: v.TypeVersion(t), res: res, removed: gone}
+	return &response{t: t, version: st.version(v, ts), otherVersion: v.TypeVersion(t), set: v.Set(t), res: res, removed: gone}
 }
 
 // makeBeforeBreak returns a full-state response that keeps the held
 // resources the final one drops, or nil when nothing is dropped.
-func makeBeforeBreak(final *response, held map[string]*snapshot.Resource) *response {
+func makeBeforeBreak(final *response, s *subscription) *response {
 	keep := make(map[string]struct{}, len(final.res))
 	for _, r := range final.res {
 		keep[r.Name] = struct{}{}
 	}
 	union := append([]*snapshot.Resource(nil), final.res...)
-	for name, r := range held {
-		if _, ok := keep[name]; !ok {
+	s.eachHeld(func(r *snapshot.Resource) {
+		if _, ok := keep[r.Name]; !ok {
 			union = append(union, r)
 		}
-	}
+	})
 	if len(union) == len(final.res) {
 		return nil
 	}
-	return &response{t: final.t, version: final.version + draining, otherVersion: final.otherVersion, res: union, full: true}
+	return &response{t: final.t, version: final.version + draining, otherVersion: final.otherVersion, set: final.set, res: union, full: true}
 }
 
 // draining marks the version of a make-before-break response.
@@ -500,6 +514,7 @@ func (st *sotw) send(r *response) error {
 	// by-name subscription's or a make-before-break step's.
 	otherVersion := r.otherVersion
 	if r.silent {
+		ts.settle(r.set)
 		st.srv.fb.Sent(st.key, model.SotW, r.t.URL(), feedback.Push{
 			OtherBytes: r.other.price(otherVersion, r.t.URL(), &st.otherNonce),
 		})
@@ -517,11 +532,12 @@ func (st *sotw) send(r *response) error {
 	}
 	ts.nonce, ts.version, ts.pending, ts.last, ts.lastOther, ts.adopted = nonce, r.version, true, r.res, r.other.resources, false
 	if r.full {
-		ts.before, ts.held = ts.held, make(map[string]*snapshot.Resource, len(r.res))
+		before := ts.held
+		ts.before = &before
+		ts.holdSet(r.set)
 	}
-	for _, res := range r.res {
-		ts.sent(res)
-	}
+	ts.sentAll(r.res, r.set)
+	ts.settle(r.set)
 	st.srv.fb.Sent(st.key, model.SotW, r.t.URL(), feedback.Push{
 		Resources: len(r.res), Bytes: resp.size, Connect: r.connect,
 		OtherBytes: r.other.price(otherVersion, r.t.URL(), &st.otherNonce),
@@ -550,12 +566,12 @@ func priceDelta(ts *sotwType, r *response) otherResponse {
 		for _, res := range r.res {
 			keep[res.Name] = struct{}{}
 		}
-		for name := range ts.held {
-			if _, ok := keep[name]; !ok {
-				o.entries += cost.Removed(name)
+		ts.eachHeld(func(h *snapshot.Resource) {
+			if _, ok := keep[h.Name]; !ok {
+				o.entries += cost.Removed(h.Name)
 				removed++
 			}
-		}
+		})
 	}
 	if o.resources > 0 || removed > 0 || r.connect {
 		o.responses = 1
@@ -639,7 +655,7 @@ func (st *sotw) busy() bool {
 // subscription the stream already has, without allocating.
 func sameSubscription(names []string, ts *sotwType) bool {
 	if len(names) == 0 {
-		return ts.wildcard && len(ts.names) == 0
+		return ts.wildcard && ts.names.len() == 0
 	}
 	star, n := false, 0
 	for _, name := range names {
@@ -647,12 +663,12 @@ func sameSubscription(names []string, ts *sotwType) bool {
 			star = true
 			continue
 		}
-		if _, ok := ts.names[name]; !ok {
+		if !ts.names.has(name) {
 			return false
 		}
 		n++
 	}
 	// Duplicates in the request would make n overcount; a mismatch is only
 	// a slower path, never a wrong answer.
-	return n == len(ts.names) && star == ts.wildcard
+	return n == ts.names.len() && star == ts.wildcard
 }

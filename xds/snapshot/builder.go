@@ -13,9 +13,7 @@ import (
 	"sync"
 	"time"
 
-	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/scopeplane/scopeplane/xds/catalog"
 	"github.com/scopeplane/scopeplane/xds/cost"
@@ -127,10 +125,9 @@ func (b *Builder) apply(updates []catalog.Update, observed time.Time) {
 }
 
 type marshalled struct {
-	name string
-	body *anypb.Any
-	wire mem.Buffer
-	hash uint64
+	name  string
+	value []byte
+	hash  uint64
 }
 
 func (b *Builder) applyScope(u *catalog.Update, observed time.Time) {
@@ -173,8 +170,7 @@ func (b *Builder) applyScope(u *catalog.Update, observed time.Time) {
 				metrics.UnservableResources.WithLabelValues(t.URL()).Inc()
 				continue
 			}
-			body, wire := encode(t.URL(), value)
-			upserts[t] = append(upserts[t], marshalled{name: name, body: body, wire: wire, hash: hash64(value)})
+			upserts[t] = append(upserts[t], marshalled{name: name, value: value, hash: hash64(value)})
 		}
 	}
 
@@ -194,9 +190,9 @@ func (b *Builder) applyScope(u *catalog.Update, observed time.Time) {
 	for t := range xdstype.Count {
 		touched[t] = map[string]struct{}{}
 	}
-	put := func(t xdstype.Type, name string, body *anypb.Any, wire mem.Buffer, version string) {
+	put := func(t xdstype.Type, name string, value []byte, version string) {
 		ts := &sc.types[t]
-		old := ts.res[name]
+		old := ts.res.get(name)
 		if old != nil && old.Version == version {
 			return
 		}
@@ -205,33 +201,33 @@ func (b *Builder) applyScope(u *catalog.Update, observed time.Time) {
 			ts.sotwBytes -= cost.SotWEntry(old.Size)
 			ts.inlineBytes -= inlineEntry(old.Body.GetValue())
 		}
-		r := &Resource{Name: name, Version: version, Body: body, Wire: wire, Size: proto.Size(body)}
-		ts.res[name] = r
+		r := NewResource(t, name, version, value)
+		ts.res = ts.res.set(r)
 		ts.digest ^= nameDigest(name, version)
 		ts.sotwBytes += cost.SotWEntry(r.Size)
-		ts.inlineBytes += inlineEntry(body.GetValue())
+		ts.inlineBytes += inlineEntry(value)
 		touched[t][name] = struct{}{}
 		changes = append(changes, logEntry{rev: next, typ: t, name: name})
 	}
 	remove := func(t xdstype.Type, name string) {
 		ts := &sc.types[t]
-		old, ok := ts.res[name]
-		if !ok {
+		old := ts.res.get(name)
+		if old == nil {
 			return
 		}
 		ts.digest ^= nameDigest(name, old.Version)
 		ts.sotwBytes -= cost.SotWEntry(old.Size)
 		ts.inlineBytes -= inlineEntry(old.Body.GetValue())
-		delete(ts.res, name)
+		ts.res = ts.res.remove(name)
 		changes = append(changes, logEntry{rev: next, typ: t, name: name})
 	}
 	if u.Reset {
 		for t := range xdstype.Count {
-			for name := range sc.types[t].res {
-				if _, ok := u.Upserted[t][name]; !ok {
-					remove(t, name)
+			sc.types[t].res.all(func(r *Resource) {
+				if _, ok := u.Upserted[t][r.Name]; !ok {
+					remove(t, r.Name)
 				}
-			}
+			})
 		}
 	}
 	for t := range xdstype.Count {
@@ -246,7 +242,7 @@ func (b *Builder) applyScope(u *catalog.Update, observed time.Time) {
 			parent = &sc.types[info.Parent]
 		}
 		for _, m := range upserts[t] {
-			put(t, m.name, m.body, m.wire, resourceVersion(m.hash, parent, m.name))
+			put(t, m.name, m.value, resourceVersion(m.hash, parent, m.name))
 		}
 		if parent == nil {
 			continue
@@ -257,8 +253,8 @@ func (b *Builder) applyScope(u *catalog.Update, observed time.Time) {
 			if _, done := touched[t][name]; done {
 				continue
 			}
-			if r := sc.types[t].res[name]; r != nil {
-				put(t, name, r.Body, r.Wire, resourceVersion(hash64(r.Body.GetValue()), parent, name))
+			if r := sc.types[t].res.get(name); r != nil {
+				put(t, name, r.Body.GetValue(), resourceVersion(hash64(r.Body.GetValue()), parent, name))
 			}
 		}
 	}
@@ -341,7 +337,7 @@ func (s *Snapshot) recordUnservable(u *catalog.Update, upserts [xdstype.Count][]
 func (s *Snapshot) trimLogLocked() {
 	limit := 1024
 	for t := range xdstype.Count {
-		limit += 2 * len(s.types[t].res)
+		limit += 2 * s.types[t].res.Len()
 	}
 	if len(s.log) <= limit {
 		return
@@ -383,7 +379,7 @@ func versionOf(h uint64) string {
 // finishes warming a changed cluster only with an EDS response after it.
 func resourceVersion(h uint64, parent *typeState, name string) string {
 	if parent != nil {
-		if p := parent.res[name]; p != nil {
+		if p := parent.res.get(name); p != nil {
 			return versionOf(h ^ hash64([]byte(p.Version)))
 		}
 	}

@@ -1,8 +1,6 @@
 package snapshot
 
 import (
-	"google.golang.org/protobuf/proto"
-
 	"github.com/scopeplane/scopeplane/xds/catalog"
 	"github.com/scopeplane/scopeplane/xds/metrics"
 	"github.com/scopeplane/scopeplane/xds/model"
@@ -25,8 +23,7 @@ func marshalPlaces(u *catalog.Update) map[model.Place][]marshalled {
 				metrics.UnservableResources.WithLabelValues(xdstype.Endpoint.URL()).Inc()
 				continue
 			}
-			body, wire := encode(xdstype.Endpoint.URL(), value)
-			out[place] = append(out[place], marshalled{name: name, body: body, wire: wire, hash: hash64(value)})
+			out[place] = append(out[place], marshalled{name: name, value: value, hash: hash64(value)})
 		}
 	}
 	return out
@@ -74,9 +71,7 @@ func (s *Snapshot) account(names map[string]struct{}, all bool, sign int) {
 	}
 	for _, ps := range s.places {
 		if all {
-			for name := range ps.res {
-				one(ps, name)
-			}
+			ps.res.all(func(r *Resource) { one(ps, r.Name) })
 			continue
 		}
 		for name := range names {
@@ -97,16 +92,16 @@ func (s *Snapshot) applyPlaces(u *catalog.Update, upserts map[model.Place][]mars
 	put := func(place model.Place, name string, m *Resource) {
 		ps := s.places[place]
 		if ps == nil {
-			ps = &placeState{res: map[string]*Resource{}}
+			ps = &placeState{}
 			s.places[place] = ps
 		}
-		if old := ps.res[name]; old != nil {
+		if old := ps.res.get(name); old != nil {
 			if old.Version == m.Version {
 				return
 			}
 			ps.digest ^= nameDigest(name, old.Version)
 		}
-		ps.res[name] = m
+		ps.res = ps.res.set(m)
 		ps.digest ^= nameDigest(name, m.Version)
 		if touched[place] == nil {
 			touched[place] = map[string]struct{}{}
@@ -121,19 +116,19 @@ func (s *Snapshot) applyPlaces(u *catalog.Update, upserts map[model.Place][]mars
 			return
 		}
 		ps.digest ^= nameDigest(name, old.Version)
-		delete(ps.res, name)
-		if len(ps.res) == 0 {
+		ps.res = ps.res.remove(name)
+		if ps.res.Len() == 0 {
 			delete(s.places, place)
 		}
 		changes = append(changes, logEntry{rev: rev, typ: xdstype.Endpoint, name: name})
 	}
 	if u.Reset {
 		for place, ps := range s.places {
-			for name := range ps.res {
-				if _, ok := u.Places[place].Upserted[name]; !ok {
-					remove(place, name)
+			ps.res.all(func(r *Resource) {
+				if _, ok := u.Places[place].Upserted[r.Name]; !ok {
+					remove(place, r.Name)
 				}
-			}
+			})
 		}
 	}
 	for place, pc := range u.Places {
@@ -144,19 +139,20 @@ func (s *Snapshot) applyPlaces(u *catalog.Update, upserts map[model.Place][]mars
 	for place, ms := range upserts {
 		for _, m := range ms {
 			version := resourceVersion(m.hash, parent, m.name)
-			put(place, m.name, &Resource{Name: m.name, Version: version, Body: m.body, Wire: m.wire, Size: proto.Size(m.body)})
+			put(place, m.name, NewResource(xdstype.Endpoint, m.name, version, m.value))
 		}
 	}
 	for name := range clusters {
 		for place, ps := range s.places {
-			r := ps.res[name]
+			r := ps.res.get(name)
 			if r == nil {
 				continue
 			}
 			if _, done := touched[place][name]; done {
 				continue
 			}
-			put(place, name, &Resource{Name: name, Version: resourceVersion(hash64(r.Body.GetValue()), parent, name), Body: r.Body, Wire: r.Wire, Size: r.Size})
+			value := r.Body.GetValue()
+			put(place, name, NewResource(xdstype.Endpoint, name, resourceVersion(hash64(value), parent, name), value))
 		}
 	}
 	return changes

@@ -19,7 +19,6 @@ import (
 
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/scopeplane/scopeplane/xds/catalog"
@@ -36,51 +35,77 @@ type Resource struct {
 	Body    *anypb.Any
 	// Wire is Body encoded as an entry of a SotW response's resources,
 	// which is also the resource field of a delta response's Resource
-	// (field 2 in both): tag, length, then the Any. Body's Value is its
-	// tail, so the bytes are held once. The ADS server hands Wire to gRPC's
-	// transport as it is, so that every stream's response refers to these
-	// bytes instead of carrying its own copy; it is a gRPC buffer made once
-	// here, so that a response's reference costs no allocation either. Its
-	// Free does nothing: the bytes are garbage collected, never recycled.
-	Wire mem.Buffer
+	// (field 2 in both): tag, length, then the Any. Delta is the whole
+	// entry of a delta response's resources: tag, length, the Resource's
+	// version and name, then Wire. Wire is Delta's tail and Body's Value
+	// Wire's, so the bytes are held once. The ADS server hands Wire or
+	// Delta to gRPC's transport as they are, so that every stream's
+	// response refers to these bytes instead of carrying its own copy, one
+	// buffer per resource; they are gRPC buffers made once here, so that a
+	// response's reference costs no allocation either. Their Free does
+	// nothing: the bytes are garbage collected, never recycled.
+	Wire, Delta mem.Buffer
 	// Size is the encoded size of Body, for pricing responses (package cost).
 	Size int
 }
 
-// anyField is the field number of a resource's Any in both a SotW
-// DiscoveryResponse (resources) and a delta Resource (resource).
-const anyField = 2
+// Field numbers: of a resource's Any in both a SotW DiscoveryResponse
+// (resources) and a delta Resource (resource), which is also the field of
+// the Resources of a DeltaDiscoveryResponse; of a delta Resource's version
+// and name.
+const (
+	anyField             = 2
+	deltaResourceVersion = 1
+	deltaResourceName    = 3
+)
 
-// encode returns the Any of typeURL over value and its Wire form, with the
-// Any's Value aliasing the tail of the Wire.
-func encode(typeURL string, value []byte) (*anypb.Any, mem.Buffer) {
-	size := protowire.SizeTag(1) + protowire.SizeBytes(len(typeURL))
+// NewResource returns the resource of type t named name at version, from
+// its encoded value, laid out in one buffer as Resource says.
+func NewResource(t xdstype.Type, name, version string, value []byte) *Resource {
+	url := t.URL()
+	size := protowire.SizeTag(1) + protowire.SizeBytes(len(url))
 	if len(value) > 0 { // proto3 leaves an empty bytes field out
 		size += protowire.SizeTag(2) + protowire.SizeBytes(len(value))
 	}
-	wire := make([]byte, 0, protowire.SizeTag(anyField)+protowire.SizeBytes(size))
-	wire = protowire.AppendTag(wire, anyField, protowire.BytesType)
-	wire = protowire.AppendVarint(wire, uint64(size))
-	wire = protowire.AppendTag(wire, 1, protowire.BytesType)
-	wire = protowire.AppendString(wire, typeURL)
+	wire := protowire.SizeTag(anyField) + protowire.SizeBytes(size)
+	inner := wire + stringSize(deltaResourceVersion, version) + stringSize(deltaResourceName, name)
+	b := make([]byte, 0, protowire.SizeTag(anyField)+protowire.SizeBytes(inner))
+	b = protowire.AppendTag(b, anyField, protowire.BytesType)
+	b = protowire.AppendVarint(b, uint64(inner))
+	b = appendString(b, deltaResourceVersion, version)
+	b = appendString(b, deltaResourceName, name)
+	w := len(b)
+	b = protowire.AppendTag(b, anyField, protowire.BytesType)
+	b = protowire.AppendVarint(b, uint64(size))
+	b = appendString(b, 1, url)
 	if len(value) > 0 {
-		wire = protowire.AppendTag(wire, 2, protowire.BytesType)
-		wire = protowire.AppendBytes(wire, value)
+		b = protowire.AppendTag(b, 2, protowire.BytesType)
+		b = protowire.AppendBytes(b, value)
 	}
-	n := len(wire)
-	return &anypb.Any{TypeUrl: typeURL, Value: wire[n-len(value) : n : n]}, mem.SliceBuffer(wire)
+	n := len(b)
+	body := &anypb.Any{TypeUrl: url, Value: b[n-len(value) : n : n]}
+	return &Resource{Name: name, Version: version, Body: body, Wire: mem.SliceBuffer(b[w:]), Delta: mem.SliceBuffer(b), Size: size}
 }
 
-// NewResource returns the resource of type t named name at version, from
-// its encoded value, in the form the builder gives every resource
-// (exported for benchmarks and tests of what the server sends).
-func NewResource(t xdstype.Type, name, version string, value []byte) *Resource {
-	body, wire := encode(t.URL(), value)
-	return &Resource{Name: name, Version: version, Body: body, Wire: wire, Size: proto.Size(body)}
+// stringSize is what a string field adds to a message (proto3 leaves an
+// empty one out).
+func stringSize(field protowire.Number, s string) int {
+	if s == "" {
+		return 0
+	}
+	return protowire.SizeTag(field) + protowire.SizeBytes(len(s))
+}
+
+func appendString(b []byte, field protowire.Number, s string) []byte {
+	if s == "" {
+		return b
+	}
+	b = protowire.AppendTag(b, field, protowire.BytesType)
+	return protowire.AppendString(b, s)
 }
 
 type typeState struct {
-	res     map[string]*Resource
+	res     tree
 	digest  uint64
 	version string
 	// sotwBytes is what all of the type's resources add to a SotW response.
@@ -135,7 +160,7 @@ type Snapshot struct {
 // placeState is the view from one place: the assignments proxies there see
 // instead of the scope-wide ones, each a name the scope holds.
 type placeState struct {
-	res map[string]*Resource
+	res tree
 	// digest is the XOR of its (name, version) pairs, what it adds to the
 	// scope's version.
 	digest uint64
@@ -151,12 +176,12 @@ type placeState struct {
 // contribution is what one name of the view changes in the digest and
 // the SotW bytes of the scope-wide assignments, which hold base of it.
 func (ps *placeState) contribution(base *typeState, name string) (uint64, int) {
-	r := ps.res[name]
+	r := ps.res.get(name)
 	if r == nil {
 		return 0, 0
 	}
 	d, n := nameDigest(name, r.Version), cost.SotWEntry(r.Size)
-	if b := base.res[name]; b != nil {
+	if b := base.res.get(name); b != nil {
 		d ^= nameDigest(name, b.Version)
 		n -= cost.SotWEntry(b.Size)
 	}
@@ -166,7 +191,6 @@ func (ps *placeState) contribution(base *typeState, name string) (uint64, int) {
 func newSnapshot(key model.Key) *Snapshot {
 	s := &Snapshot{Key: key, wake: make(chan struct{}), unservable: map[typedName]Unservable{}, places: map[model.Place]*placeState{}}
 	for t := range s.types {
-		s.types[t].res = map[string]*Resource{}
 		s.types[t].version = emptyVersion
 	}
 	s.version = s.scopeVersion()
@@ -289,10 +313,10 @@ func (v View) overlap() (uint64, int) {
 	var d uint64
 	var n int
 	base := &v.s.types[xdstype.Endpoint]
-	for name := range v.node.res {
-		cd, cn := v.zone.contribution(base, name)
+	v.node.res.all(func(r *Resource) {
+		cd, cn := v.zone.contribution(base, r.Name)
 		d, n = d^cd, n+cn
-	}
+	})
 	return d, -n
 }
 
@@ -307,7 +331,7 @@ func (v View) Get(t xdstype.Type, name string) *Resource {
 			return r
 		}
 	}
-	return v.s.types[t].res[name]
+	return v.s.types[t].res.get(name)
 }
 
 // get returns the place's own assignment of that name; ps may be nil.
@@ -315,7 +339,7 @@ func (ps *placeState) get(name string) *Resource {
 	if ps == nil {
 		return nil
 	}
-	return ps.res[name]
+	return ps.res.get(name)
 }
 
 // SotWBytes is what every resource of the type adds to a SotW response: a
@@ -350,20 +374,16 @@ func (v View) InlineRouteSize(name string) int {
 }
 
 // Len returns how many resources of the type the scope holds.
-func (v View) Len(t xdstype.Type) int { return len(v.s.types[t].res) }
+func (v View) Len(t xdstype.Type) int { return v.s.types[t].res.Len() }
 
 // All calls fn for every resource of the type as the view sees it, in no
 // particular order.
 func (v View) All(t xdstype.Type, fn func(*Resource)) {
 	if v.placed(t) {
-		for name := range v.s.types[t].res {
-			fn(v.Get(t, name))
-		}
+		v.s.types[t].res.all(func(r *Resource) { fn(v.Get(t, r.Name)) })
 		return
 	}
-	for _, r := range v.s.types[t].res {
-		fn(r)
-	}
+	v.s.types[t].res.all(fn)
 }
 
 // ChangedSince calls fn for every name of type t that changed (was added,
@@ -452,3 +472,81 @@ func SubsetVersion(typeVersion string, names uint64) string {
 	_, _ = h.Write(b[:])
 	return digestVersion(h.Sum64())
 }
+
+// TypeSet is the resources of one type as one location saw them at one
+// revision. It is immutable: a stream keeps the set it brought its proxy to
+// by reference, for as long as the proxy holds it, at no cost per resource;
+// the scope's later revisions share all of it but what changed.
+type TypeSet struct {
+	scope tree
+	// node and zone are the place views the location saw, empty where it
+	// saw the scope-wide assignments (see View.Get).
+	node, zone tree
+}
+
+// Set returns the resources of type t as the view sees them.
+func (v View) Set(t xdstype.Type) TypeSet {
+	s := TypeSet{scope: v.s.types[t].res}
+	if v.placed(t) {
+		if v.node != nil {
+			s.node = v.node.res
+		}
+		if v.zone != nil {
+			s.zone = v.zone.res
+		}
+	}
+	return s
+}
+
+// Get returns the resource of that name in the set, or nil.
+func (s TypeSet) Get(name string) *Resource {
+	if r := s.node.get(name); r != nil {
+		return r
+	}
+	if r := s.zone.get(name); r != nil {
+		return r
+	}
+	return s.scope.get(name)
+}
+
+// Len is how many resources the set holds.
+func (s TypeSet) Len() int { return s.scope.Len() }
+
+// All calls fn for every resource of the set, in no particular order.
+func (s TypeSet) All(fn func(*Resource)) {
+	if s.node.Len() == 0 && s.zone.Len() == 0 {
+		s.scope.all(fn)
+		return
+	}
+	s.scope.all(func(r *Resource) { fn(s.Get(r.Name)) })
+}
+
+// Changes calls fn for every name whose resource may differ between a and
+// b, possibly more than once, in time proportional to what differs.
+func Changes(a, b TypeSet, fn func(name string)) {
+	treeChanges(a.scope, b.scope, fn)
+	treeChanges(a.node, b.node, fn)
+	treeChanges(a.zone, b.zone, fn)
+}
+
+// Names is the names of one type a scope served at one revision:
+// immutable, like TypeSet, so that every stream subscribed to exactly
+// those names (as Envoy subscribes to the assignment of every cluster)
+// keeps one set by reference instead of a copy each.
+type Names struct{ t tree }
+
+// Names returns the names of type t the scope serves.
+func (v View) Names(t xdstype.Type) Names { return Names{v.s.types[t].res} }
+
+// Has reports whether the set holds name.
+func (n Names) Has(name string) bool { return n.t.get(name) != nil }
+
+// Len is how many names the set holds.
+func (n Names) Len() int { return n.t.Len() }
+
+// All calls fn for every name of the set, in no particular order.
+func (n Names) All(fn func(name string)) { n.t.all(func(r *Resource) { fn(r.Name) }) }
+
+// NameChanges calls fn for every name held by only one of a and b, and
+// possibly others, in time proportional to how the two differ.
+func NameChanges(a, b Names, fn func(name string)) { treeChanges(a.t, b.t, fn) }
