@@ -48,7 +48,10 @@ func synced(px *proxy, clusters ...string) {
 				eds = eds && ok
 			}
 		}
-		return holds(xdstype.Cluster.URL(), clusters...)(c) && eds &&
+		// A delta proxy of the scope fetches a virtual host per cluster by
+		// VHDS after the route configuration.
+		vhds := px.protocol == adsclient.SotW || len(c.State(xdstype.VirtualHost.URL())) == len(clusters)
+		return holds(xdstype.Cluster.URL(), clusters...)(c) && eds && vhds &&
 			holds(xdstype.Listener.URL(), "http-10080")(c) && holds(xdstype.Route.URL(), "http-10080")(c)
 	})
 }
