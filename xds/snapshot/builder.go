@@ -67,7 +67,8 @@ type Builder struct {
 
 // NewBuilder returns a builder from cat into store. Changes that arrive
 // within window of each other are applied as one revision per scope, so a
-// burst of endpoint updates reaches proxies as one push.
+// burst of endpoint updates reaches proxies as one push. Under sustained
+// churn the window widens (see nextWait), up to widest times window.
 func NewBuilder(cat *catalog.Catalog, store *Store, window time.Duration) *Builder {
 	return &Builder{cat: cat, store: store, window: window, built: make(chan struct{})}
 }
@@ -79,6 +80,10 @@ func (b *Builder) Built() <-chan struct{} { return b.built }
 // Run applies changes until ctx ends. synced is closed when the catalog
 // holds the whole cluster; the first build after it closes Built.
 func (b *Builder) Run(ctx context.Context, synced <-chan struct{}) error {
+	var (
+		wait time.Duration
+		last time.Time // when the last build ended
+	)
 	for {
 		select {
 		case <-ctx.Done():
@@ -90,8 +95,9 @@ func (b *Builder) Run(ctx context.Context, synced <-chan struct{}) error {
 			continue
 		}
 		observed := time.Now()
-		if b.window > 0 {
-			t := time.NewTimer(b.window)
+		wait = nextWait(wait, b.window, observed.Sub(last))
+		if wait > 0 {
+			t := time.NewTimer(wait)
 			select {
 			case <-ctx.Done():
 				t.Stop()
@@ -100,7 +106,27 @@ func (b *Builder) Run(ctx context.Context, synced <-chan struct{}) error {
 			}
 		}
 		b.apply(b.cat.Take(), observed)
+		last = time.Now()
 	}
+}
+
+// widest bounds how far sustained churn widens the coalescing window, as a
+// multiple of the configured one: 100 ms for the default 10 ms, Istio's
+// debounce.
+const widest = 10
+
+// nextWait is how long to gather changes before the next build, the last
+// wait having been prev and the last build having ended idle ago. A change
+// that comes within the widest window of the last build means changes keep
+// coming: the wait doubles, up to widest times base, so that every proxy is
+// pushed a few versions a second rather than one per change (each costs a
+// response per proxy, whatever it carries). A change after a quiet spell
+// waits base again, so a lone change is as quick as ever.
+func nextWait(prev, base, idle time.Duration) time.Duration {
+	if base <= 0 || idle >= widest*base || prev < base {
+		return base
+	}
+	return min(2*prev, widest*base)
 }
 
 // Apply versions and stores one batch of catalog updates.
