@@ -15,7 +15,7 @@ func TestTree(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	var (
 		trees []tree
-		maps_ []map[string]*Resource
+		wants []map[string]*Resource
 	)
 	cur, m := tree{}, map[string]*Resource{}
 	for step := range 3000 {
@@ -29,12 +29,12 @@ func TestTree(t *testing.T) {
 			m[name] = r
 		}
 		if step%100 == 0 {
-			trees, maps_ = append(trees, cur), append(maps_, maps.Clone(m))
+			trees, wants = append(trees, cur), append(wants, maps.Clone(m))
 		}
 	}
-	trees, maps_ = append(trees, cur), append(maps_, m)
+	trees, wants = append(trees, cur), append(wants, m)
 	for i, tr := range trees {
-		want := maps_[i]
+		want := wants[i]
 		if tr.Len() != len(want) {
 			t.Fatalf("tree %d: Len %d, want %d", i, tr.Len(), len(want))
 		}
@@ -52,7 +52,7 @@ func TestTree(t *testing.T) {
 		if i == 0 {
 			continue
 		}
-		prev := maps_[i-1]
+		prev := wants[i-1]
 		var wantChanged []string
 		for k := range 450 {
 			name := fmt.Sprintf("n%d", k)
