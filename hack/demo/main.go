@@ -294,7 +294,10 @@ func run(ctx context.Context) error {
 		if err := d.moveGreeter(ctx, to); err != nil {
 			return err
 		}
-		time.Sleep(50 * time.Millisecond)
+		// Apart by more than the builder's widest coalescing window, so
+		// that each flip is a version of its own: the cost advice below
+		// needs ten pushes.
+		time.Sleep(150 * time.Millisecond)
 	}
 	if err := calls(ctx, conn, target, "greeter-b"); err != nil {
 		return err
@@ -581,7 +584,10 @@ func calls(ctx context.Context, conn *grpc.ClientConn, target, want string) erro
 		if ctx.Err() != nil {
 			return fmt.Errorf("RPCs to %s never reached %s; last: %s", target, want, last)
 		}
-		time.Sleep(50 * time.Millisecond)
+		// Apart by more than the builder's widest coalescing window, so
+		// that each flip is a version of its own: the cost advice below
+		// needs ten pushes.
+		time.Sleep(150 * time.Millisecond)
 	}
 	return nil
 }
