@@ -121,10 +121,13 @@ func (st *delta) answer(ts *deltaType, nonce, detail string, nack bool) {
 		st.accepted(&ts.subscription, in.version)
 		return
 	}
-	owed := make([]string, 0, len(in.undo))
+	owed := make(map[string]string, len(in.undo))
 	for name, prev := range in.undo {
+		owed[name] = ""
+		if r := ts.heldRes(name); r != nil {
+			owed[name] = r.Version
+		}
 		ts.hold(name, prev)
-		owed = append(owed, name)
 	}
 	st.rejected(&ts.subscription, in.version, detail, owed, feedback.HeldBack{Resources: len(in.undo), OtherResources: in.other})
 }
@@ -236,7 +239,7 @@ func (st *delta) plan(v snapshot.View) []*response {
 		}
 		resp := &response{t: ts.t, version: v.TypeVersion(ts.t), set: v.Set(ts.t)}
 		once := ts.eachChange(v, st.rev, func(name string) { st.diff(v, ts, name, resp, false) })
-		if len(resp.res) > 0 || len(resp.removed) > 0 {
+		if (len(resp.res) > 0 || len(resp.removed) > 0) && !ts.rejectedAgain(resp.res, resp.removed) {
 			ts.sendOwed(once)
 			resp.other, resp.priced = priceSotW(v, ts, resp, false), true
 			byType[t] = resp

@@ -696,7 +696,7 @@ func (h *harness) quiesce() error {
 			return fmt.Errorf("proxy %s (%s) received resources it did not subscribe to:%s\n%s", p.id, p.proto, b.String(), p.trace())
 		}
 		if s := p.nackResends(); s != "" {
-			return fmt.Errorf("proxy %s: the server resent a NACKed version:\n%s", p.id, s)
+			return fmt.Errorf("proxy %s: the server resent a NACKed version:\n%s%s", p.id, s, p.trace())
 		}
 	}
 	return nil

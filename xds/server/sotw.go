@@ -216,12 +216,12 @@ func (st *sotw) answer(ts *sotwType, detail string, nack bool) {
 	if before != nil {
 		ts.held = *before
 	}
-	var owed []string
+	owed := map[string]string{}
 	if !ts.t.FullState() {
 		for _, r := range ts.last {
 			if ts.heldRes(r.Name) == r {
 				ts.hold(r.Name, nil)
-				owed = append(owed, r.Name)
+				owed[r.Name] = r.Version
 			}
 		}
 	}
@@ -445,10 +445,14 @@ func (st *sotw) changes(v snapshot.View, ts *sotwType) *response {
 		if !v.ChangedSince(st.rev, t, func(name string) { touched = touched || ts.subscribed(name) }) {
 			touched = true
 		}
-		if touched {
-			return st.fullResponse(v, ts, false)
+		if !touched {
+			return nil
 		}
-		return nil
+		r := st.fullResponse(v, ts, false)
+		if r != nil && ts.rejecting && !ts.pending && r.version == ts.version {
+			return nil // the set the proxy rejected, unchanged: see rejectedAgain
+		}
+		return r
 	}
 	var (
 		res  []*snapshot.Resource
@@ -477,6 +481,9 @@ func (st *sotw) changes(v snapshot.View, ts *sotwType) *response {
 			// that it names the served version when it reconnects.
 			return &response{t: t, version: st.version(v, ts), otherVersion: v.TypeVersion(t), set: v.Set(t), removed: gone, silent: !ts.wildcard}
 		}
+		return nil
+	}
+	if len(gone) == 0 && ts.rejectedAgain(res, nil) {
 		return nil
 	}
 	ts.sendOwed(once)

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"maps"
 	"strconv"
 	"strings"
 
@@ -30,17 +31,19 @@ type subscription struct {
 	// and rolled back on a NACK). A claimed version the server does not
 	// serve is held as a Resource without a body.
 	held holding
-	// owed holds the names a rejected response carried: they are sent
-	// again with the next change of the type, never alone (that would loop
-	// on the rejection, go-control-plane #962).
-	owed map[string]struct{}
+	// owed holds the names a rejected response carried, each with the
+	// version of what the proxy rejected under it ("" for a removal): they
+	// are sent again with the next change of the type, never alone (that
+	// would loop on the rejection, go-control-plane #962), and a change
+	// that brings back only what was rejected is no change (rejectedAgain).
+	owed map[string]string
 	// rejecting is set while the proxy's last answer was a NACK, or names
 	// it rejected are still owed: the proxy lacks part of the scope.
 	rejecting bool
 }
 
 func newSubscription(t xdstype.Type) subscription {
-	return subscription{t: t, owed: map[string]struct{}{}}
+	return subscription{t: t, owed: map[string]string{}}
 }
 
 // holding is what a proxy holds of one type, kept so that a proxy in step
@@ -346,10 +349,8 @@ func (s *subscription) covers(res []*snapshot.Resource, set snapshot.TypeSet) bo
 // but only counted: a proxy rejects once per response, so a stream
 // rejecting faster is a loop or an attack, and its text must not drive
 // status writes and Events.
-func (st *stream) rejected(s *subscription, version, detail string, owed []string, held feedback.HeldBack) {
-	for _, name := range owed {
-		s.owed[name] = struct{}{}
-	}
+func (st *stream) rejected(s *subscription, version, detail string, owed map[string]string, held feedback.HeldBack) {
+	maps.Copy(s.owed, owed)
 	s.rejecting = true
 	if !st.nacks.Allow() {
 		metrics.NACKsPaced.WithLabelValues(st.key.String()).Inc()
@@ -382,6 +383,29 @@ func (s *subscription) eachChange(v snapshot.View, since uint64, fn func(name st
 		v.All(s.t, func(r *snapshot.Resource) { once(r.Name) })
 	}
 	return once
+}
+
+// rejectedAgain reports whether a planned change (res upserted, removed
+// dropped) is only what the proxy rejected and was owed since, unchanged:
+// every name owed, each at the version it was rejected at. Sending it
+// would have the proxy reject the same thing again, so it is not a change.
+// The planned change reaches owed names unchanged when the scope's change
+// log no longer reaches back and every name is compared.
+func (s *subscription) rejectedAgain(res []*snapshot.Resource, removed []string) bool {
+	if len(res) == 0 && len(removed) == 0 {
+		return false
+	}
+	for _, r := range res {
+		if v, ok := s.owed[r.Name]; !ok || v != r.Version {
+			return false
+		}
+	}
+	for _, name := range removed {
+		if v, ok := s.owed[name]; !ok || v != "" {
+			return false
+		}
+	}
+	return true
 }
 
 // sendOwed hands the owed names to once when a push sends the type anyway.
