@@ -318,6 +318,10 @@ type proxy struct {
 	opened []string
 	// stepStart is the number of events recorded before the current step.
 	stepStart int
+	// openedInStep is set when the current stream opened during the
+	// current step: a stream that adopted what the proxy held may get its
+	// first response steps after it opened.
+	openedInStep bool
 	// changed are the types of the scope's truth the current step changed.
 	changed map[string]bool
 	// subs are SotW by-name subscriptions the harness made, per type.
@@ -402,6 +406,7 @@ func (p *proxy) moveTo(zone string) {
 // start opens a stream on conn; Run goes on in the background.
 func (p *proxy) start(conn *grpc.ClientConn) {
 	p.streamStart = len(p.c.Events())
+	p.openedInStep = true
 	p.reqStart = p.c.Stats().Requests
 	p.opened = []string{xdstype.Cluster.URL(), xdstype.Listener.URL()}
 	if p.proto == model.Delta {

@@ -484,6 +484,7 @@ func (h *harness) do(s *step) error {
 	h.counts.kinds[s.kind]++
 	for _, p := range h.proxies {
 		p.stepStart = len(p.c.Events())
+		p.openedInStep = false
 		p.changed = map[string]bool{}
 	}
 	h.truths = map[view]truth{}
@@ -709,7 +710,7 @@ func (h *harness) quiesce() error {
 // holds the truth all the same (waitSynced checked that, strictly, since a
 // new stream starts with nothing a NACK left behind).
 func (p *proxy) sentNothingAdopted() error {
-	if p.streamStart < p.stepStart || len(p.changed) > 0 {
+	if !p.openedInStep || len(p.changed) > 0 {
 		return nil
 	}
 	resubscribed := func(t string) bool {
