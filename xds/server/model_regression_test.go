@@ -38,8 +38,12 @@ func TestModelRegressions(t *testing.T) {
 // rejectThenRescope is seed 186's failure, shrunk (its Service as drawn).
 func rejectThenRescope(proto model.Protocol) []step {
 	scope := model.Key{Namespace: "ns-a", Name: "gw"}
-	udp := func(port int32) model.EndpointPort { return model.EndpointPort{Name: "dns", Port: port, Protocol: model.ProtocolUDP} }
-	web := func(port int32) model.EndpointPort { return model.EndpointPort{Name: "web", Port: port, Protocol: model.ProtocolTCP} }
+	udp := func(port int32) model.EndpointPort {
+		return model.EndpointPort{Name: "dns", Port: port, Protocol: model.ProtocolUDP}
+	}
+	web := func(port int32) model.EndpointPort {
+		return model.EndpointPort{Name: "web", Port: port, Protocol: model.ProtocolTCP}
+	}
 	h2 := model.EndpointPort{Name: "h2", Port: 8000}
 	svc := func(ready bool) *model.Service {
 		return &model.Service{
