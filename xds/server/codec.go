@@ -142,6 +142,10 @@ type sotwRequest struct {
 	raw    mem.BufferSlice
 	names  int
 	digest uint64
+	// skipNode leaves the node undecoded: only a stream's first request's
+	// is read, and Envoy sends it on every one (set_node_on_first_message_only
+	// is off by default), its extension list making it most of an ACK.
+	skipNode bool
 }
 
 // namesSeed keys the digests of encoded name lists: per process, so that
@@ -149,6 +153,7 @@ type sotwRequest struct {
 var namesSeed = maphash.MakeSeed()
 
 // unmarshal decodes data into r: resource_names are digested and skipped,
+// and so is the node when skipNode is set (its framing is still checked);
 // the rest goes through the protobuf codec's rules.
 func (r *sotwRequest) unmarshal(data mem.BufferSlice) error {
 	var (
@@ -165,10 +170,12 @@ func (r *sotwRequest) unmarshal(data mem.BufferSlice) error {
 		if err != nil {
 			return err
 		}
-		if num == fieldResourceNames && typ == protowire.BytesType {
+		switch {
+		case num == fieldResourceNames && typ == protowire.BytesType:
 			_, _ = h.Write(field)
 			r.names++
-		} else {
+		case num == fieldNode && r.skipNode:
+		default:
 			rest = append(rest, field...)
 		}
 	}
@@ -289,5 +296,9 @@ func consumeField(b []byte) (protowire.Number, protowire.Type, int) {
 	return num, typ, n + m
 }
 
-// fieldResourceNames is DiscoveryRequest's resource_names.
-const fieldResourceNames = 3
+// fieldNode and fieldResourceNames are DiscoveryRequest's node and
+// resource_names.
+const (
+	fieldNode          = 2
+	fieldResourceNames = 3
+)

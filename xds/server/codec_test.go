@@ -214,6 +214,20 @@ func TestSotWRequestKeepsNamesEncoded(t *testing.T) {
 	if d := decode(ack); d.digest != got.digest || d.names != got.names {
 		t.Error("an ACK naming the same list has another digest")
 	}
+	var later sotwRequest
+	later.skipNode = true
+	data, err := c.Marshal(ack)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Unmarshal(data, &later); err != nil {
+		t.Fatal(err)
+	}
+	withoutNode := proto.Clone(ack).(*discoveryv3.DiscoveryRequest)
+	withoutNode.ResourceNames, withoutNode.Node = nil, nil
+	if !proto.Equal(later.DiscoveryRequest, withoutNode) || later.digest != got.digest {
+		t.Errorf("a later request decoded to %v (digest %x), want %v without its node (digest %x)", later.DiscoveryRequest, later.digest, withoutNode, got.digest)
+	}
 	swapped := proto.Clone(req).(*discoveryv3.DiscoveryRequest)
 	swapped.ResourceNames = []string{"default/b:80", "default/a:80"}
 	if decode(swapped).digest == got.digest {

@@ -63,20 +63,25 @@ type sotw struct {
 
 // StreamAggregatedResources serves one State-of-the-World ADS stream.
 func (s *Server) StreamAggregatedResources(g sotwStream) error {
-	return serve(s, model.SotW, sotwReader{g}, func(base *stream) handler[*sotwRequest] {
+	return serve(s, model.SotW, &sotwReader{sotwStream: g}, func(base *stream) handler[*sotwRequest] {
 		return &sotw{stream: base, grpc: g}
 	})
 }
 
 // sotwReader receives a SotW stream's requests with their names left
-// encoded (sotwRequest), which the server's codec decodes.
-type sotwReader struct{ sotwStream }
+// encoded (sotwRequest), which the server's codec decodes; the node of
+// requests after the first is not decoded.
+type sotwReader struct {
+	sotwStream
+	started bool
+}
 
-func (r sotwReader) Recv() (*sotwRequest, error) {
-	req := &sotwRequest{}
+func (r *sotwReader) Recv() (*sotwRequest, error) {
+	req := &sotwRequest{skipNode: r.started}
 	if err := r.RecvMsg(req); err != nil {
 		return nil, err
 	}
+	r.started = true
 	return req, nil
 }
 
