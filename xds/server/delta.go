@@ -81,22 +81,23 @@ func (st *delta) handle(req *discoveryv3.DeltaDiscoveryRequest) error {
 	var resp *response
 	st.read(func(v snapshot.View) {
 		resp = &response{t: t, version: v.TypeVersion(t), set: v.Set(t)}
-		seen := map[string]struct{}{}
-		consider := func(name string, announceMissing bool) {
-			if _, dup := seen[name]; dup {
-				return
+		if newlyWildcard {
+			// Every served name, once each: a candidate it serves is
+			// among them, so only the others are left to consider.
+			if len(req.GetInitialResourceVersions()) == 0 {
+				resp.res = make([]*snapshot.Resource, 0, v.Len(t)) // it all goes
+			}
+			v.All(t, func(r *snapshot.Resource) { st.diff(v, ts, r.Name, resp, false) })
+		}
+		seen := make(map[string]struct{}, len(candidates))
+		for _, name := range candidates {
+			if _, dup := seen[name]; dup || (newlyWildcard && v.Get(t, name) != nil) {
+				continue
 			}
 			seen[name] = struct{}{}
-			st.diff(v, ts, name, resp, announceMissing)
-		}
-		if newlyWildcard {
-			v.All(t, func(r *snapshot.Resource) { consider(r.Name, false) })
-		}
-		for _, name := range candidates {
 			// A name subscribed explicitly that does not exist is announced
 			// as removed, so the proxy does not wait for it.
-			explicit := ts.names.has(name)
-			consider(name, explicit)
+			st.diff(v, ts, name, resp, ts.names.has(name))
 		}
 		resp.connect = first
 		resp.other, resp.priced = priceSotW(v, ts, resp, first), true
