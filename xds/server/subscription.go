@@ -389,8 +389,10 @@ func (s *subscription) eachChange(v snapshot.View, since uint64, fn func(name st
 // dropped) is only what the proxy rejected and was owed since, unchanged:
 // every name owed, each at the version it was rejected at. Sending it
 // would have the proxy reject the same thing again, so it is not a change.
-// The planned change reaches owed names unchanged when the scope's change
-// log no longer reaches back and every name is compared.
+// A planned change reaches owed names unchanged when a scope change lists
+// them without changing them (a zone-priority switch, for a proxy in no
+// zone) or the scope's change log no longer reaches back and every name is
+// compared.
 func (s *subscription) rejectedAgain(res []*snapshot.Resource, removed []string) bool {
 	if len(res) == 0 && len(removed) == 0 {
 		return false
