@@ -36,7 +36,11 @@ func TestTokenVerifier(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := auth.Identity{Method: auth.MethodToken, Namespace: "shop", ServiceAccount: "envoy", PodName: "envoy-7f9", PodUID: "c2d3", NodeName: "node-1"}
+	want := auth.Identity{Method: auth.MethodToken, Namespace: "shop", ServiceAccount: "envoy", PodName: "envoy-7f9", PodUID: "c2d3", NodeName: "node-1",
+		ServiceAccountUID: "0a1b", Expiry: id.Expiry}
+	if !id.Expiry.Equal(now.Add(10 * time.Minute).Truncate(time.Second)) {
+		t.Errorf("expiry %v, want the token's exp %v", id.Expiry, now.Add(10*time.Minute).Truncate(time.Second))
+	}
 	if *id != want {
 		t.Fatalf("identity %+v, want %+v", *id, want)
 	}

@@ -152,3 +152,19 @@ func TestHangingKeyRefreshDoesNotBlock(t *testing.T) {
 		}
 	}
 }
+
+// TestTokenLifetimeIsCapped refuses a token valid for longer than the
+// lifetime cap (a year-long token TokenRequest grants on request), and
+// accepts one within it.
+func TestTokenLifetimeIsCapped(t *testing.T) {
+	iss := authtest.NewIssuer(t, "k1")
+	v := auth.NewTokenVerifier("scopeplane", iss, nil)
+	now := time.Now()
+	if _, err := v.Verify(context.Background(), iss.Sign(authtest.SAClaims("shop", "envoy", "scopeplane", now, now.Add(time.Hour)))); err != nil {
+		t.Fatalf("an hour-long token: %v", err)
+	}
+	_, err := v.Verify(context.Background(), iss.Sign(authtest.SAClaims("shop", "envoy", "scopeplane", now, now.Add(365*24*time.Hour))))
+	if want := "it is valid for 8760h0m0s, longer than this server accepts (24h0m0s, --xds-max-token-lifetime): mount a projected token with a shorter expirationSeconds"; err == nil || err.Error() != want {
+		t.Fatalf("a year-long token: %v, want %q", err, want)
+	}
+}

@@ -1,6 +1,7 @@
 package auth
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -36,6 +37,13 @@ const (
 	minKeyRefresh      = 10 * time.Second
 	keyFetchTimeout    = 10 * time.Second
 )
+
+// DefaultMaxTokenLifetime is the longest lifetime (exp - iat) of a token
+// the verifier accepts: a projected token lives an hour by default and the
+// kubelet renews it at 80% of that; a token minted for a year (TokenRequest
+// allows it) would otherwise outlive every revocation but the checks of its
+// bound objects.
+const DefaultMaxTokenLifetime = 24 * time.Hour
 
 // ReviewsPerSecond and ReviewBurst bound the TokenReviews the verifier
 // asks for: anyone reaching the xDS port can send a token of a made-up
@@ -78,6 +86,9 @@ type TokenVerifier struct {
 	now      func() time.Time
 	// fetchTimeout bounds one fetch of the keys.
 	fetchTimeout time.Duration
+	// MaxLifetime is the longest exp - iat accepted (DefaultMaxTokenLifetime
+	// when zero).
+	MaxLifetime time.Duration
 
 	mu        sync.Mutex
 	issuer    string
@@ -163,6 +174,14 @@ func (v *TokenVerifier) verifyLocally(ctx context.Context, tok *jwt.JSONWebToken
 	if std.Expiry == nil {
 		return nil, errors.New("it has no expiry (exp): mount a projected token, not a legacy Secret token")
 	}
+	issued := v.now()
+	if std.IssuedAt != nil {
+		issued = std.IssuedAt.Time()
+	}
+	maxLifetime := cmp.Or(v.MaxLifetime, DefaultMaxTokenLifetime)
+	if life := std.Expiry.Time().Sub(issued); life > maxLifetime {
+		return nil, fmt.Errorf("it is valid for %s, longer than this server accepts (%s, --xds-max-token-lifetime): mount a projected token with a shorter expirationSeconds", life.Round(time.Second), maxLifetime)
+	}
 	c := k8s.Kubernetes
 	if c == nil || c.Namespace == "" || c.ServiceAccount.Name == "" {
 		return nil, errors.New("it is not a ServiceAccount token (no kubernetes.io namespace and serviceaccount claims)")
@@ -170,7 +189,8 @@ func (v *TokenVerifier) verifyLocally(ctx context.Context, tok *jwt.JSONWebToken
 	if want := "system:serviceaccount:" + c.Namespace + ":" + c.ServiceAccount.Name; std.Subject != want {
 		return nil, errors.New("its subject does not match its kubernetes.io claims")
 	}
-	id := &Identity{Method: MethodToken, Namespace: c.Namespace, ServiceAccount: c.ServiceAccount.Name}
+	id := &Identity{Method: MethodToken, Namespace: c.Namespace, ServiceAccount: c.ServiceAccount.Name,
+		ServiceAccountUID: c.ServiceAccount.UID, Expiry: std.Expiry.Time()}
 	if c.Pod != nil {
 		id.PodName, id.PodUID = c.Pod.Name, c.Pod.UID
 	}
@@ -334,7 +354,7 @@ func (r *TokenReviewer) Review(ctx context.Context, token, audience string) (*Id
 	if !ok || !ok2 || ns == "" || sa == "" {
 		return nil, errors.New("it authenticates a user that is not a ServiceAccount")
 	}
-	id := &Identity{Method: MethodToken, Namespace: ns, ServiceAccount: sa}
+	id := &Identity{Method: MethodToken, Namespace: ns, ServiceAccount: sa, ServiceAccountUID: tr.Status.User.UID}
 	extra := tr.Status.User.Extra
 	id.PodName = first(extra["authentication.kubernetes.io/pod-name"])
 	id.PodUID = first(extra["authentication.kubernetes.io/pod-uid"])
