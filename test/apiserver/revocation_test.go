@@ -18,11 +18,13 @@ import (
 	"google.golang.org/grpc/status"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/scopeplane/scopeplane/controllers/tokenbindings"
 	"github.com/scopeplane/scopeplane/internal/localapi"
@@ -146,8 +148,8 @@ func TestRevokedTokensAreRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	testkit.Eventually(t, "the Pod gone from the cache", func() (bool, string) {
-		err := a.Bindings.Check(&auth.Identity{Namespace: "shop", ServiceAccount: "envoy", PodName: pod.Name, PodUID: string(pod.UID)})
-		return err != nil, fmt.Sprint(err)
+		err := c.Get(ctx, client.ObjectKey{Namespace: "shop", Name: pod.Name}, &corev1.Pod{})
+		return apierrors.IsNotFound(err), fmt.Sprint(err)
 	})
 	ended := make(chan error, 1)
 	go func() {
