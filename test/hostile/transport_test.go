@@ -169,14 +169,24 @@ func (tp *tplane) push() time.Duration {
 // a legitimate proxy's join and push, and logs the row of the attack table.
 func (tp *tplane) during(attack, code string, before uint64) {
 	tp.t.Helper()
-	peak := heap()
-	joined, err := tp.join()
-	if err != nil {
+	if err := tp.measure(attack, code, before); err != nil {
 		tp.t.Errorf("a legitimate proxy could not join during the attack: %v", err)
 	}
+}
+
+// measure is during without the verdict: it returns how the join failed.
+func (tp *tplane) measure(attack, code string, before uint64) error {
+	tp.t.Helper()
+	peak := heap()
+	joined, err := tp.join()
+	join := "join " + joined.Round(time.Millisecond).String()
+	if err != nil {
+		join = "join refused (" + status.Code(err).String() + ")"
+	}
 	pushed := tp.push()
-	tp.t.Logf("\n| %s | %s | live heap %.1f → %.1f MiB | join %s, push %s |", attack, code,
-		float64(before)/(1<<20), float64(peak)/(1<<20), joined.Round(time.Millisecond), pushed.Round(time.Millisecond))
+	tp.t.Logf("\n| %s | %s | live heap %.1f → %.1f MiB | %s, push %s |", attack, code,
+		float64(before)/(1<<20), float64(peak)/(1<<20), join, pushed.Round(time.Millisecond))
+	return err
 }
 
 // handshake sends the HTTP/2 preface and SETTINGS on c and reports whether
@@ -449,4 +459,44 @@ func TestConnectionFloodDoesNotSpendThePace(t *testing.T) {
 		t.Errorf("%d of 20 new connections of a legitimate proxy failed after the flood", failed)
 	}
 	tp.during("300 new connections from one address", fmt.Sprintf("%d served, %d closed at accept", served, 300-served), before)
+}
+
+// TestConnectionCapBoundsMemory opens 5,500 idle connections from 11
+// addresses (500 each, within the per-address bound): the replica serves
+// at most its 5,000, closes the rest as they are accepted, and the live
+// heap they hold stays far inside the chart's 512 MiB while the connected
+// proxy is pushed to. A new connection is refused while the replica is
+// full, a new proxy's included: that is what the bound trades, until the
+// idle timeout closes the attack's connections (TestIdleConnectionsAreBounded).
+func TestConnectionCapBoundsMemory(t *testing.T) {
+	tp := startTransport(t, server.Options{}, nil, nil)
+	before := heap()
+	var mu sync.Mutex
+	var served []net.Conn
+	for a := range 11 {
+		ip := fmt.Sprintf("127.0.1.%d", a+1)
+		parallel(500, 100, func(int) {
+			c := rawFrom(t, ip, tp.addr)
+			if _, ok := handshake(t, c); !ok {
+				_ = c.Close()
+				return
+			}
+			mu.Lock()
+			served = append(served, c)
+			mu.Unlock()
+		})
+	}
+	defer func() {
+		for _, c := range served {
+			_ = c.Close()
+		}
+	}()
+	if max := server.DefaultOptions.MaxConnections; len(served) > max {
+		t.Errorf("%d idle connections were served, want at most %d (--xds-max-connections)", len(served), max)
+	}
+	after := heap()
+	_ = tp.measure("5,500 idle connections from 11 addresses", fmt.Sprintf("%d served, %d closed at accept", len(served), 5500-len(served)), before)
+	if growth := int64(after) - int64(before); growth > 256<<20 {
+		t.Errorf("the idle connections hold %d MiB of heap", growth>>20)
+	}
 }

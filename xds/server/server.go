@@ -89,7 +89,7 @@ type Options struct {
 	NewConnectionsPerPeerBurst     int
 	// MaxConnections and MaxConnectionsPerPeer bound the connections open
 	// at once on this replica, and from one client IP address: each holds
-	// gRPC's transport buffers (~50 KiB) whether or not it opens a stream.
+	// gRPC's transport buffers (~37 KiB) whether or not it opens a stream.
 	MaxConnections        int
 	MaxConnectionsPerPeer int
 	// MaxConnectionIdle closes a connection that has had no open stream
