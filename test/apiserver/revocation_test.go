@@ -200,6 +200,11 @@ func serveXDS(t *testing.T, p *pipeline.Pipeline) string {
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan error, 1)
 	go func() { served <- p.Server.ServeListener(ctx, lis) }()
-	t.Cleanup(func() { cancel(); <-served })
+	t.Cleanup(func() {
+		cancel()
+		if err := <-served; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	})
 	return lis.Addr().String()
 }
