@@ -273,7 +273,13 @@ type scopeplaneCP struct {
 }
 
 func newScopeplane(w *World, window time.Duration) *scopeplaneCP {
-	p := pipeline.New(pipeline.Options{CoalesceWindow: window, Server: server.Options{Authenticator: &auth.Authenticator{AllowAnonymous: true}}})
+	// Every proxy of the bench connects from the loopback address, so the
+	// per-peer connection bounds are the replica's.
+	p := pipeline.New(pipeline.Options{CoalesceWindow: window, Server: server.Options{
+		Authenticator:  &auth.Authenticator{AllowAnonymous: true},
+		MaxConnections: 1 << 20, MaxConnectionsPerPeer: 1 << 20,
+		NewConnectionsPerPeerPerSecond: server.DefaultOptions.NewConnectionsPerSecond, NewConnectionsPerPeerBurst: server.DefaultOptions.NewConnectionsBurst,
+	}})
 	// The baseline serves every scope the Services its selections name, in
 	// any namespace; so does scopeplane here, as with --cross-namespace=allow.
 	p.Catalog.SetCrossNamespace(catalog.CrossNamespaceAllow, false)

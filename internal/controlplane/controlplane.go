@@ -24,7 +24,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
-	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/scopeplane/scopeplane/controllers"
@@ -32,6 +31,7 @@ import (
 	"github.com/scopeplane/scopeplane/controllers/nodezones"
 	"github.com/scopeplane/scopeplane/controllers/replicafeedback"
 	"github.com/scopeplane/scopeplane/controllers/status"
+	"github.com/scopeplane/scopeplane/controllers/tokenbindings"
 	"github.com/scopeplane/scopeplane/internal/apiwatch"
 	"github.com/scopeplane/scopeplane/internal/scheme"
 	"github.com/scopeplane/scopeplane/internal/xdstls"
@@ -110,7 +110,8 @@ type TLS struct {
 // connection is encrypted, the scraper cannot verify it) and every request must carry a bearer token the API server
 // authenticates (TokenReview) for an identity allowed to get the
 // non-resource URL /metrics (SubjectAccessReview): 401 without a valid
-// token, 403 without the permission. It speaks HTTP/1.1 only, which
+// token, 429 past the pace of reviews of unknown tokens, 403 without the
+// permission (see metricsFilter). It speaks HTTP/1.1 only, which
 // Prometheus uses, so that HTTP/2's stream-reset attacks do not apply.
 // Otherwise it is plain, unauthenticated HTTP.
 func MetricsOptions(addr string, secure bool) metricsserver.Options {
@@ -120,7 +121,7 @@ func MetricsOptions(addr string, secure bool) metricsserver.Options {
 	return metricsserver.Options{
 		BindAddress:    addr,
 		SecureServing:  true,
-		FilterProvider: filters.WithAuthenticationAndAuthorization,
+		FilterProvider: metricsFilter,
 		TLSOpts:        []func(*tls.Config){func(c *tls.Config) { c.NextProtos = []string{"http/1.1"} }},
 	}
 }
@@ -187,6 +188,13 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) (*ControlPlane, 
 			return nil, err
 		}
 		opts.Server.Zones = zones
+	}
+	if a := opts.Server.Authenticator; a != nil && a.Tokens != nil && a.Bindings == nil {
+		b, err := tokenbindings.New(ctx, mgr.GetCache())
+		if err != nil {
+			return nil, err
+		}
+		a.Bindings = b
 	}
 	cp := &ControlPlane{
 		Pipeline: pipeline.New(pipeline.Options{CoalesceWindow: opts.CoalesceWindow, Server: opts.Server, CostBucket: opts.CostBucket}),

@@ -539,6 +539,8 @@ var allowedAccess = map[string][]string{
 	"discovery.k8s.io/endpointslices": {"get", "list", "watch"},
 	"/namespaces":                     {"get", "list", "watch"},
 	"/nodes":                          {"get", "list", "watch"},
+	"/pods":                           {"get", "list", "watch"},
+	"/serviceaccounts":                {"get", "list", "watch"},
 	"xds.scopeplane.dev/proxyscopes":  {"get", "list", "watch"},
 	"gateway.networking.k8s.io/referencegrants": {"get", "list", "watch"},
 	"xds.scopeplane.dev/proxyscopes/status":     {"get", "update", "patch"},

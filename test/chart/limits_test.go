@@ -28,6 +28,15 @@ func TestLimitsAreTheServerDefaults(t *testing.T) {
 				NewStreamsBurst         int     `json:"newStreamsBurst"`
 				NewConnectionsPerSecond float64 `json:"newConnectionsPerSecond"`
 				NewConnectionsBurst     int     `json:"newConnectionsBurst"`
+				NewConnPerPeerPerSecond float64 `json:"newConnectionsPerPeerPerSecond"`
+				NewConnPerPeerBurst     int     `json:"newConnectionsPerPeerBurst"`
+				MaxConnections          int     `json:"maxConnections"`
+				MaxConnectionsPerPeer   int     `json:"maxConnectionsPerPeer"`
+				MaxConnectionIdle       string  `json:"maxConnectionIdle"`
+				HandshakeTimeout        string  `json:"handshakeTimeout"`
+				MaxHeaderListBytes      int     `json:"maxHeaderListBytes"`
+				UnauthPerPeerPerSecond  float64 `json:"unauthenticatedStreamsPerPeerPerSecond"`
+				UnauthPerPeerBurst      int     `json:"unauthenticatedStreamsPerPeerBurst"`
 				SendTimeout             string  `json:"sendTimeout"`
 				NACKsPerSecond          float64 `json:"nacksPerSecond"`
 				NACKBurst               int     `json:"nackBurst"`
@@ -58,6 +67,11 @@ func TestLimitsAreTheServerDefaults(t *testing.T) {
 		MaxNodeBytes: l.MaxNodeBytes, MaxNodeIDBytes: l.MaxNodeIDBytes,
 		NewStreamsPerSecond: l.NewStreamsPerSecond, NewStreamsBurst: l.NewStreamsBurst,
 		NewConnectionsPerSecond: l.NewConnectionsPerSecond, NewConnectionsBurst: l.NewConnectionsBurst,
+		NewConnectionsPerPeerPerSecond: l.NewConnPerPeerPerSecond, NewConnectionsPerPeerBurst: l.NewConnPerPeerBurst,
+		MaxConnections: l.MaxConnections, MaxConnectionsPerPeer: l.MaxConnectionsPerPeer,
+		MaxConnectionIdle: duration("maxConnectionIdle", l.MaxConnectionIdle), HandshakeTimeout: duration("handshakeTimeout", l.HandshakeTimeout),
+		MaxHeaderListBytes:                     l.MaxHeaderListBytes,
+		UnauthenticatedStreamsPerPeerPerSecond: l.UnauthPerPeerPerSecond, UnauthenticatedStreamsPerPeerBurst: l.UnauthPerPeerBurst,
 		SendTimeout: sendTimeout, NACKsPerSecond: l.NACKsPerSecond, NACKBurst: l.NACKBurst,
 		MaxConnectionAge: maxAge, MaxConnectionAgeGrace: maxAgeGrace,
 	}

@@ -10,6 +10,7 @@ package auth
 import (
 	"context"
 	"strings"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -39,6 +40,12 @@ type Identity struct {
 	PodName  string
 	PodUID   string
 	NodeName string
+	// ServiceAccountUID is the ServiceAccount's UID a token names, so that
+	// a token of a deleted and re-created ServiceAccount is told apart.
+	ServiceAccountUID string
+	// Expiry is when the credential stops being valid (a token's exp);
+	// zero when not known. A stream ends then.
+	Expiry time.Time
 }
 
 // String names the identity as Kubernetes names a ServiceAccount user,
@@ -64,6 +71,30 @@ type Authenticator struct {
 	Tokens         *TokenVerifier
 	SPIFFE         *SPIFFEVerifier
 	AllowAnonymous bool
+	// Bindings, when set, refuses a token whose ServiceAccount or bound Pod
+	// no longer exists (or was re-created), and tells a stream when they go.
+	Bindings Bindings
+}
+
+// Bindings knows which ServiceAccounts and Pods exist, so that a token is
+// honoured only while the objects it was issued for do: the API server's
+// own TokenReview checks the same, a token verified locally is not checked
+// by anyone else.
+type Bindings interface {
+	// Check returns why id's token is no longer valid, nil while it is.
+	Check(id *Identity) error
+	// Gone returns a channel closed when an object id's token is bound to
+	// is deleted, and the function that stops watching.
+	Gone(id *Identity) (<-chan struct{}, func())
+}
+
+// Gone is Bindings.Gone of a's bindings: nil (never closed) without them
+// or for an identity that is not a token's.
+func (a *Authenticator) Gone(id *Identity) (<-chan struct{}, func()) {
+	if a == nil || a.Bindings == nil || id == nil || id.Method != MethodToken {
+		return nil, func() {}
+	}
+	return a.Bindings.Gone(id)
 }
 
 // noCredentials is the message of a stream that presented nothing the
@@ -84,6 +115,9 @@ func (a *Authenticator) Authenticate(ctx context.Context) (*Identity, error) {
 				"a bearer token was sent but this server does not accept ServiceAccount tokens (--xds-auth): present a SPIFFE client certificate")
 		}
 		id, err := a.Tokens.Verify(ctx, token)
+		if err == nil && a.Bindings != nil {
+			err = a.Bindings.Check(id)
+		}
 		if err != nil {
 			return nil, status.Error(codes.Unauthenticated, "the ServiceAccount token is not accepted: "+err.Error())
 		}

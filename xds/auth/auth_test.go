@@ -2,10 +2,12 @@ package auth_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/scopeplane/scopeplane/internal/testkit"
 	"github.com/scopeplane/scopeplane/xds/auth"
 	"github.com/scopeplane/scopeplane/xds/auth/authtest"
 )
@@ -34,7 +36,11 @@ func TestTokenVerifier(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := auth.Identity{Method: auth.MethodToken, Namespace: "shop", ServiceAccount: "envoy", PodName: "envoy-7f9", PodUID: "c2d3", NodeName: "node-1"}
+	want := auth.Identity{Method: auth.MethodToken, Namespace: "shop", ServiceAccount: "envoy", PodName: "envoy-7f9", PodUID: "c2d3", NodeName: "node-1",
+		ServiceAccountUID: "0a1b", Expiry: id.Expiry}
+	if !id.Expiry.Equal(now.Add(10 * time.Minute).Truncate(time.Second)) {
+		t.Errorf("expiry %v, want the token's exp %v", id.Expiry, now.Add(10*time.Minute).Truncate(time.Second))
+	}
 	if *id != want {
 		t.Fatalf("identity %+v, want %+v", *id, want)
 	}
@@ -92,15 +98,19 @@ func TestTokenVerifierKeepsKeysThroughOutage(t *testing.T) {
 	if err == nil || r.calls != 1 {
 		t.Fatalf("unknown key: error %v after %d reviews, want the reviewer's refusal", err, r.calls)
 	}
-	if iss.Fetches != 2 {
-		t.Errorf("%d fetches of the keys, want 2 (the first, and one for the unknown key)", iss.Fetches)
+	if iss.FetchCount() != 2 {
+		t.Errorf("%d fetches of the keys, want 2 (the first, and one for the unknown key)", iss.FetchCount())
 	}
-	// Past the refresh interval the keys are fetched again; failing, the
-	// cached ones still verify.
+	// Past the refresh interval the keys are fetched again, in the
+	// background; failing, the cached ones still verify.
 	clock = clock.Add(auth.KeyRefreshInterval)
-	if _, err := v.Verify(context.Background(), token); err != nil || iss.Fetches != 3 {
-		t.Fatalf("after the refresh interval: error %v, %d fetches, want none and 3", err, iss.Fetches)
+	if _, err := v.Verify(context.Background(), token); err != nil {
+		t.Fatalf("after the refresh interval: %v", err)
 	}
+	testkit.Eventually(t, "the keys fetched again", func() (bool, string) {
+		n := iss.FetchCount()
+		return n == 3, fmt.Sprintf("%d fetches, want 3", n)
+	})
 }
 
 // TestSPIFFEVerifier checks client certificates against a trust bundle.
@@ -174,11 +184,11 @@ func TestTokenReviewsArePaced(t *testing.T) {
 	paced := 0
 	for range 2 * auth.ReviewBurst {
 		_, err := v.Verify(context.Background(), token)
-		if err != nil && err.Error() == "its signing key is not known, and this replica reviews at most 10 such tokens a second; retry" {
+		if err != nil && err.Error() == "its signing key is not known, and this replica reviews at most 10 such tokens a second (1 from one client address); retry" {
 			paced++
 		}
 	}
-	if paced == 0 || r.calls+paced != 2*auth.ReviewBurst {
-		t.Fatalf("%d reviews and %d paced of %d tokens, want the burst reviewed and the rest paced", r.calls, paced, 2*auth.ReviewBurst)
+	if r.calls != auth.ReviewsPerPeerBurst || r.calls+paced != 2*auth.ReviewBurst {
+		t.Fatalf("%d reviews and %d paced of %d tokens of one client, want its burst (%d) reviewed and the rest paced", r.calls, paced, 2*auth.ReviewBurst, auth.ReviewsPerPeerBurst)
 	}
 }

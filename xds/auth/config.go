@@ -3,6 +3,7 @@ package auth
 import (
 	"fmt"
 	"strings"
+	"time"
 
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -21,6 +22,8 @@ type Config struct {
 	TrustBundle string
 	// AllowAnonymous admits streams that present no credentials.
 	AllowAnonymous bool
+	// MaxTokenLifetime is the longest lifetime of a token accepted.
+	MaxTokenLifetime time.Duration
 }
 
 // Build makes the authenticator of c, reading keys and reviewing tokens
@@ -44,6 +47,7 @@ func (c Config) Build(cfg *rest.Config) (*Authenticator, error) {
 				return nil, err
 			}
 			a.Tokens = NewTokenVerifier(c.Audience, keys, &TokenReviewer{Client: cs})
+			a.Tokens.MaxLifetime = c.MaxTokenLifetime
 		case string(MethodSPIFFE):
 			if c.TrustBundle == "" {
 				return nil, fmt.Errorf("--xds-auth=spiffe needs --xds-spiffe-trust-bundle, the PEM file of the trust domain's CA certificates")

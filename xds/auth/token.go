@@ -1,6 +1,7 @@
 package auth
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -12,10 +13,13 @@ import (
 	jose "github.com/go-jose/go-jose/v4"
 	"github.com/go-jose/go-jose/v4/jwt"
 	"golang.org/x/time/rate"
+	"google.golang.org/grpc/peer"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+
+	"github.com/scopeplane/scopeplane/xds/peerrate"
 )
 
 // DefaultAudience is the audience a proxy's projected token must carry.
@@ -24,18 +28,33 @@ const DefaultAudience = "scopeplane"
 // KeyRefreshInterval is how often the issuer's keys are fetched again while
 // tokens are verified, so a retired key stops verifying; a token signed by
 // a key not in the cache fetches them at once (at most every
-// minKeyRefresh).
+// minKeyRefresh). Fetches run on their own context, bounded by
+// keyFetchTimeout, one at a time: whoever asked for one (and may give up)
+// neither cancels it nor makes the next one wait, and a token whose key is
+// cached is verified with the cached keys while a refresh runs.
 const (
 	KeyRefreshInterval = 5 * time.Minute
 	minKeyRefresh      = 10 * time.Second
+	keyFetchTimeout    = 10 * time.Second
 )
+
+// DefaultMaxTokenLifetime is the longest lifetime (exp - iat) of a token
+// the verifier accepts: a projected token lives an hour by default and the
+// kubelet renews it at 80% of that; a token minted for a year (TokenRequest
+// allows it) would otherwise outlive every revocation but the checks of its
+// bound objects.
+const DefaultMaxTokenLifetime = 24 * time.Hour
 
 // ReviewsPerSecond and ReviewBurst bound the TokenReviews the verifier
 // asks for: anyone reaching the xDS port can send a token of a made-up
 // key, and each would otherwise cost the API server a review.
+// ReviewsPerPeerPerSecond and ReviewsPerPeerBurst bound those of one client
+// IP address within them, so that one client cannot spend them for all.
 const (
-	ReviewsPerSecond = 10
-	ReviewBurst      = 100
+	ReviewsPerSecond        = 10
+	ReviewBurst             = 100
+	ReviewsPerPeerPerSecond = 1
+	ReviewsPerPeerBurst     = 10
 )
 
 // signatureAlgorithms are those kube-apiserver signs ServiceAccount tokens with.
@@ -63,21 +82,28 @@ type TokenVerifier struct {
 	audience string
 	keys     Keys
 	reviewer Reviewer
-	reviews  *rate.Limiter
+	reviews  *peerrate.Limiter
 	now      func() time.Time
+	// fetchTimeout bounds one fetch of the keys.
+	fetchTimeout time.Duration
+	// MaxLifetime is the longest exp - iat accepted (DefaultMaxTokenLifetime
+	// when zero).
+	MaxLifetime time.Duration
 
 	mu        sync.Mutex
 	issuer    string
 	set       jose.JSONWebKeySet
 	fetched   time.Time // last successful fetch
-	attempted time.Time // last fetch, successful or not
+	attempted time.Time // end of the last fetch, successful or not
+	// fetching is closed when the fetch under way ends; nil when none is.
+	fetching chan struct{}
 }
 
 // NewTokenVerifier verifies tokens for audience with keys from keys and
 // reviews those it cannot verify with reviewer (nil: refuse them).
 func NewTokenVerifier(audience string, keys Keys, reviewer Reviewer) *TokenVerifier {
-	return &TokenVerifier{audience: audience, keys: keys, reviewer: reviewer, now: time.Now,
-		reviews: rate.NewLimiter(ReviewsPerSecond, ReviewBurst)}
+	return &TokenVerifier{audience: audience, keys: keys, reviewer: reviewer, now: time.Now, fetchTimeout: keyFetchTimeout,
+		reviews: peerrate.New(ReviewsPerPeerPerSecond, ReviewsPerPeerBurst, rate.NewLimiter(ReviewsPerSecond, ReviewBurst))}
 }
 
 // kubernetesClaims is the "kubernetes.io" claim of a ServiceAccount token.
@@ -115,12 +141,20 @@ func (v *TokenVerifier) Verify(ctx context.Context, raw string) (*Identity, erro
 	}
 	id, err := v.verifyLocally(ctx, tok)
 	if errors.Is(err, errUnknownKey) && v.reviewer != nil {
-		if !v.reviews.Allow() {
-			return nil, fmt.Errorf("its signing key is not known, and this replica reviews at most %d such tokens a second; retry", ReviewsPerSecond)
+		if !v.reviews.Allow(peerOf(ctx)) {
+			return nil, fmt.Errorf("its signing key is not known, and this replica reviews at most %d such tokens a second (%d from one client address); retry", ReviewsPerSecond, ReviewsPerPeerPerSecond)
 		}
 		return v.reviewer.Review(ctx, raw, v.audience)
 	}
 	return id, err
+}
+
+// peerOf is the client IP address of the stream of ctx, "" when unknown.
+func peerOf(ctx context.Context) string {
+	if p, ok := peer.FromContext(ctx); ok {
+		return peerrate.Of(p.Addr)
+	}
+	return ""
 }
 
 func (v *TokenVerifier) verifyLocally(ctx context.Context, tok *jwt.JSONWebToken) (*Identity, error) {
@@ -140,6 +174,14 @@ func (v *TokenVerifier) verifyLocally(ctx context.Context, tok *jwt.JSONWebToken
 	if std.Expiry == nil {
 		return nil, errors.New("it has no expiry (exp): mount a projected token, not a legacy Secret token")
 	}
+	issued := v.now()
+	if std.IssuedAt != nil {
+		issued = std.IssuedAt.Time()
+	}
+	maxLifetime := cmp.Or(v.MaxLifetime, DefaultMaxTokenLifetime)
+	if life := std.Expiry.Time().Sub(issued); life > maxLifetime {
+		return nil, fmt.Errorf("it is valid for %s, longer than this server accepts (%s, --xds-max-token-lifetime): mount a projected token with a shorter expirationSeconds", life.Round(time.Second), maxLifetime)
+	}
 	c := k8s.Kubernetes
 	if c == nil || c.Namespace == "" || c.ServiceAccount.Name == "" {
 		return nil, errors.New("it is not a ServiceAccount token (no kubernetes.io namespace and serviceaccount claims)")
@@ -147,7 +189,8 @@ func (v *TokenVerifier) verifyLocally(ctx context.Context, tok *jwt.JSONWebToken
 	if want := "system:serviceaccount:" + c.Namespace + ":" + c.ServiceAccount.Name; std.Subject != want {
 		return nil, errors.New("its subject does not match its kubernetes.io claims")
 	}
-	id := &Identity{Method: MethodToken, Namespace: c.Namespace, ServiceAccount: c.ServiceAccount.Name}
+	id := &Identity{Method: MethodToken, Namespace: c.Namespace, ServiceAccount: c.ServiceAccount.Name,
+		ServiceAccountUID: c.ServiceAccount.UID, Expiry: std.Expiry.Time()}
 	if c.Pod != nil {
 		id.PodName, id.PodUID = c.Pod.Name, c.Pod.UID
 	}
@@ -171,27 +214,67 @@ func claimsError(err error, issuer, audience string) error {
 	return errors.New("its claims are not valid")
 }
 
-// key returns the issuer and the key kid names, fetching the keys when the
-// cache is older than KeyRefreshInterval, or does not hold kid and was not
-// fetched within minKeyRefresh. A failed fetch keeps the cached keys.
+// key returns the issuer and the key kid names. Keys older than
+// KeyRefreshInterval are still used while a refresh runs in the
+// background; a kid not in the cache starts a fetch (at most every
+// minKeyRefresh) and waits for it, or for ctx. Either way the fetch runs on
+// its own context, never under v.mu, and one at a time. A failed fetch
+// keeps the cached keys.
 func (v *TokenVerifier) key(ctx context.Context, kid string) (string, *jose.JSONWebKey, error) {
 	v.mu.Lock()
-	defer v.mu.Unlock()
 	now := v.now()
-	found := v.lookup(kid)
-	stale := now.Sub(v.fetched) >= KeyRefreshInterval
-	if (found == nil || stale) && now.Sub(v.attempted) >= minKeyRefresh {
-		v.attempted = now
-		issuer, set, err := v.keys.Fetch(ctx)
-		if err == nil {
-			v.issuer, v.set, v.fetched = issuer, set, now
-			found = v.lookup(kid)
+	if found := v.lookup(kid); found != nil {
+		if now.Sub(v.fetched) >= KeyRefreshInterval && now.Sub(v.attempted) >= minKeyRefresh {
+			v.fetch()
 		}
+		issuer := v.issuer
+		v.mu.Unlock()
+		return issuer, found, nil
 	}
-	if found == nil {
+	done := v.fetching
+	if done == nil && now.Sub(v.attempted) >= minKeyRefresh {
+		done = v.fetch()
+	}
+	v.mu.Unlock()
+	if done == nil {
 		return "", nil, errUnknownKey
 	}
-	return v.issuer, found, nil
+	select {
+	case <-done:
+	case <-ctx.Done():
+		return "", nil, errors.New("its signing key is not cached yet and the issuer's keys are being fetched; retry")
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if found := v.lookup(kid); found != nil {
+		return v.issuer, found, nil
+	}
+	return "", nil, errUnknownKey
+}
+
+// fetch starts fetching the keys unless a fetch is under way, and returns
+// the channel closed when it ends. v.mu is held.
+func (v *TokenVerifier) fetch() chan struct{} {
+	if v.fetching != nil {
+		return v.fetching
+	}
+	done := make(chan struct{})
+	v.fetching = done
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), v.fetchTimeout)
+		issuer, set, err := v.keys.Fetch(ctx)
+		cancel()
+		v.mu.Lock()
+		now := v.now()
+		v.attempted = now
+		if err == nil {
+			v.issuer, v.set, v.fetched = issuer, set, now
+		}
+		v.fetching = nil
+		v.mu.Unlock()
+		close(done)
+	}()
+	return done
 }
 
 // lookup finds kid among the cached signing keys; a token without kid
@@ -271,7 +354,7 @@ func (r *TokenReviewer) Review(ctx context.Context, token, audience string) (*Id
 	if !ok || !ok2 || ns == "" || sa == "" {
 		return nil, errors.New("it authenticates a user that is not a ServiceAccount")
 	}
-	id := &Identity{Method: MethodToken, Namespace: ns, ServiceAccount: sa}
+	id := &Identity{Method: MethodToken, Namespace: ns, ServiceAccount: sa, ServiceAccountUID: tr.Status.User.UID}
 	extra := tr.Status.User.Extra
 	id.PodName = first(extra["authentication.kubernetes.io/pod-name"])
 	id.PodUID = first(extra["authentication.kubernetes.io/pod-uid"])

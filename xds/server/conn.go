@@ -12,13 +12,16 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/scopeplane/scopeplane/xds/model"
+	"github.com/scopeplane/scopeplane/xds/peerrate"
 )
 
-// listener paces the connections the server accepts and registers the
-// ones it serves. A connection beyond the pace is closed at once, before
-// gRPC spends a transport (buffers, goroutines, the HTTP/2 handshake) on
-// it: the client sees the connection closed and reconnects with backoff.
-// No gRPC status can be sent without that handshake.
+// listener bounds and paces the connections the server accepts and
+// registers the ones it serves. A connection beyond the bounds (open
+// connections of the replica and of the peer) or the paces (of the peer,
+// then of the replica) is closed at once, before gRPC spends a transport
+// (buffers, goroutines, the HTTP/2 handshake) on it: the client sees the
+// connection closed and reconnects with backoff. No gRPC status can be sent
+// without that handshake.
 type listener struct {
 	net.Listener
 	s *Server
@@ -30,12 +33,19 @@ func (l listener) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
-		if !l.s.connPace.Allow() {
+		peer := peerrate.Of(c.RemoteAddr())
+		if !l.s.conns.reserve(peer) {
+			l.s.fb.Refuse(model.Key{}, RefusedConnectionLimit)
+			_ = c.Close()
+			continue
+		}
+		if !l.s.connPace.Allow(peer) {
+			l.s.conns.release(peer)
 			l.s.fb.Refuse(model.Key{}, RefusedConnectionPaced)
 			_ = c.Close()
 			continue
 		}
-		return l.s.conns.add(c), nil
+		return l.s.conns.add(c, peer), nil
 	}
 }
 
@@ -44,39 +54,85 @@ func (l listener) Accept() (net.Conn, error) {
 // closed: that is the only way to drop what gRPC's transport buffers for a
 // stream whose proxy does not read. Ending the stream is not enough: its
 // final status queues behind the unread data.
+// They are also counted, in all and by peer, against the bounds of open
+// connections.
 type conns struct {
-	mu sync.Mutex
-	by map[string]*conn
+	max, maxPerPeer int
+
+	mu     sync.Mutex
+	by     map[string]*conn
+	open   int
+	byPeer map[string]int
 }
 
-func newConns() *conns { return &conns{by: map[string]*conn{}} }
+func newConns(max, maxPerPeer int) *conns {
+	return &conns{max: max, maxPerPeer: maxPerPeer, by: map[string]*conn{}, byPeer: map[string]int{}}
+}
+
+// reserve counts a new connection of peer, or reports false when the
+// replica or the peer holds as many as it may.
+func (cs *conns) reserve(peer string) bool {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	if cs.open >= cs.max || cs.byPeer[peer] >= cs.maxPerPeer {
+		return false
+	}
+	cs.open++
+	cs.byPeer[peer]++
+	return true
+}
+
+// release uncounts a connection of peer.
+func (cs *conns) release(peer string) {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	cs.release1(peer)
+}
+
+func (cs *conns) release1(peer string) {
+	cs.open--
+	if cs.byPeer[peer]--; cs.byPeer[peer] <= 0 {
+		delete(cs.byPeer, peer)
+	}
+}
+
+// Open is how many connections are counted open now.
+func (cs *conns) Open() int {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	return cs.open
+}
 
 type conn struct {
 	net.Conn
-	cs   *conns
-	once sync.Once
+	cs       *conns
+	peer     string
+	register bool
+	once     sync.Once
 }
 
-// add registers c when its remote address names it alone, as a TCP
-// address does (a Unix socket's peers may all be unnamed); a connection it
-// cannot register is served, but not closed for a slow stream.
-func (cs *conns) add(c net.Conn) net.Conn {
-	if _, ok := c.RemoteAddr().(*net.TCPAddr); !ok {
-		return c
+// add wraps c (reserved for peer) so that closing it uncounts it, and
+// registers it when its remote address names it alone, as a TCP address
+// does (a Unix socket's peers may all be unnamed); a connection it cannot
+// register is served, but not closed for a slow stream.
+func (cs *conns) add(c net.Conn, peer string) net.Conn {
+	_, tcp := c.RemoteAddr().(*net.TCPAddr)
+	w := &conn{Conn: c, cs: cs, peer: peer, register: tcp}
+	if tcp {
+		cs.mu.Lock()
+		cs.by[c.RemoteAddr().String()] = w
+		cs.mu.Unlock()
 	}
-	w := &conn{Conn: c, cs: cs}
-	cs.mu.Lock()
-	cs.by[c.RemoteAddr().String()] = w
-	cs.mu.Unlock()
 	return w
 }
 
 func (c *conn) Close() error {
 	c.once.Do(func() {
 		c.cs.mu.Lock()
-		if c.cs.by[c.RemoteAddr().String()] == c {
+		if c.register && c.cs.by[c.RemoteAddr().String()] == c {
 			delete(c.cs.by, c.RemoteAddr().String())
 		}
+		c.cs.release1(c.peer)
 		c.cs.mu.Unlock()
 	})
 	return c.Conn.Close()

@@ -34,17 +34,23 @@ func (s *Server) GRPCServer(extra ...grpc.ServerOption) *grpc.Server {
 // are bounded in size, and so are the streams of one connection (grpc-go's
 // rapid-reset protection runs at most that many handlers per connection). The
 // benchmark gives its baseline the same, so neither wins by transport
-// settings or saved bookkeeping.
+// settings or saved bookkeeping. Before any stream is authenticated, what a
+// connection may make the server hold is bounded too: the request headers
+// (Options.MaxHeaderListBytes), the handshake's time (HandshakeTimeout),
+// and a connection with no stream is closed after MaxConnectionIdle.
 func GRPCOptions(opts Options) []grpc.ServerOption {
 	opts = opts.withDefaults()
 	return []grpc.ServerOption{
 		grpc.ChainStreamInterceptor(metrics.GRPC.StreamServerInterceptor()),
 		grpc.MaxRecvMsgSize(opts.MaxRequestBytes),
 		grpc.MaxConcurrentStreams(uint32(min(opts.MaxStreamsPerConnection, math.MaxUint32))),
+		grpc.MaxHeaderListSize(uint32(min(opts.MaxHeaderListBytes, math.MaxUint32))),
+		grpc.ConnectionTimeout(opts.HandshakeTimeout),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{
 			Time: 30 * time.Second, Timeout: 10 * time.Second,
-			MaxConnectionAge: opts.MaxConnectionAge, MaxConnectionAgeGrace: opts.MaxConnectionAgeGrace,
+			MaxConnectionIdle: opts.MaxConnectionIdle,
+			MaxConnectionAge:  opts.MaxConnectionAge, MaxConnectionAgeGrace: opts.MaxConnectionAgeGrace,
 		}),
 	}
 }

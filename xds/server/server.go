@@ -37,6 +37,7 @@ import (
 	"github.com/scopeplane/scopeplane/xds/clip"
 	"github.com/scopeplane/scopeplane/xds/feedback"
 	"github.com/scopeplane/scopeplane/xds/model"
+	"github.com/scopeplane/scopeplane/xds/peerrate"
 	"github.com/scopeplane/scopeplane/xds/snapshot"
 	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
@@ -67,11 +68,42 @@ type Options struct {
 	// replica accepts, whoever opens them.
 	NewStreamsPerSecond float64
 	NewStreamsBurst     int
+	// UnauthenticatedStreamsPerPeerPerSecond and UnauthenticatedStreamsPerPeerBurst
+	// pace the streams of one client IP address that fail authentication:
+	// a peer that spent its budget is refused before its credentials are
+	// looked at, and the shared pace above is spent only by authenticated
+	// streams, so a client without credentials cannot use it up for the
+	// proxies that have them.
+	UnauthenticatedStreamsPerPeerPerSecond float64
+	UnauthenticatedStreamsPerPeerBurst     int
 	// NewConnectionsPerSecond and NewConnectionsBurst pace the TCP
 	// connections this replica accepts (in ServeListener): a connection
 	// costs gRPC's buffers and goroutines before it opens any stream.
 	NewConnectionsPerSecond float64
 	NewConnectionsBurst     int
+	// NewConnectionsPerPeerPerSecond and NewConnectionsPerPeerBurst pace
+	// the connections of one client IP address, before the shared pace is
+	// spent: no credentials are known when a connection is accepted, so
+	// only a budget per peer keeps one client from spending the shared one.
+	NewConnectionsPerPeerPerSecond float64
+	NewConnectionsPerPeerBurst     int
+	// MaxConnections and MaxConnectionsPerPeer bound the connections open
+	// at once on this replica, and from one client IP address: each holds
+	// gRPC's transport buffers (~37 KiB) whether or not it opens a stream.
+	MaxConnections        int
+	MaxConnectionsPerPeer int
+	// MaxConnectionIdle closes a connection that has had no open stream
+	// for that long (HTTP/2 GOAWAY): a proxy always holds its ADS stream,
+	// so an idle connection holds a slot for nothing.
+	MaxConnectionIdle time.Duration
+	// HandshakeTimeout bounds a new connection's TLS handshake and HTTP/2
+	// preface (gRPC's ConnectionTimeout, 120 s unset).
+	HandshakeTimeout time.Duration
+	// MaxHeaderListBytes bounds the request headers of a stream (HTTP/2
+	// SETTINGS_MAX_HEADER_LIST_SIZE), which gRPC reads and holds before
+	// the stream is authenticated: a ServiceAccount token in authorization
+	// is 1–2 KiB.
+	MaxHeaderListBytes int
 	// SendTimeout ends a stream, and closes its connection, when one
 	// response cannot be handed to the transport within it, or a change
 	// waits for the proxy to answer the last response longer: the proxy
@@ -107,22 +139,31 @@ type Options struct {
 
 // DefaultOptions are the limits used when an Options field is zero.
 var DefaultOptions = Options{
-	MaxRequestBytes:         4 << 20,
-	MaxNamesPerRequest:      100_000,
-	ExtraNamesPerType:       1024,
-	MaxStreamsPerConnection: 100,
-	FirstRequestTimeout:     15 * time.Second,
-	MaxNodeBytes:            64 << 10,
-	MaxNodeIDBytes:          512,
-	NewStreamsPerSecond:     500,
-	NewStreamsBurst:         5000,
-	NewConnectionsPerSecond: 500,
-	NewConnectionsBurst:     5000,
-	SendTimeout:             30 * time.Second,
-	NACKsPerSecond:          1,
-	NACKBurst:               10,
-	MaxConnectionAge:        30 * time.Minute,
-	MaxConnectionAgeGrace:   10 * time.Second,
+	MaxRequestBytes:                        4 << 20,
+	MaxNamesPerRequest:                     100_000,
+	ExtraNamesPerType:                      1024,
+	MaxStreamsPerConnection:                100,
+	FirstRequestTimeout:                    15 * time.Second,
+	MaxNodeBytes:                           64 << 10,
+	MaxNodeIDBytes:                         512,
+	NewStreamsPerSecond:                    500,
+	NewStreamsBurst:                        5000,
+	NewConnectionsPerSecond:                500,
+	NewConnectionsBurst:                    5000,
+	UnauthenticatedStreamsPerPeerPerSecond: 5,
+	UnauthenticatedStreamsPerPeerBurst:     50,
+	NewConnectionsPerPeerPerSecond:         50,
+	NewConnectionsPerPeerBurst:             500,
+	MaxConnections:                         5000,
+	MaxConnectionsPerPeer:                  500,
+	MaxConnectionIdle:                      time.Minute,
+	HandshakeTimeout:                       10 * time.Second,
+	MaxHeaderListBytes:                     16 << 10,
+	SendTimeout:                            30 * time.Second,
+	NACKsPerSecond:                         1,
+	NACKBurst:                              10,
+	MaxConnectionAge:                       30 * time.Minute,
+	MaxConnectionAgeGrace:                  10 * time.Second,
 }
 
 // keptNodeText bounds the node's cluster and user agent as a stream keeps
@@ -143,6 +184,15 @@ func (o Options) withDefaults() Options {
 	o.NewStreamsBurst = orDefault(o.NewStreamsBurst, d.NewStreamsBurst)
 	o.NewConnectionsPerSecond = orDefault(o.NewConnectionsPerSecond, d.NewConnectionsPerSecond)
 	o.NewConnectionsBurst = orDefault(o.NewConnectionsBurst, d.NewConnectionsBurst)
+	o.UnauthenticatedStreamsPerPeerPerSecond = orDefault(o.UnauthenticatedStreamsPerPeerPerSecond, d.UnauthenticatedStreamsPerPeerPerSecond)
+	o.UnauthenticatedStreamsPerPeerBurst = orDefault(o.UnauthenticatedStreamsPerPeerBurst, d.UnauthenticatedStreamsPerPeerBurst)
+	o.NewConnectionsPerPeerPerSecond = orDefault(o.NewConnectionsPerPeerPerSecond, d.NewConnectionsPerPeerPerSecond)
+	o.NewConnectionsPerPeerBurst = orDefault(o.NewConnectionsPerPeerBurst, d.NewConnectionsPerPeerBurst)
+	o.MaxConnections = orDefault(o.MaxConnections, d.MaxConnections)
+	o.MaxConnectionsPerPeer = orDefault(o.MaxConnectionsPerPeer, d.MaxConnectionsPerPeer)
+	o.MaxConnectionIdle = orDefault(o.MaxConnectionIdle, d.MaxConnectionIdle)
+	o.HandshakeTimeout = orDefault(o.HandshakeTimeout, d.HandshakeTimeout)
+	o.MaxHeaderListBytes = orDefault(o.MaxHeaderListBytes, d.MaxHeaderListBytes)
 	o.SendTimeout = orDefault(o.SendTimeout, d.SendTimeout)
 	o.NACKsPerSecond = orDefault(o.NACKsPerSecond, d.NACKsPerSecond)
 	o.NACKBurst = orDefault(o.NACKBurst, d.NACKBurst)
@@ -160,15 +210,18 @@ func orDefault[T int | float64 | time.Duration](v, d T) T {
 
 // Server implements the ADS service over a snapshot store.
 type Server struct {
-	store     *snapshot.Store
-	fb        *feedback.Tracker
-	opts      Options
-	ready     <-chan struct{}
-	pace      *rate.Limiter
-	connPace  *rate.Limiter
-	conns     *conns
-	drain     chan struct{}
-	drainOnce sync.Once
+	store    *snapshot.Store
+	fb       *feedback.Tracker
+	opts     Options
+	ready    <-chan struct{}
+	pace     *rate.Limiter
+	connPace *peerrate.Limiter
+	// unauthenticated is each peer's budget of streams that fail
+	// authentication.
+	unauthenticated *peerrate.Limiter
+	conns           *conns
+	drain           chan struct{}
+	drainOnce       sync.Once
 }
 
 var _ discoveryv3.AggregatedDiscoveryServiceServer = (*Server)(nil)
@@ -181,9 +234,11 @@ func New(store *snapshot.Store, fb *feedback.Tracker, ready <-chan struct{}, opt
 	opts = opts.withDefaults()
 	return &Server{
 		store: store, fb: fb, opts: opts, ready: ready, drain: make(chan struct{}),
-		pace:     rate.NewLimiter(rate.Limit(opts.NewStreamsPerSecond), opts.NewStreamsBurst),
-		connPace: rate.NewLimiter(rate.Limit(opts.NewConnectionsPerSecond), opts.NewConnectionsBurst),
-		conns:    newConns(),
+		pace: rate.NewLimiter(rate.Limit(opts.NewStreamsPerSecond), opts.NewStreamsBurst),
+		connPace: peerrate.New(opts.NewConnectionsPerPeerPerSecond, opts.NewConnectionsPerPeerBurst,
+			rate.NewLimiter(rate.Limit(opts.NewConnectionsPerSecond), opts.NewConnectionsBurst)),
+		unauthenticated: peerrate.New(opts.UnauthenticatedStreamsPerPeerPerSecond, opts.UnauthenticatedStreamsPerPeerBurst, nil),
+		conns:           newConns(opts.MaxConnections, opts.MaxConnectionsPerPeer),
 	}
 }
 
@@ -208,6 +263,13 @@ const (
 	// because their proxy did not read (Options.SendTimeout).
 	RefusedConnectionPaced = "ConnectionPaced"
 	RefusedSlowReader      = "SlowReader"
+	// RefusedConnectionLimit counts connections closed as they were
+	// accepted because the replica, or their peer, holds as many as it may
+	// (Options.MaxConnections, MaxConnectionsPerPeer).
+	RefusedConnectionLimit = "ConnectionLimit"
+	// RefusedPeerPaced counts streams refused before authentication
+	// because their peer used up its budget of streams that failed it.
+	RefusedPeerPaced = "PeerPaced"
 	// RefusedUnauthenticated counts streams without valid credentials, and
 	// RefusedNotAdmitted those naming a scope that is missing or does not
 	// admit their identity: both globally, so that a stranger cannot mark
@@ -217,8 +279,9 @@ const (
 )
 
 // admit refuses a new stream before it reads anything: while the replica
-// has not built the whole cluster yet, and beyond the pace of new streams.
-func (s *Server) admit() error {
+// has not built the whole cluster yet, and when its peer has used up its
+// budget of streams that failed authentication.
+func (s *Server) admit(ctx context.Context) error {
 	select {
 	case <-s.ready:
 	default:
@@ -226,6 +289,19 @@ func (s *Server) admit() error {
 		return status.Error(codes.Unavailable,
 			"not ready: this control plane replica has not finished its initial sync of the cluster, and what it would serve now lacks what is not reconciled yet; retry (Envoy's ADS retry does), or reach a ready replica")
 	}
+	if !s.unauthenticated.Has(peerIP(ctx)) {
+		s.fb.Refuse(model.Key{}, RefusedPeerPaced)
+		return status.Errorf(codes.ResourceExhausted,
+			"this client address opened more streams that failed authentication than this replica accepts (%g a second, burst %d): fix the proxy's credentials and reconnect with backoff (--xds-unauthenticated-streams-per-peer-per-second / --xds-unauthenticated-streams-per-peer-burst)",
+			s.opts.UnauthenticatedStreamsPerPeerPerSecond, s.opts.UnauthenticatedStreamsPerPeerBurst)
+	}
+	return nil
+}
+
+// paced refuses an authenticated stream beyond the pace of new streams. It
+// is spent only after authentication: a client without credentials cannot
+// use it up for proxies that have them.
+func (s *Server) paced() error {
 	if !s.pace.Allow() {
 		s.fb.Refuse(model.Key{}, RefusedPaced)
 		return status.Errorf(codes.ResourceExhausted,
@@ -274,9 +350,19 @@ func (s *Server) authenticate(ctx context.Context) (*auth.Identity, error) {
 	id, err := s.opts.Authenticator.Authenticate(ctx)
 	if err != nil {
 		s.fb.Refuse(model.Key{}, RefusedUnauthenticated)
+		s.unauthenticated.Spend(peerIP(ctx))
 		return nil, err
 	}
 	return id, nil
+}
+
+// peerIP is the client IP address of the stream of ctx: what per-peer
+// budgets are kept by.
+func peerIP(ctx context.Context) string {
+	if p, ok := peer.FromContext(ctx); ok {
+		return peerrate.Of(p.Addr)
+	}
+	return ""
 }
 
 // notAdmitted is the refusal of a scope that does not exist and of one
@@ -507,14 +593,19 @@ func serve[Req request](s *Server, p model.Protocol, srv interface {
 		return s.draining()
 	default:
 	}
-	if err := s.admit(); err != nil {
+	ctx := srv.Context()
+	if err := s.admit(ctx); err != nil {
 		return err
 	}
-	ctx := srv.Context()
 	id, err := s.authenticate(ctx)
 	if err != nil {
 		return err
 	}
+	if err := s.paced(); err != nil {
+		return err
+	}
+	revoked, expired, stop := s.credentialEnds(id)
+	defer stop()
 	reqs, errc := recv(ctx, srv, s.countRecvError)
 	var first Req
 	silent := time.NewTimer(s.opts.FirstRequestTimeout)
@@ -592,11 +683,32 @@ func serve[Req request](s *Server, p model.Protocol, srv interface {
 			return nil
 		case <-s.drain:
 			return s.draining()
+		case <-revoked:
+			s.fb.Refuse(model.Key{}, RefusedUnauthenticated)
+			return status.Errorf(codes.Unauthenticated, "the credentials of %s were revoked: the ServiceAccount or the Pod its token is bound to was deleted", id.String())
+		case <-expired:
+			s.fb.Refuse(model.Key{}, RefusedUnauthenticated)
+			return status.Errorf(codes.Unauthenticated, "the token of %s expired: reconnect with the token the kubelet renewed", id.String())
 		}
 		if err != nil {
 			return err
 		}
 	}
+}
+
+// credentialEnds returns what ends a stream of id: the deletion of an
+// object its token is bound to, and its token's expiry (nil channels when
+// not known), and the function that stops watching them.
+func (s *Server) credentialEnds(id *auth.Identity) (<-chan struct{}, <-chan time.Time, func()) {
+	if id == nil {
+		return nil, nil, func() {}
+	}
+	revoked, unwatch := s.opts.Authenticator.Gone(id)
+	if id.Expiry.IsZero() {
+		return revoked, nil, unwatch
+	}
+	t := time.NewTimer(time.Until(id.Expiry))
+	return revoked, t.C, func() { t.Stop(); unwatch() }
 }
 
 // endOf turns how a request stream ended into the handler's result.

@@ -75,6 +75,14 @@ func (i *Issuer) Fetch(context.Context) (string, jose.JSONWebKeySet, error) {
 	return IssuerURL, jose.JSONWebKeySet{Keys: []jose.JSONWebKey{{Key: i.key.Public(), KeyID: i.kid, Algorithm: string(i.alg), Use: "sig"}}}, nil
 }
 
+// FetchCount is Fetches, read under the issuer's lock: fetches run in the
+// background.
+func (i *Issuer) FetchCount() int {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	return i.Fetches
+}
+
 // SetDown makes Fetch fail, as when the API server is away.
 func (i *Issuer) SetDown(down bool) {
 	i.mu.Lock()
