@@ -35,7 +35,7 @@ import (
 // streamSendTimeout is the send timeout of the rows below: long enough for
 // a legitimate proxy to join and be pushed to while the attack's streams
 // are open, short enough not to wait for the production 30 s.
-const streamSendTimeout = 10 * time.Second
+const streamSendTimeout = 20 * time.Second
 
 // startStream is start with the send timeout of the rows below.
 func startStream(t *testing.T) *plane {
