@@ -132,7 +132,9 @@ func TestStreamMemory(t *testing.T) {
 		attacker := attack(t, p.addr, "claims")
 		testkit.Eventually(t, "every claiming stream was answered", func() (bool, string) {
 			n := p.Feedback.Get(key).Sent.Responses - sent
-			return n >= streams, fmt.Sprintf("%d responses", n)
+			var m runtime.MemStats
+			runtime.ReadMemStats(&m)
+			return n >= streams, fmt.Sprintf("%d responses, heap %.1f MiB (%.1f MiB before)", n, float64(m.HeapAlloc)/(1<<20), float64(before)/(1<<20))
 		})
 		growth := int64(heap()) - int64(before)
 		join := p.join(adsclient.Delta, "default/delta")
