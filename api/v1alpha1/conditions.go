@@ -39,15 +39,22 @@ const (
 	// match no Service yet; proxies receive an empty configuration.
 	ReasonNoMatchingServices = "NoMatchingServices"
 	// ReasonNamespaceNotFound (Accepted=False): a selection names a namespace
-	// that does not exist.
+	// that does not exist, and that the scope may select from: its own, one
+	// that granted it something before it went, or any with
+	// --cross-namespace=allow. A namespace without consent is reported as
+	// RefNotPermitted whether it exists or not, so that status tells no
+	// scope author which namespaces exist.
 	ReasonNamespaceNotFound = "NamespaceNotFound"
 	// ReasonInvalidSelector (Accepted=False): a label selector cannot be
 	// parsed (for example an unknown operator); the message names it.
 	ReasonInvalidSelector = "InvalidSelector"
 	// ReasonRefNotPermitted (the name Gateway API gives a reference no
-	// ReferenceGrant permits): selections reach Services of other
-	// namespaces that do not consent, which the message lists; their
-	// Services are not served. Accepted stays True when other Services are
+	// ReferenceGrant permits): selections name other namespaces that do not
+	// consent, or do not exist (one reason for both, as the scope's author
+	// may read neither), which the message lists; their Services are not
+	// served. Namespaces that only a namespaceSelector reaches are never
+	// listed, nor their Services counted, without consent: status must not
+	// tell which namespaces hold Services matching a selector. Accepted stays True when other Services are
 	// served (as a Gateway API route stays Accepted with ResolvedRefs=False),
 	// and Degraded is True with the same reason, so that a scope that only
 	// partly works is not reported healthy silently; Accepted is False when

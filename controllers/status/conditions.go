@@ -107,7 +107,7 @@ func accepted(in *Inputs) condition {
 
 // refusedMessage names the namespaces that refused the scope's selections.
 func refusedMessage(r *snapshot.Resolution) string {
-	msg := "not served, as no ReferenceGrant in their namespace permits this scope's namespace to select them: Services of " + strings.Join(r.RefusedNamespaces, ", ")
+	msg := "not served, as no ReferenceGrant in their namespace permits this scope's namespace to select them (or the namespace does not exist): Services of " + strings.Join(r.RefusedNamespaces, ", ")
 	if r.GrantsUnavailable {
 		msg += " (the cluster does not serve ReferenceGrants: install Gateway API's ReferenceGrant CRD and restart scopeplane, or run it with --cross-namespace=allow)"
 	}

@@ -67,7 +67,7 @@ func TestConditions(t *testing.T) {
 			in.Resolution.RefusedNamespaces = []string{"team-a", "team-b"}
 			return in
 		}(), accepted,
-			metav1.ConditionTrue, xdsv1alpha1.ReasonRefNotPermitted, "1 Services selected: 1 clusters, 3 endpoints; not served, as no ReferenceGrant in their namespace permits this scope's namespace to select them: Services of team-a, team-b"},
+			metav1.ConditionTrue, xdsv1alpha1.ReasonRefNotPermitted, "1 Services selected: 1 clusters, 3 endpoints; not served, as no ReferenceGrant in their namespace permits this scope's namespace to select them (or the namespace does not exist): Services of team-a, team-b"},
 		{"part of the selection refused: Degraded", func() *Inputs { in := served(); in.Resolution.RefusedNamespaces = []string{"team-a"}; return in }(),
 			func(in *Inputs) condition { c, _ := degraded(in); return c },
 			metav1.ConditionTrue, xdsv1alpha1.ReasonRefNotPermitted, "Services of team-a"},

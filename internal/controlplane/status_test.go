@@ -106,7 +106,9 @@ func TestStatusConditionsAreReachedAndCleared(t *testing.T) {
 			},
 		},
 	)
-	expectCondition(t, "status", "web", xdsv1alpha1.ConditionAccepted, metav1.ConditionFalse, xdsv1alpha1.ReasonNamespaceNotFound)
+	// A namespace that does not exist and grants nothing is refused as one
+	// that exists and grants nothing: status does not tell which exist.
+	expectCondition(t, "status", "web", xdsv1alpha1.ConditionAccepted, metav1.ConditionFalse, xdsv1alpha1.ReasonRefNotPermitted)
 	ps := expectCondition(t, "status", "web", xdsv1alpha1.ConditionReady, metav1.ConditionFalse, xdsv1alpha1.ReasonNotAccepted)
 	if ps.Status.BootstrapConfigMap != bootstrap.ConfigMapName("web") || ps.Status.ObservedGeneration != ps.Generation || ps.Status.Version == "" {
 		t.Errorf("status fields: %+v", ps.Status)

@@ -97,7 +97,10 @@ func (s *SelfSigned) Rotate(ctx context.Context, c *Certificates) error {
 		if sec.Data, _, err = s.renew(nil); err != nil {
 			return err
 		}
-		if err := s.Writer.Create(ctx, sec); err != nil {
+		if err := s.Writer.Create(ctx, sec); apierrors.IsForbidden(err) {
+			// The chart creates the Secret (empty) and grants no create.
+			return fmt.Errorf("the xDS TLS Secret %s is missing and scopeplane may not create it (the Helm chart creates it empty; `helm upgrade` creates it again): %w", s.Secret, err)
+		} else if err != nil {
 			return fmt.Errorf("creating the xDS TLS Secret %s: %w", s.Secret, err)
 		}
 	case err != nil:

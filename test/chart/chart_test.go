@@ -73,9 +73,14 @@ var renderCases = []renderCase{
 			}
 			wantArgs(t, args, "--xds-tls-secret=scopeplane-xds-tls", "--xds-tls-secret-namespace=scopeplane-system")
 			checkSelfManagedTLS(t, objs, "scopeplane-xds-tls", "scopeplane-system")
-			for _, kind := range []string{"ServiceMonitor", "PrometheusRule", "NetworkPolicy", "Secret", "Certificate"} {
+			for _, kind := range []string{"ServiceMonitor", "PrometheusRule", "NetworkPolicy", "Certificate"} {
 				if o := findOptional(objs, kind); o != nil {
 					t.Errorf("the default values must not render a %s", kind)
+				}
+			}
+			for _, o := range objs {
+				if o.GetKind() == "Secret" && o.GetName() != "scopeplane-xds-tls" {
+					t.Errorf("the default values must render no Secret but the xDS TLS one, not %s", o.GetName())
 				}
 			}
 			checkMemoryLimitEnv(t, objs)
@@ -129,7 +134,7 @@ var renderCases = []renderCase{
 				t.Error("a plain-HTTP ServiceMonitor must not send a token")
 			}
 			for _, o := range objs {
-				if strings.HasSuffix(o.GetName(), "-metrics-reader") || strings.HasSuffix(o.GetName(), "-metrics-scraper") || o.GetKind() == "Secret" {
+				if strings.HasSuffix(o.GetName(), "-metrics-reader") || strings.HasSuffix(o.GetName(), "-metrics-scraper") || o.GetKind() == "Secret" && !strings.HasSuffix(o.GetName(), "-xds-tls") {
 					t.Errorf("metrics.secure=false must not render %s %s", o.GetKind(), o.GetName())
 				}
 			}
@@ -1001,12 +1006,19 @@ func checkSelfManagedTLS(t *testing.T, objs []*unstructured.Unstructured, secret
 	r := findNamed(t, objs, "Role", secret)
 	wantString(t, r, namespace, "metadata", "namespace")
 	rules, _, _ := unstructured.NestedSlice(r.Object, "rules")
+	// Only the one Secret, which the chart creates: no right to create any
+	// Secret (RBAC cannot narrow create to a name).
 	want := []any{
-		map[string]any{"apiGroups": []any{""}, "resources": []any{"secrets"}, "verbs": []any{"create"}},
 		map[string]any{"apiGroups": []any{""}, "resources": []any{"secrets"}, "resourceNames": []any{secret}, "verbs": []any{"get", "update"}},
 	}
 	if diff := cmp.Diff(want, rules); diff != "" {
 		t.Errorf("the xDS TLS Role (-want +got):\n%s", diff)
+	}
+	sec := findNamed(t, objs, "Secret", secret)
+	wantString(t, sec, namespace, "metadata", "namespace")
+	wantString(t, sec, "Opaque", "type")
+	if _, ok := sec.Object["data"]; ok {
+		t.Errorf("the chart's xDS TLS Secret sets data, which an upgrade would write over the leader's CA")
 	}
 	rb := findNamed(t, objs, "RoleBinding", secret)
 	wantString(t, rb, secret, "roleRef", "name")

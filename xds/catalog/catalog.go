@@ -584,24 +584,32 @@ func (c *Catalog) resolution(sc *scopeEntry) Resolution {
 		Clusters:         len(sc.res[xdstype.Cluster]),
 		Endpoints:        sc.endpoints,
 	}
+	// The resolution says no more about another namespace than the scope's
+	// author may learn there: a namespace without consent is refused alike
+	// whether it exists or not (one that grants anything exists), and
+	// Services refused there are reported only for namespaces a selection
+	// names, never for those a namespaceSelector reaches, so that no
+	// selector finds out which namespaces hold matching Services.
 	from := sc.scope.Key.Namespace
+	named := map[string]bool{}
 	for i := range sc.scope.Selections {
 		s := &sc.scope.Selections[i]
 		if s.NamespaceSelector != nil {
 			continue
 		}
-		if _, ok := c.namespaces[s.Namespace]; !ok {
-			if !slices.Contains(r.MissingNamespaces, s.Namespace) {
-				r.MissingNamespaces = append(r.MissingNamespaces, s.Namespace)
+		named[s.Namespace] = true
+		if _, granted := c.grants[s.Namespace][from]; s.Namespace != from && c.crossNS == CrossNamespaceGrant && !granted {
+			if !slices.Contains(r.RefusedNamespaces, s.Namespace) {
+				r.RefusedNamespaces = append(r.RefusedNamespaces, s.Namespace)
 			}
 			continue
 		}
-		if _, granted := c.grants[s.Namespace][from]; s.Namespace != from && c.crossNS == CrossNamespaceGrant && !granted && !slices.Contains(r.RefusedNamespaces, s.Namespace) {
-			r.RefusedNamespaces = append(r.RefusedNamespaces, s.Namespace)
+		if _, ok := c.namespaces[s.Namespace]; !ok && !slices.Contains(r.MissingNamespaces, s.Namespace) {
+			r.MissingNamespaces = append(r.MissingNamespaces, s.Namespace)
 		}
 	}
 	for k := range sc.refused {
-		if !slices.Contains(r.RefusedNamespaces, k.Namespace) {
+		if named[k.Namespace] && !slices.Contains(r.RefusedNamespaces, k.Namespace) {
 			r.RefusedNamespaces = append(r.RefusedNamespaces, k.Namespace)
 		}
 	}

@@ -619,7 +619,10 @@ func TestTransitionFromTheStatusOnlyForANewScope(t *testing.T) {
 
 // TestCrossNamespaceNeedsConsent checks that a Service of another namespace
 // is served only while its namespace grants it to the scope's namespace, by
-// name or all of them, and that the refusal is reported per namespace.
+// name or all of them, and that the refusal is reported per namespace a
+// selection names, the same whether it exists or not, and never for a
+// namespace only a namespaceSelector reaches: the resolution must not tell
+// which namespaces exist or hold matching Services.
 func TestCrossNamespaceNeedsConsent(t *testing.T) {
 	c := New()
 	for _, ns := range []string{"mesh", "team-a", "team-b"} {
@@ -631,7 +634,9 @@ func TestCrossNamespaceNeedsConsent(t *testing.T) {
 	c.UpsertService(service("team-b", "api", nil))
 	c.UpsertScope(scope("mesh", "gw", model.ListenerEnvoy,
 		model.Selection{Namespace: "mesh", Selector: labels.Everything()},
-		model.Selection{NamespaceSelector: labels.Everything(), Names: names("api", "db")}))
+		model.Selection{NamespaceSelector: labels.Everything(), Names: names("api", "db")},
+		model.Selection{Namespace: "team-b", Names: names("api")},
+		model.Selection{Namespace: "nowhere", Names: names("api")}))
 	refused := func(what string, want ...string) {
 		t.Helper()
 		us := c.Take()
@@ -641,22 +646,35 @@ func TestCrossNamespaceNeedsConsent(t *testing.T) {
 		if got := us[0].Resolution.RefusedNamespaces; fmt.Sprint(got) != fmt.Sprint(want) {
 			t.Errorf("%s: refused namespaces %v, want %v", what, got, want)
 		}
+		if got := us[0].Resolution.MissingNamespaces; len(got) != 0 {
+			t.Errorf("%s: missing namespaces %v reported for namespaces without consent", what, got)
+		}
+		if got := us[0].Resolution.SelectedServices; got != len(c.scopes[model.Key{Namespace: "mesh", Name: "gw"}].services) {
+			t.Errorf("%s: %d Services counted, %d served", what, got, len(c.scopes[model.Key{Namespace: "mesh", Name: "gw"}].services))
+		}
 	}
+	// team-b and nowhere are named (one exists, one does not: the same
+	// refusal); team-a, reached by the namespaceSelector only, is not told.
 	assertClusters(t, c, "mesh/gw", "mesh/own:80")
-	refused("no grant", "team-a", "team-b")
+	refused("no grant", "nowhere", "team-b")
 
 	c.SetGrants("team-a", model.Grants{"mesh": names("api")})
 	assertClusters(t, c, "mesh/gw", "mesh/own:80", "team-a/api:80")
-	refused("team-a grants api", "team-a", "team-b")
+	refused("team-a grants api", "nowhere", "team-b")
 
 	c.SetGrants("team-a", model.Grants{"mesh": nil})
 	c.SetGrants("team-b", model.Grants{"elsewhere": nil})
 	assertClusters(t, c, "mesh/gw", "mesh/own:80", "team-a/api:80", "team-a/db:80")
-	refused("team-a grants all, team-b another namespace", "team-b")
+	refused("team-a grants all, team-b another namespace", "nowhere", "team-b")
+
+	c.SetGrants("team-b", model.Grants{"mesh": names("db")})
+	assertClusters(t, c, "mesh/gw", "mesh/own:80", "team-a/api:80", "team-a/db:80")
+	refused("team-b grants db, which is not selected there", "nowhere", "team-b")
 
 	c.SetGrants("team-a", nil)
+	c.SetGrants("team-b", nil)
 	assertClusters(t, c, "mesh/gw", "mesh/own:80")
-	refused("team-a revoked", "team-a", "team-b")
+	refused("revoked", "nowhere", "team-b")
 
 	c.SetCrossNamespace(CrossNamespaceAllow, false)
 	c.UpsertScope(scope("mesh", "all", model.ListenerEnvoy, model.Selection{Namespace: "team-b", Selector: labels.Everything()}))

@@ -8,11 +8,14 @@ import (
 	"unicode/utf8"
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/scopeplane/scopeplane/xds/clip"
+	"github.com/scopeplane/scopeplane/xds/feedback"
 	"github.com/scopeplane/scopeplane/xds/snapshot"
 )
 
@@ -41,9 +44,36 @@ func (c codec) Marshal(v any) (mem.BufferSlice, error) {
 
 func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
 	if r, ok := v.(*sotwRequest); ok {
-		return r.unmarshal(data)
+		if err := r.unmarshal(data); err != nil {
+			return err
+		}
+		cutDetail(r.ErrorDetail)
+		return nil
 	}
-	return c.proto.Unmarshal(data, v)
+	if err := c.proto.Unmarshal(data, v); err != nil {
+		return err
+	}
+	if r, ok := v.(*discoveryv3.DeltaDiscoveryRequest); ok {
+		cutDetail(r.ErrorDetail)
+	}
+	return nil
+}
+
+// maxDetailBytes bounds a NACK's error_detail message as the server keeps
+// it: what feedback reports of it (feedback.MaxDetailChars characters) at
+// four bytes a character at most.
+const maxDetailBytes = 4 * feedback.MaxDetailChars
+
+// cutDetail cuts a NACK's error_detail to what is ever reported of it, and
+// drops its details (never read), as soon as the request is decoded: a
+// proxy's text up to the request size limit would otherwise stay on the
+// heap as long as the request waits to be handled, once per stream.
+func cutDetail(st *rpcstatus.Status) {
+	if st == nil {
+		return
+	}
+	st.Message = clip.String(st.Message, maxDetailBytes)
+	st.Details = nil
 }
 
 // Name is the content subtype the codec serves: the one xDS clients use.
@@ -157,8 +187,9 @@ var namesSeed = maphash.MakeSeed()
 // the rest goes through the protobuf codec's rules.
 func (r *sotwRequest) unmarshal(data mem.BufferSlice) error {
 	var (
-		rest []byte
-		h    maphash.Hash
+		rest   []byte
+		h      maphash.Hash
+		detail *rpcstatus.Status
 	)
 	h.SetSeed(namesSeed)
 	r.names = 0
@@ -175,6 +206,11 @@ func (r *sotwRequest) unmarshal(data mem.BufferSlice) error {
 			_, _ = h.Write(field)
 			r.names++
 		case num == fieldNode && r.skipNode:
+		case num == fieldErrorDetail && typ == protowire.BytesType:
+			// Decoded here, cut, rather than copied whole into rest.
+			if detail, err = mergeDetail(detail, field); err != nil {
+				return err
+			}
 		default:
 			rest = append(rest, field...)
 		}
@@ -183,6 +219,23 @@ func (r *sotwRequest) unmarshal(data mem.BufferSlice) error {
 	r.DiscoveryRequest = &discoveryv3.DiscoveryRequest{}
 	if err := proto.Unmarshal(rest, r.DiscoveryRequest); err != nil {
 		return err
+	}
+	r.ErrorDetail = detail
+	if r.names > 0 && detail != nil {
+		// A NACK keeps only its names, copied: the request's buffers also
+		// hold its error_detail, up to the request size limit.
+		var names []byte
+		for f := (fieldReader{bufs: data}); ; {
+			num, typ, field, err := f.next()
+			if err != nil {
+				break // checked above
+			}
+			if num == fieldResourceNames && typ == protowire.BytesType {
+				names = append(names, field...)
+			}
+		}
+		r.raw = mem.BufferSlice{mem.SliceBuffer(names)}
+		return nil
 	}
 	if r.names > 0 {
 		// gRPC frees data once this returns; the reference keeps it.
@@ -296,9 +349,43 @@ func consumeField(b []byte) (protowire.Number, protowire.Type, int) {
 	return num, typ, n + m
 }
 
-// fieldNode and fieldResourceNames are DiscoveryRequest's node and
-// resource_names.
+// fieldNode, fieldResourceNames and fieldErrorDetail are
+// DiscoveryRequest's node, resource_names and error_detail.
 const (
 	fieldNode          = 2
 	fieldResourceNames = 3
+	fieldErrorDetail   = 6
 )
+
+// mergeDetail decodes an encoded error_detail field (a google.rpc.Status,
+// tag included) into st, as the protobuf codec merges a repeated message
+// field, except that the message is cut to maxDetailBytes without copying
+// the rest of it, and details, never read, are skipped.
+func mergeDetail(st *rpcstatus.Status, field []byte) (*rpcstatus.Status, error) {
+	_, _, n := protowire.ConsumeTag(field)
+	b, _ := protowire.ConsumeBytes(field[n:])
+	if st == nil {
+		st = &rpcstatus.Status{}
+	}
+	for len(b) > 0 {
+		num, typ, n := consumeField(b)
+		if n < 0 {
+			return nil, fmt.Errorf("error_detail: %w", protowire.ParseError(n))
+		}
+		f := b[:n]
+		b = b[n:]
+		_, _, t := protowire.ConsumeTag(f)
+		switch {
+		case num == 1 && typ == protowire.VarintType:
+			v, _ := protowire.ConsumeVarint(f[t:])
+			st.Code = int32(v)
+		case num == 2 && typ == protowire.BytesType:
+			msg, _ := protowire.ConsumeBytes(f[t:])
+			if !utf8.Valid(msg) {
+				return nil, fmt.Errorf("error_detail.message is not valid UTF-8")
+			}
+			st.Message = clip.String(string(msg[:min(len(msg), maxDetailBytes+utf8.UTFMax)]), maxDetailBytes)
+		}
+	}
+	return st, nil
+}

@@ -10,6 +10,7 @@ import (
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
@@ -288,5 +289,52 @@ func TestSotWRequestAcrossBuffers(t *testing.T) {
 		if err := cut.unmarshal(split(b[:i], i/2)); err == nil && cut.names == 3 && proto.Equal(cut.DiscoveryRequest, whole.DiscoveryRequest) {
 			t.Fatalf("a request cut at %d was read as the whole one", i)
 		}
+	}
+}
+
+// TestNACKDetailIsCutWhenDecoded decodes a SotW and a delta NACK whose
+// error_detail is 1 MiB: the request keeps at most maxDetailBytes of it, on
+// a rune boundary, no details, and (SotW) only its names, not the buffers
+// that also hold the detail.
+func TestNACKDetailIsCutWhenDecoded(t *testing.T) {
+	c := newCodec()
+	detail := strings.Repeat("é", 1<<19)
+	nack := &rpcstatus.Status{Code: 3, Message: detail, Details: []*anypb.Any{{TypeUrl: "x", Value: []byte(detail)}}}
+	check := func(what string, got *rpcstatus.Status) {
+		t.Helper()
+		if got.GetCode() != 3 || len(got.GetMessage()) > maxDetailBytes || !strings.HasPrefix(detail, got.GetMessage()) || len(got.GetMessage()) < maxDetailBytes-1 || len(got.GetDetails()) != 0 {
+			t.Errorf("%s: kept code %d, a %d-byte message (valid prefix: %v), %d details", what, got.GetCode(), len(got.GetMessage()),
+				strings.HasPrefix(detail, got.GetMessage()), len(got.GetDetails()))
+		}
+	}
+	b, err := proto.Marshal(&discoveryv3.DiscoveryRequest{TypeUrl: "t", ResponseNonce: "1", ResourceNames: []string{"a", "b"}, ErrorDetail: nack})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sotw := &sotwRequest{}
+	if err := c.Unmarshal(mem.BufferSlice{mem.SliceBuffer(b)}, sotw); err != nil {
+		t.Fatal(err)
+	}
+	check("SotW", sotw.ErrorDetail)
+	if n := sotw.raw.Len(); n > 16 {
+		t.Errorf("a SotW NACK keeps %d bytes of buffers for two names", n)
+	}
+	if names, err := sotw.resourceNames(); err != nil || strings.Join(names, ",") != "a,b" {
+		t.Errorf("a SotW NACK's names: %v, %v", names, err)
+	}
+	b, err = proto.Marshal(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: "t", ResponseNonce: "1", ErrorDetail: nack})
+	if err != nil {
+		t.Fatal(err)
+	}
+	delta := &discoveryv3.DeltaDiscoveryRequest{}
+	if err := c.Unmarshal(mem.BufferSlice{mem.SliceBuffer(b)}, delta); err != nil {
+		t.Fatal(err)
+	}
+	check("delta", delta.ErrorDetail)
+	bad, _ := proto.Marshal(&discoveryv3.DiscoveryRequest{TypeUrl: "t"})
+	bad = protowire.AppendTag(bad, fieldErrorDetail, protowire.BytesType)
+	bad = protowire.AppendBytes(bad, protowire.AppendString(protowire.AppendTag(nil, 2, protowire.BytesType), "\xff"))
+	if err := c.Unmarshal(mem.BufferSlice{mem.SliceBuffer(bad)}, &sotwRequest{}); err == nil {
+		t.Error("a SotW NACK whose message is not UTF-8 was taken")
 	}
 }

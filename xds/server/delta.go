@@ -22,8 +22,9 @@ type deltaStream = grpc.BidiStreamingServer[discoveryv3.DeltaDiscoveryRequest, d
 type deltaType struct {
 	subscription
 	// inflight holds, per unanswered nonce, what its response changed, to
-	// undo it on a NACK.
+	// undo it on a NACK; undoing counts the names they hold.
 	inflight map[string]inflight
+	undoing  int
 }
 
 // inflight is one unanswered delta response: its system_version_info and,
@@ -36,7 +37,10 @@ type inflight struct {
 	other int
 }
 
-// maxInflight bounds the unanswered responses remembered per type.
+// maxInflight bounds the unanswered responses remembered per type. The
+// names they remember are bounded too: twice what the scope serves of the
+// type plus Options.ExtraNamesPerType (what a stream may subscribe to), room
+// for a response sent before the proxy answered the one before it.
 const maxInflight = 128
 
 type delta struct {
@@ -118,6 +122,7 @@ func (st *delta) answer(ts *deltaType, nonce, detail string, nack bool) {
 		return
 	}
 	delete(ts.inflight, nonce)
+	ts.undoing -= len(in.undo)
 	if !nack {
 		st.accepted(&ts.subscription, in.version)
 		return
@@ -143,17 +148,7 @@ func (st *delta) answer(ts *deltaType, nonce, detail string, nack bool) {
 func (st *delta) resubscribe(ts *deltaType, req *discoveryv3.DeltaDiscoveryRequest, first bool) (candidates []string, newlyWildcard bool, err error) {
 	ts.requested = true
 	if first {
-		st.read(func(v snapshot.View) {
-			for name, version := range req.GetInitialResourceVersions() {
-				// Share the served resource where the claim matches it.
-				if r := v.Get(ts.t, name); r != nil && r.Version == version {
-					ts.hold(name, r)
-				} else {
-					ts.hold(name, &snapshot.Resource{Name: name, Version: version})
-				}
-				candidates = append(candidates, name)
-			}
-		})
+		candidates = st.claims(ts, req)
 		if len(req.GetResourceNamesSubscribe()) == 0 {
 			ts.wildcard = true // legacy wildcard: an empty first subscription
 		}
@@ -196,6 +191,45 @@ func (st *delta) resubscribe(ts *deltaType, req *discoveryv3.DeltaDiscoveryReque
 		ts.forgetUnsubscribed()
 	}
 	return candidates, ts.wildcard && (first || !wasWildcard), nil
+}
+
+// claims records what a proxy declares it holds on a stream's first request
+// of a type (initial_resource_versions) and returns the names to compare with
+// the scope. Claims cost what the scope serves, not what the client names: a
+// claim of a served name is kept (sharing the served resource where the
+// version matches), bounded by the scope; a claim of a name the scope does
+// not serve matters only to a wildcard subscription, which is sent its
+// removal (an explicitly subscribed name that is missing is announced
+// anyway), and only Options.ExtraNamesPerType of those are kept and
+// announced per stream and type. The others are forgotten: the stream
+// holds nothing of them, so no announcement of tens of thousands of
+// made-up names waits in the stream's transport or in its bookkeeping; a
+// proxy that really held more is told of the rest on its next reconnect.
+func (st *delta) claims(ts *deltaType, req *discoveryv3.DeltaDiscoveryRequest) (candidates []string) {
+	claimed := req.GetInitialResourceVersions()
+	if len(claimed) == 0 {
+		return nil
+	}
+	wildcard := wildcardAfter(len(req.GetResourceNamesSubscribe()) == 0, req)
+	unserved := 0
+	st.read(func(v snapshot.View) {
+		for name, version := range claimed {
+			r := v.Get(ts.t, name)
+			switch {
+			case r != nil && r.Version == version:
+				ts.hold(name, r) // share the served resource
+			case r != nil:
+				ts.hold(name, &snapshot.Resource{Name: name, Version: version})
+			case !wildcard || unserved >= st.srv.opts.ExtraNamesPerType:
+				continue
+			default:
+				unserved++
+				ts.hold(name, &snapshot.Resource{Name: name, Version: version})
+			}
+			candidates = append(candidates, name)
+		}
+	})
+	return candidates
 }
 
 // wildcardAfter is whether a subscription that is a wildcard or not
@@ -352,12 +386,14 @@ func (st *delta) send(r *response) error {
 		delete(ts.owed, name)
 	}
 	ts.settle(r.set)
-	if len(ts.inflight) >= maxInflight {
-		// A proxy that never answers: forget the oldest bookkeeping rather
-		// than grow without bound.
+	if len(ts.inflight) >= maxInflight || ts.undoing+len(undo) > 2*(r.set.Len()+st.srv.opts.ExtraNamesPerType) {
+		// A proxy that does not answer: forget the older bookkeeping rather
+		// than grow without bound (the send timeout ends the stream).
 		clear(ts.inflight)
+		ts.undoing = 0
 	}
 	ts.inflight[nonce] = inflight{version: r.version, undo: undo, other: r.other.resources}
+	ts.undoing += len(undo)
 	st.srv.fb.Sent(st.key, model.Delta, r.t.URL(), feedback.Push{
 		Resources: len(r.res), Bytes: resp.size, Connect: r.connect,
 		OtherBytes: r.other.price(r.version, r.t.URL(), &st.otherNonce),

@@ -513,6 +513,11 @@ type stream struct {
 	// grpc is set for a gRPC client (see isGRPC), which is told a different
 	// fix when its scope stops serving its protocol.
 	grpc bool
+	// answers counts the responses the proxy answered (ACK or NACK), and
+	// waiting is set while one is unanswered: serve's send timeout runs
+	// from the first unanswered response, or the last answer since.
+	answers uint64
+	waiting bool
 }
 
 // peerOf is the remote address of the stream of ctx, "" when gRPC knows
@@ -642,13 +647,26 @@ func serve[Req request](s *Server, p model.Protocol, srv interface {
 	// go-control-plane's watches answer only a request, so a proxy that
 	// lags behind a burst of changes gets their sum in one push when it
 	// answers, not each of them queued behind the other.
-	// A proxy that leaves a response unanswered for the send timeout while
-	// a change waits is ended as one that does not read: with nothing more
-	// sent to it, no send would time out.
 	held := false
+	// A proxy that answers nothing it was sent for the send timeout is
+	// ended as one that does not read, whether or not a change waits: what
+	// the stream sent it sits in the transport and in the stream's
+	// bookkeeping until it is answered, and with nothing more sent to it no
+	// send would time out. The timer runs while a response is unanswered
+	// and starts again at every answer.
 	unanswered := time.NewTimer(s.opts.SendTimeout)
-	unanswered.Stop()
 	defer unanswered.Stop()
+	answers := st.answers
+	watch := func() {
+		switch {
+		case !h.busy():
+			unanswered.Stop()
+		case st.answers != answers || !st.waiting:
+			unanswered.Reset(s.opts.SendTimeout)
+		}
+		answers, st.waiting = st.answers, h.busy()
+	}
+	watch()
 	for {
 		wake := st.wake
 		if held {
@@ -658,11 +676,13 @@ func serve[Req request](s *Server, p model.Protocol, srv interface {
 		case req := <-reqs:
 			if err = h.handle(req); err == nil && held && !h.busy() {
 				held = false
-				unanswered.Stop()
 				err = h.push()
 			}
 		case <-unanswered.C:
-			return st.slowReader(ctx, "a change waited %s for it to answer the last one")
+			if held {
+				return st.slowReader(ctx, "a change waited %s for it to answer the last one")
+			}
+			return st.slowReader(ctx, "it answered none of the responses sent to it within %s")
 		case <-st.ends:
 			// The transition is over, unless the spec changed meanwhile.
 			st.read(func(v snapshot.View) {
@@ -672,9 +692,7 @@ func serve[Req request](s *Server, p model.Protocol, srv interface {
 				}
 			})
 		case <-wake:
-			if held = h.busy(); held {
-				unanswered.Reset(s.opts.SendTimeout)
-			} else {
+			if held = h.busy(); !held {
 				err = h.push()
 			}
 		case err := <-errc:
@@ -693,6 +711,7 @@ func serve[Req request](s *Server, p model.Protocol, srv interface {
 		if err != nil {
 			return err
 		}
+		watch()
 	}
 }
 

@@ -350,6 +350,7 @@ func (s *subscription) covers(res []*snapshot.Resource, set snapshot.TypeSet) bo
 // rejecting faster is a loop or an attack, and its text must not drive
 // status writes and Events.
 func (st *stream) rejected(s *subscription, version, detail string, owed map[string]string, held feedback.HeldBack) {
+	st.answers++
 	maps.Copy(s.owed, owed)
 	s.rejecting = true
 	if !st.nacks.Allow() {
@@ -362,6 +363,7 @@ func (st *stream) rejected(s *subscription, version, detail string, owed map[str
 // accepted records an ACK of version. Rejected resources not yet sent again
 // keep the proxy short of the scope: it stays counted as rejecting.
 func (st *stream) accepted(s *subscription, version string) {
+	st.answers++
 	s.rejecting = len(s.owed) > 0
 	st.srv.fb.ACK(st.key, st.id, s.t.URL(), version, !s.rejecting)
 }
