@@ -130,20 +130,40 @@ func kubeProxyOrder(services []*model.Service, clas []*endpointv3.ClusterLoadAss
 		if !ok || svc == nil {
 			return fmt.Errorf("assignment %s: of no selected Service", cla.GetClusterName())
 		}
-		ready, serving := map[string]bool{}, map[string]bool{}
+		// The Service port's name, by the number the cluster name ends in:
+		// of TCP ports that share a number, the first by name.
+		name, _, _ := strings.Cut(cla.GetClusterName(), "@")
+		portName, found := "", false
+		for _, p := range svc.Ports {
+			tcp := p.Protocol == model.ProtocolTCP || p.Protocol == ""
+			if tcp && strings.HasSuffix(name, fmt.Sprintf(":%d", p.Port)) && (!found || p.Name < portName) {
+				portName, found = p.Name, true
+			}
+		}
+		type hostPort struct {
+			addr string
+			port uint32
+		}
+		ready, serving := map[hostPort]bool{}, map[hostPort]bool{}
 		for i := range svc.Endpoints {
 			ep := &svc.Endpoints[i]
-			ready[ep.Address] = ready[ep.Address] || ep.Ready
-			serving[ep.Address] = serving[ep.Address] || ep.Serving
+			for _, p := range ep.Ports {
+				if p.Name == portName {
+					hp := hostPort{ep.Address, uint32(p.Port)}
+					ready[hp] = ready[hp] || ep.Ready
+					serving[hp] = serving[hp] || ep.Serving
+				}
+			}
 		}
 		lastReady, firstTerminating := -1, -1
 		for _, loc := range cla.GetEndpoints() {
 			prio := int(loc.GetPriority())
 			for _, lb := range loc.GetLbEndpoints() {
-				addr := lb.GetEndpoint().GetAddress().GetSocketAddress().GetAddress()
+				sa := lb.GetEndpoint().GetAddress().GetSocketAddress()
+				addr := hostPort{sa.GetAddress(), sa.GetPortValue()}
 				switch {
 				case lb.GetHealthStatus() != corev3.HealthStatus_HEALTHY:
-					return fmt.Errorf("assignment %s: %s is %v, want HEALTHY", cla.GetClusterName(), addr, lb.GetHealthStatus())
+					return fmt.Errorf("assignment %s: %v is %v, want HEALTHY", cla.GetClusterName(), addr, lb.GetHealthStatus())
 				case ready[addr]:
 					lastReady = max(lastReady, prio)
 				case serving[addr]:
@@ -151,7 +171,7 @@ func kubeProxyOrder(services []*model.Service, clas []*endpointv3.ClusterLoadAss
 						firstTerminating = prio
 					}
 				default:
-					return fmt.Errorf("assignment %s: %s neither is ready nor serves", cla.GetClusterName(), addr)
+					return fmt.Errorf("assignment %s: %v neither is ready nor serves", cla.GetClusterName(), addr)
 				}
 			}
 		}
