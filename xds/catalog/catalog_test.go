@@ -666,8 +666,8 @@ func TestCrossNamespaceNeedsConsent(t *testing.T) {
 }
 
 // A Service removed from a ProxylessGRPC scope by one edit of the scope and
-// added back by another returns with listeners and route configurations
-// that differ from every copy served before: grpc-js-xds and C-core ignore
+// added back by another returns with listeners, route configurations and
+// clusters that differ from every copy served before: grpc-js-xds and C-core ignore
 // a resource identical to the one they cached before its removal. The
 // scope's generation (the epoch) marks them, so a replica that never saw
 // the removal builds the same bytes; and a change of the Service's
@@ -681,7 +681,7 @@ func TestReaddedServiceDiffersFromBeforeItsRemoval(t *testing.T) {
 			t.Fatal("no scope shop/grpc")
 		}
 		out := map[string][]byte{}
-		for _, typ := range []xdstype.Type{xdstype.Listener, xdstype.Route} {
+		for _, typ := range []xdstype.Type{xdstype.Listener, xdstype.Route, xdstype.Cluster} {
 			for name, m := range res[typ] {
 				b, err := mo.Marshal(m)
 				if err != nil {
@@ -707,13 +707,13 @@ func TestReaddedServiceDiffersFromBeforeItsRemoval(t *testing.T) {
 	c.UpsertService(service("shop", "cart", nil, "10.0.0.1", "10.0.0.3"))
 	c.Take()
 	if after := held(c); !reflect.DeepEqual(before, after) {
-		t.Error("an endpoint change changed listeners or route configurations")
+		t.Error("an endpoint change changed listeners, route configurations or clusters")
 	}
 
 	edit(c, 2, "other")
 	edit(c, 3, "cart", "other")
 	readded := held(c)
-	for _, name := range []string{"LDS cart.shop.svc.cluster.local:80", "LDS cart.shop:80", "RDS cart.shop.svc.cluster.local:80"} {
+	for _, name := range []string{"LDS cart.shop.svc.cluster.local:80", "LDS cart.shop:80", "RDS cart.shop.svc.cluster.local:80", "CDS shop/cart:80"} {
 		switch {
 		case readded[name] == nil:
 			t.Errorf("%s: not held after the re-add", name)
@@ -728,6 +728,6 @@ func TestReaddedServiceDiffersFromBeforeItsRemoval(t *testing.T) {
 	fresh.UpsertService(service("shop", "other", nil, "10.0.0.2"))
 	edit(fresh, 3, "cart", "other")
 	if got := held(fresh); !reflect.DeepEqual(got, readded) {
-		t.Error("a replica that never saw the removal holds other listeners or route configurations")
+		t.Error("a replica that never saw the removal holds other listeners, route configurations or clusters")
 	}
 }

@@ -53,7 +53,7 @@ func (sc *scopeEntry) set(t xdstype.Type, name string, r proto.Message) {
 		sc.res[t] = byName
 	}
 	old, ok := byName[name]
-	if (t == xdstype.Listener || t == xdstype.Route) && translate.Stamped(sc.scope) {
+	if translate.EpochTypes(t) && translate.Stamped(sc.scope) {
 		r = sc.stamped(t, name, r, old)
 	}
 	if ok && (old == r || proto.Equal(old, r)) {
@@ -67,7 +67,7 @@ func (sc *scopeEntry) set(t xdstype.Type, name string, r proto.Message) {
 	sc.mark(t, name)
 }
 
-// stamped returns r, a listener or route configuration, with the scope's
+// stamped returns r, a listener, route configuration or cluster, with the scope's
 // epoch (translate.EpochMetadataKey), as AssembleScope stamps it: old, the
 // stored copy, when it was stamped from a source equal to r at the same
 // epoch, so that a Service's re-translation clones nothing unless its

@@ -439,7 +439,13 @@ func checkInvariants(scope *model.Scope, res Resources) error {
 			fail("listener %s: route configuration %q missing", l.GetName(), hcm.GetRds().GetRouteConfigName())
 		}
 		fs := hcm.GetHttpFilters()
-		if len(fs) == 0 || fs[len(fs)-1].GetName() != wellknown.Router || !fs[len(fs)-1].GetTypedConfig().MessageIs(&routerv3.Router{}) {
+		// The router is found by its type; a stamped listener's names it
+		// with the scope's epoch (see EpochMetadataKey).
+		routerName := wellknown.Router
+		if Stamped(scope) {
+			routerName = fmt.Sprintf("%s/epoch-%d", wellknown.Router, scope.Generation)
+		}
+		if len(fs) == 0 || fs[len(fs)-1].GetName() != routerName || !fs[len(fs)-1].GetTypedConfig().MessageIs(&routerv3.Router{}) {
 			fail("listener %s: router is not the last HTTP filter: %v", l.GetName(), fs)
 		}
 		switch scope.Listener.Mode {
