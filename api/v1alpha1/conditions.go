@@ -98,10 +98,12 @@ const (
 	// ReasonRefNotPermitted (Degraded=True) is also a reason of Degraded:
 	// see the Accepted reason above.
 
-	// ReasonBootstrapConfigMapConflict (Degraded=True): a ConfigMap that
-	// scopeplane does not own already has the name of the scope's bootstrap
-	// ConfigMap, so the bootstraps are not written (status.bootstrapConfigMap
-	// is empty); the scope itself is served.
+	// ReasonBootstrapConfigMapConflict (Degraded=True): a ConfigMap that is
+	// not scopeplane's (unlabelled, or controlled by another live object,
+	// which the message names) already has the name of the scope's
+	// bootstrap ConfigMap, so the bootstraps are not written
+	// (status.bootstrapConfigMap is empty); the scope itself is served. A
+	// labelled one whose controlling ProxyScope no longer exists is adopted.
 	ReasonBootstrapConfigMapConflict = "BootstrapConfigMapConflict"
 )
 
