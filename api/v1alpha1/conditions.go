@@ -91,9 +91,13 @@ const (
 	// Ready says), and so is Stalled: the next change of the Service's
 	// objects may fix it.
 	ReasonUnservableResource = "UnservableResource"
-	// ReasonWrongProtocol (Degraded=True): proxies naming this scope open
-	// streams of the other protocol and are refused; their bootstrap's
-	// ads_config.api_type must match spec.protocol.
+	// ReasonWrongProtocol (Degraded=True): clients naming this scope open
+	// streams of the other protocol and are refused. The message's advice
+	// follows the kind refused: a proxy's bootstrap ads_config.api_type
+	// must match spec.protocol; a gRPC client speaks SotW only, so the
+	// scope's spec.protocol must be SotW. It clears when a client of the
+	// kind refused is admitted afterwards, or two minutes after the last
+	// refusal.
 	ReasonWrongProtocol = "WrongProtocol"
 	// ReasonRefNotPermitted (Degraded=True) is also a reason of Degraded:
 	// see the Accepted reason above.
