@@ -201,14 +201,15 @@ func TestClientMatrix(t *testing.T) {
 	for _, k := range []string{"grpc-js-xds", "c-core"} {
 		m.record(t, wrong, k, "RPCs fail", clients[k], failing)
 	}
-	testkit.Eventually(t, "the delta scope Degraded with WrongProtocol", func() (bool, string) {
+	testkit.Eventually(t, "the delta scope Degraded with WrongProtocol, telling gRPC clients' owner to set spec.protocol: SotW", func() (bool, string) {
 		got := &xdsv1alpha1.ProxyScope{}
 		if err := c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "delta"}, got); err != nil {
 			return false, err.Error()
 		}
 		for _, cond := range got.Status.Conditions {
 			if cond.Type == xdsv1alpha1.ConditionDegraded {
-				return cond.Reason == xdsv1alpha1.ReasonWrongProtocol, cond.Reason + ": " + cond.Message
+				return cond.Reason == xdsv1alpha1.ReasonWrongProtocol && strings.Contains(cond.Message, "spec.protocol: SotW") &&
+					!strings.Contains(cond.Message, "api_type"), cond.Reason + ": " + cond.Message
 			}
 		}
 		return false, "no Degraded condition"
