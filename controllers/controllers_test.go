@@ -274,11 +274,11 @@ func TestScopesConvergeAndOnlyAffectedScopesChange(t *testing.T) {
 		for _, l := range cla.GetEndpoints() {
 			for _, e := range l.GetLbEndpoints() {
 				sa := e.GetEndpoint().GetAddress().GetSocketAddress()
-				got = append(got, fmt.Sprintf("%s/%s:%d=%s", l.GetLocality().GetZone(), sa.GetAddress(), sa.GetPortValue(), e.GetHealthStatus()))
+				got = append(got, fmt.Sprintf("%s/%s:%d=%s@%d", l.GetLocality().GetZone(), sa.GetAddress(), sa.GetPortValue(), e.GetHealthStatus(), l.GetPriority()))
 			}
 		}
 		sort.Strings(got)
-		want := []string{"z1/10.0.0.1:8080=HEALTHY", "z1/10.0.0.2:8080=DRAINING", "z2/10.0.1.1:8081=HEALTHY"}
+		want := []string{"z1/10.0.0.1:8080=HEALTHY@0", "z1/10.0.0.2:8080=HEALTHY@1", "z2/10.0.1.1:8081=HEALTHY@0"}
 		if !slices.Equal(got, want) {
 			t.Errorf("endpoints of shop/cart merged across slices:\n got %v\nwant %v", got, want)
 		}

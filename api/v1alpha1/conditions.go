@@ -98,17 +98,23 @@ const (
 	// Ready says), and so is Stalled: the next change of the Service's
 	// objects may fix it.
 	ReasonUnservableResource = "UnservableResource"
-	// ReasonWrongProtocol (Degraded=True): proxies naming this scope open
-	// streams of the other protocol and are refused; their bootstrap's
-	// ads_config.api_type must match spec.protocol.
+	// ReasonWrongProtocol (Degraded=True): clients naming this scope open
+	// streams of the other protocol and are refused. The message's advice
+	// follows the kind refused: a proxy's bootstrap ads_config.api_type
+	// must match spec.protocol; a gRPC client speaks SotW only, so the
+	// scope's spec.protocol must be SotW. It clears when a client of the
+	// kind refused is admitted afterwards, or two minutes after the last
+	// refusal.
 	ReasonWrongProtocol = "WrongProtocol"
 	// ReasonRefNotPermitted (Degraded=True) is also a reason of Degraded:
 	// see the Accepted reason above.
 
-	// ReasonBootstrapConfigMapConflict (Degraded=True): a ConfigMap that
-	// scopeplane does not own already has the name of the scope's bootstrap
-	// ConfigMap, so the bootstraps are not written (status.bootstrapConfigMap
-	// is empty); the scope itself is served.
+	// ReasonBootstrapConfigMapConflict (Degraded=True): a ConfigMap that is
+	// not scopeplane's (unlabelled, or controlled by another live object,
+	// which the message names) already has the name of the scope's
+	// bootstrap ConfigMap, so the bootstraps are not written
+	// (status.bootstrapConfigMap is empty); the scope itself is served. A
+	// labelled one whose controlling ProxyScope no longer exists is adopted.
 	ReasonBootstrapConfigMapConflict = "BootstrapConfigMapConflict"
 )
 

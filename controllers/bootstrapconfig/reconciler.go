@@ -9,12 +9,14 @@ import (
 	"context"
 	"fmt"
 	"path"
+	"slices"
 	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -151,14 +153,20 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		return ctrl.Result{}, reconcile.TerminalError(err)
 	}
 	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ps.Namespace, Name: bootstrap.ConfigMapName(ps.Name)}}
-	taken := fmt.Sprintf("ConfigMap %s/%s already exists and is not owned by this ProxyScope, so its bootstraps are not written: rename or delete that ConfigMap",
-		cm.Namespace, cm.Name)
 	// The cache holds only ConfigMaps labelled as scopeplane's: one found
-	// there but controlled by another owner, or one the create finds in
-	// the way, belongs to someone else and is never overwritten.
+	// there but controlled by a live owner other than this scope belongs
+	// to someone else and is never overwritten; one the create finds in
+	// the way, unlabelled, is someone else's too.
 	if err := r.Client.Get(ctx, client.ObjectKeyFromObject(cm), cm); err == nil && !metav1.IsControlledBy(cm, ps) {
-		r.Conflicts.set(key, taken)
-		return ctrl.Result{RequeueAfter: conflictRecheck}, nil
+		owner, err := r.liveOwner(ctx, cm)
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		if owner != "" {
+			r.Conflicts.set(key, fmt.Sprintf("ConfigMap %s/%s is controlled by %s, not by this ProxyScope, so its bootstraps are not written: rename or delete that ConfigMap",
+				cm.Namespace, cm.Name, owner))
+			return ctrl.Result{RequeueAfter: conflictRecheck}, nil
+		}
 	} else if err != nil && !apierrors.IsNotFound(err) {
 		return ctrl.Result{}, err
 	}
@@ -175,16 +183,54 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		if sds != nil {
 			cm.Data[bootstrap.SDSKey] = string(sds)
 		}
+		// Adopted: the previous controller, a ProxyScope that no longer
+		// exists (liveOwner), gives way.
+		if c := metav1.GetControllerOf(cm); c != nil && c.UID != ps.UID {
+			cm.OwnerReferences = slices.DeleteFunc(cm.OwnerReferences, func(o metav1.OwnerReference) bool { return o.UID == c.UID })
+		}
 		return controllerutil.SetControllerReference(ps, cm, r.Client.Scheme())
 	})
 	if apierrors.IsAlreadyExists(err) {
-		r.Conflicts.set(key, taken)
+		r.Conflicts.set(key, fmt.Sprintf("ConfigMap %s/%s already exists without the label %s=%s, so it is not scopeplane's and its bootstraps are not written: rename or delete that ConfigMap",
+			cm.Namespace, cm.Name, ManagedByLabel, ManagedBy))
 		return ctrl.Result{RequeueAfter: conflictRecheck}, nil
 	}
 	if err == nil {
 		r.Conflicts.set(key, "")
 	}
 	return ctrl.Result{}, err
+}
+
+// liveOwner names the controller of a ConfigMap that carries scopeplane's
+// label, as "<Kind> <namespace>/<name> (uid <uid>)", when that controller
+// still exists; "" when the ConfigMap is scopeplane's to adopt: it has no
+// controller, or its controller is a ProxyScope that no longer exists
+// under that UID. A ProxyScope deleted and re-created under the same name
+// leaves such a ConfigMap behind until the garbage collector removes it
+// (on an API server without one, for ever), and the new scope must not
+// report its own old ConfigMap as a conflict. A controller of another
+// kind is taken to exist: our ConfigMaps are only ever controlled by
+// ProxyScopes, so anything else is someone else's.
+func (r *Reconciler) liveOwner(ctx context.Context, cm *corev1.ConfigMap) (string, error) {
+	c := metav1.GetControllerOf(cm)
+	if c == nil {
+		return "", nil
+	}
+	named := fmt.Sprintf("%s %s/%s (uid %s)", c.Kind, cm.Namespace, c.Name, c.UID)
+	// An owner whose API version does not parse is someone else's too.
+	if gv, err := schema.ParseGroupVersion(c.APIVersion); err != nil || gv.Group != xdsv1alpha1.GroupVersion.Group || c.Kind != "ProxyScope" {
+		return named, nil
+	}
+	owner := &xdsv1alpha1.ProxyScope{}
+	switch err := r.Client.Get(ctx, client.ObjectKey{Namespace: cm.Namespace, Name: c.Name}, owner); {
+	case apierrors.IsNotFound(err):
+		return "", nil
+	case err != nil:
+		return "", err
+	case owner.UID != c.UID:
+		return "", nil
+	}
+	return named, nil
 }
 
 // SetupWithManager watches ProxyScopes, the ConfigMaps they own and the

@@ -56,6 +56,10 @@ type scope struct {
 	NackingCount int              `json:"nackingCount,omitempty"`
 	Refused      map[string]int64 `json:"refused,omitempty"`
 	LastRefused  map[string]int64 `json:"lastRefused,omitempty"` // Unix ms
+	// LastAdmitted is when a stream of each client kind was last bound to
+	// the scope (Unix ms), so a kind that came back on the right protocol
+	// clears its wrong-protocol verdict on the leader too.
+	LastAdmitted map[string]int64 `json:"lastAdmitted,omitempty"`
 	NACKs        []nack           `json:"nacks,omitempty"`
 	LastPush     int64            `json:"lastPush,omitempty"` // Unix ms
 	Cost         cost             `json:"cost"`
@@ -123,6 +127,12 @@ func toWire(s *feedback.Summary, services bool, nacks int) *scope {
 			w.LastRefused[k] = millis(v)
 		}
 	}
+	if len(s.LastAdmitted) > 0 {
+		w.LastAdmitted = make(map[string]int64, len(s.LastAdmitted))
+		for k, v := range s.LastAdmitted {
+			w.LastAdmitted[k] = millis(v)
+		}
+	}
 	for _, n := range s.NACKs[:min(len(s.NACKs), nacks)] {
 		w.NACKs = append(w.NACKs, nack{Node: n.Node, Peer: n.Peer, Identity: n.Identity, Zone: n.Zone, TypeURL: n.TypeURL, Version: n.Version, Detail: n.Detail, Time: millis(n.Time)})
 	}
@@ -156,6 +166,12 @@ func (w *scope) summary() feedback.Summary {
 	}
 	for k, v := range w.LastRefused {
 		s.LastRefused[k] = fromMillis(v)
+	}
+	if len(w.LastAdmitted) > 0 {
+		s.LastAdmitted = make(map[string]time.Time, len(w.LastAdmitted))
+		for k, v := range w.LastAdmitted {
+			s.LastAdmitted[k] = fromMillis(v)
+		}
 	}
 	for _, n := range w.NACKs {
 		s.NACKs = append(s.NACKs, feedback.NACK{Node: n.Node, Peer: n.Peer, Identity: n.Identity, Zone: n.Zone, TypeURL: n.TypeURL, Version: n.Version, Detail: n.Detail, Time: fromMillis(n.Time)})

@@ -17,8 +17,10 @@ func sample(services, nacks int) feedback.Summary {
 		Proxies:     []feedback.ProxyCount{{AtVersion: "v1", Protocol: model.Delta, Count: 3}, {AtVersion: "", Protocol: model.SotW, Count: 1}},
 		Nacking:     []string{"envoy-1"},
 		Refused:     map[string]int64{feedback.RefusedWrongProto: 2},
-		LastRefused: map[string]time.Time{feedback.RefusedWrongProto: at},
-		LastPush:    at,
+		LastRefused: map[string]time.Time{feedback.RefusedWrongProto: at, feedback.WrongProtocolKey(feedback.KindGRPC): at},
+		// A gRPC client came back on the right protocol after its refusal.
+		LastAdmitted: map[string]time.Time{feedback.KindGRPC: at.Add(time.Second)},
+		LastPush:     at,
 		Cost: feedback.CostWindow{Cost: feedback.Cost{Pushes: 4, Bytes: 400, OtherBytes: 300, Connects: 1, ConnectBytes: 100, ConnectOtherBytes: 90, NACKs: 1, HeldBack: 2, OtherHeldBack: 1},
 			Span: time.Hour, Bucket: time.Minute, Pending: true},
 		NackingCount: 1,

@@ -155,14 +155,67 @@ func degraded(in *Inputs) (condition, time.Duration) {
 	if in.BootstrapConflict != "" {
 		return condition{metav1.ConditionTrue, xdsv1alpha1.ReasonBootstrapConfigMapConflict, in.BootstrapConflict}, 0
 	}
-	if last := in.Feedback.LastRefused[feedback.RefusedWrongProto]; !last.IsZero() {
-		if left := wrongProtocolMemory - in.Now.Sub(last); left > 0 {
-			return condition{metav1.ConditionTrue, xdsv1alpha1.ReasonWrongProtocol,
-				fmt.Sprintf("%d streams refused so far: proxies naming this scope use the other protocol; set api_type: %s in their ADS config (spec.protocol is %s)",
-					in.Feedback.Refused[feedback.RefusedWrongProto], in.Protocol.APIType(), in.Protocol)}, left
-		}
+	if advice, left := wrongProtocol(in); advice != "" {
+		return condition{metav1.ConditionTrue, xdsv1alpha1.ReasonWrongProtocol,
+			fmt.Sprintf("%d streams refused so far: %s", in.Feedback.Refused[feedback.RefusedWrongProto], advice)}, left
 	}
 	return condition{metav1.ConditionFalse, xdsv1alpha1.ReasonAsExpected, "no proxy rejects the configuration"}, 0
+}
+
+// wrongProtocol returns the advice for the kinds of clients (proxies, gRPC
+// clients) refused for their protocol that have not come back on the right
+// one, and how long until the first verdict expires; "" when none stands.
+//
+// A kind's verdict stands for wrongProtocolMemory after its last refusal,
+// so clients that keep retrying keep it, unless a client of that kind was
+// admitted since: the refused clients came back on the right protocol (the
+// scope's protocol was changed, or their bootstrap fixed), and advice to
+// change it further would be stale. The advice follows the kind: a proxy
+// chooses its protocol in its bootstrap's api_type, a gRPC client speaks
+// State of the World only and cannot, so it is told the scope's protocol.
+func wrongProtocol(in *Inputs) (string, time.Duration) {
+	f := &in.Feedback
+	var advice []string
+	var left time.Duration
+	stands := func(key, kind string) bool {
+		last := f.LastRefused[key]
+		if last.IsZero() || f.LastAdmitted[kind].After(last) {
+			return false
+		}
+		l := wrongProtocolMemory - in.Now.Sub(last)
+		if l <= 0 {
+			return false
+		}
+		if left == 0 || l < left {
+			left = l
+		}
+		return true
+	}
+	grpcKind := stands(feedback.WrongProtocolKey(feedback.KindGRPC), feedback.KindGRPC)
+	proxyKind := stands(feedback.WrongProtocolKey(feedback.KindProxy), feedback.KindProxy)
+	if !grpcKind && !proxyKind && f.LastRefused[feedback.WrongProtocolKey(feedback.KindGRPC)].IsZero() &&
+		f.LastRefused[feedback.WrongProtocolKey(feedback.KindProxy)].IsZero() {
+		// Recorded without a kind (a replica of an older release): the
+		// proxy advice, as then, on a scope of proxies; the gRPC one on a
+		// ProxylessGRPC scope, whose clients are gRPC.
+		if in.Mode == model.ListenerProxylessGRPC {
+			grpcKind = stands(feedback.RefusedWrongProto, feedback.KindGRPC)
+		} else {
+			proxyKind = stands(feedback.RefusedWrongProto, feedback.KindProxy)
+		}
+	}
+	if grpcKind {
+		if in.Protocol == model.Delta {
+			advice = append(advice, "gRPC clients naming this scope were refused: every gRPC xDS client speaks State of the World only and cannot change that, so set the scope's spec.protocol: SotW")
+		} else {
+			advice = append(advice, "gRPC clients naming this scope were refused while it served Delta; spec.protocol is SotW now, and they are served when they reconnect (gRPC backs off up to 2 minutes)")
+		}
+	}
+	if proxyKind {
+		advice = append(advice, fmt.Sprintf("proxies naming this scope use the other protocol; set api_type: %s in their ADS config (spec.protocol is %s)",
+			in.Protocol.APIType(), in.Protocol))
+	}
+	return strings.Join(advice, "; "), left
 }
 
 // stalled says whether the scope cannot make progress without a change:

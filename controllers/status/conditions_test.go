@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -301,4 +302,94 @@ func TestRecentNACKsNameThePeer(t *testing.T) {
 	if c := meta.FindStatusCondition(st.Conditions, xdsv1alpha1.ConditionDegraded); c == nil || !strings.Contains(c.Message, "proxy p- at 10.1.2.3:40000 rejected") {
 		t.Errorf("Degraded %+v does not name the rejecting peer", c)
 	}
+}
+
+// The WrongProtocol advice follows the kind of client refused — a proxy
+// sets api_type, a gRPC client cannot and is told the scope's protocol —
+// and clears as soon as a client of the kind refused is admitted after its
+// last refusal, instead of lingering for wrongProtocolMemory while the
+// clients are back, connected and synced. The verdicts travel through the
+// feedback tracker as the server records them.
+func TestWrongProtocolAdviceFollowsTheClientKind(t *testing.T) {
+	grpcNode := &corev3.Node{Id: "g", UserAgentName: "gRPC Go"}
+	envoyNode := &corev3.Node{Id: "e", UserAgentName: "envoy"}
+	key := model.Key{Namespace: "ns", Name: "web"}
+	for _, tc := range []struct {
+		name     string
+		mode     model.ListenerMode
+		protocol model.Protocol
+		// events, in order, each a refusal ("refuse") or an admission
+		// ("admit") of node.
+		events  []func(tr *feedback.Tracker)
+		reason  string
+		want    []string
+		notWant []string
+	}{
+		{
+			name: "a gRPC client refused by a Delta ProxylessGRPC scope", mode: model.ListenerProxylessGRPC, protocol: model.Delta,
+			events: []func(*feedback.Tracker){refuse(key, grpcNode)},
+			reason: xdsv1alpha1.ReasonWrongProtocol, want: []string{"1 streams refused", "spec.protocol: SotW", "State of the World only"}, notWant: []string{"api_type"},
+		},
+		{
+			name: "an Envoy refused by a Delta scope", mode: model.ListenerEnvoy, protocol: model.Delta,
+			events: []func(*feedback.Tracker){refuse(key, envoyNode)},
+			reason: xdsv1alpha1.ReasonWrongProtocol, want: []string{"set api_type: DELTA_GRPC"}, notWant: []string{"gRPC"},
+		},
+		{
+			name: "gRPC clients back on SotW after the switch", mode: model.ListenerProxylessGRPC, protocol: model.SotW,
+			events: []func(*feedback.Tracker){refuse(key, grpcNode), refuse(key, grpcNode), admit(key, grpcNode)},
+			reason: xdsv1alpha1.ReasonAsExpected,
+		},
+		{
+			name: "gRPC clients still refused after another was admitted", mode: model.ListenerProxylessGRPC, protocol: model.SotW,
+			events: []func(*feedback.Tracker){admit(key, grpcNode), refuse(key, grpcNode)},
+			reason: xdsv1alpha1.ReasonWrongProtocol, want: []string{"spec.protocol is SotW now"}, notWant: []string{"api_type"},
+		},
+		{
+			name: "a gRPC client back, an Envoy still refused", mode: model.ListenerProxylessGRPC, protocol: model.SotW,
+			events: []func(*feedback.Tracker){refuse(key, grpcNode), refuse(key, envoyNode), admit(key, grpcNode)},
+			reason: xdsv1alpha1.ReasonWrongProtocol, want: []string{"set api_type: GRPC"}, notWant: []string{"gRPC clients"},
+		},
+		{
+			name: "an Envoy admitted does not clear a gRPC client's verdict", mode: model.ListenerProxylessGRPC, protocol: model.Delta,
+			events: []func(*feedback.Tracker){refuse(key, grpcNode), admit(key, envoyNode)},
+			reason: xdsv1alpha1.ReasonWrongProtocol, want: []string{"spec.protocol: SotW"},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := now.Add(-time.Minute)
+			tr := feedback.NewWithClock(time.Minute, func() time.Time { return clock })
+			for _, ev := range tc.events {
+				clock = clock.Add(time.Second)
+				ev(tr)
+			}
+			in := served()
+			in.Mode, in.Protocol = tc.mode, tc.protocol
+			in.Feedback = tr.Summary(key)
+			c, _ := degraded(in)
+			if c.reason != tc.reason {
+				t.Fatalf("Degraded %s (%s), want %s", c.reason, c.message, tc.reason)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(c.message, w) {
+					t.Errorf("message %q lacks %q", c.message, w)
+				}
+			}
+			for _, w := range tc.notWant {
+				if strings.Contains(c.message, w) {
+					t.Errorf("message %q has %q", c.message, w)
+				}
+			}
+		})
+	}
+}
+
+// refuse is the server refusing node's stream for its protocol.
+func refuse(key model.Key, node *corev3.Node) func(*feedback.Tracker) {
+	return func(tr *feedback.Tracker) { tr.RefuseWrongProtocol(key, feedback.ClientKind(node)) }
+}
+
+// admit is the server binding node's stream to the scope.
+func admit(key model.Key, node *corev3.Node) func(*feedback.Tracker) {
+	return func(tr *feedback.Tracker) { tr.Connect(key, node, model.SotW, "", "", model.Location{}) }
 }

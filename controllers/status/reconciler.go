@@ -161,15 +161,34 @@ func (r *Reconciler) recordTransitions(ps *xdsv1alpha1.ProxyScope, before []meta
 		if old != nil && c.Type == xdsv1alpha1.ConditionReady && routine(old.Reason) && routine(c.Reason) {
 			continue
 		}
-		kind := corev1.EventTypeNormal
-		if bad := c.Status == metav1.ConditionTrue; (c.Type == xdsv1alpha1.ConditionDegraded) == bad && c.Status != metav1.ConditionUnknown {
-			kind = corev1.EventTypeWarning // Degraded=True, or Accepted/Ready=False
-		}
-		if c.Reason == xdsv1alpha1.ReasonDeltaForGRPC {
-			kind = corev1.EventTypeWarning // accepted, but no gRPC client can join
-		}
-		r.Recorder.Eventf(ps, nil, kind, c.Reason, c.Type+"="+string(c.Status), "%s", note(c.Message))
+		r.Recorder.Eventf(ps, nil, eventType(c.Type, c.Status, c.Reason), c.Reason, c.Type+"="+string(c.Status), "%s", note(c.Message))
 	}
+}
+
+// eventType is the type of the Event for a condition's transition to
+// status with reason. Warning means something is wrong and someone may have
+// to act, which is what alerting on Warning Events assumes: an
+// abnormal-true condition (Degraded, Stalled) turning True, a
+// normal-true one (Accepted, Ready) turning False for a lasting reason, or
+// a scope accepted with a reason that still needs a fix (DeltaForGRPC,
+// RefNotPermitted). Everything else is Normal: conditions becoming
+// healthy, and the transient states every spec edit and push goes
+// through (SnapshotNotBuilt, Pending) on the way to being served.
+func eventType(condType string, status metav1.ConditionStatus, reason string) string {
+	switch reason {
+	case xdsv1alpha1.ReasonSnapshotNotBuilt, xdsv1alpha1.ReasonPending:
+		return corev1.EventTypeNormal
+	case xdsv1alpha1.ReasonDeltaForGRPC, xdsv1alpha1.ReasonRefNotPermitted:
+		return corev1.EventTypeWarning
+	}
+	abnormalTrue := condType == xdsv1alpha1.ConditionDegraded || condType == xdsv1alpha1.ConditionStalled
+	switch {
+	case status == metav1.ConditionUnknown:
+		return corev1.EventTypeNormal
+	case (status == metav1.ConditionTrue) == abnormalTrue:
+		return corev1.EventTypeWarning
+	}
+	return corev1.EventTypeNormal
 }
 
 // recordAdvice emits an Event when the cost advice becomes decisive or

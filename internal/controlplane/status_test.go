@@ -15,14 +15,17 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/anypb"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	kstatus "sigs.k8s.io/cli-utils/pkg/kstatus/status"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
+	"github.com/scopeplane/scopeplane/controllers/bootstrapconfig"
 	"github.com/scopeplane/scopeplane/internal/testkit"
 	"github.com/scopeplane/scopeplane/xds/adsclient"
 	"github.com/scopeplane/scopeplane/xds/bootstrap"
@@ -274,7 +277,7 @@ func TestBootstrapConfigMapConflict(t *testing.T) {
 		},
 	)
 	ps := expectCondition(t, "clash", "edge", xdsv1alpha1.ConditionDegraded, metav1.ConditionTrue, xdsv1alpha1.ReasonBootstrapConfigMapConflict)
-	if c := meta.FindStatusCondition(ps.Status.Conditions, xdsv1alpha1.ConditionDegraded); !strings.Contains(c.Message, "ConfigMap clash/edge-xds-bootstrap already exists and is not owned by this ProxyScope") {
+	if c := meta.FindStatusCondition(ps.Status.Conditions, xdsv1alpha1.ConditionDegraded); !strings.Contains(c.Message, "ConfigMap clash/edge-xds-bootstrap already exists without the label app.kubernetes.io/managed-by=scopeplane") {
 		t.Errorf("the conflict message: %s", c.Message)
 	}
 	if ps.Status.BootstrapConfigMap != "" {
@@ -339,4 +342,82 @@ func TestCostIsWrittenAfterProxiesGoQuiet(t *testing.T) {
 		}
 		return c.Pushes >= 8 && c.Connects >= 8 && c.SentBytes > 0 && c.OtherProtocolBytes > 0, fmt.Sprintf("%+v", *c)
 	})
+}
+
+// TestBootstrapConfigMapOfARecreatedScope: a ProxyScope deleted and
+// re-created under the same name finds its old ConfigMap, labelled as
+// scopeplane's and controlled by the deleted scope (the local API server
+// has no garbage collector, so it stays for ever; a cluster's stays until
+// the collector runs). It is adopted, not reported as a conflict. A
+// labelled ConfigMap whose controller still exists is a real conflict,
+// and the message names that controller.
+func TestBootstrapConfigMapOfARecreatedScope(t *testing.T) {
+	ctx := context.Background()
+	scope := func(name string) *xdsv1alpha1.ProxyScope {
+		return &xdsv1alpha1.ProxyScope{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "again", Name: name},
+			Spec: xdsv1alpha1.ProxyScopeSpec{
+				Services: []xdsv1alpha1.ServiceSelection{{Selector: &metav1.LabelSelector{}}},
+				Listener: xdsv1alpha1.ListenerSpec{Mode: xdsv1alpha1.ListenerModeEnvoy, Port: ptr.To[int32](10080)},
+			},
+		}
+	}
+	create(t,
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "again"}},
+		&corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "again", Name: "door"},
+			Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 80}}},
+		},
+		scope("phoenix"),
+	)
+	controlledBy := func(uid types.UID) {
+		t.Helper()
+		testkit.Eventually(t, "the bootstrap ConfigMap controlled by ProxyScope uid "+string(uid), func() (bool, string) {
+			cm := &corev1.ConfigMap{}
+			if err := env.Client.Get(ctx, client.ObjectKey{Namespace: "again", Name: bootstrap.ConfigMapName("phoenix")}, cm); err != nil {
+				return false, err.Error()
+			}
+			c := metav1.GetControllerOf(cm)
+			return c != nil && c.UID == uid && len(cm.OwnerReferences) == 1, fmt.Sprintf("owners %+v", cm.OwnerReferences)
+		})
+	}
+	first := getScope(t, "again", "phoenix")
+	controlledBy(first.UID)
+	if err := env.Client.Delete(ctx, first); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Eventually(t, "the first ProxyScope gone", func() (bool, string) {
+		err := env.Client.Get(ctx, client.ObjectKeyFromObject(first), &xdsv1alpha1.ProxyScope{})
+		return apierrors.IsNotFound(err), fmt.Sprint(err)
+	})
+	create(t, scope("phoenix"))
+	second := getScope(t, "again", "phoenix")
+	if second.UID == first.UID {
+		t.Fatal("the re-created scope has the old UID")
+	}
+	controlledBy(second.UID)
+	expectCondition(t, "again", "phoenix", xdsv1alpha1.ConditionDegraded, metav1.ConditionFalse, xdsv1alpha1.ReasonAsExpected)
+	if ps := getScope(t, "again", "phoenix"); ps.Status.BootstrapConfigMap != bootstrap.ConfigMapName("phoenix") {
+		t.Errorf("status.bootstrapConfigMap: %q", ps.Status.BootstrapConfigMap)
+	}
+
+	// A labelled ConfigMap that a live ProxyScope controls is not adopted.
+	keeper := getScope(t, "again", "phoenix")
+	theirs := &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "again", Name: bootstrap.ConfigMapName("usurper"),
+			Labels: map[string]string{bootstrapconfig.ManagedByLabel: bootstrapconfig.ManagedBy},
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: xdsv1alpha1.GroupVersion.String(), Kind: "ProxyScope",
+				Name: keeper.Name, UID: keeper.UID, Controller: ptr.To(true)}}},
+		Data: map[string]string{"envoy.yaml": "phoenix's"},
+	}
+	create(t, theirs, scope("usurper"))
+	ps := expectCondition(t, "again", "usurper", xdsv1alpha1.ConditionDegraded, metav1.ConditionTrue, xdsv1alpha1.ReasonBootstrapConfigMapConflict)
+	want := fmt.Sprintf("is controlled by ProxyScope again/phoenix (uid %s)", keeper.UID)
+	if c := meta.FindStatusCondition(ps.Status.Conditions, xdsv1alpha1.ConditionDegraded); !strings.Contains(c.Message, want) {
+		t.Errorf("the conflict message %q does not name the owner (%q)", c.Message, want)
+	}
+	got := &corev1.ConfigMap{}
+	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(theirs), got); err != nil || got.Data["envoy.yaml"] != "phoenix's" {
+		t.Errorf("the other scope's ConfigMap was changed: %v %v", got.Data, err)
+	}
 }

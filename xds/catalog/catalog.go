@@ -174,6 +174,10 @@ type scopeEntry struct {
 	// routesStale records, in Envoy mode, that the set of virtual hosts
 	// changed and the listener and route configuration must be re-assembled.
 	routesStale bool
+	// stampSrc holds, per type, the unstamped listener, route
+	// configuration or cluster each stored one was stamped from (see
+	// stamped).
+	stampSrc [xdstype.Count]map[string]proto.Message
 }
 
 // New returns an empty catalog.

@@ -3,9 +3,11 @@ package catalog
 import (
 	"time"
 
+	"bytes"
 	"flag"
 	"fmt"
 	"math/rand/v2"
+	"reflect"
 	"slices"
 	"sort"
 	"testing"
@@ -679,4 +681,71 @@ func TestCrossNamespaceNeedsConsent(t *testing.T) {
 	c.SetCrossNamespace(CrossNamespaceAllow, false)
 	c.UpsertScope(scope("mesh", "all", model.ListenerEnvoy, model.Selection{Namespace: "team-b", Selector: labels.Everything()}))
 	assertClusters(t, c, "mesh/all", "team-b/api:80")
+}
+
+// A Service removed from a ProxylessGRPC scope by one edit of the scope and
+// added back by another returns with listeners, route configurations and
+// clusters that differ from every copy served before: grpc-js-xds and C-core ignore
+// a resource identical to the one they cached before its removal. The
+// scope's generation (the epoch) marks them, so a replica that never saw
+// the removal builds the same bytes; and a change of the Service's
+// endpoints leaves them as they are.
+func TestReaddedServiceDiffersFromBeforeItsRemoval(t *testing.T) {
+	mo := proto.MarshalOptions{Deterministic: true}
+	held := func(c *Catalog) map[string][]byte {
+		t.Helper()
+		res, ok := c.Resources(model.Key{Namespace: "shop", Name: "grpc"})
+		if !ok {
+			t.Fatal("no scope shop/grpc")
+		}
+		out := map[string][]byte{}
+		for _, typ := range []xdstype.Type{xdstype.Listener, xdstype.Route, xdstype.Cluster} {
+			for name, m := range res[typ] {
+				b, err := mo.Marshal(m)
+				if err != nil {
+					t.Fatal(err)
+				}
+				out[typ.String()+" "+name] = b
+			}
+		}
+		return out
+	}
+	edit := func(c *Catalog, gen int64, svc ...string) {
+		sc := scope("shop", "grpc", model.ListenerProxylessGRPC, model.Selection{Namespace: "shop", Names: names(svc...)})
+		sc.Generation = gen
+		c.UpsertScope(sc)
+		c.Take()
+	}
+	c := New()
+	c.UpsertService(service("shop", "cart", nil, "10.0.0.1"))
+	c.UpsertService(service("shop", "other", nil, "10.0.0.2"))
+	edit(c, 1, "cart", "other")
+	before := held(c)
+
+	c.UpsertService(service("shop", "cart", nil, "10.0.0.1", "10.0.0.3"))
+	c.Take()
+	if after := held(c); !reflect.DeepEqual(before, after) {
+		t.Error("an endpoint change changed listeners, route configurations or clusters")
+	}
+
+	edit(c, 2, "other")
+	edit(c, 3, "cart", "other")
+	readded := held(c)
+	for _, name := range []string{"LDS cart.shop.svc.cluster.local:80", "LDS cart.shop:80", "RDS cart.shop.svc.cluster.local:80", "CDS shop/cart:80"} {
+		switch {
+		case readded[name] == nil:
+			t.Errorf("%s: not held after the re-add", name)
+		case bytes.Equal(readded[name], before[name]):
+			t.Errorf("%s: re-added byte-identical to the copy served before its removal", name)
+		}
+	}
+
+	// A replica that starts at generation 3 builds the same bytes.
+	fresh := New()
+	fresh.UpsertService(service("shop", "cart", nil, "10.0.0.1", "10.0.0.3"))
+	fresh.UpsertService(service("shop", "other", nil, "10.0.0.2"))
+	edit(fresh, 3, "cart", "other")
+	if got := held(fresh); !reflect.DeepEqual(got, readded) {
+		t.Error("a replica that never saw the removal holds other listeners, route configurations or clusters")
+	}
 }

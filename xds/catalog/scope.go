@@ -53,6 +53,9 @@ func (sc *scopeEntry) set(t xdstype.Type, name string, r proto.Message) {
 		sc.res[t] = byName
 	}
 	old, ok := byName[name]
+	if translate.EpochTypes(t) && translate.Stamped(sc.scope) {
+		r = sc.stamped(t, name, r, old)
+	}
 	if ok && (old == r || proto.Equal(old, r)) {
 		return
 	}
@@ -64,11 +67,32 @@ func (sc *scopeEntry) set(t xdstype.Type, name string, r proto.Message) {
 	sc.mark(t, name)
 }
 
+// stamped returns r, a listener, route configuration or cluster, with the scope's
+// epoch (translate.EpochMetadataKey), as AssembleScope stamps it: old, the
+// stored copy, when it was stamped from a source equal to r at the same
+// epoch, so that a Service's re-translation clones nothing unless its
+// listeners or routes changed.
+func (sc *scopeEntry) stamped(t xdstype.Type, name string, r, old proto.Message) proto.Message {
+	if translate.HasEpoch(sc.scope, r) {
+		delete(sc.stampSrc[t], name)
+		return r
+	}
+	if src, ok := sc.stampSrc[t][name]; ok && old != nil && (src == r || proto.Equal(src, r)) && translate.HasEpoch(sc.scope, old) {
+		return old
+	}
+	if sc.stampSrc[t] == nil {
+		sc.stampSrc[t] = map[string]proto.Message{}
+	}
+	sc.stampSrc[t][name] = r
+	return translate.WithEpoch(sc.scope, r)
+}
+
 func (sc *scopeEntry) remove(t xdstype.Type, name string) {
 	old, ok := sc.res[t][name]
 	if !ok {
 		return
 	}
+	delete(sc.stampSrc[t], name)
 	sc.endpoints -= endpointCount(t, old)
 	delete(sc.res[t], name)
 	sc.mark(t, name)

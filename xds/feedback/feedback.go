@@ -8,6 +8,7 @@ import (
 	"maps"
 	"math"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -25,6 +26,30 @@ const (
 	RefusedUnknownScope = "UnknownScope"
 	RefusedWrongProto   = "WrongProtocol"
 )
+
+// Client kinds. The advice to a client refused for its protocol depends on
+// its kind: a proxy such as Envoy chooses its protocol in its bootstrap
+// (ads_config.api_type), while every gRPC xDS client speaks State of the
+// World only, so for it the only fix is the scope's protocol.
+const (
+	KindGRPC  = "gRPC"
+	KindProxy = "proxy"
+)
+
+// ClientKind is the kind of the client node says it is: gRPC when its
+// user_agent_name starts with "gRPC" (as every gRPC library sets it),
+// else a proxy.
+func ClientKind(node *corev3.Node) string {
+	if ua := node.GetUserAgentName(); len(ua) >= 4 && strings.EqualFold(ua[:4], "grpc") {
+		return KindGRPC
+	}
+	return KindProxy
+}
+
+// WrongProtocolKey is the key of LastRefused under which the last
+// wrong-protocol refusal of a client of the kind is recorded (besides
+// RefusedWrongProto, which records any).
+func WrongProtocolKey(kind string) string { return RefusedWrongProto + "/" + kind }
 
 // MaxNACKs bounds how many rejections are kept per scope, newest first.
 const MaxNACKs = 10
@@ -92,11 +117,16 @@ type Proxy struct {
 type Report struct {
 	Proxies map[uint64]*Proxy
 	Refused map[string]int64
-	// LastRefused is when a stream was last refused, by reason.
+	// LastRefused is when a stream was last refused, by reason; a
+	// wrong-protocol refusal also by client kind (WrongProtocolKey).
 	LastRefused map[string]time.Time
-	NACKs       []NACK
-	Sent        Counters
-	LastPush    time.Time
+	// LastAdmitted is when a stream of each client kind was last bound to
+	// the scope: a kind admitted after its last wrong-protocol refusal has
+	// come back on the right protocol.
+	LastAdmitted map[string]time.Time
+	NACKs        []NACK
+	Sent         Counters
+	LastPush     time.Time
 	// Cost is what the scope's proxies were sent over the cost window,
 	// priced in both protocols (in Get's copy only); Total since the
 	// control plane started.
@@ -166,7 +196,16 @@ func New(costBucket time.Duration) *Tracker {
 	if costBucket <= 0 {
 		costBucket = DefaultCostBucket
 	}
-	return &Tracker{bucket: costBucket, scopes: map[model.Key]*Report{}, changed: keyset.New(), now: time.Now, sent: map[sentKey]*sentCounters{}}
+	return NewWithClock(costBucket, time.Now)
+}
+
+// NewWithClock is New with the clock it reads: the status's tests replay
+// refusals and admissions in an order no wall clock could make ambiguous.
+func NewWithClock(costBucket time.Duration, now func() time.Time) *Tracker {
+	if costBucket <= 0 {
+		costBucket = DefaultCostBucket
+	}
+	return &Tracker{bucket: costBucket, scopes: map[model.Key]*Report{}, changed: keyset.New(), now: now, sent: map[sentKey]*sentCounters{}}
 }
 
 // Changes holds the scopes something was recorded for; the status writer
@@ -176,7 +215,7 @@ func (t *Tracker) Changes() *keyset.Set { return t.changed }
 func (t *Tracker) scopeLocked(key model.Key) *Report {
 	s := t.scopes[key]
 	if s == nil {
-		s = &Report{Proxies: map[uint64]*Proxy{}, Refused: map[string]int64{}, LastRefused: map[string]time.Time{}}
+		s = &Report{Proxies: map[uint64]*Proxy{}, Refused: map[string]int64{}, LastRefused: map[string]time.Time{}, LastAdmitted: map[string]time.Time{}}
 		s.cost.width = t.bucket
 		t.scopes[key] = s
 	}
@@ -204,6 +243,7 @@ func (t *Tracker) Connect(key model.Key, node *corev3.Node, p model.Protocol, pe
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.nextID++
+	t.scopeLocked(key).LastAdmitted[ClientKind(node)] = t.now()
 	t.scopeLocked(key).Proxies[t.nextID] = &Proxy{
 		ID: t.nextID, Node: node.GetId(), Protocol: p, Cluster: node.GetCluster(), UserAgent: ua, Peer: peer, Identity: identity, Location: loc, Since: t.now(),
 		Acked: map[string]string{}, Nacked: map[string]bool{}, LastNACK: map[string]NACK{},
@@ -311,6 +351,15 @@ func (t *Tracker) NACKed(key model.Key, id uint64, typeURL, version, detail stri
 	t.changed.Add(key)
 }
 
+// RefuseWrongProtocol counts a stream of the scope refused for its
+// protocol, from a client of the kind (ClientKind).
+func (t *Tracker) RefuseWrongProtocol(key model.Key, kind string) {
+	t.Refuse(key, RefusedWrongProto)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.scopeLocked(key).LastRefused[WrongProtocolKey(kind)] = t.now()
+}
+
 // Refuse counts a refused stream for a scope (the zero Key when the proxy
 // named none, or none that exists, so that made-up names cannot grow the
 // tracker).
@@ -392,6 +441,7 @@ func (t *Tracker) Get(key model.Key) Report {
 	for k, v := range s.LastRefused {
 		out.LastRefused[k] = v
 	}
+	out.LastAdmitted = maps.Clone(s.LastAdmitted)
 	return out
 }
 

@@ -30,6 +30,7 @@ type Summary struct {
 	NackingCount int
 	Refused      map[string]int64
 	LastRefused  map[string]time.Time
+	LastAdmitted map[string]time.Time
 	// NACKs are the newest rejections, newest first, at most MaxNACKs.
 	NACKs    []NACK
 	LastPush time.Time
@@ -70,7 +71,7 @@ func (s *Summary) Speaking(p model.Protocol) int {
 // Summary is the report's proxies counted (see Summary).
 func (r *Report) Summary() Summary {
 	return summarize(r.Proxies, Summary{
-		Refused: r.Refused, LastRefused: r.LastRefused, NACKs: r.NACKs, LastPush: r.LastPush, Cost: r.Cost, Usage: r.Usage,
+		Refused: r.Refused, LastRefused: r.LastRefused, LastAdmitted: r.LastAdmitted, NACKs: r.NACKs, LastPush: r.LastPush, Cost: r.Cost, Usage: r.Usage,
 	})
 }
 
@@ -85,7 +86,7 @@ func (t *Tracker) Summary(key model.Key) Summary {
 	}
 	now := t.now()
 	return summarize(s.Proxies, Summary{
-		Refused: maps.Clone(s.Refused), LastRefused: maps.Clone(s.LastRefused), NACKs: slices.Clone(s.NACKs), LastPush: s.LastPush,
+		Refused: maps.Clone(s.Refused), LastRefused: maps.Clone(s.LastRefused), LastAdmitted: maps.Clone(s.LastAdmitted), NACKs: slices.Clone(s.NACKs), LastPush: s.LastPush,
 		Cost: s.cost.window(now), Usage: s.usage.within(CostBuckets*t.bucket, now),
 	})
 }
@@ -136,7 +137,7 @@ func sortCounts(c []ProxyCount) {
 // add, the newest NACKs and refusal times win, and the cost windows, which
 // cover the same buckets on every replica, add bucket by bucket.
 func Merge(parts ...Summary) Summary {
-	out := Summary{Refused: map[string]int64{}, LastRefused: map[string]time.Time{}}
+	out := Summary{Refused: map[string]int64{}, LastRefused: map[string]time.Time{}, LastAdmitted: map[string]time.Time{}}
 	counts := map[ProxyCount]int{}
 	nacking := map[string]bool{}
 	for i := range parts {
@@ -156,6 +157,11 @@ func Merge(parts ...Summary) Summary {
 		for k, v := range p.LastRefused {
 			if v.After(out.LastRefused[k]) {
 				out.LastRefused[k] = v
+			}
+		}
+		for k, v := range p.LastAdmitted {
+			if v.After(out.LastAdmitted[k]) {
+				out.LastAdmitted[k] = v
 			}
 		}
 		out.NACKs = append(out.NACKs, p.NACKs...)

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -79,6 +80,9 @@ func (w *world) truthOf(key model.Key, zone string) (truth, error) {
 		}
 	}
 	res := translate.Translate(sc, selected).Seen(model.Location{Zone: zone})
+	if err := kubeProxyOrder(selected, res.Endpoints); err != nil {
+		return nil, fmt.Errorf("scope %s, zone %q: %w", key, zone, err)
+	}
 	out := truth{}
 	for _, t := range allTypes {
 		out[t] = map[string][]byte{}
@@ -105,6 +109,78 @@ func (w *world) truthOf(key model.Key, zone string) (truth, error) {
 		return nil, err
 	}
 	return out, nil
+}
+
+// kubeProxyOrder checks the assignments against kube-proxy's rule for
+// endpoint states (KEP-1669), read straight from the Services: an endpoint
+// that neither is ready nor serves gets no traffic, so it is absent; a
+// serving-but-terminating one gets traffic exactly when no ready endpoint
+// is left, so it is HEALTHY (every xDS client skips an unhealthy endpoint
+// even then) at a priority after every ready endpoint's (every xDS client
+// uses a priority only while those before it have no healthy endpoint).
+// An address is ready when any of its copies is.
+func kubeProxyOrder(services []*model.Service, clas []*endpointv3.ClusterLoadAssignment) error {
+	byKey := map[model.Key]*model.Service{}
+	for _, svc := range services {
+		byKey[svc.Key] = svc
+	}
+	for _, cla := range clas {
+		key, ok := translate.ServiceOf(xdstype.Endpoint, cla.GetClusterName())
+		svc := byKey[key]
+		if !ok || svc == nil {
+			return fmt.Errorf("assignment %s: of no selected Service", cla.GetClusterName())
+		}
+		// The Service port's name, by the number the cluster name ends in:
+		// of TCP ports that share a number, the first by name.
+		name, _, _ := strings.Cut(cla.GetClusterName(), "@")
+		portName, found := "", false
+		for _, p := range svc.Ports {
+			tcp := p.Protocol == model.ProtocolTCP || p.Protocol == ""
+			if tcp && strings.HasSuffix(name, fmt.Sprintf(":%d", p.Port)) && (!found || p.Name < portName) {
+				portName, found = p.Name, true
+			}
+		}
+		type hostPort struct {
+			addr string
+			port uint32
+		}
+		ready, serving := map[hostPort]bool{}, map[hostPort]bool{}
+		for i := range svc.Endpoints {
+			ep := &svc.Endpoints[i]
+			for _, p := range ep.Ports {
+				if p.Name == portName {
+					hp := hostPort{ep.Address, uint32(p.Port)}
+					ready[hp] = ready[hp] || ep.Ready
+					serving[hp] = serving[hp] || ep.Serving
+				}
+			}
+		}
+		lastReady, firstTerminating := -1, -1
+		for _, loc := range cla.GetEndpoints() {
+			prio := int(loc.GetPriority())
+			for _, lb := range loc.GetLbEndpoints() {
+				sa := lb.GetEndpoint().GetAddress().GetSocketAddress()
+				addr := hostPort{sa.GetAddress(), sa.GetPortValue()}
+				switch {
+				case lb.GetHealthStatus() != corev3.HealthStatus_HEALTHY:
+					return fmt.Errorf("assignment %s: %v is %v, want HEALTHY", cla.GetClusterName(), addr, lb.GetHealthStatus())
+				case ready[addr]:
+					lastReady = max(lastReady, prio)
+				case serving[addr]:
+					if firstTerminating < 0 || prio < firstTerminating {
+						firstTerminating = prio
+					}
+				default:
+					return fmt.Errorf("assignment %s: %v neither is ready nor serves", cla.GetClusterName(), addr)
+				}
+			}
+		}
+		if firstTerminating >= 0 && firstTerminating <= lastReady {
+			return fmt.Errorf("assignment %s: a terminating endpoint at priority %d, not after every ready one (up to %d)",
+				cla.GetClusterName(), firstTerminating, lastReady)
+		}
+	}
+	return nil
 }
 
 // controlPlane is one incarnation of the control plane: catalog, builder,

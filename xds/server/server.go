@@ -412,7 +412,7 @@ func (s *Server) resolve(node *corev3.Node, p model.Protocol, id *auth.Identity)
 			clip.Quote(node.GetId()), clip.Quote(value), model.ScopeMetadataKey)
 	}
 	if !spec.Serves(p, time.Now()) {
-		s.fb.Refuse(key, feedback.RefusedWrongProto)
+		s.fb.RefuseWrongProtocol(key, feedback.ClientKind(node))
 		return model.Key{}, nil, wrongProtocol(key, spec.Protocol, p, isGRPC(node))
 	}
 	return key, sc, nil
@@ -532,10 +532,7 @@ func peerOf(ctx context.Context) string {
 // isGRPC reports whether node is a gRPC xDS client: every gRPC language
 // names itself in user_agent_name starting with "gRPC" ("gRPC Go",
 // "gRPC C-core", "gRPC Java", grpc-js "gRPC Node Pure JS"); Envoy sends "envoy".
-func isGRPC(node *corev3.Node) bool {
-	ua := node.GetUserAgentName()
-	return len(ua) >= 4 && strings.EqualFold(ua[:4], "grpc")
-}
+func isGRPC(node *corev3.Node) bool { return feedback.ClientKind(node) == feedback.KindGRPC }
 
 // read calls fn with the scope as the stream's proxy sees it.
 func (st *stream) read(fn func(v snapshot.View)) { st.sc.ReadFrom(st.at, fn) }

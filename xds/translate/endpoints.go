@@ -52,39 +52,34 @@ func endpointsFor(svc *model.Service, ports []model.ServicePort, p Profile) ([]*
 // candidate is an endpoint address that serves one Service port, before
 // deduplication and grouping.
 type candidate struct {
-	addr   netip.Addr
-	raw    string
-	port   uint32
-	health corev3.HealthStatus
-	ep     *model.Endpoint
+	addr netip.Addr
+	raw  string
+	port uint32
+	// ready is false for a serving-but-terminating endpoint.
+	ready bool
+	ep    *model.Endpoint
 }
 
 // candidates returns the endpoints that serve one Service port, appended to
 // scratch, in the order an assignment lists them: by zone, then address,
 // then port.
 //
-// Ready endpoints are HEALTHY. Serving endpoints that are not ready — the
-// EndpointSlice API's serving-but-terminating — are DRAINING, so Envoy
-// finishes their connections without sending new requests and grpc-go skips
-// them. Endpoints that do not serve are left out. So are endpoints whose
-// address is not an IP (or carries an IPv6 zone) or whose port cannot be
-// addressed, because one bad address makes Envoy reject the whole
+// Ready endpoints are candidates, and so are serving endpoints that are not
+// ready — the EndpointSlice API's serving-but-terminating ones —, which an
+// assignment places at a lower priority than every ready one (see
+// assignment). Endpoints that do not serve are left out. So are endpoints
+// whose address is not an IP (or carries an IPv6 zone) or whose port cannot
+// be addressed, because one bad address makes Envoy reject the whole
 // assignment.
 //
 // An address and port listed twice (a pod in two EndpointSlices during a
-// slice migration) is kept once, with its best health: grpc-go rejects
+// slice migration) is kept once, ready if either copy is: grpc-go rejects
 // duplicates and Envoy would double its share.
 func candidates(svc *model.Service, port *model.ServicePort, scratch []candidate) []candidate {
 	cands := scratch
 	for i := range svc.Endpoints {
 		ep := &svc.Endpoints[i]
-		var health corev3.HealthStatus
-		switch {
-		case ep.Ready:
-			health = corev3.HealthStatus_HEALTHY
-		case ep.Serving:
-			health = corev3.HealthStatus_DRAINING
-		default:
+		if !ep.Ready && !ep.Serving {
 			continue
 		}
 		n, ok := tcpPortFor(ep, port.Name)
@@ -95,16 +90,16 @@ func candidates(svc *model.Service, port *model.ServicePort, scratch []candidate
 		if err != nil || addr.Zone() != "" {
 			continue
 		}
-		cands = append(cands, candidate{addr: addr, raw: ep.Address, port: uint32(n), health: health, ep: ep})
+		cands = append(cands, candidate{addr: addr, raw: ep.Address, port: uint32(n), ready: ep.Ready, ep: ep})
 	}
 
-	// Order by endpoint, best health first, so compaction keeps the best
-	// copy of a duplicate; the remaining keys only make ties deterministic.
+	// Order by endpoint, ready first, so compaction keeps the best copy of
+	// a duplicate; the remaining keys only make ties deterministic.
 	slices.SortFunc(cands, func(a, b candidate) int {
 		return cmp.Or(
 			a.addr.Compare(b.addr),
 			cmp.Compare(a.port, b.port),
-			healthRank(a.health)-healthRank(b.health),
+			readyRank(a.ready)-readyRank(b.ready),
 			strings.Compare(a.ep.Zone, b.ep.Zone),
 			strings.Compare(a.raw, b.raw),
 		)
@@ -115,56 +110,86 @@ func candidates(svc *model.Service, port *model.ServicePort, scratch []candidate
 }
 
 // assignment builds the ClusterLoadAssignment named name of the candidates
-// that keep accepts (nil: all of them), each zone at the priority prio gives
-// it (nil: 0). A Service without endpoints still gets one, with no
+// that keep accepts (nil: all of them), zonePrio ranking the zones (nil:
+// all alike). A Service without endpoints still gets one, with no
 // endpoints, so a proxy never waits for a name that would never come.
 //
-// Endpoints are grouped by zone into one locality each, sorted by zone, and
-// within it by address then port. Every locality has a Locality message, even
-// for the empty zone, because grpc-go rejects a locality without one; its
-// weight is its number of HEALTHY endpoints (at least 1, since grpc-go drops
-// a zero-weight locality and Envoy forbids it), so that a zone full of
-// draining pods does not draw traffic onto its few ready ones.
-func assignment(name string, cands []candidate, keep func(*candidate) bool, prio func(zone string) uint32) *endpointv3.ClusterLoadAssignment {
+// Every endpoint is HEALTHY, and its priority says when it is used, as
+// kube-proxy routes (KEP-1669): ready endpoints come first, by zonePrio's
+// rank, and serving-but-terminating endpoints after every ready one, by
+// the same rank. Envoy and every gRPC client send to a priority only while
+// the ones before it have no healthy endpoint, so terminating endpoints
+// get traffic exactly when no ready endpoint is left — a one-replica
+// Deployment during a rollout keeps serving — and never draw it from a
+// ready one. (Marked DRAINING instead, they would get none even then.)
+// The priorities used are renumbered 0, 1, 2, … without gaps, which
+// grpc-go and C-core require.
+//
+// Endpoints of one priority are grouped by zone into one locality each,
+// sorted by priority then zone, and within it by address then port: a zone
+// with ready and terminating endpoints is a locality in two priorities,
+// which the xDS clients allow (A52), never twice in one. Every locality
+// has a Locality message, even for the empty zone, because grpc-go rejects
+// a locality without one; its weight is its number of endpoints (grpc-go
+// drops a zero-weight locality and Envoy forbids it).
+func assignment(name string, cands []candidate, keep func(*candidate) bool, zonePrio func(zone string) uint32) *endpointv3.ClusterLoadAssignment {
 	cla := &endpointv3.ClusterLoadAssignment{ClusterName: name}
-	for start := 0; start < len(cands); {
-		end := start + 1
-		zone := cands[start].ep.Zone
-		for end < len(cands) && cands[end].ep.Zone == zone {
-			end++
-		}
-		group := cands[start:end]
-		start = end
-		lbs := make([]*endpointv3.LbEndpoint, 0, len(group))
-		var healthy uint32
-		for i := range group {
-			if keep != nil && !keep(&group[i]) {
-				continue
-			}
-			lbs = append(lbs, lbEndpoint(group[i].raw, group[i].port, group[i].health))
-			if group[i].health == corev3.HealthStatus_HEALTHY {
-				healthy++
-			}
-		}
-		if len(lbs) == 0 {
+	// tiers is how many ranks ready endpoints may take, so that every
+	// terminating one ranks after all of them.
+	tiers := uint32(1)
+	if zonePrio != nil {
+		tiers = 2
+	}
+	type ranked struct {
+		c    *candidate
+		rank uint32
+	}
+	kept := make([]ranked, 0, len(cands))
+	for i := range cands {
+		c := &cands[i]
+		if keep != nil && !keep(c) {
 			continue
 		}
-		l := &endpointv3.LocalityLbEndpoints{
+		var rank uint32
+		if zonePrio != nil {
+			rank = zonePrio(c.ep.Zone)
+		}
+		if !c.ready {
+			rank += tiers
+		}
+		kept = append(kept, ranked{c, rank})
+	}
+	// Candidates are sorted by zone, address and port; a stable sort by
+	// rank keeps that order within each rank.
+	slices.SortStableFunc(kept, func(a, b ranked) int { return cmp.Compare(a.rank, b.rank) })
+	var prio uint32
+	for start := 0; start < len(kept); {
+		end := start + 1
+		rank, zone := kept[start].rank, kept[start].c.ep.Zone
+		for end < len(kept) && kept[end].rank == rank && kept[end].c.ep.Zone == zone {
+			end++
+		}
+		if start > 0 && kept[start-1].rank != rank {
+			prio++
+		}
+		lbs := make([]*endpointv3.LbEndpoint, 0, end-start)
+		for _, k := range kept[start:end] {
+			lbs = append(lbs, lbEndpoint(k.c.raw, k.c.port, corev3.HealthStatus_HEALTHY))
+		}
+		start = end
+		cla.Endpoints = append(cla.Endpoints, &endpointv3.LocalityLbEndpoints{
 			Locality:            &corev3.Locality{Zone: zone},
 			LbEndpoints:         lbs,
-			LoadBalancingWeight: wrapperspb.UInt32(max(healthy, 1)),
-		}
-		if prio != nil {
-			l.Priority = prio(zone)
-		}
-		cla.Endpoints = append(cla.Endpoints, l)
+			LoadBalancingWeight: wrapperspb.UInt32(uint32(len(lbs))),
+			Priority:            prio,
+		})
 	}
 	return cla
 }
 
-// healthRank orders health statuses best first.
-func healthRank(h corev3.HealthStatus) int {
-	if h == corev3.HealthStatus_HEALTHY {
+// readyRank orders ready endpoints first.
+func readyRank(ready bool) int {
+	if ready {
 		return 0
 	}
 	return 1

@@ -439,7 +439,13 @@ func checkInvariants(scope *model.Scope, res Resources) error {
 			fail("listener %s: route configuration %q missing", l.GetName(), hcm.GetRds().GetRouteConfigName())
 		}
 		fs := hcm.GetHttpFilters()
-		if len(fs) == 0 || fs[len(fs)-1].GetName() != wellknown.Router || !fs[len(fs)-1].GetTypedConfig().MessageIs(&routerv3.Router{}) {
+		// The router is found by its type; a stamped listener's names it
+		// with the scope's epoch (see EpochMetadataKey).
+		routerName := wellknown.Router
+		if Stamped(scope) {
+			routerName = fmt.Sprintf("%s/epoch-%d", wellknown.Router, scope.Generation)
+		}
+		if len(fs) == 0 || fs[len(fs)-1].GetName() != routerName || !fs[len(fs)-1].GetTypedConfig().MessageIs(&routerv3.Router{}) {
 			fail("listener %s: router is not the last HTTP filter: %v", l.GetName(), fs)
 		}
 		switch scope.Listener.Mode {
@@ -473,37 +479,37 @@ func checkAssignment(cla *endpointv3.ClusterLoadAssignment) error {
 		port uint32
 	}
 	seen := map[hostPort]bool{}
-	var lastZone *string
-	// Zone priorities are 0 for one zone, 1 for the rest: grpc-go rejects
-	// a gap, so a 1 needs a 0.
-	priorities := map[uint32]bool{}
+	type tier struct {
+		prio uint32
+		zone string
+	}
+	var last *tier
+	// Priorities start at 0 and leave no gap: grpc-go and C-core reject
+	// one.
 	for _, loc := range cla.GetEndpoints() {
 		if loc.GetLocality() == nil {
 			return errors.New("locality without Locality")
 		}
 		zone := loc.GetLocality().GetZone()
-		if lastZone != nil && *lastZone >= zone {
-			return fmt.Errorf("zones not sorted and unique: %q then %q", *lastZone, zone)
+		cur := tier{loc.GetPriority(), zone}
+		switch {
+		case last == nil && cur.prio != 0:
+			return fmt.Errorf("zone %q: first priority %d, want 0", zone, cur.prio)
+		case last != nil && cur.prio != last.prio && cur.prio != last.prio+1:
+			return fmt.Errorf("zone %q: priority %d after %d", zone, cur.prio, last.prio)
+		case last != nil && cur.prio == last.prio && last.zone >= zone:
+			return fmt.Errorf("priority %d: zones not sorted and unique: %q then %q", cur.prio, last.zone, zone)
 		}
-		lastZone = &zone
-		if p := loc.GetPriority(); p > 1 {
-			return fmt.Errorf("zone %q: priority %d", zone, p)
-		}
-		priorities[loc.GetPriority()] = true
+		last = &cur
 		if len(loc.GetLbEndpoints()) == 0 {
 			return fmt.Errorf("zone %q: empty locality", zone)
 		}
-		var healthy uint32
 		var prev *hostPort
 		for _, lb := range loc.GetLbEndpoints() {
 			if lb.GetLoadBalancingWeight().GetValue() != 1 {
 				return fmt.Errorf("endpoint weight %v", lb.GetLoadBalancingWeight())
 			}
-			switch lb.GetHealthStatus() {
-			case corev3.HealthStatus_HEALTHY:
-				healthy++
-			case corev3.HealthStatus_DRAINING:
-			default:
+			if lb.GetHealthStatus() != corev3.HealthStatus_HEALTHY {
 				return fmt.Errorf("health %v", lb.GetHealthStatus())
 			}
 			sa := lb.GetEndpoint().GetAddress().GetSocketAddress()
@@ -524,12 +530,9 @@ func checkAssignment(cla *endpointv3.ClusterLoadAssignment) error {
 			}
 			prev = &hp
 		}
-		if w := loc.GetLoadBalancingWeight().GetValue(); w != max(healthy, 1) {
-			return fmt.Errorf("zone %q: locality weight %d, want %d", zone, w, max(healthy, 1))
+		if w := loc.GetLoadBalancingWeight().GetValue(); w != uint32(len(loc.GetLbEndpoints())) {
+			return fmt.Errorf("zone %q: locality weight %d, want %d", zone, w, len(loc.GetLbEndpoints()))
 		}
-	}
-	if priorities[1] && !priorities[0] {
-		return errors.New("priority 1 without priority 0")
 	}
 	return nil
 }

@@ -3,7 +3,6 @@ package translate
 import (
 	"slices"
 
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 
 	"github.com/scopeplane/scopeplane/xds/model"
@@ -55,7 +54,7 @@ func hintViews(name string, cands []candidate) []placedAssignment {
 	allZones, allNodes, ready := true, true, false
 	for i := range cands {
 		c := &cands[i]
-		if c.health != corev3.HealthStatus_HEALTHY {
+		if !c.ready {
 			continue
 		}
 		ready = true
@@ -93,8 +92,10 @@ func hintViews(name string, cands []candidate) []placedAssignment {
 }
 
 // zonePriorityViews returns, for each zone of one port's candidates, the
-// assignment with that zone's endpoints at priority 0 and the others at 1:
-// Envoy and gRPC send to priority 1 only when priority 0 is unhealthy. A
+// assignment with that zone's ready endpoints first, then the other zones'
+// ready ones, then the terminating ones in the same order (see
+// assignment): Envoy and gRPC send to a priority only when the ones before
+// it are unhealthy. A
 // port whose endpoints are all in one zone has none, since every proxy
 // would see the scope-wide assignment; nor does a proxy of a zone that
 // holds none of them, for the same reason.

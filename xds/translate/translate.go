@@ -142,7 +142,8 @@ func Service(svc *model.Service, p Profile) Fragment {
 // listener port outside 1..65535 adds none of them, because Envoy would bind
 // a random port for 0 and reject anything larger.
 // In ProxylessGRPC mode it concatenates the fragments' API listeners and
-// route configurations. The fragments are not modified.
+// route configurations. Every listener and route configuration carries the
+// scope's epoch (EpochMetadataKey). The fragments are not modified.
 func AssembleScope(scope *model.Scope, fragments []*Fragment) Resources {
 	var nClusters, nEndpoints, nListeners, nRoutes int
 	for _, f := range fragments {
@@ -179,6 +180,7 @@ func AssembleScope(scope *model.Scope, fragments []*Fragment) Resources {
 	sortByName(out.Endpoints, (*endpointv3.ClusterLoadAssignment).GetClusterName)
 	sortByName(out.Listeners, (*listenerv3.Listener).GetName)
 	sortByName(out.Routes, (*routev3.RouteConfiguration).GetName)
+	stampEpoch(scope, &out)
 	return out
 }
 

@@ -216,12 +216,23 @@ func TestRules(t *testing.T) {
 	for _, loc := range cla.GetEndpoints() {
 		for _, lb := range loc.GetLbEndpoints() {
 			sa := lb.GetEndpoint().GetAddress().GetSocketAddress()
-			got[fmt.Sprintf("%s/%s:%d", loc.GetLocality().GetZone(), sa.GetAddress(), sa.GetPortValue())] = lb.GetHealthStatus().String()
+			got[fmt.Sprintf("%s/%s:%d", loc.GetLocality().GetZone(), sa.GetAddress(), sa.GetPortValue())] = fmt.Sprintf("%s@%d", lb.GetHealthStatus(), loc.GetPriority())
 		}
 	}
-	want := map[string]string{"z1/10.0.0.1:8081": "DRAINING", "z1/fd00::2:8080": "HEALTHY", "z2/10.0.0.2:8080": "HEALTHY"}
+	// Serving-but-terminating endpoints are healthy, at a priority after
+	// every ready one: used only when no ready endpoint is left.
+	want := map[string]string{"z1/10.0.0.1:8081": "HEALTHY@1", "z1/fd00::2:8080": "HEALTHY@0", "z2/10.0.0.2:8080": "HEALTHY@0"}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("endpoints = %v, want %v", got, want)
+	}
+	// With no ready endpoint left, the terminating ones are the first
+	// priority, so they get the traffic, as kube-proxy routes it.
+	draining := &model.Service{Key: svc.Key, Ports: svc.Ports[:1], Endpoints: []model.Endpoint{
+		ep("10.0.0.1", false, true, "z1", 8081), ep("fd00::1", false, false, "z1", 8080), ep("10.0.0.3", false, true, "z2", 8081),
+	}}
+	locs := Service(draining, Profile{Mode: model.ListenerEnvoy}).Endpoints[0].GetEndpoints()
+	if len(locs) != 2 || locs[0].GetPriority() != 0 || locs[1].GetPriority() != 0 {
+		t.Errorf("only terminating endpoints: want two zones at priority 0, got %v", locs)
 	}
 
 	for _, ap := range []string{"grpc", "h2c", "http2", "kubernetes.io/h2c", "http", ""} {
@@ -289,8 +300,9 @@ func TestBareDomains(t *testing.T) {
 	}
 }
 
-// TestLocalityWeight checks that a zone's weight counts its ready endpoints
-// only, and is never zero.
+// TestLocalityWeight checks that a zone's ready endpoints and its
+// terminating ones are two localities, at two priorities, each weighing its
+// number of endpoints.
 func TestLocalityWeight(t *testing.T) {
 	svc := &model.Service{Key: model.Key{Namespace: "ns", Name: "web"}, Ports: []model.ServicePort{{Name: "http", Port: 80}}}
 	add := func(addr, zone string, ready bool) {
@@ -305,9 +317,9 @@ func TestLocalityWeight(t *testing.T) {
 	add("10.0.0.6", "c", true)
 	got := map[string]uint32{}
 	for _, loc := range Endpoints(svc, model.ListenerEnvoy)[0].GetEndpoints() {
-		got[loc.GetLocality().GetZone()] = loc.GetLoadBalancingWeight().GetValue()
+		got[fmt.Sprintf("%s@%d", loc.GetLocality().GetZone(), loc.GetPriority())] = loc.GetLoadBalancingWeight().GetValue()
 	}
-	if want := map[string]uint32{"a": 1, "b": 1, "c": 2}; !reflect.DeepEqual(got, want) {
+	if want := map[string]uint32{"a@0": 1, "c@0": 2, "a@1": 2, "b@1": 1}; !reflect.DeepEqual(got, want) {
 		t.Errorf("locality weights %v, want %v", got, want)
 	}
 }
