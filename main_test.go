@@ -284,7 +284,8 @@ flag definitions by ` + "`go test . -run TestFlagsReference -update`" + `; the t
 The Helm chart ([install.md](install.md)) sets these from its values: the addresses
 (` + "`--metrics-bind-address`, `--health-probe-bind-address`, `--xds-bind-address`," + `
 ` + "`--xds-server-address`, `--admin-bind-address`, `--pprof-bind-address`" + `), ` + "`--leader-elect`" + `,
-` + "`--metrics-secure`, `--bootstrap-configmaps`, `--cross-namespace`" + `; TLS (` + "`--xds-insecure`" + `,
+` + "`--metrics-secure`, `--bootstrap-configmaps`, `--bootstrap-configmap-namespaces`," + `
+` + "`--cross-namespace`" + `; TLS (` + "`--xds-insecure`" + `,
 ` + "`--xds-tls-dir`, `--xds-tls-secret`, `--xds-tls-secret-namespace`" + `); authentication
 (` + "`--xds-auth`, `--xds-token-audience`, `--xds-spiffe-trust-domain`," + `
 ` + "`--xds-spiffe-trust-bundle`, `--xds-allow-anonymous`" + `); and the per-client limits

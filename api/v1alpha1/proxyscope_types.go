@@ -311,8 +311,9 @@ type ProxyScopeStatus struct {
 
 	// bootstrapConfigMap names the ConfigMap, in the scope's namespace, that
 	// holds a ready Envoy bootstrap and a gRPC xDS bootstrap for this scope.
-	// Empty when there is none: its name is taken by another ConfigMap, or the
-	// control plane writes no bootstrap ConfigMaps (--bootstrap-configmaps=false).
+	// Empty when there is none: its name is taken by another ConfigMap, the
+	// control plane writes no bootstrap ConfigMaps (--bootstrap-configmaps=false),
+	// or none in this namespace (not one of --bootstrap-configmap-namespaces).
 	// +kubebuilder:validation:MaxLength=253
 	// +optional
 	BootstrapConfigMap string `json:"bootstrapConfigMap,omitempty"`
