@@ -52,7 +52,7 @@ generate: $(CONTROLLER_GEN) ## Generate deepcopy code for the API types.
 manifests: $(CONTROLLER_GEN) ## Generate the CRD and RBAC manifests from the kubebuilder markers.
 	$(CONTROLLER_GEN) crd rbac:roleName=scopeplane paths=./... \
 	  output:crd:artifacts:config=config/crd/bases output:rbac:artifacts:config=config/rbac
-	rm -f charts/scopeplane/crds/*.yaml && cp config/crd/bases/*.yaml charts/scopeplane/crds/
+	rm -f charts/scopeplane/files/crds/*.yaml && cp config/crd/bases/*.yaml charts/scopeplane/files/crds/
 	cp config/rbac/role.yaml charts/scopeplane/files/role.yaml
 
 .PHONY: fmt

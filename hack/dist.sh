@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # dist.sh OUT_DIR writes the release's install artifacts into OUT_DIR: the
 # packaged Helm chart (scopeplane-<version>.tgz) and install.yaml, the chart
-# rendered with its default values into namespace scopeplane-system, CRDs and
-# the Namespace included, for `kubectl apply --server-side -f install.yaml`.
+# rendered with its default values into namespace scopeplane-system, the CRD
+# (a template of the chart, so that it upgrades with it) and the Namespace
+# included, for `kubectl apply --server-side -f install.yaml`.
 # The image archive is `make image`.
 set -euo pipefail
 
@@ -31,7 +32,7 @@ metadata:
   labels:
     pod-security.kubernetes.io/enforce: restricted
 YAML
-  "${helm}" template scopeplane "${chart}" --namespace "${ns}" --include-crds
+  "${helm}" template scopeplane "${chart}" --namespace "${ns}"
 } > "${out}/install.yaml"
 echo "${out}/scopeplane-${version}.tgz"
 echo "${out}/install.yaml"
