@@ -143,6 +143,11 @@ image: ## Build the multi-arch (linux/amd64, linux/arm64) OCI image archive dist
 dist: ## Write the packaged chart and install.yaml (the chart rendered with its defaults) into dist/.
 	HELM=$$(hack/helm.sh) hack/dist.sh dist
 
+.PHONY: release
+release: ## Write everything a release publishes into dist/ for VERSION=x.y.z: image archive, chart package, install.yaml, CycloneDX SBOM, SHA256SUMS.
+	@test -n "$(filter command line,$(origin VERSION))" || { echo "make release needs VERSION=x.y.z (see CHANGELOG.md for the versioning policy)"; exit 2; }
+	HELM=$$(hack/helm.sh) hack/release.sh $(VERSION) dist
+
 .PHONY: demo
 demo: ## Run scopeplane end to end: local API server, operator, backends, scopes, a gRPC xDS client (DEMO_ONCE=1: one pass).
 	assets=$$(hack/envtest.sh); \

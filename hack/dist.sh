@@ -10,7 +10,8 @@ set -euo pipefail
 out=${1:?usage: hack/dist.sh OUT_DIR}
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 helm=${HELM:-$("${root}/hack/helm.sh")}
-chart="${root}/charts/scopeplane"
+# CHART overrides the chart (make release passes a copy stamped with its version).
+chart=${CHART:-"${root}/charts/scopeplane"}
 version=$(awk '/^version:/ { print $2; exit }' "${chart}/Chart.yaml")
 ns=scopeplane-system
 
