@@ -32,12 +32,13 @@ cp -R "${root}/charts/scopeplane" "${work}/scopeplane"
 sed -i -e "s/^version:.*/version: ${version}/" -e "s/^appVersion:.*/appVersion: \"${version}\"/" "${work}/scopeplane/Chart.yaml"
 CHART="${work}/scopeplane" HELM="${helm}" "${root}/hack/dist.sh" "${out}" >/dev/null
 
+# The SBOM of the binary, built as the image builds it.
+mkdir -p "${work}/bin"
+(cd "${root}" && CGO_ENABLED=0 GOOS=linux GOARCH=amd64 go build -trimpath -ldflags "-s -w -X main.version=${version}" -o "${work}/bin/scopeplane" .)
+(cd "${root}" && go run ./hack/sbom -binary "${work}/bin/scopeplane" -version "v${version}" -modroot "${root}" -out "${out}/scopeplane-${version}.cdx.json")
+
 # The image archive.
 (cd "${root}" && go run ./hack/image -version "${version}" -out "${out}/scopeplane-${version}.oci.tar")
-
-# The SBOM of the binary, built as the image builds it.
-(cd "${root}" && CGO_ENABLED=0 GOOS=linux GOARCH=amd64 go build -trimpath -ldflags "-s -w -X main.version=${version}" -o "${work}/scopeplane" .)
-(cd "${root}" && go run ./hack/sbom -binary "${work}/scopeplane" -version "v${version}" -modroot "${root}" -out "${out}/scopeplane-${version}.cdx.json")
 
 (cd "${out}" && sha256sum "scopeplane-${version}.oci.tar" "scopeplane-${version}.tgz" install.yaml "scopeplane-${version}.cdx.json" > SHA256SUMS)
 cat "${out}/SHA256SUMS"
