@@ -9,7 +9,9 @@ COPY api/ api/
 COPY controllers/ controllers/
 COPY internal/ internal/
 COPY xds/ xds/
-COPY main.go ./
+# Every Go file of package main (a new one needs no new line here; the
+# _test.go files come along and go build ignores them).
+COPY *.go ./
 COPY charts/scopeplane/Chart.yaml charts/scopeplane/
 # VERSION defaults to the chart's appVersion, as in make build and make image.
 ARG VERSION=

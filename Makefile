@@ -52,7 +52,7 @@ generate: $(CONTROLLER_GEN) ## Generate deepcopy code for the API types.
 manifests: $(CONTROLLER_GEN) ## Generate the CRD and RBAC manifests from the kubebuilder markers.
 	$(CONTROLLER_GEN) crd rbac:roleName=scopeplane paths=./... \
 	  output:crd:artifacts:config=config/crd/bases output:rbac:artifacts:config=config/rbac
-	rm -f charts/scopeplane/crds/*.yaml && cp config/crd/bases/*.yaml charts/scopeplane/crds/
+	rm -f charts/scopeplane/files/crds/*.yaml && cp config/crd/bases/*.yaml charts/scopeplane/files/crds/
 	cp config/rbac/role.yaml charts/scopeplane/files/role.yaml
 
 .PHONY: fmt
@@ -142,6 +142,11 @@ image: ## Build the multi-arch (linux/amd64, linux/arm64) OCI image archive dist
 .PHONY: dist
 dist: ## Write the packaged chart and install.yaml (the chart rendered with its defaults) into dist/.
 	HELM=$$(hack/helm.sh) hack/dist.sh dist
+
+.PHONY: release
+release: ## Write everything a release publishes into dist/ for VERSION=x.y.z: image archive, chart package, install.yaml, CycloneDX SBOM, SHA256SUMS.
+	@test -n "$(filter command line,$(origin VERSION))" || { echo "make release needs VERSION=x.y.z (see CHANGELOG.md for the versioning policy)"; exit 2; }
+	HELM=$$(hack/helm.sh) hack/release.sh $(VERSION) dist
 
 .PHONY: demo
 demo: ## Run scopeplane end to end: local API server, operator, backends, scopes, a gRPC xDS client (DEMO_ONCE=1: one pass).

@@ -4,15 +4,18 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"os"
 	"runtime"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
 	ctrl "sigs.k8s.io/controller-runtime"
 	clientconfig "sigs.k8s.io/controller-runtime/pkg/client/config"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
@@ -36,6 +39,7 @@ type config struct {
 	metricsAddr   string
 	metricsSecure bool
 	bootstrapCMs  bool
+	bootstrapNS   []string
 	probeAddr     string
 	leaderElect   bool
 	leaderNS      string
@@ -64,6 +68,21 @@ func bindFlags(fs *flag.FlagSet) *config {
 	fs.StringVar(&c.metricsAddr, "metrics-bind-address", ":8080", "Address the Prometheus metrics endpoint binds to; 0 disables it.")
 	fs.BoolVar(&c.metricsSecure, "metrics-secure", true, "Serve metrics over HTTPS (a self-signed certificate) to callers whose bearer token the API server authenticates and authorizes for get on the non-resource URL /metrics (TokenReview, SubjectAccessReview); false serves plain, unauthenticated HTTP.")
 	fs.BoolVar(&c.bootstrapCMs, "bootstrap-configmaps", true, "Write each ProxyScope's bootstrap ConfigMap (an Envoy and a gRPC xDS bootstrap) in its namespace; false writes none and reads no ConfigMaps of the scopes' namespaces, so no cluster-wide ConfigMap access is needed (with --leader-elect, replicas still publish their proxies' feedback in ConfigMaps of the pod's namespace).")
+	fs.Func("bootstrap-configmap-namespaces", "Comma-separated namespaces whose ProxyScopes get a bootstrap ConfigMap; empty (the default) means every namespace. With a list, scopeplane reads and writes ConfigMaps of these namespaces only, so it needs ConfigMap access there (namespaced Roles) and none cluster-wide; scopes of other namespaces are served but get no ConfigMap (status.bootstrapConfigMap stays empty).", func(v string) error {
+		c.bootstrapNS = nil
+		for ns := range strings.SplitSeq(v, ",") {
+			if ns = strings.TrimSpace(ns); ns == "" {
+				continue
+			}
+			if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
+				return fmt.Errorf("namespace %q: %s", ns, strings.Join(errs, "; "))
+			}
+			if !slices.Contains(c.bootstrapNS, ns) {
+				c.bootstrapNS = append(c.bootstrapNS, ns)
+			}
+		}
+		return nil
+	})
 	fs.StringVar(&c.probeAddr, "health-probe-bind-address", ":8081", "Address /healthz and /readyz bind to.")
 	fs.BoolVar(&c.leaderElect, "leader-elect", false, "Elect a leader among replicas; only the leader writes ProxyScope status, every replica serves xDS.")
 	fs.StringVar(&c.leaderNS, "leader-election-namespace", "", "Namespace of the leader election Lease and of each replica's proxy-feedback ConfigMap, which the leader merges into status (default: the pod's namespace).")
@@ -186,6 +205,10 @@ func main() {
 	}
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&c.zap)))
 	log := ctrl.Log.WithName("setup")
+	if len(c.bootstrapNS) > 0 && !c.bootstrapCMs {
+		log.Error(errors.New("--bootstrap-configmap-namespaces names where to write bootstrap ConfigMaps, and --bootstrap-configmaps=false writes none: drop one of them"), "bootstrap ConfigMaps")
+		os.Exit(2)
+	}
 	limit, why, err := goMemoryLimit(os.Getenv)
 	if err != nil {
 		log.Error(err, "the Go memory limit")
@@ -207,7 +230,7 @@ func main() {
 	// the manager and the ADS streams it serves.
 	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
 		Scheme:                 scheme.Scheme,
-		Cache:                  controlplane.CacheOptions(),
+		Cache:                  controlplane.CacheOptions(c.bootstrapNS...),
 		Metrics:                controlplane.MetricsOptions(c.metricsAddr, c.metricsSecure),
 		HealthProbeBindAddress: c.probeAddr,
 		PprofBindAddress:       c.pprofAddr,
@@ -241,7 +264,7 @@ func main() {
 	ctx := ctrl.SetupSignalHandler()
 	if _, err := controlplane.Setup(ctx, mgr, controlplane.Options{
 		XDSAddress: c.xdsAddr, XDSServerAddress: c.xdsServer, CoalesceWindow: c.window, AdminAddress: c.adminAddr,
-		CostBucket: c.costBucket, NoBootstrapConfigMaps: !c.bootstrapCMs, Server: c.limits,
+		CostBucket: c.costBucket, NoBootstrapConfigMaps: !c.bootstrapCMs, BootstrapNamespaces: c.bootstrapNS, Server: c.limits,
 		LeaderElection: controlplane.LeaderElection{Enabled: c.leaderElect, Namespace: c.leaderNS}, Replica: replica, TLS: xdsTLS,
 		CrossNamespace: c.crossNS,
 	}); err != nil {

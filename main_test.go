@@ -281,8 +281,26 @@ const flagsHeader = `# Command-line flags
 
 Every flag of the scopeplane binary (` + "`scopeplane --help`" + `), generated from the binary's own
 flag definitions by ` + "`go test . -run TestFlagsReference -update`" + `; the test fails when this page is stale.
-The Helm chart sets the addresses, ` + "`--leader-elect`" + `, ` + "`--metrics-secure`" + ` and ` + "`--bootstrap-configmaps`" + ` (see [install.md](install.md));
-` + "`extraArgs`" + ` passes any other.
+The Helm chart ([install.md](install.md)) sets these from its values: the addresses
+(` + "`--metrics-bind-address`, `--health-probe-bind-address`, `--xds-bind-address`," + `
+` + "`--xds-server-address`, `--admin-bind-address`, `--pprof-bind-address`" + `), ` + "`--leader-elect`" + `,
+` + "`--metrics-secure`, `--bootstrap-configmaps`, `--bootstrap-configmap-namespaces`," + `
+` + "`--cross-namespace`" + `; TLS (` + "`--xds-insecure`" + `,
+` + "`--xds-tls-dir`, `--xds-tls-secret`, `--xds-tls-secret-namespace`" + `); authentication
+(` + "`--xds-auth`, `--xds-token-audience`, `--xds-spiffe-trust-domain`," + `
+` + "`--xds-spiffe-trust-bundle`, `--xds-allow-anonymous`" + `); and the per-client limits
+(` + "`--xds-max-request-bytes`, `--xds-max-names-per-request`, `--xds-extra-names-per-type`," + `
+` + "`--xds-max-streams-per-connection`, `--xds-first-request-timeout`, `--xds-max-node-bytes`," + `
+` + "`--xds-max-node-id-bytes`, `--xds-new-streams-per-second`, `--xds-new-streams-burst`," + `
+` + "`--xds-new-connections-per-second`, `--xds-new-connections-burst`," + `
+` + "`--xds-new-connections-per-peer-per-second`, `--xds-new-connections-per-peer-burst`," + `
+` + "`--xds-max-connections`, `--xds-max-connections-per-peer`, `--xds-max-connection-idle`," + `
+` + "`--xds-handshake-timeout`, `--xds-max-header-list-bytes`," + `
+` + "`--xds-unauthenticated-streams-per-peer-per-second`," + `
+` + "`--xds-unauthenticated-streams-per-peer-burst`, `--xds-send-timeout`," + `
+` + "`--xds-nacks-per-second`, `--xds-nack-burst`, `--xds-max-connection-age`," + `
+` + "`--xds-max-connection-age-grace`" + `). ` + "`extraArgs`" + ` passes any other; test/docs checks this list
+against the chart's Deployment template.
 
 | Flag | Default | Description |
 |---|---|---|

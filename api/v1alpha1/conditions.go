@@ -13,8 +13,9 @@ const (
 	ConditionReady = "Ready"
 	// ConditionDegraded is True while a proxy's last response to the current
 	// configuration was a NACK, a resource of a selected Service cannot be
-	// served, the bootstrap ConfigMap's name is taken, or proxies keep
-	// connecting with the wrong protocol.
+	// served, the bootstrap ConfigMap's name is taken, proxies keep
+	// connecting with the wrong protocol, or a selection reaches Services of
+	// a namespace that does not consent (no ReferenceGrant).
 	ConditionDegraded = "Degraded"
 	// ConditionStalled is True when the scope cannot make progress without a
 	// change: its spec is invalid, or a proxy rejects the configuration it

@@ -256,10 +256,13 @@ type ProxyScopeStatus struct {
 
 	// conditions are Accepted (the spec is valid and its selections resolved),
 	// Ready (the accepted spec is built and served and every connected proxy
-	// ACKed its current version), Degraded (a proxy NACKed, or proxies
-	// connect with the wrong protocol) and Stalled (nothing will change
-	// without an edit: an invalid spec, a rejected configuration). Ready=True
-	// is kstatus Current, Stalled=True Failed, anything else InProgress.
+	// ACKed its current version), Degraded (a proxy NACKed, a resource of a
+	// selected Service cannot be served, the bootstrap ConfigMap's name is
+	// taken, proxies connect with the wrong protocol, or a selection reaches
+	// another namespace's Services without its ReferenceGrant) and Stalled
+	// (nothing will change without an edit: an invalid spec, a rejected
+	// configuration). Ready=True is kstatus Current, Stalled=True Failed,
+	// anything else InProgress.
 	// Reasons are the Reason* constants of this API.
 	// +listType=map
 	// +listMapKey=type
@@ -308,8 +311,9 @@ type ProxyScopeStatus struct {
 
 	// bootstrapConfigMap names the ConfigMap, in the scope's namespace, that
 	// holds a ready Envoy bootstrap and a gRPC xDS bootstrap for this scope.
-	// Empty when there is none: its name is taken by another ConfigMap, or the
-	// control plane writes no bootstrap ConfigMaps (--bootstrap-configmaps=false).
+	// Empty when there is none: its name is taken by another ConfigMap, the
+	// control plane writes no bootstrap ConfigMaps (--bootstrap-configmaps=false),
+	// or none in this namespace (not one of --bootstrap-configmap-namespaces).
 	// +kubebuilder:validation:MaxLength=253
 	// +optional
 	BootstrapConfigMap string `json:"bootstrapConfigMap,omitempty"`

@@ -63,6 +63,14 @@ type Reconciler struct {
 	// the server accepts them (bootstrap.TLS); they need TLS (CA).
 	Token     bool
 	SPIFFEDir string
+	// Namespaces, when not empty, are the only namespaces whose scopes get
+	// a ConfigMap: the cache and RBAC then cover ConfigMaps of these alone.
+	Namespaces []string
+}
+
+// writes reports whether the scopes of namespace ns get a ConfigMap.
+func (r *Reconciler) writes(ns string) bool {
+	return len(r.Namespaces) == 0 || slices.Contains(r.Namespaces, ns)
 }
 
 // CABundle is the CA bundle of the xDS port's certificate, as
@@ -123,6 +131,9 @@ func (c *Conflicts) set(key model.Key, reason string) {
 // Reconcile renders the scope's bootstraps into its ConfigMap.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	key := model.Key{Namespace: req.Namespace, Name: req.Name}
+	if !r.writes(req.Namespace) {
+		return ctrl.Result{}, nil
+	}
 	ps := &xdsv1alpha1.ProxyScope{}
 	if err := r.Client.Get(ctx, req.NamespacedName, ps); err != nil {
 		if apierrors.IsNotFound(err) {
@@ -238,7 +249,8 @@ func (r *Reconciler) liveOwner(ctx context.Context, cm *corev1.ConfigMap) (strin
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	b := ctrl.NewControllerManagedBy(mgr).
 		Named("bootstrap").
-		For(&xdsv1alpha1.ProxyScope{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		For(&xdsv1alpha1.ProxyScope{}, builder.WithPredicates(predicate.GenerationChangedPredicate{},
+			predicate.NewPredicateFuncs(func(o client.Object) bool { return r.writes(o.GetNamespace()) }))).
 		Owns(&corev1.ConfigMap{})
 	if r.CA != nil {
 		b = b.WatchesRawSource(source.Func(r.watchCA))
@@ -266,6 +278,9 @@ func (r *Reconciler) watchCA(ctx context.Context, q workqueue.TypedRateLimitingI
 				continue
 			}
 			for _, ps := range scopes.Items {
+				if !r.writes(ps.Namespace) {
+					continue
+				}
 				q.Add(reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&ps)})
 			}
 		}

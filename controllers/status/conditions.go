@@ -47,8 +47,9 @@ type Inputs struct {
 	// BootstrapConflict says why the scope's bootstrap ConfigMap cannot be
 	// written ("" when it is).
 	BootstrapConflict string
-	// NoBootstrapConfigMap says no bootstrap ConfigMap is written for any
-	// scope (--bootstrap-configmaps=false).
+	// NoBootstrapConfigMap says no bootstrap ConfigMap is written for this
+	// scope (--bootstrap-configmaps=false, or its namespace is not one of
+	// --bootstrap-configmap-namespaces).
 	NoBootstrapConfigMap bool
 	Now                  time.Time
 }

@@ -14,6 +14,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -62,7 +63,10 @@ type Reconciler struct {
 	// NoBootstrapConfigMaps says the control plane writes no bootstrap
 	// ConfigMaps (--bootstrap-configmaps=false), so the status names none.
 	NoBootstrapConfigMaps bool
-	Recorder              events.EventRecorder
+	// BootstrapNamespaces, when not empty, are the only namespaces whose
+	// scopes get a bootstrap ConfigMap; the status of the others names none.
+	BootstrapNamespaces []string
+	Recorder            events.EventRecorder
 	// Window coalesces bursts of changes into one write per scope.
 	Window time.Duration
 }
@@ -127,7 +131,8 @@ func (r *Reconciler) inputs(ps *xdsv1alpha1.ProxyScope) *Inputs {
 		in.Feedback = feedback.Merge(append(r.Replicas.Get(key), in.Feedback)...)
 	}
 	in.BootstrapConflict = r.Bootstrap.Get(key)
-	in.NoBootstrapConfigMap = r.NoBootstrapConfigMaps
+	in.NoBootstrapConfigMap = r.NoBootstrapConfigMaps ||
+		len(r.BootstrapNamespaces) > 0 && !slices.Contains(r.BootstrapNamespaces, key.Namespace)
 	if sc := r.Store.Get(key); sc != nil && in.Feedback.Cost.Pushes > 0 && !in.Feedback.Usage.All {
 		sc.Read(func(v snapshot.View) { in.Footprint = footprint(v) })
 	}

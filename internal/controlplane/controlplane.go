@@ -70,6 +70,13 @@ type Options struct {
 	// before the scopes exist). The replicas' feedback ConfigMaps, under
 	// leader election, stay in Replica.Namespace.
 	NoBootstrapConfigMaps bool
+	// BootstrapNamespaces, when not empty, are the only namespaces whose
+	// scopes get a bootstrap ConfigMap: the control plane then reads and
+	// writes ConfigMaps of these namespaces only (build the manager with
+	// CacheOptions of the same list), so that RBAC can grant ConfigMap
+	// access namespace by namespace instead of cluster-wide. Scopes of
+	// other namespaces are served, but their status names no ConfigMap.
+	BootstrapNamespaces []string
 	// LeaderElection decides which replica writes to the API.
 	LeaderElection LeaderElection
 	// Replica names this replica to the others. Under leader election
@@ -141,13 +148,20 @@ func CheckAdminAddress(addr string) error {
 }
 
 // CacheOptions restricts the manager's cache to what the control plane
-// reads: of ConfigMaps, only those it writes. Its informers ride out API
-// server outages and report their data's age (package apiwatch).
-func CacheOptions() cache.Options {
+// reads: of ConfigMaps, only those it writes, and with bootstrapNamespaces
+// (Options.BootstrapNamespaces) only those of these namespaces, so that it
+// watches ConfigMaps with namespaced rights alone. Its informers ride out
+// API server outages and report their data's age (package apiwatch).
+func CacheOptions(bootstrapNamespaces ...string) cache.Options {
+	configMaps := cache.ByObject{Label: labels.SelectorFromSet(labels.Set{bootstrapconfig.ManagedByLabel: bootstrapconfig.ManagedBy})}
+	if len(bootstrapNamespaces) > 0 {
+		configMaps.Namespaces = map[string]cache.Config{}
+		for _, ns := range bootstrapNamespaces {
+			configMaps.Namespaces[ns] = cache.Config{}
+		}
+	}
 	return cache.Options{
-		ByObject: map[client.Object]cache.ByObject{
-			&corev1.ConfigMap{}: {Label: labels.SelectorFromSet(labels.Set{bootstrapconfig.ManagedByLabel: bootstrapconfig.ManagedBy})},
-		},
+		ByObject:    map[client.Object]cache.ByObject{&corev1.ConfigMap{}: configMaps},
 		NewInformer: apiwatch.NewInformer(scheme.Scheme),
 	}
 }
@@ -225,7 +239,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) (*ControlPlane, 
 	// term (see elector).
 	leaderOnly := func(m manager.Manager) error {
 		if !opts.NoBootstrapConfigMaps {
-			r := &bootstrapconfig.Reconciler{Client: m.GetClient(), XDSServer: opts.XDSServerAddress, Conflicts: conflicts, MountPath: opts.BootstrapMountPath}
+			r := &bootstrapconfig.Reconciler{Client: m.GetClient(), XDSServer: opts.XDSServerAddress, Conflicts: conflicts, MountPath: opts.BootstrapMountPath, Namespaces: opts.BootstrapNamespaces}
 			if cp.Certificates != nil {
 				r.CA = cp.Certificates
 			}
@@ -242,7 +256,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) (*ControlPlane, 
 		}
 		return (&status.Reconciler{
 			Client: m.GetClient(), Store: cp.Store, Feedback: cp.Feedback, Replicas: replicas, Bootstrap: conflicts, NoBootstrapConfigMaps: opts.NoBootstrapConfigMaps,
-			Recorder: recorder, Window: opts.StatusWindow,
+			BootstrapNamespaces: opts.BootstrapNamespaces, Recorder: recorder, Window: opts.StatusWindow,
 		}).SetupWithManager(m)
 	}
 	if cp.elector, err = newElector(mgr, opts.LeaderElection, leaderOnly); err != nil {

@@ -9,90 +9,44 @@ package plugin
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 
+	"github.com/spf13/cobra"
+	"k8s.io/cli-runtime/pkg/genericclioptions"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
+	"github.com/scopeplane/scopeplane/internal/scheme"
 )
-
-const usage = `kubectl scopeplane shows what scopeplane's proxies hold.
-
-Usage:
-  kubectl scopeplane proxy-status [<namespace>/<scope>] [-o wide|json]
-  kubectl scopeplane config-dump <namespace>/<scope> [--type clusters|endpoints|listeners|routes] [--names-only]
-  kubectl scopeplane explain <proxy node id> <namespace>/<service>
-
-Flags (before or after the command):
-`
 
 // options are the flags every command shares.
 type options struct {
-	addresses  []string
-	namespace  string
-	selector   string
-	adminPort  int
-	kubeconfig string
-	context    string
-	output     string
-	typ        string
-	namesOnly  bool
-	stdout     io.Writer
+	// kube is kubectl's own flags (--kubeconfig, --context, -n, --as, ...),
+	// from k8s.io/cli-runtime, so that the plugin reaches the cluster as
+	// kubectl does.
+	kube      *genericclioptions.ConfigFlags
+	addresses []string
+	namespace string
+	selector  string
+	adminPort int
+	output    string
+	typ       string
+	namesOnly bool
+	stdout    io.Writer
 }
 
-// Main runs the plugin and returns its exit code.
+// Main runs the plugin and returns its exit code: 0, 1 when the command
+// failed, 2 for a command line that cannot run.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	o := &options{stdout: stdout}
-	fs := flag.NewFlagSet("kubectl-scopeplane", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() { _, _ = fmt.Fprint(stderr, usage); fs.PrintDefaults() }
-	var addrs string
-	fs.StringVar(&addrs, "address", "", "Comma-separated host:port of replicas' admin ports to query directly, instead of port-forwarding to the control plane's pods.")
-	fs.StringVar(&o.namespace, "control-plane-namespace", "scopeplane-system", "Namespace the control plane runs in.")
-	fs.StringVar(&o.selector, "selector", "app.kubernetes.io/name=scopeplane", "Label selector of the control plane's pods.")
-	fs.IntVar(&o.adminPort, "admin-port", 18001, "The pods' admin port (--admin-bind-address).")
-	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "Path to the kubeconfig file (default: $KUBECONFIG, then ~/.kube/config).")
-	fs.StringVar(&o.context, "context", "", "The kubeconfig context to use.")
-	fs.StringVar(&o.output, "o", "", "proxy-status output: wide (versions too) or json (the CSDS responses).")
-	fs.StringVar(&o.typ, "type", "", "config-dump: only this type (clusters, endpoints, listeners, routes, or CDS, EDS, LDS, RDS).")
-	fs.BoolVar(&o.namesOnly, "names-only", false, "config-dump: names and versions, without the resources' contents.")
-
-	// Flags may come before or after the command and its arguments.
-	var positional []string
-	for rest := args; ; {
-		if err := fs.Parse(rest); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return 0
-			}
-			return 2
-		}
-		if fs.NArg() == 0 {
-			break
-		}
-		positional = append(positional, fs.Arg(0))
-		rest = fs.Args()[1:]
-	}
-	if addrs != "" {
-		o.addresses = strings.Split(addrs, ",")
-	}
-	if len(positional) == 0 {
-		fs.Usage()
-		return 2
-	}
-	var err error
-	switch cmd, cmdArgs := positional[0], positional[1:]; cmd {
-	case "proxy-status", "ps":
-		err = o.proxyStatus(ctx, cmdArgs)
-	case "config-dump":
-		err = o.configDump(ctx, cmdArgs)
-	case "explain":
-		err = o.explain(ctx, cmdArgs)
-	default:
-		err = usageError(fmt.Sprintf("unknown command %q: want proxy-status, config-dump or explain", cmd))
-	}
-	if err != nil {
+	cmd := newCommand(&options{stdout: stdout})
+	cmd.SetArgs(args)
+	cmd.SetOut(stdout)
+	cmd.SetErr(stderr)
+	if err := cmd.ExecuteContext(ctx); err != nil {
 		_, _ = fmt.Fprintln(stderr, "error:", err)
 		var u usageError
 		if errors.As(err, &u) {
@@ -103,16 +57,143 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
+// newCommand is the plugin's command tree. kubectl runs it as
+// "kubectl scopeplane" (the display name), and cobra adds "completion"
+// (shell completion scripts) and "__complete", which kubectl calls through a
+// kubectl_complete-scopeplane executable on PATH to complete the plugin's
+// arguments.
+func newCommand(o *options) *cobra.Command {
+	o.kube = genericclioptions.NewConfigFlags(true)
+	root := &cobra.Command{
+		Use:   "kubectl-scopeplane",
+		Short: "Show what scopeplane's proxies hold",
+		Long: `kubectl scopeplane shows what scopeplane's proxies hold, from the CSDS of every
+control-plane replica (through port-forwards to their loopback admin port, or at the
+addresses of --address) and, for explain, the ProxyScope and Service from the API server.
+A <scope> is <namespace>/<name>, or <name> with -n <namespace>.`,
+		Annotations:   map[string]string{cobra.CommandDisplayNameAnnotation: "kubectl scopeplane"},
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		Args:          cobra.ArbitraryArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return usageError(fmt.Sprintf("unknown command %q: want proxy-status, config-dump or explain", args[0]))
+			}
+			_ = cmd.Help()
+			return usageError("a command is required: proxy-status, config-dump or explain")
+		},
+	}
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError(err.Error()) })
+	flags := root.PersistentFlags()
+	o.kube.AddFlags(flags)
+	var addrs string
+	flags.StringVar(&addrs, "address", "", "Comma-separated host:port of replicas' admin ports to query directly, instead of port-forwarding to the control plane's pods.")
+	flags.StringVar(&o.namespace, "control-plane-namespace", "scopeplane-system", "Namespace the control plane runs in.")
+	flags.StringVar(&o.selector, "selector", "app.kubernetes.io/name=scopeplane", "Label selector of the control plane's pods.")
+	flags.IntVar(&o.adminPort, "admin-port", 18001, "The pods' admin port (--admin-bind-address).")
+	root.PersistentPreRun = func(*cobra.Command, []string) {
+		if addrs != "" {
+			o.addresses = strings.Split(addrs, ",")
+		}
+	}
+
+	ps := &cobra.Command{
+		Use:               "proxy-status [<scope>]",
+		Aliases:           []string{"ps"},
+		Short:             "Which proxies each replica serves, and whether they are at the current version",
+		ValidArgsFunction: o.completeScopes(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return o.proxyStatus(cmd.Context(), o.qualify(args, 0))
+		},
+	}
+	ps.Flags().StringVarP(&o.output, "output", "o", "", "Output: wide (versions too) or json (the CSDS responses).")
+	dump := &cobra.Command{
+		Use:               "config-dump <scope>",
+		Short:             "What a scope serves: every resource with its version and contents",
+		ValidArgsFunction: o.completeScopes(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return o.configDump(cmd.Context(), o.qualify(args, 0))
+		},
+	}
+	dump.Flags().StringVar(&o.typ, "type", "", "Only this type (clusters, endpoints, listeners, routes, or CDS, EDS, LDS, RDS).")
+	dump.Flags().BoolVar(&o.namesOnly, "names-only", false, "Names and versions, without the resources' contents.")
+	explain := &cobra.Command{
+		Use:   "explain <proxy node id> <namespace>/<service>",
+		Short: "Why a proxy holds, or lacks, what it does for a Service",
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return o.explain(cmd.Context(), o.qualify(args, 1))
+		},
+	}
+	// The flags' completions cannot fail: a failed registration is a
+	// programming error that the completion test shows.
+	_ = ps.RegisterFlagCompletionFunc("output", cobra.FixedCompletions([]cobra.Completion{"wide", "json"}, cobra.ShellCompDirectiveNoFileComp))
+	_ = dump.RegisterFlagCompletionFunc("type", cobra.FixedCompletions([]cobra.Completion{"clusters", "endpoints", "listeners", "routes"}, cobra.ShellCompDirectiveNoFileComp))
+	for _, c := range []*cobra.Command{ps, dump, explain} {
+		c.Args = cobra.ArbitraryArgs // each command says what it takes
+		root.AddCommand(c)
+	}
+	return root
+}
+
+// qualify gives the argument at i a namespace when it has none and -n was
+// given, so that "proxy-status edge -n shop" names shop/edge. Without -n a
+// bare name stays as it is, and the command refuses it.
+func (o *options) qualify(args []string, i int) []string {
+	if i >= len(args) || strings.Contains(args[i], "/") || o.kube.Namespace == nil || *o.kube.Namespace == "" {
+		return args
+	}
+	out := slices.Clone(args)
+	out[i] = *o.kube.Namespace + "/" + args[i]
+	return out
+}
+
+// completeScopes completes the first argument with the ProxyScopes the
+// user can list: <namespace>/<name>, or only names with -n.
+func (o *options) completeScopes(max int) cobra.CompletionFunc {
+	return func(cmd *cobra.Command, args []string, toComplete string) ([]cobra.Completion, cobra.ShellCompDirective) {
+		if len(args) >= max {
+			return nil, cobra.ShellCompDirectiveNoFileComp
+		}
+		cfg, err := o.restConfig()
+		if err != nil {
+			return nil, cobra.ShellCompDirectiveError
+		}
+		c, err := client.New(cfg, client.Options{Scheme: scheme.Scheme})
+		if err != nil {
+			return nil, cobra.ShellCompDirectiveError
+		}
+		list := &xdsv1alpha1.ProxyScopeList{}
+		ns := ""
+		if o.kube.Namespace != nil {
+			ns = *o.kube.Namespace
+		}
+		if err := c.List(cmd.Context(), list, client.InNamespace(ns)); err != nil {
+			return nil, cobra.ShellCompDirectiveError
+		}
+		var out []cobra.Completion
+		for _, ps := range list.Items {
+			name := ps.Namespace + "/" + ps.Name
+			if ns != "" {
+				name = ps.Name
+			}
+			if strings.HasPrefix(name, toComplete) {
+				out = append(out, name)
+			}
+		}
+		return out, cobra.ShellCompDirectiveNoFileComp
+	}
+}
+
 // usageError is a command line that cannot be run as given.
 type usageError string
 
 func (e usageError) Error() string { return string(e) }
 
+// restConfig is the client configuration kubectl would use with the same
+// flags: kubeconfig, context, impersonation (--as, --as-group), server and
+// the rest of k8s.io/cli-runtime's ConfigFlags.
 func (o *options) restConfig() (*rest.Config, error) {
-	rules := clientcmd.NewDefaultClientConfigLoadingRules()
-	rules.ExplicitPath = o.kubeconfig
-	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules,
-		&clientcmd.ConfigOverrides{CurrentContext: o.context}).ClientConfig()
+	cfg, err := o.kube.ToRESTConfig()
 	if err != nil {
 		return nil, fmt.Errorf("kubeconfig: %w", err)
 	}

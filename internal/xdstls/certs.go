@@ -16,6 +16,8 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/scopeplane/scopeplane/xds/metrics"
 )
 
 // Names of the files in a TLS directory, and of the keys of a TLS Secret:
@@ -63,9 +65,10 @@ func (c *Certificates) Set(certPEM, keyPEM, caPEM []byte) error {
 			intermediates.AddCert(ic)
 		}
 	}
-	if _, err := cert.Leaf.Verify(x509.VerifyOptions{
+	chains, err := cert.Leaf.Verify(x509.VerifyOptions{
 		Roots: roots, Intermediates: intermediates, CurrentTime: c.now(), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}); err != nil {
+	})
+	if err != nil {
 		return fmt.Errorf("the serving certificate (%s) does not verify against the CA bundle (%s), so proxies would refuse it: %w", CertFile, CAFile, err)
 	}
 	c.mu.Lock()
@@ -74,6 +77,8 @@ func (c *Certificates) Set(certPEM, keyPEM, caPEM []byte) error {
 		return nil
 	}
 	c.cert, c.certPEM, c.keyPEM, c.ca = &cert, bytes.Clone(certPEM), bytes.Clone(keyPEM), bytes.Clone(caPEM)
+	metrics.CertificateExpiry.WithLabelValues(metrics.CertificateServing).Set(float64(cert.Leaf.NotAfter.Unix()))
+	metrics.CertificateExpiry.WithLabelValues(metrics.CertificateCA).Set(float64(chainExpiry(chains).Unix()))
 	close(c.changed)
 	c.changed = make(chan struct{})
 	return nil
@@ -101,6 +106,20 @@ func (c *Certificates) Loaded() error {
 		return errNoCertificate
 	}
 	return nil
+}
+
+// chainExpiry is when the CA that verifies the serving certificate expires:
+// the latest expiry of the roots its verified chains end in. Other CAs of the
+// bundle (an old one kept during a rotation) do not count: the server's
+// certificate does not depend on them.
+func chainExpiry(chains [][]*x509.Certificate) time.Time {
+	var latest time.Time
+	for _, chain := range chains {
+		if root := chain[len(chain)-1]; root.NotAfter.After(latest) {
+			latest = root.NotAfter
+		}
+	}
+	return latest
 }
 
 var errNoCertificate = errors.New("no xDS serving certificate loaded yet")

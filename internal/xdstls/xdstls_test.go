@@ -19,7 +19,10 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/peer"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/scopeplane/scopeplane/internal/testkit"
+	"github.com/scopeplane/scopeplane/xds/metrics"
 )
 
 // issue returns Secret data with a fresh CA and a serving certificate for
@@ -295,4 +298,60 @@ func fmtNames(dns []string, ips []net.IP) string {
 		s += ip.String()
 	}
 	return s + "]"
+}
+
+// TestCertificateExpiryMetric checks what scopeplane_xds_certificate_expiry_timestamp_seconds
+// exports across a CA rotation: the serving certificate's expiry, and the
+// expiry of the CA that verifies it, not of another CA of the bundle. While
+// the outgoing CA still signs the serving certificate, its expiry is the one
+// that matters; once the new CA signs, the old one's nearing end is no alarm.
+func TestCertificateExpiryMetric(t *testing.T) {
+	start := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	now := start
+	s := &SelfSigned{DNSNames: []string{"scopeplane"}, Now: func() time.Time { return now }}
+	data, _, err := s.renew(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := func() (serving, ca float64) {
+		t.Helper()
+		c := NewCertificates()
+		c.now = func() time.Time { return now }
+		if err := c.Set(data[CertFile], data[KeyFile], data[CAFile]); err != nil {
+			t.Fatal(err)
+		}
+		return testutil.ToFloat64(metrics.CertificateExpiry.WithLabelValues(metrics.CertificateServing)),
+			testutil.ToFloat64(metrics.CertificateExpiry.WithLabelValues(metrics.CertificateCA))
+	}
+	unix := func(c *x509.Certificate) float64 { return float64(c.NotAfter.Unix()) }
+
+	serving, ca := served()
+	leaf, oldCA := parseCerts(data[CertFile])[0], parseCerts(data[CAFile])[0]
+	if serving != unix(leaf) || ca != unix(oldCA) {
+		t.Fatalf("serving %v, ca %v; want %v and %v", serving, ca, unix(leaf), unix(oldCA))
+	}
+	// The new CA joins the bundle; the old one still signs.
+	now = twoThirds(oldCA).Add(time.Hour)
+	if data, _, err = s.renew(data); err != nil {
+		t.Fatal(err)
+	}
+	bundle := parseCerts(data[CAFile])
+	if len(bundle) != 2 {
+		t.Fatalf("%d CAs in the bundle at the rotation, want 2", len(bundle))
+	}
+	if _, ca = served(); ca != unix(oldCA) {
+		t.Errorf("while the outgoing CA signs, ca is %v, want its expiry %v (the new CA's is %v)", ca, unix(oldCA), unix(bundle[1]))
+	}
+	// The next renewal is the new CA's: its expiry is the one exported.
+	now = now.Add(21 * 24 * time.Hour)
+	if data, _, err = s.renew(data); err != nil {
+		t.Fatal(err)
+	}
+	serving, ca = served()
+	if leaf = parseCerts(data[CertFile])[0]; serving != unix(leaf) {
+		t.Errorf("serving %v, want %v", serving, unix(leaf))
+	}
+	if ca != unix(bundle[1]) {
+		t.Errorf("after the new CA signs, ca is %v, want its expiry %v (the old CA's is %v)", ca, unix(bundle[1]), unix(oldCA))
+	}
 }

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -44,8 +45,15 @@ type replica struct {
 // a loopback port of its own, until the test ends.
 func startReplica(t *testing.T, env *localapi.Env, name string, opts controlplane.Options) *replica {
 	t.Helper()
-	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
-		Scheme: scheme.Scheme, Cache: controlplane.CacheOptions(),
+	return startReplicaAs(t, env.Config, name, opts)
+}
+
+// startReplicaAs is startReplica with the API server credentials of cfg
+// (for example an impersonated ServiceAccount with the chart's RBAC).
+func startReplicaAs(t *testing.T, cfg *rest.Config, name string, opts controlplane.Options) *replica {
+	t.Helper()
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme: scheme.Scheme, Cache: controlplane.CacheOptions(opts.BootstrapNamespaces...),
 		Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
 		// Replicas share this test process, and so controller names.
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)},

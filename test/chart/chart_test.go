@@ -107,7 +107,9 @@ var renderCases = []renderCase{
 		name: "custom", release: "edge", namespace: "mesh",
 		check: func(t *testing.T, objs []*unstructured.Unstructured) {
 			wantArgs(t, containerArgs(t, objs), "--leader-elect", "--xds-server-address=xds.mesh.example.com:443", "--zap-log-level=debug",
-				"--xds-auth=token,spiffe", "--xds-spiffe-trust-domain=mesh.example.com", "--xds-spiffe-trust-bundle=/etc/scopeplane/spiffe/ca.crt")
+				"--xds-auth=token,spiffe", "--xds-spiffe-trust-domain=mesh.example.com", "--xds-spiffe-trust-bundle=/etc/scopeplane/spiffe/ca.crt",
+				"--bootstrap-configmaps=true", "--bootstrap-configmap-namespaces=storefront,payments")
+			checkBootstrapRoles(t, objs, "edge-scopeplane", "mesh", []string{"storefront", "payments"})
 			d := find(t, objs, "Deployment")
 			wantString(t, d, "spire-bundle", "spec", "template", "spec", "volumes", "0", "configMap", "name")
 			wantString(t, d, "/etc/scopeplane/spiffe", "spec", "template", "spec", "containers", "0", "volumeMounts", "0", "mountPath")
@@ -315,7 +317,7 @@ func TestTemplateGolden(t *testing.T) {
 	for _, c := range renderCases {
 		t.Run(c.name, func(t *testing.T) {
 			rendered := c.render(t)
-			got := withoutGeneratedRules(rendered)
+			got := withoutGeneratedCRDs(withoutGeneratedRules(rendered))
 			golden := filepath.Join("testdata", c.name+".golden.yaml")
 			if *update {
 				if err := os.WriteFile(golden, []byte(got), 0o644); err != nil {
@@ -336,6 +338,28 @@ func TestTemplateGolden(t *testing.T) {
 
 // rulesPlaceholder stands for the generated rules in the goldens.
 const rulesPlaceholder = "rules: [] # the rules of config/rbac/role.yaml, compared by TestRBACFollowsGenerated\n"
+
+// crdPlaceholder stands for the generated schema of a CRD in the goldens.
+const crdPlaceholder = "spec: {} # the spec of config/crd/bases, compared by TestCRDsFollowGenerated"
+
+// withoutGeneratedCRDs replaces the spec of each rendered CRD, which comes
+// verbatim from controller-gen, by crdPlaceholder; its metadata stays.
+func withoutGeneratedCRDs(rendered string) string {
+	docs := strings.Split(rendered, "\n---\n")
+	for i, doc := range docs {
+		if !strings.Contains(doc, "# Source: scopeplane/templates/crds.yaml") {
+			continue
+		}
+		if at := strings.Index(doc, "\nspec:\n"); at >= 0 {
+			docs[i] = doc[:at+1] + crdPlaceholder
+		}
+	}
+	out := strings.Join(docs, "\n---\n")
+	if strings.HasSuffix(rendered, "\n") && !strings.HasSuffix(out, "\n") {
+		out += "\n"
+	}
+	return out
+}
 
 // withoutGeneratedRules replaces the rules of the rendered ClusterRole and
 // Role, which come verbatim from controller-gen, by rulesPlaceholder.
@@ -432,7 +456,7 @@ func TestChartCopiesAreCurrent(t *testing.T) {
 	if err != nil || len(bases) == 0 {
 		t.Fatalf("no CRDs in config/crd/bases (%v)", err)
 	}
-	copies, err := filepath.Glob(filepath.Join(chartDir, "crds", "*.yaml"))
+	copies, err := filepath.Glob(filepath.Join(chartDir, "files", "crds", "*.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -443,10 +467,10 @@ func TestChartCopiesAreCurrent(t *testing.T) {
 		return out
 	}
 	if diff := cmp.Diff(names(bases), names(copies)); diff != "" {
-		t.Errorf("charts/scopeplane/crds does not hold the CRDs of config/crd/bases (-want +got); run `make manifests`:\n%s", diff)
+		t.Errorf("charts/scopeplane/files/crds does not hold the CRDs of config/crd/bases (-want +got); run `make manifests`:\n%s", diff)
 	}
 	for _, b := range bases {
-		sameFile(t, b, filepath.Join(chartDir, "crds", filepath.Base(b)))
+		sameFile(t, b, filepath.Join(chartDir, "files", "crds", filepath.Base(b)))
 	}
 }
 
@@ -519,7 +543,8 @@ func TestRBACFollowsValues(t *testing.T) {
 				want                  bool
 			}{
 				{"the Role, leases", "coordination.k8s.io", "leases", roles["Role"], slices.Contains(args, "--leader-elect")},
-				{"the ClusterRole, ConfigMaps", "", "configmaps", roles["ClusterRole"], slices.Contains(args, "--bootstrap-configmaps=true")},
+				{"the ClusterRole, ConfigMaps", "", "configmaps", roles["ClusterRole"], slices.Contains(args, "--bootstrap-configmaps=true") &&
+					!slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--bootstrap-configmap-namespaces=") })},
 				{"the Role, ConfigMaps (replicas' feedback)", "", "configmaps", roles["Role"], slices.Contains(args, "--leader-elect")},
 				{"the ClusterRole, TokenReviews", "authentication.k8s.io", "tokenreviews", roles["ClusterRole"], slices.Contains(args, "--metrics-secure=true") || tokenAuth},
 				{"the ClusterRole, SubjectAccessReviews", "authorization.k8s.io", "subjectaccessreviews", roles["ClusterRole"], slices.Contains(args, "--metrics-secure=true")},
@@ -673,6 +698,9 @@ func rolesOf(t *testing.T, manifest []byte) map[string][]rbacv1.PolicyRule {
 		if strings.HasSuffix(o.GetName(), "-xds-tls") {
 			continue // not generated: checkSelfManagedTLS checks it
 		}
+		if o.GetKind() == "Role" && strings.HasSuffix(o.GetName(), "-bootstrap") {
+			continue // the ClusterRole's ConfigMap rules, moved: checkBootstrapRoles checks them
+		}
 		data, err := yaml.Marshal(o.Object["rules"])
 		if err != nil {
 			t.Fatal(err)
@@ -795,8 +823,20 @@ func checkObservability(t *testing.T, objs []*unstructured.Unstructured) {
 		rules, _, _ := unstructured.NestedSlice(g.(map[string]any), "rules")
 		alerts += len(rules)
 	}
-	if alerts != 6 {
-		t.Errorf("the PrometheusRule holds %d alerts, want the 6 of files/alerts.yaml", alerts)
+	var file struct {
+		Groups []struct {
+			Rules []map[string]any `json:"rules"`
+		} `json:"groups"`
+	}
+	if err := yaml.Unmarshal(mustRead(t, filepath.Join(chartDir, "files", "alerts.yaml")), &file); err != nil {
+		t.Fatal(err)
+	}
+	var want int
+	for _, g := range file.Groups {
+		want += len(g.Rules)
+	}
+	if alerts != want || want == 0 {
+		t.Errorf("the PrometheusRule holds %d alerts, want the %d of files/alerts.yaml", alerts, want)
 	}
 	var dashboard *unstructured.Unstructured
 	for _, o := range objs {
@@ -1023,4 +1063,135 @@ func checkSelfManagedTLS(t *testing.T, objs []*unstructured.Unstructured, secret
 	rb := findNamed(t, objs, "RoleBinding", secret)
 	wantString(t, rb, secret, "roleRef", "name")
 	wantString(t, rb, namespace, "subjects", "0", "namespace")
+}
+
+// TestCRDsFollowGenerated checks that the chart renders every CRD of
+// config/crd/bases as a template (so that helm upgrade upgrades it), equal to
+// what controller-gen generated but for the chart's labels and the
+// helm.sh/resource-policy: keep that makes helm uninstall leave it (and every
+// ProxyScope) in place; and that crds.install=false renders none.
+func TestCRDsFollowGenerated(t *testing.T) {
+	bases, err := filepath.Glob(filepath.Join(localapi.RepoRoot(), "config", "crd", "bases", "*.yaml"))
+	if err != nil || len(bases) == 0 {
+		t.Fatalf("no CRDs in config/crd/bases (%v)", err)
+	}
+	rendered := map[string]*unstructured.Unstructured{}
+	for _, o := range decode(t, renderCases[0].render(t)) {
+		if o.GetKind() == "CustomResourceDefinition" {
+			rendered[o.GetName()] = o
+		}
+	}
+	for _, b := range bases {
+		generated := decode(t, string(mustRead(t, b)))
+		if len(generated) != 1 {
+			t.Fatalf("%s holds %d objects, want one CRD", b, len(generated))
+		}
+		want := generated[0]
+		got, ok := rendered[want.GetName()]
+		if !ok {
+			t.Errorf("the chart does not render CRD %s (%s)", want.GetName(), filepath.Base(b))
+			continue
+		}
+		if v := got.GetAnnotations()["helm.sh/resource-policy"]; v != "keep" {
+			t.Errorf("CRD %s: helm.sh/resource-policy is %q, want keep: helm uninstall would delete every ProxyScope", got.GetName(), v)
+		}
+		if v := got.GetLabels()["app.kubernetes.io/managed-by"]; v != "Helm" {
+			t.Errorf("CRD %s: app.kubernetes.io/managed-by is %q, want the chart's labels", got.GetName(), v)
+		}
+		got = got.DeepCopy()
+		annotations := got.GetAnnotations()
+		delete(annotations, "helm.sh/resource-policy")
+		got.SetAnnotations(annotations)
+		got.SetLabels(nil)
+		if diff := cmp.Diff(want.Object, got.Object); diff != "" {
+			t.Errorf("the rendered CRD %s differs from %s beyond its labels and resource policy (-want +got); run `make manifests`:\n%s", got.GetName(), b, diff)
+		}
+	}
+	if len(rendered) != len(bases) {
+		t.Errorf("the chart renders %d CRDs, config/crd/bases has %d", len(rendered), len(bases))
+	}
+
+	out, stderr, err := runHelm(t, "template", "scopeplane", chartDir, "--set", "crds.install=false")
+	if err != nil {
+		t.Fatalf("helm template --set crds.install=false: %v\n%s", err, stderr)
+	}
+	if o := findOptional(decode(t, out), "CustomResourceDefinition"); o != nil {
+		t.Errorf("crds.install=false renders CRD %s", o.GetName())
+	}
+}
+
+// checkBootstrapRoles checks that bootstrapConfigMaps.namespaces moves the
+// ConfigMap access into a Role and RoleBinding of each namespace listed, with
+// the generated ClusterRole's ConfigMap verbs and nothing else, bound to the
+// release's ServiceAccount; and that the ClusterRole keeps none.
+func checkBootstrapRoles(t *testing.T, objs []*unstructured.Unstructured, fullname, releaseNS string, namespaces []string) {
+	t.Helper()
+	generated := rolesOf(t, mustRead(t, filepath.Join(localapi.RepoRoot(), "config", "rbac", "role.yaml")))["ClusterRole"]
+	var verbs []string
+	for _, r := range generated {
+		if slices.Contains(r.APIGroups, "") && slices.Contains(r.Resources, "configmaps") {
+			verbs = append(verbs, r.Verbs...)
+		}
+	}
+	if len(verbs) == 0 {
+		t.Fatal("config/rbac/role.yaml's ClusterRole grants no ConfigMap access")
+	}
+	var found []string
+	for _, o := range objs {
+		if o.GetKind() != "Role" || o.GetName() != fullname+"-bootstrap" {
+			continue
+		}
+		found = append(found, o.GetNamespace())
+		data, err := yaml.Marshal(o.Object["rules"])
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rules []rbacv1.PolicyRule
+		if err := yaml.UnmarshalStrict(data, &rules); err != nil {
+			t.Fatal(err)
+		}
+		want := []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: verbs}}
+		if diff := cmp.Diff(want, rules); diff != "" {
+			t.Errorf("Role %s/%s (-want +got):\n%s", o.GetNamespace(), o.GetName(), diff)
+		}
+		rb := findNamedIn(t, objs, "RoleBinding", o.GetNamespace(), o.GetName())
+		wantString(t, rb, o.GetName(), "roleRef", "name")
+		wantString(t, rb, "Role", "roleRef", "kind")
+		wantString(t, rb, releaseNS, "subjects", "0", "namespace")
+	}
+	if !slices.Equal(found, namespaces) {
+		t.Errorf("bootstrap Roles in namespaces %q, want %q", found, namespaces)
+	}
+	for _, r := range rolesOf(t, []byte(manifestOf(t, objs)))["ClusterRole"] {
+		if slices.Contains(r.Resources, "configmaps") {
+			t.Errorf("with bootstrap namespaces the ClusterRole still grants ConfigMaps: %v", r)
+		}
+	}
+}
+
+// findNamedIn finds the object of kind named name in namespace ns.
+func findNamedIn(t *testing.T, objs []*unstructured.Unstructured, kind, ns, name string) *unstructured.Unstructured {
+	t.Helper()
+	for _, o := range objs {
+		if o.GetKind() == kind && o.GetNamespace() == ns && o.GetName() == name {
+			return o
+		}
+	}
+	t.Fatalf("no %s %s/%s rendered", kind, ns, name)
+	return nil
+}
+
+// manifestOf writes objs back into one YAML stream.
+func manifestOf(t *testing.T, objs []*unstructured.Unstructured) string {
+	t.Helper()
+	var b strings.Builder
+	for _, o := range objs {
+		data, err := yaml.Marshal(o.Object)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.WriteString("---\n")
+		b.Write(data)
+	}
+	return b.String()
 }

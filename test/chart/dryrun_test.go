@@ -63,6 +63,13 @@ func TestServerDryRun(t *testing.T) {
 			var manifest bytes.Buffer
 			var applied int
 			for _, o := range decode(t, c.render(t)) {
+				// Namespaced objects outside the release namespace (the
+				// bootstrap namespaces' Roles) need their namespace.
+				if ns := o.GetNamespace(); ns != "" && ns != c.namespace {
+					if err := env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil && !apierrors.IsAlreadyExists(err) {
+						t.Fatal(err)
+					}
+				}
 				if o.GetAPIVersion() == "monitoring.coreos.com/v1" { // ServiceMonitor, PrometheusRule
 					continue
 				}

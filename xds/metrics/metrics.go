@@ -152,6 +152,15 @@ var (
 	// go-grpc-middleware's standard grpc_server_* metrics.
 	GRPC = grpcprom.NewServerMetrics()
 
+	// CertificateExpiry is when the xDS serving certificate, and the CA that
+	// proxies verify it with, stop being valid (Unix seconds; 0 while none is
+	// loaded, as with plaintext xDS), so that an alert can fire days before
+	// a renewal that does not happen would break every new connection.
+	CertificateExpiry = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "scopeplane_xds_certificate_expiry_timestamp_seconds",
+		Help: "When the xDS certificate in use expires, in Unix seconds, by certificate: serving (the server's own) or ca (the CA bundle's certificate that verifies it); 0 while none is loaded.",
+	}, []string{"certificate"})
+
 	// BuildInfo is 1, labelled with the binary's version and Go version, so
 	// that dashboards can show which version each replica runs.
 	BuildInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts{
@@ -168,8 +177,23 @@ func SetBuildInfo(version string) {
 
 func init() {
 	ctrlmetrics.Registry.MustRegister(ConnectedProxies, Pushes, ResourcesSent, BytesSent, OtherProtocolBytes,
-		ConnectBytes, ConnectOtherProtocolBytes, HeldBack, OtherProtocolHeldBack, NACKs, NACKsPaced, Refusals, Convergence, Translation, SnapshotBuild, UnservableResources, ScopeCondition, StatusWriteFailures, FeedbackWrites, WatchAge, BuildInfo, GRPC)
+		ConnectBytes, ConnectOtherProtocolBytes, HeldBack, OtherProtocolHeldBack, NACKs, NACKsPaced, Refusals, Convergence, Translation, SnapshotBuild, UnservableResources, ScopeCondition, StatusWriteFailures, FeedbackWrites, WatchAge, CertificateExpiry, BuildInfo, GRPC)
+	// Both series exist from the start, so that their absence says the
+	// replica is not scraped rather than that it has no certificate yet.
+	for _, c := range []string{CertificateServing, CertificateCA} {
+		CertificateExpiry.WithLabelValues(c).Set(0)
+	}
+	// The version main reports unless built with -X main.version, so that
+	// scopeplane_build_info exists from the first scrape and an alert can
+	// read its absence as the operator being down.
+	SetBuildInfo("dev")
 }
+
+// Values of CertificateExpiry's certificate label.
+const (
+	CertificateServing = "serving"
+	CertificateCA      = "ca"
+)
 
 // Ages is a gauge per label value of the seconds since Touch was last
 // called with it, computed when scraped: the age keeps growing while
