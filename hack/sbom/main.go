@@ -51,20 +51,28 @@ func main() {
 		fmt.Fprintln(os.Stderr, "sbom:", err)
 		os.Exit(1)
 	}
-	w := io.Writer(os.Stdout)
-	if *out != "" {
-		f, err := os.Create(*out)
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "sbom:", err)
-			os.Exit(1)
-		}
-		defer f.Close()
-		w = f
-	}
-	if err := cdx.NewBOMEncoder(w, cdx.BOMFileFormatJSON).SetPretty(true).Encode(bom); err != nil {
+	if err := write(bom, *out); err != nil {
 		fmt.Fprintln(os.Stderr, "sbom:", err)
 		os.Exit(1)
 	}
+}
+
+// write encodes bom as JSON to the file out, or to standard output when out
+// is empty; a file that cannot be closed is an error too, since its last
+// bytes may not have been written.
+func write(bom *cdx.BOM, out string) error {
+	if out == "" {
+		return cdx.NewBOMEncoder(os.Stdout, cdx.BOMFileFormatJSON).SetPretty(true).Encode(bom)
+	}
+	f, err := os.Create(out)
+	if err != nil {
+		return err
+	}
+	if err := cdx.NewBOMEncoder(f, cdx.BOMFileFormatJSON).SetPretty(true).Encode(bom); err != nil {
+		_ = f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 // sourceDate is SOURCE_DATE_EPOCH, so that a rebuild of the same release

@@ -250,15 +250,14 @@ func attack(t *testing.T, addr, name string) (wait func(kill bool)) {
 	t.Cleanup(func() {
 		if cmd.ProcessState == nil {
 			_ = cmd.Process.Kill()
-			<-done
+			t.Logf("attacker stopped at cleanup: %v", <-done)
 		}
 	})
 	return func(kill bool) {
 		t.Helper()
 		if kill {
 			_ = cmd.Process.Kill()
-			<-done
-			t.Logf("attacker: %s", strings.TrimSpace(out.String()))
+			t.Logf("attacker (%v): %s", <-done, strings.TrimSpace(out.String()))
 			return
 		}
 		if err := <-done; err != nil {
