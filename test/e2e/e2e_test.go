@@ -64,6 +64,8 @@ func TestQuickstartOnANode(t *testing.T) {
 	backends := podNames(t, "app=whoami")
 	first := c.waitFor(t, "RPCs reach both backends", func(n counts) bool { return n.reached(backends) })
 	t.Logf("counts: %s", first)
+	t.Logf("the node:\n%s", run(t, "kubectl", "get", "nodes,pods", "-A", "-o", "wide"))
+	t.Logf("the scope:\n%s", run(t, "kubectl", "get", "proxyscope", "whoami", "-o", "wide"))
 	if first.Failed != 0 {
 		t.Errorf("%d RPCs failed before the client had served one (last: %s)", first.Failed, first.LastError)
 	}
