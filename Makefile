@@ -114,6 +114,17 @@ test-clients: ## Run the client matrix: grpc-go, grpc-js-xds and gRPC C-core thr
 	assets=$$(hack/envtest.sh); \
 	SCOPEPLANE_CLIENT_MATRIX=1 KUBEBUILDER_ASSETS=$$assets go test -count=1 -v -timeout 15m -run '^TestClientMatrix$$' ./test/clients/
 
+.PHONY: e2e
+e2e: ## Build a single-node Kubernetes on this machine (as root; no container engine) and run the chart and the quickstart on real Pods.
+	@[ "$$(id -u)" = 0 ] || { echo "e2e needs root: it runs a kubelet and containerd (hack/cluster/node.sh)"; exit 1; }
+	hack/cluster/build.sh >/dev/null
+	go run ./hack/image -version $(VERSION) -platforms linux/amd64 -out dist/e2e/scopeplane.oci.tar
+	go run ./hack/cluster/agentimage -out dist/e2e/e2e-agent.oci.tar
+	helm=$$(hack/helm.sh); \
+	HELM=$$helm SCOPEPLANE_E2E_LOGS=$(CURDIR)/dist/e2e/logs hack/cluster/node.sh \
+	  --import dist/e2e/scopeplane.oci.tar --import dist/e2e/e2e-agent.oci.tar -- \
+	  go test -count=1 -v -timeout 30m -run '^TestQuickstartOnANode$$' ./test/e2e/
+
 .PHONY: helm
 helm: ## Build (once, cached) the pinned Helm that tests the chart; print its path.
 	@hack/helm.sh

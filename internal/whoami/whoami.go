@@ -64,6 +64,10 @@ func Serve(name string, lis net.Listener) *Backend {
 // Stop stops the backend.
 func (b *Backend) Stop() { b.srv.Stop() }
 
+// GracefulStop stops accepting calls and waits for those in flight, as a
+// backend Pod does when it terminates during a rollout.
+func (b *Backend) GracefulStop() { b.srv.GracefulStop() }
+
 // Call asks the server behind conn who it is.
 func Call(ctx context.Context, conn *grpc.ClientConn) (string, error) {
 	out := &wrapperspb.StringValue{}

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# build.sh prints a directory holding every binary of the single-node
+# Kubernetes that `make e2e` runs: kube-apiserver and etcd (hack/envtest.sh),
+# kube-controller-manager, kube-scheduler, kubelet, kube-proxy and kubectl
+# (k8s.io/kubernetes, pinned with kube-apiserver in hack/tools/apiserver so
+# that they share its compiled packages), containerd 2 with its runc shim
+# (hack/tools/containerd) and CoreDNS (hack/tools/coredns). None of them can
+# be downloaded prebuilt where scopeplane is developed, so each is built once
+# through the Go module proxy and cached outside the checkout, keyed by
+# version, like the envtest binaries. Builds run one after another at low
+# priority: on a small machine they would otherwise starve everything else.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+version_of() { awk -v m="$2" '$1 == m { print $2; exit } $1 == "require" && $2 == m { print $3; exit }' "$1"; }
+k8s=$(version_of "${here}/tools/apiserver/go.mod" k8s.io/kubernetes)
+containerd=$(version_of "${here}/tools/containerd/go.mod" github.com/containerd/containerd/v2)
+coredns=$(version_of "${here}/tools/coredns/go.mod" github.com/coredns/coredns)
+cache=${SCOPEPLANE_CACHE:-${XDG_CACHE_HOME:-${HOME}/.cache}/scopeplane}
+envtest=$("${here}/envtest.sh")
+dir="${cache}/cluster/k8s-${k8s}_containerd-${containerd}_coredns-${coredns}"
+
+# build <module dir> <output> <package>: one binary, timed, into the cache.
+build() {
+  local out="${dir}/$2"
+  [[ -x "${out}" ]] && return 0
+  echo "cluster: building $2 from $3" >&2
+  local start=${SECONDS}
+  (cd "${here}/tools/$1" && CGO_ENABLED=0 nice -n 10 go build -trimpath -ldflags='-s -w' -o "${out}.tmp" "$3")
+  mv "${out}.tmp" "${out}"
+  echo "cluster: built $2 in $((SECONDS - start))s" >&2
+}
+
+mkdir -p "${dir}"
+for b in kube-apiserver etcd; do ln -sf "${envtest}/${b}" "${dir}/${b}"; done
+for b in kubelet kube-controller-manager kube-scheduler kube-proxy kubectl; do
+  build apiserver "${b}" "k8s.io/kubernetes/cmd/${b}"
+done
+for b in containerd containerd-shim-runc-v2 ctr; do
+  build containerd "${b}" "github.com/containerd/containerd/v2/cmd/${b}"
+done
+build coredns coredns .
+echo "${dir}"

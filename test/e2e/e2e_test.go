@@ -1,0 +1,280 @@
+// Package e2e runs scopeplane as a user does, on a real single-node
+// Kubernetes that hack/cluster/node.sh builds on this machine: the chart
+// installed with `helm install` and its defaults, the image on real Pods,
+// backends whose EndpointSlices the endpointslice controller makes, and a
+// proxyless gRPC client Pod with a kubelet-projected token counting every
+// RPC. Everything in-process tests cannot see — the image, RBAC in practice,
+// probes, the Service DNS name in the bootstraps, the projected token — is
+// on this path.
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// root is the repository root, where the chart and the manifests are.
+var root = filepath.Join("..", "..")
+
+const (
+	namespace = "scopeplane-system"
+	release   = "scopeplane"
+)
+
+func TestQuickstartOnANode(t *testing.T) {
+	if os.Getenv("SCOPEPLANE_E2E") == "" {
+		t.Skip("needs a Kubernetes node: run `make e2e` (as root), which builds one with hack/cluster/node.sh and runs this test on it")
+	}
+	helm := os.Getenv("HELM")
+	if helm == "" {
+		t.Fatal("HELM is not set: run `make e2e`, which builds Helm with hack/helm.sh")
+	}
+
+	t.Log("step: helm install with the chart's defaults")
+	run(t, helm, "install", release, filepath.Join(root, "charts", "scopeplane"), "--namespace", namespace, "--create-namespace")
+	run(t, "kubectl", "-n", namespace, "rollout", "status", "deploy/"+release, "--timeout=5m")
+	ready := run(t, "kubectl", "-n", namespace, "get", "pods", "-l", "app.kubernetes.io/name=scopeplane",
+		"-o", `jsonpath={range .items[*]}{.metadata.name}={.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}`)
+	if n := strings.Count(ready, "=True"); n != 2 {
+		t.Fatalf("want both operator Pods Ready, got:\n%s", ready)
+	}
+
+	t.Log("step: backends, their Service and a ProxylessGRPC scope")
+	run(t, "kubectl", "apply", "-f", filepath.Join("testdata", "backend.yaml"))
+	run(t, "kubectl", "wait", "--for=condition=Ready", "proxyscope/whoami", "--timeout=2m")
+	run(t, "kubectl", "rollout", "status", "deploy/whoami", "--timeout=3m")
+
+	t.Log("step: a proxyless gRPC client Pod in the scope")
+	run(t, "kubectl", "apply", "-f", filepath.Join("testdata", "client.yaml"))
+	if _, err := kubectl("wait", "--for=condition=Ready", "pod/whoami-client", "--timeout=3m"); err != nil {
+		logs, _ := kubectl("logs", "whoami-client", "--tail=20")
+		t.Fatalf("the client Pod is not Ready (no RPC went through the scope): %v\n%s", err, logs)
+	}
+	ip := strings.TrimSpace(run(t, "kubectl", "get", "pod", "whoami-client", "-o", "jsonpath={.status.podIP}"))
+	c := client{url: "http://" + ip + ":8080/counts"}
+	backends := podNames(t, "app=whoami")
+	first := c.waitFor(t, "RPCs reach both backends", func(n counts) bool { return n.reached(backends) })
+	t.Logf("counts: %s", first)
+	t.Logf("the node:\n%s", run(t, "kubectl", "get", "nodes,pods", "-A", "-o", "wide"))
+	t.Logf("the scope:\n%s", run(t, "kubectl", "get", "proxyscope", "whoami", "-o", "wide"))
+	if first.Failed != 0 {
+		t.Errorf("%d RPCs failed before the client had served one (last: %s)", first.Failed, first.LastError)
+	}
+
+	t.Log("step: scale the backend to 3")
+	before := c.get(t)
+	run(t, "kubectl", "scale", "deploy/whoami", "--replicas=3")
+	run(t, "kubectl", "rollout", "status", "deploy/whoami", "--timeout=3m")
+	backends = podNames(t, "app=whoami")
+	after := c.waitFor(t, "RPCs reach all three backends", func(n counts) bool { return n.reachedSince(before, backends) })
+	c.noFailures(t, "scaling", before, after)
+
+	t.Log("step: a backend rollout")
+	before = c.get(t)
+	run(t, "kubectl", "rollout", "restart", "deploy/whoami")
+	run(t, "kubectl", "rollout", "status", "deploy/whoami", "--timeout=5m")
+	waitPods(t, "app=whoami", 3)
+	backends = podNames(t, "app=whoami")
+	after = c.waitFor(t, "RPCs reach the new backends", func(n counts) bool { return n.reachedSince(before, backends) })
+	c.noFailures(t, "the rollout", before, after)
+
+	t.Log("step: delete the leader Pod")
+	before = c.get(t)
+	leader := leaderPod(t)
+	run(t, "kubectl", "-n", namespace, "delete", "pod", leader, "--wait=false")
+	deadline := time.Now().Add(3 * time.Minute)
+	for next := leaderPod(t); next == leader || next == ""; next = leaderPod(t) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no other replica took the Lease from %s", leader)
+		}
+		time.Sleep(time.Second)
+	}
+	t.Logf("the Lease moved from %s to %s", leader, leaderPod(t))
+	run(t, "kubectl", "-n", namespace, "rollout", "status", "deploy/"+release, "--timeout=5m")
+	run(t, "kubectl", "wait", "--for=condition=Ready", "proxyscope/whoami", "--timeout=2m")
+	after = c.waitFor(t, "RPCs go on after the leader left", func(n counts) bool { return n.OK > before.OK+200 })
+	c.noFailures(t, "the leader's deletion", before, after)
+
+	t.Log("step: helm upgrade with a changed value rolls both replicas")
+	before = c.get(t)
+	old := podNames(t, "app.kubernetes.io/name=scopeplane")
+	run(t, helm, "upgrade", release, filepath.Join(root, "charts", "scopeplane"), "--namespace", namespace,
+		"--set", "podAnnotations.e2e-upgrade=one")
+	run(t, "kubectl", "-n", namespace, "rollout", "status", "deploy/"+release, "--timeout=5m")
+	waitPodsIn(t, namespace, "app.kubernetes.io/name=scopeplane", 2)
+	for _, p := range podNamesIn(t, namespace, "app.kubernetes.io/name=scopeplane") {
+		for _, o := range old {
+			if p == o {
+				t.Fatalf("helm upgrade left the Pod %s in place", p)
+			}
+		}
+	}
+	run(t, "kubectl", "wait", "--for=condition=Ready", "proxyscope/whoami", "--timeout=2m")
+	after = c.waitFor(t, "RPCs go on after the upgrade", func(n counts) bool { return n.OK > before.OK+200 })
+	c.noFailures(t, "helm upgrade", before, after)
+	t.Logf("counts: %s", after)
+
+	t.Log("step: helm uninstall")
+	out := run(t, helm, "uninstall", release, "--namespace", namespace, "--wait")
+	t.Logf("helm uninstall: %s", strings.TrimSpace(out))
+	if left := run(t, "kubectl", "-n", namespace, "get", "deploy,svc,sa,role,rolebinding", "-l", "app.kubernetes.io/instance="+release, "-o", "name"); strings.TrimSpace(left) != "" {
+		t.Errorf("helm uninstall left the chart's objects:\n%s", left)
+	}
+	if _, err := kubectl("-n", namespace, "get", "secret", release+"-xds-tls"); err != nil {
+		t.Errorf("the CA Secret %s-xds-tls, which the operator made and the chart does not own, is gone: %v", release, err)
+	}
+}
+
+// leaderPod is the Pod that holds the leader election Lease, "" if none.
+func leaderPod(t *testing.T) string {
+	t.Helper()
+	holder, err := kubectl("-n", namespace, "get", "lease", "scopeplane.xds.scopeplane.dev", "-o", "jsonpath={.spec.holderIdentity}")
+	if err != nil {
+		return ""
+	}
+	// client-go's identity is the hostname (the Pod's name), "_", a UUID.
+	name, _, _ := strings.Cut(strings.TrimSpace(holder), "_")
+	return name
+}
+
+// run runs a command and fails the test, with its output, when it fails.
+func run(t *testing.T, name string, args ...string) string {
+	t.Helper()
+	out, err := command(name, args...)
+	if err != nil {
+		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
+	}
+	return out
+}
+
+func kubectl(args ...string) (string, error) { return command("kubectl", args...) }
+
+func command(name string, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	var out bytes.Buffer
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	return out.String(), err
+}
+
+// podNames lists the names of the running, not terminating, Pods of a label selector.
+func podNames(t *testing.T, selector string) []string {
+	t.Helper()
+	return podNamesIn(t, "default", selector)
+}
+
+func podNamesIn(t *testing.T, ns, selector string) []string {
+	t.Helper()
+	out := run(t, "kubectl", "-n", ns, "get", "pods", "-l", selector, "-o",
+		`jsonpath={range .items[?(@.status.phase=="Running")]}{.metadata.name} {.metadata.deletionTimestamp}{"\n"}{end}`)
+	var names []string
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		if f := strings.Fields(line); len(f) == 1 {
+			names = append(names, f[0])
+		}
+	}
+	return names
+}
+
+// waitPods waits until exactly n Pods of the selector exist: a rollout's
+// old Pods are gone.
+func waitPods(t *testing.T, selector string, n int) {
+	t.Helper()
+	waitPodsIn(t, "default", selector, n)
+}
+
+func waitPodsIn(t *testing.T, ns, selector string, n int) {
+	t.Helper()
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		out := run(t, "kubectl", "-n", ns, "get", "pods", "-l", selector, "-o", "name")
+		if got := len(strings.Fields(out)); got == n {
+			return
+		} else if time.Now().After(deadline) {
+			t.Fatalf("want %d Pods of %s, have %d:\n%s", n, selector, got, out)
+		}
+		time.Sleep(time.Second)
+	}
+}
+
+// counts is the client Pod's /counts.
+type counts struct {
+	OK        int64            `json:"ok"`
+	Failed    int64            `json:"failed"`
+	ByBackend map[string]int64 `json:"byBackend"`
+	LastError string           `json:"lastError"`
+}
+
+func (n counts) String() string {
+	return fmt.Sprintf("ok=%d failed=%d byBackend=%v", n.OK, n.Failed, n.ByBackend)
+}
+
+// reached says whether every one of backends answered.
+func (n counts) reached(backends []string) bool { return n.reachedSince(counts{}, backends) }
+
+// reachedSince says whether every one of backends answered after before.
+func (n counts) reachedSince(before counts, backends []string) bool {
+	if len(backends) == 0 {
+		return false
+	}
+	for _, b := range backends {
+		if n.ByBackend[b] <= before.ByBackend[b] {
+			return false
+		}
+	}
+	return true
+}
+
+// client reads the client Pod's counts over the node's Pod network.
+type client struct{ url string }
+
+func (c client) get(t *testing.T) counts {
+	t.Helper()
+	resp, err := http.Get(c.url)
+	if err != nil {
+		t.Fatalf("reading the client's counts: %v", err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	var n counts
+	if err := json.NewDecoder(resp.Body).Decode(&n); err != nil {
+		t.Fatalf("decoding the client's counts: %v", err)
+	}
+	return n
+}
+
+// waitFor polls the counts until ok holds, for up to two minutes.
+func (c client) waitFor(t *testing.T, what string, ok func(counts) bool) counts {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		n := c.get(t)
+		if ok(n) {
+			return n
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not after 2m; counts: %s (last error: %s)", what, n, n.LastError)
+		}
+		time.Sleep(time.Second)
+	}
+}
+
+// noFailures fails the test when any RPC between before and after failed.
+func (c client) noFailures(t *testing.T, during string, before, after counts) {
+	t.Helper()
+	if d := after.Failed - before.Failed; d != 0 {
+		t.Errorf("%d of %d RPCs failed during %s (last: %s)", d, after.OK+after.Failed-before.OK-before.Failed, during, after.LastError)
+	} else {
+		t.Logf("%s: %d RPCs, none failed", during, after.OK-before.OK)
+	}
+}
