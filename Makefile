@@ -73,6 +73,8 @@ tidy: ## Tidy go.mod and go.sum of the module and its tool modules.
 	cd hack/tools/apiserver && go mod tidy
 	cd hack/tools/etcd && go mod tidy
 	cd hack/tools/helm && go mod tidy
+	cd hack/tools/containerd && go mod tidy
+	cd hack/tools/coredns && go mod tidy
 
 .PHONY: verify
 verify: ## Regenerate everything, then fail if the tree changed; gofmt, vet and lint.
@@ -117,6 +119,14 @@ test-clients: ## Run the client matrix: grpc-go, grpc-js-xds and gRPC C-core thr
 .PHONY: e2e
 e2e: ## Build a single-node Kubernetes on this machine (as root; no container engine) and run the chart and the quickstart on real Pods.
 	@[ "$$(id -u)" = 0 ] || { echo "e2e needs root: it runs a kubelet and containerd (hack/cluster/node.sh)"; exit 1; }
+	@missing=; for t in runc iptables conntrack openssl ip; do command -v $$t >/dev/null || missing=1; done; \
+	[ -x /usr/lib/cni/bridge ] || missing=1; \
+	if [ -n "$$missing" ]; then \
+	  command -v apt-get >/dev/null || { echo "e2e needs runc, iptables, conntrack, openssl, iproute2 and the CNI plugins (Debian: containernetworking-plugins)"; exit 1; }; \
+	  echo "installing Debian's runc, CNI plugins, iptables, conntrack, openssl and iproute2 for the node"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	    runc containernetworking-plugins iptables conntrack openssl iproute2 >/dev/null; \
+	fi
 	hack/cluster/build.sh >/dev/null
 	go run ./hack/image -version $(VERSION) -platforms linux/amd64 -out dist/e2e/scopeplane.oci.tar
 	go run ./hack/cluster/agentimage -out dist/e2e/e2e-agent.oci.tar
