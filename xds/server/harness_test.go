@@ -278,6 +278,16 @@ func (cs *countingStream) RecvMsg(m any) error {
 
 // startControlPlane builds a control plane from the world, as a restarted
 // operator does from its informers' initial lists, and serves it.
+// loopbackFleet is the production limits for a fleet whose proxies all
+// connect from the loopback address, as the model's do: the per-address
+// bounds on connections are the replica's, since in a cluster each proxy
+// has its own address (the hostile suite tests the per-address ones).
+var loopbackFleet = server.Options{
+	MaxConnectionsPerPeer:          server.DefaultOptions.MaxConnections,
+	NewConnectionsPerPeerPerSecond: server.DefaultOptions.NewConnectionsPerSecond,
+	NewConnectionsPerPeerBurst:     server.DefaultOptions.NewConnectionsBurst,
+}
+
 func startControlPlane(w *world, opts server.Options) (*controlPlane, error) {
 	return startFedControlPlane(func(cat *catalog.Catalog) {
 		for _, name := range slices.Sorted(maps.Keys(w.namespaces)) {

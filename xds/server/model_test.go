@@ -19,7 +19,6 @@ import (
 	"github.com/scopeplane/scopeplane/xds/adsclient"
 	"github.com/scopeplane/scopeplane/xds/catalog"
 	"github.com/scopeplane/scopeplane/xds/model"
-	"github.com/scopeplane/scopeplane/xds/server"
 	"github.com/scopeplane/scopeplane/xds/snapshot"
 )
 
@@ -399,7 +398,7 @@ type harness struct {
 
 func newHarness(timeout time.Duration) (*harness, error) {
 	w := newWorld()
-	cp, err := startControlPlane(w, server.Options{})
+	cp, err := startControlPlane(w, loopbackFleet)
 	if err != nil {
 		return nil, err
 	}
@@ -591,7 +590,7 @@ func (h *harness) restart() error {
 		p.state = idle
 	}
 	_ = h.cp.conn.Close()
-	cp, err := startControlPlane(h.w, server.Options{})
+	cp, err := startControlPlane(h.w, loopbackFleet)
 	if err != nil {
 		return err
 	}
