@@ -7,7 +7,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"testing"
-	"time"
 
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
@@ -18,6 +17,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/scopeplane/scopeplane/internal/localapi"
+	"github.com/scopeplane/scopeplane/internal/testkit"
 )
 
 var proxyScopeGVK = schema.GroupVersionKind{Group: "xds.scopeplane.dev", Version: "v1alpha1", Kind: "ProxyScope"}
@@ -160,8 +160,7 @@ func TestCRDUpgradeKeepsScopes(t *testing.T) {
 	// The new field is accepted and stored. The API server switches to the
 	// new schema asynchronously after Established, so a write that comes
 	// back pruned is retried until the field is kept.
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	testkit.Eventually(t, "spec.upgradeNote kept by the upgraded CRD", func() (bool, string) {
 		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(before[1]), got); err != nil {
 			t.Fatal(err)
 		}
@@ -171,14 +170,9 @@ func TestCRDUpgradeKeepsScopes(t *testing.T) {
 		if err := env.Client.Update(ctx, got); err != nil {
 			t.Fatalf("writing the new field: %v", err)
 		}
-		if v, _, _ := unstructured.NestedString(got.Object, "spec", "upgradeNote"); v == "added after the upgrade" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("spec.upgradeNote is still pruned 30 s after the upgraded CRD was Established")
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		v, _, _ := unstructured.NestedString(got.Object, "spec", "upgradeNote")
+		return v == "added after the upgrade", fmt.Sprintf("spec.upgradeNote is %q after the write", v)
+	})
 	if v, _, _ := unstructured.NestedString(got.Object, "spec", "protocol"); v != "Delta" {
 		t.Errorf("writing the new field lost spec.protocol: %q", v)
 	}

@@ -20,6 +20,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/scopeplane/scopeplane/internal/testkit"
 )
 
 // root is the repository root, where the chart and the manifests are.
@@ -91,13 +93,10 @@ func TestQuickstartOnANode(t *testing.T) {
 	before = c.get(t)
 	leader := leaderPod(t)
 	run(t, "kubectl", "-n", namespace, "delete", "pod", leader, "--wait=false")
-	deadline := time.Now().Add(3 * time.Minute)
-	for next := leaderPod(t); next == leader || next == ""; next = leaderPod(t) {
-		if time.Now().After(deadline) {
-			t.Fatalf("no other replica took the Lease from %s", leader)
-		}
-		time.Sleep(time.Second)
-	}
+	testkit.EventuallyWithin(t, 3*time.Minute, "another replica takes the Lease from "+leader, func() (bool, string) {
+		next := leaderPod(t)
+		return next != leader && next != "", "held by " + next
+	})
 	t.Logf("the Lease moved from %s to %s", leader, leaderPod(t))
 	run(t, "kubectl", "-n", namespace, "rollout", "status", "deploy/"+release, "--timeout=5m")
 	run(t, "kubectl", "wait", "--for=condition=Ready", "proxyscope/whoami", "--timeout=2m")
@@ -201,16 +200,10 @@ func waitPods(t *testing.T, selector string, n int) {
 
 func waitPodsIn(t *testing.T, ns, selector string, n int) {
 	t.Helper()
-	deadline := time.Now().Add(3 * time.Minute)
-	for {
+	testkit.EventuallyWithin(t, 3*time.Minute, fmt.Sprintf("%d Pods of %s", n, selector), func() (bool, string) {
 		out := run(t, "kubectl", "-n", ns, "get", "pods", "-l", selector, "-o", "name")
-		if got := len(strings.Fields(out)); got == n {
-			return
-		} else if time.Now().After(deadline) {
-			t.Fatalf("want %d Pods of %s, have %d:\n%s", n, selector, got, out)
-		}
-		time.Sleep(time.Second)
-	}
+		return len(strings.Fields(out)) == n, out
+	})
 }
 
 // counts is the client Pod's /counts.
@@ -261,17 +254,12 @@ func (c client) get(t *testing.T) counts {
 // waitFor polls the counts until ok holds, for up to two minutes.
 func (c client) waitFor(t *testing.T, what string, ok func(counts) bool) counts {
 	t.Helper()
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
-		n := c.get(t)
-		if ok(n) {
-			return n
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not after 2m; counts: %s (last error: %s)", what, n, n.LastError)
-		}
-		time.Sleep(time.Second)
-	}
+	var n counts
+	testkit.EventuallyWithin(t, 2*time.Minute, what, func() (bool, string) {
+		n = c.get(t)
+		return ok(n), fmt.Sprintf("counts: %s (last error: %s)", n, n.LastError)
+	})
+	return n
 }
 
 // noFailures fails the test when any RPC between before and after failed.
