@@ -129,10 +129,12 @@ e2e: ## Build a single-node Kubernetes on this machine (as root; no container en
 	fi
 	hack/cluster/build.sh >/dev/null
 	go run ./hack/image -version $(VERSION) -platforms linux/amd64 -out dist/e2e/scopeplane.oci.tar
-	go run ./hack/cluster/agentimage -out dist/e2e/e2e-agent.oci.tar
+	go run ./hack/image -image scopeplane-demo -version $(VERSION) -platforms linux/amd64 -out dist/e2e/scopeplane-demo.oci.tar
+	go build -o dist/e2e/kubectl-scopeplane ./cmd/kubectl-scopeplane
 	helm=$$(hack/helm.sh); \
-	HELM=$$helm SCOPEPLANE_E2E_LOGS=$(CURDIR)/dist/e2e/logs hack/cluster/node.sh \
-	  --import dist/e2e/scopeplane.oci.tar --import dist/e2e/e2e-agent.oci.tar -- \
+	PATH=$(CURDIR)/dist/e2e:$$PATH HELM=$$helm SCOPEPLANE_E2E_LOGS=$(CURDIR)/dist/e2e/logs hack/cluster/node.sh \
+	  --sandbox ghcr.io/scopeplane/scopeplane-demo:$(VERSION) \
+	  --import dist/e2e/scopeplane.oci.tar --import dist/e2e/scopeplane-demo.oci.tar -- \
 	  go test -count=1 -v -timeout 30m -run '^TestQuickstartOnANode$$' ./test/e2e/
 
 .PHONY: helm
@@ -156,9 +158,10 @@ build: ## Build the scopeplane binary and the kubectl-scopeplane plugin into bin
 	go build -trimpath -ldflags "-s -w" -o bin/kubectl-scopeplane ./cmd/kubectl-scopeplane
 
 .PHONY: image
-image: ## Build the multi-arch (linux/amd64, linux/arm64) OCI image archive dist/scopeplane-<version>.oci.tar, no container engine needed.
+image: ## Build the multi-arch (linux/amd64, linux/arm64) OCI image archives dist/scopeplane-<version>.oci.tar and the quickstart's dist/scopeplane-demo-<version>.oci.tar, no container engine needed.
 	go run ./hack/image -version $(VERSION) -out dist/scopeplane-$(VERSION).oci.tar
-	@echo "dist/scopeplane-$(VERSION).oci.tar: docker load -i, or kind load image-archive"
+	go run ./hack/image -image scopeplane-demo -version $(VERSION) -out dist/scopeplane-demo-$(VERSION).oci.tar
+	@echo "dist/scopeplane-$(VERSION).oci.tar, dist/scopeplane-demo-$(VERSION).oci.tar: docker load -i, or kind load image-archive"
 
 .PHONY: dist
 dist: ## Write the packaged chart and install.yaml (the chart rendered with its defaults) into dist/.

@@ -18,15 +18,27 @@ containerd=$(version_of "${here}/tools/containerd/go.mod" github.com/containerd/
 coredns=$(version_of "${here}/tools/coredns/go.mod" github.com/coredns/coredns)
 cache=${SCOPEPLANE_CACHE:-${XDG_CACHE_HOME:-${HOME}/.cache}/scopeplane}
 envtest=$("${here}/envtest.sh")
-dir="${cache}/cluster/k8s-${k8s}_containerd-${containerd}_coredns-${coredns}"
+# The recipe (this script) is part of the key: a changed flag rebuilds.
+recipe=$(sha256sum "${BASH_SOURCE[0]}" | cut -c1-8)
+dir="${cache}/cluster/k8s-${k8s}_containerd-${containerd}_coredns-${coredns}_${recipe}"
 
-# build <module dir> <output> <package>: one binary, timed, into the cache.
+# Versions stamped as the upstream release builds stamp them, so that the
+# node reports them (kubectl get nodes, the skew checks) rather than
+# v0.0.0-master.
+minor=${k8s#v1.}; minor=${minor%%.*}
+k8s_version="-X k8s.io/component-base/version.gitVersion=${k8s} -X k8s.io/component-base/version.gitMajor=1
+  -X k8s.io/component-base/version.gitMinor=${minor} -X k8s.io/component-base/version.gitTreeState=clean
+  -X k8s.io/client-go/pkg/version.gitVersion=${k8s} -X k8s.io/client-go/pkg/version.gitMajor=1
+  -X k8s.io/client-go/pkg/version.gitMinor=${minor} -X k8s.io/client-go/pkg/version.gitTreeState=clean"
+containerd_version="-X github.com/containerd/containerd/v2/version.Version=${containerd}"
+
+# build <module dir> <output> <package> [ldflags]: one binary, timed, into the cache.
 build() {
   local out="${dir}/$2"
   [[ -x "${out}" ]] && return 0
   echo "cluster: building $2 from $3" >&2
   local start=${SECONDS}
-  (cd "${here}/tools/$1" && CGO_ENABLED=0 nice -n 10 go build -trimpath -ldflags='-s -w' -o "${out}.tmp" "$3")
+  (cd "${here}/tools/$1" && CGO_ENABLED=0 nice -n 10 go build -trimpath -ldflags="-s -w ${4:-}" -o "${out}.tmp" "$3")
   mv "${out}.tmp" "${out}"
   echo "cluster: built $2 in $((SECONDS - start))s" >&2
 }
@@ -34,10 +46,10 @@ build() {
 mkdir -p "${dir}"
 for b in kube-apiserver etcd; do ln -sf "${envtest}/${b}" "${dir}/${b}"; done
 for b in kubelet kube-controller-manager kube-scheduler kube-proxy kubectl; do
-  build apiserver "${b}" "k8s.io/kubernetes/cmd/${b}"
+  build apiserver "${b}" "k8s.io/kubernetes/cmd/${b}" "${k8s_version}"
 done
 for b in containerd containerd-shim-runc-v2 ctr; do
-  build containerd "${b}" "github.com/containerd/containerd/v2/cmd/${b}"
+  build containerd "${b}" "github.com/containerd/containerd/v2/cmd/${b}" "${containerd_version}"
 done
 build coredns coredns .
 echo "${dir}"

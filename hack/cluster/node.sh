@@ -2,13 +2,15 @@
 # node.sh runs a command against a single-node Kubernetes cluster that it
 # makes on this machine and removes afterwards:
 #
-#   hack/cluster/node.sh [--import image.oci.tar]... -- command [args]...
+#   hack/cluster/node.sh --sandbox ref [--import image.oci.tar]... -- command [args]...
 #
 # The node is etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
 # containerd 2 (Debian's runc), kubelet, kube-proxy (iptables) and CoreDNS,
 # all built by hack/cluster/build.sh, as processes of this script. It needs
 # root and a real kernel, and no container engine, registry or internet:
-# images come from OCI archives imported into containerd's k8s.io namespace.
+# images come from OCI archives imported into containerd's k8s.io namespace,
+# and --sandbox names the one of them that is the Pods' sandbox ("pause")
+# image, since Kubernetes' own cannot be pulled.
 #
 # Everything stays on this machine and in 198.18.0.0/15 (RFC 2544, never
 # routed): the node's address is 198.19.0.1 on its own bridge, Pods get
@@ -23,16 +25,18 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-imports=()
+usage="usage: node.sh --sandbox ref [--import archive]... -- command..."
+imports=() sandbox=
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --import) imports+=("$(realpath "$2")"); shift 2 ;;
+    --sandbox) sandbox=$2; shift 2 ;;
     --) shift; break ;;
-    *) echo "node: unknown argument $1 (usage: node.sh [--import archive]... -- command...)" >&2; exit 2 ;;
+    *) echo "node: unknown argument $1 (${usage})" >&2; exit 2 ;;
   esac
 done
-if [[ $# -eq 0 ]]; then
-  echo "node: no command (usage: node.sh [--import archive]... -- command...)" >&2
+if [[ $# -eq 0 || -z ${sandbox} ]]; then
+  echo "node: no command or no --sandbox image (${usage})" >&2
   exit 2
 fi
 if [[ $(id -u) -ne 0 ]]; then
@@ -292,7 +296,7 @@ start kube-apiserver kube-apiserver \
   --tls-cert-file "${pki}/apiserver.crt" --tls-private-key-file "${pki}/apiserver.key" \
   --client-ca-file "${pki}/ca.crt" \
   --kubelet-client-certificate "${pki}/admin.crt" --kubelet-client-key "${pki}/admin.key" \
-  --kubelet-certificate-authority "${pki}/ca.crt" \
+  --kubelet-certificate-authority "${pki}/ca.crt" --kubelet-preferred-address-types InternalIP \
   --service-account-issuer https://kubernetes.default.svc.cluster.local \
   --service-account-key-file "${pki}/sa.pub" --service-account-signing-key-file "${pki}/sa.key" \
   --service-cluster-ip-range "${service_cidr}" \
@@ -354,7 +358,7 @@ state = "${state}/containerd/state"
 [plugins.'io.containerd.cri.v1.images']
   snapshotter = "overlayfs"
   [plugins.'io.containerd.cri.v1.images'.pinned_images]
-    sandbox = "scopeplane.test/e2e-agent:e2e"
+    sandbox = "${sandbox}"
 [plugins.'io.containerd.cri.v1.runtime']
   enable_cdi = false
   # Without CAP_SYS_RESOURCE (as in some VMs) no process may lower its

@@ -21,20 +21,59 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/types"
 )
 
-// TestImage builds the release image as make image does, unpacks the
-// archive and checks what a container runtime would use: the index names
-// the tag, each platform's config (entrypoint, user, architecture), the
-// binary's ELF machine, the base files, and that the binary for this
-// machine prints the version.
+// TestImage builds each image as make image does, unpacks the archive and
+// checks what a container runtime would use: the index names the tag, each
+// platform's config (entrypoint, default arguments, user, architecture),
+// the binary's ELF machine, the base files, and that the binary for this
+// machine runs. The operator's image is built twice: it is reproducible.
 func TestImage(t *testing.T) {
 	const version = "0.0.0-test"
-	dir := t.TempDir()
-	archive := filepath.Join(dir, "image.tar")
-	o := options{version: version, repository: "example.test/scopeplane", out: archive,
-		platforms: []string{"linux/amd64", "linux/arm64"}, src: "../.."}
-	if err := build(o); err != nil {
-		t.Fatal(err)
+	for _, c := range []struct {
+		name      string
+		platforms []string
+		cmd       string
+		// probe runs the binary; want is what its output starts with.
+		probe, want string
+	}{
+		{name: "scopeplane", platforms: []string{"linux/amd64", "linux/arm64"}, probe: "--version", want: "scopeplane " + version + " "},
+		// The quickstart's workload is built for this machine only here:
+		// its path to an image is the operator's, tested above.
+		{name: "scopeplane-demo", platforms: []string{"linux/" + runtime.GOARCH}, cmd: "pause", probe: "nope", want: `unknown command "nope"`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			archive := filepath.Join(dir, "image.tar")
+			o := options{artifact: artifacts[c.name], name: c.name, version: version, repository: "example.test/" + c.name,
+				out: archive, platforms: c.platforms, src: "../.."}
+			if err := build(o); err != nil {
+				t.Fatal(err)
+			}
+			got := check(t, o, dir, archive, c.cmd, c.probe, c.want)
+			if strings.Join(got, ",") != strings.Join(c.platforms, ",") {
+				t.Errorf("platforms %v, want %v", got, c.platforms)
+			}
+			if c.name != "scopeplane" {
+				return
+			}
+			// The same inputs make the same archive, byte for byte.
+			again := filepath.Join(dir, "again.tar")
+			o.out = again
+			if err := build(o); err != nil {
+				t.Fatal(err)
+			}
+			a, _ := os.ReadFile(archive)
+			b, _ := os.ReadFile(again)
+			if !bytes.Equal(a, b) {
+				t.Error("two builds of the same source differ: the image is not reproducible")
+			}
+		})
 	}
+}
+
+// check unpacks the archive of o and checks it; it returns the platforms
+// the archive holds.
+func check(t *testing.T, o options, dir, archive, cmd, probe, want string) []string {
+	t.Helper()
 	root := filepath.Join(dir, "unpacked")
 	untar(t, archive, root)
 
@@ -46,8 +85,8 @@ func TestImage(t *testing.T) {
 	}
 	readJSON(t, filepath.Join(root, "index.json"), &index)
 	if len(index.Manifests) != 1 || index.Manifests[0].MediaType != string(types.OCIImageIndex) ||
-		index.Manifests[0].Annotations["io.containerd.image.name"] != "example.test/scopeplane:"+version ||
-		index.Manifests[0].Annotations["org.opencontainers.image.ref.name"] != version {
+		index.Manifests[0].Annotations["io.containerd.image.name"] != o.Ref() ||
+		index.Manifests[0].Annotations["org.opencontainers.image.ref.name"] != o.version {
 		t.Fatalf("index.json does not name one image index with the tag: %+v", index)
 	}
 
@@ -81,47 +120,33 @@ func TestImage(t *testing.T) {
 			t.Fatal(err)
 		}
 		if cf.Architecture != arch || cf.OS != "linux" || cf.Config.User != "65532:65532" ||
-			strings.Join(cf.Config.Entrypoint, " ") != "/scopeplane" || cf.Config.Labels["org.opencontainers.image.version"] != version {
-			t.Errorf("%s config: arch %s, os %s, user %q, entrypoint %q, labels %v", arch, cf.Architecture, cf.OS,
-				cf.Config.User, cf.Config.Entrypoint, cf.Config.Labels)
+			strings.Join(cf.Config.Entrypoint, " ") != "/"+o.name || strings.Join(cf.Config.Cmd, " ") != cmd ||
+			cf.Config.Labels["org.opencontainers.image.version"] != o.version {
+			t.Errorf("%s config: arch %s, os %s, user %q, entrypoint %q, cmd %q, labels %v", arch, cf.Architecture, cf.OS,
+				cf.Config.User, cf.Config.Entrypoint, cf.Config.Cmd, cf.Config.Labels)
 		}
 		files := flatten(t, img)
 		checkBase(t, arch, files)
-		bin := files["scopeplane"]
+		bin := files[o.name]
 		f, err := elf.NewFile(bytes.NewReader(bin))
 		if err != nil {
-			t.Fatalf("%s /scopeplane: %v", arch, err)
+			t.Fatalf("%s /%s: %v", arch, o.name, err)
 		}
-		want := map[string]elf.Machine{"amd64": elf.EM_X86_64, "arm64": elf.EM_AARCH64}[arch]
-		if f.Machine != want {
-			t.Errorf("%s /scopeplane is built for %v", arch, f.Machine)
+		if want := map[string]elf.Machine{"amd64": elf.EM_X86_64, "arm64": elf.EM_AARCH64}[arch]; f.Machine != want {
+			t.Errorf("%s /%s is built for %v", arch, o.name, f.Machine)
 		}
 		if arch == runtime.GOARCH {
-			path := filepath.Join(dir, "scopeplane-"+arch)
+			path := filepath.Join(dir, o.name+"-"+arch)
 			if err := os.WriteFile(path, bin, 0o755); err != nil {
 				t.Fatal(err)
 			}
-			out, err := exec.Command(path, "--version").CombinedOutput()
-			if err != nil || !strings.HasPrefix(string(out), "scopeplane "+version+" ") {
-				t.Errorf("/scopeplane --version: %q, %v", out, err)
+			out, _ := exec.Command(path, probe).CombinedOutput()
+			if !strings.Contains(string(out), want) {
+				t.Errorf("/%s %s: %q, want it to say %q", o.name, probe, out, want)
 			}
 		}
 	}
-	if strings.Join(got, ",") != "linux/amd64,linux/arm64" {
-		t.Errorf("platforms %v", got)
-	}
-
-	// The same inputs make the same archive, byte for byte.
-	again := filepath.Join(dir, "again.tar")
-	o.out = again
-	if err := build(o); err != nil {
-		t.Fatal(err)
-	}
-	a, _ := os.ReadFile(archive)
-	b, _ := os.ReadFile(again)
-	if !bytes.Equal(a, b) {
-		t.Error("two builds of the same source differ: the image is not reproducible")
-	}
+	return got
 }
 
 func checkBase(t *testing.T, arch string, files map[string][]byte) {

@@ -1,9 +1,12 @@
-// Command image builds scopeplane's container image without a container
+// Command image builds scopeplane's container images without a container
 // engine: a multi-arch OCI image index (linux/amd64 and linux/arm64 by
-// default) of the static binary on a scratch-style base — a CA bundle, a
+// default) of one static binary on a scratch-style base — a CA bundle, a
 // passwd and group entry for the non-root user 65532, a writable /tmp — and
 // writes it as an OCI layout archive that `docker load` (Docker 25+),
-// `kind load image-archive` and `ctr images import` read.
+// `kind load image-archive` and `ctr images import` read. It builds the
+// operator's image (-image scopeplane) and the quickstart's workload
+// (-image scopeplane-demo, cmd/scopeplane-demo) the same way, so that the
+// quickstart runs on a cluster that pulls nothing but what it is given.
 //
 // The build is reproducible: the binaries are built with -trimpath, every
 // file and the image config carry the same timestamp (SOURCE_DATE_EPOCH, or
@@ -38,10 +41,32 @@ import (
 // User is the image's non-root user and group.
 const User = 65532
 
+// An artifact is one image this command builds: the package of its binary,
+// and what the image's config says to a runtime.
+type artifact struct {
+	// pkg is the binary's package, relative to -src; the binary is /<name>.
+	pkg string
+	// cmd is the default arguments to the binary.
+	cmd []string
+	// ports are the ports the binary serves on, with what they are for.
+	ports []string
+}
+
+// artifacts are the images, by name: the name is the repository's last
+// element and the binary's name in the image.
+var artifacts = map[string]artifact{
+	// 18000: xDS (ADS gRPC); 8080: metrics; 8081: /healthz and /readyz.
+	"scopeplane": {pkg: ".", ports: []string{"18000/tcp", "8080/tcp", "8081/tcp"}},
+	// 50051: whoami's gRPC; 8080: the xDS client's /counts and /ready.
+	// "pause" by default, so the image can be a node's Pod sandbox.
+	"scopeplane-demo": {pkg: "./cmd/scopeplane-demo", cmd: []string{"pause"}, ports: []string{"50051/tcp", "8080/tcp"}},
+}
+
 func main() {
 	var (
+		name      = flag.String("image", "scopeplane", "The image to build: scopeplane (the operator) or scopeplane-demo (the quickstart's backend and client).")
 		version   = flag.String("version", "", "The binary's version and the image tag (the chart's appVersion).")
-		repo      = flag.String("repository", "ghcr.io/scopeplane/scopeplane", "The image repository the archive names.")
+		repo      = flag.String("repository", "", "The image repository the archive names (default ghcr.io/scopeplane/<image>).")
 		out       = flag.String("out", "", "Path of the OCI layout archive to write.")
 		platforms = flag.String("platforms", "linux/amd64,linux/arm64", "Comma-separated platforms to build.")
 		src       = flag.String("src", ".", "The module to build (the repository root).")
@@ -51,15 +76,25 @@ func main() {
 		fmt.Fprintln(os.Stderr, "image: -version and -out are required")
 		os.Exit(2)
 	}
-	if err := build(options{version: *version, repository: *repo, out: *out, platforms: strings.Split(*platforms, ","), src: *src}); err != nil {
+	a, ok := artifacts[*name]
+	if !ok {
+		fmt.Fprintf(os.Stderr, "image: -image %q is none of scopeplane, scopeplane-demo\n", *name)
+		os.Exit(2)
+	}
+	if *repo == "" {
+		*repo = "ghcr.io/scopeplane/" + *name
+	}
+	o := options{name: *name, artifact: a, version: *version, repository: *repo, out: *out, platforms: strings.Split(*platforms, ","), src: *src}
+	if err := build(o); err != nil {
 		fmt.Fprintln(os.Stderr, "image:", err)
 		os.Exit(1)
 	}
 }
 
 type options struct {
-	version, repository, out, src string
-	platforms                     []string
+	artifact
+	name, version, repository, out, src string
+	platforms                           []string
 }
 
 // Ref is the image reference the archive names.
@@ -86,8 +121,8 @@ func build(o options) error {
 		if err != nil {
 			return err
 		}
-		bin := filepath.Join(tmp, "scopeplane-"+plat.OS+"-"+plat.Architecture)
-		if err := goBuild(o.src, plat, o.version, bin); err != nil {
+		bin := filepath.Join(tmp, o.name+"-"+plat.OS+"-"+plat.Architecture)
+		if err := goBuild(o.src, o.pkg, plat, o.version, bin); err != nil {
 			return err
 		}
 		img, err := image(plat, o, base, bin, created)
@@ -115,9 +150,9 @@ func build(o options) error {
 	return tarDir(dir, o.out, created)
 }
 
-// goBuild builds the static binary for one platform.
-func goBuild(src string, p *v1.Platform, version, out string) error {
-	cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w -buildid= -X main.version="+version, "-o", out, ".")
+// goBuild builds the static binary of pkg for one platform.
+func goBuild(src, pkg string, p *v1.Platform, version, out string) error {
+	cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w -buildid= -X main.version="+version, "-o", out, pkg)
 	cmd.Dir = src
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS="+p.OS, "GOARCH="+p.Architecture)
 	if p.Variant != "" && p.Architecture == "arm" {
@@ -136,7 +171,7 @@ func image(p *v1.Platform, o options, base v1.Layer, bin string, created time.Ti
 	if err != nil {
 		return nil, err
 	}
-	app, err := layer(created, []entry{{name: "scopeplane", mode: 0o755, data: data}})
+	app, err := layer(created, []entry{{name: o.name, mode: 0o755, data: data}})
 	if err != nil {
 		return nil, err
 	}
@@ -152,15 +187,19 @@ func image(p *v1.Platform, o options, base v1.Layer, bin string, created time.Ti
 	cf = cf.DeepCopy()
 	cf.OS, cf.Architecture, cf.Variant = p.OS, p.Architecture, p.Variant
 	cf.Created = v1.Time{Time: created}
+	ports := map[string]struct{}{}
+	for _, port := range o.ports {
+		ports[port] = struct{}{}
+	}
 	cf.Config = v1.Config{
-		User:       fmt.Sprintf("%d:%d", User, User),
-		Entrypoint: []string{"/scopeplane"},
-		WorkingDir: "/",
-		Env:        []string{"SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt"},
-		// 18000: xDS (ADS gRPC); 8080: metrics; 8081: /healthz and /readyz.
-		ExposedPorts: map[string]struct{}{"18000/tcp": {}, "8080/tcp": {}, "8081/tcp": {}},
+		User:         fmt.Sprintf("%d:%d", User, User),
+		Entrypoint:   []string{"/" + o.name},
+		Cmd:          o.cmd,
+		WorkingDir:   "/",
+		Env:          []string{"SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt"},
+		ExposedPorts: ports,
 		Labels: map[string]string{
-			"org.opencontainers.image.title":    "scopeplane",
+			"org.opencontainers.image.title":    o.name,
 			"org.opencontainers.image.version":  o.version,
 			"org.opencontainers.image.source":   "https://github.com/scopeplane/scopeplane",
 			"org.opencontainers.image.licenses": "Apache-2.0",

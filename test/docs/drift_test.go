@@ -245,3 +245,50 @@ func TestChartFlagsDocumented(t *testing.T) {
 		}
 	}
 }
+
+// quickstartFile is a fenced block of the quickstart that shows a file: the
+// comment naming the file, then the block.
+var quickstartFile = regexp.MustCompile("(?s)<!-- (docs/quickstart/[^ ]+) -->\n```yaml\n(.*?)```\n")
+
+// TestQuickstartShowsItsFiles holds the quickstart's manifests equal to the
+// files `kubectl apply -f` takes and `make e2e` applies on a real node, and
+// their images to the tag the chart deploys: a manifest edited on the page
+// only, or a file the page does not show, fails here.
+func TestQuickstartShowsItsFiles(t *testing.T) {
+	page := read(t, "docs/quickstart-kind.md")
+	shown := map[string]bool{}
+	for _, m := range quickstartFile.FindAllStringSubmatch(page, -1) {
+		shown[m[1]] = true
+		if file := read(t, m[1]); m[2] != file {
+			t.Errorf("docs/quickstart-kind.md shows %s other than it is: copy the file into the page", m[1])
+		}
+		if !strings.Contains(page, "kubectl apply -f "+m[1]+"\n") {
+			t.Errorf("docs/quickstart-kind.md shows %s but does not apply it", m[1])
+		}
+	}
+	files, err := filepath.Glob(filepath.Join(repoRoot, "docs", "quickstart", "*.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(files) == 0 {
+		t.Fatal("no docs/quickstart/*.yaml")
+	}
+	var chart struct {
+		AppVersion string `json:"appVersion"`
+	}
+	if err := yaml.Unmarshal([]byte(read(t, "charts/scopeplane/Chart.yaml")), &chart); err != nil {
+		t.Fatal(err)
+	}
+	image := regexp.MustCompile(`image: (\S+)`)
+	for _, f := range files {
+		rel := "docs/quickstart/" + filepath.Base(f)
+		if !shown[rel] {
+			t.Errorf("docs/quickstart-kind.md does not show %s: add it after a line <!-- %s -->", rel, rel)
+		}
+		for _, m := range image.FindAllStringSubmatch(read(t, rel), -1) {
+			if want := "ghcr.io/scopeplane/scopeplane-demo:" + chart.AppVersion; m[1] != want {
+				t.Errorf("%s runs the image %s, want %s (the chart's appVersion, what make image tags)", rel, m[1], want)
+			}
+		}
+	}
+}

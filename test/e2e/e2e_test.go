@@ -1,9 +1,9 @@
 // Package e2e runs scopeplane as a user does, on a real single-node
 // Kubernetes that hack/cluster/node.sh builds on this machine: the chart
 // installed with `helm install` and its defaults, the image on real Pods,
-// backends whose EndpointSlices the endpointslice controller makes, and a
-// proxyless gRPC client Pod with a kubelet-projected token counting every
-// RPC. Everything in-process tests cannot see — the image, RBAC in practice,
+// and the quickstart's own manifests (docs/quickstart): backends whose
+// EndpointSlices the endpointslice controller makes, and a proxyless gRPC
+// client Pod with a kubelet-projected token counting every RPC. Everything in-process tests cannot see — the image, RBAC in practice,
 // probes, the Service DNS name in the bootstraps, the projected token — is
 // on this path.
 package e2e
@@ -30,7 +30,13 @@ var root = filepath.Join("..", "..")
 const (
 	namespace = "scopeplane-system"
 	release   = "scopeplane"
+	// zone is the node's topology.kubernetes.io/zone.
+	zone = "e2e-zone-a"
 )
+
+// quickstart is the path of one of the quickstart's manifests, the files
+// docs/quickstart-kind.md shows and tells a user to apply.
+func quickstart(name string) string { return filepath.Join(root, "docs", "quickstart", name) }
 
 func TestQuickstartOnANode(t *testing.T) {
 	if os.Getenv("SCOPEPLANE_E2E") == "" {
@@ -50,13 +56,18 @@ func TestQuickstartOnANode(t *testing.T) {
 		t.Fatalf("want both operator Pods Ready, got:\n%s", ready)
 	}
 
-	t.Log("step: backends, their Service and a ProxylessGRPC scope")
-	run(t, "kubectl", "apply", "-f", filepath.Join("testdata", "backend.yaml"))
+	// The zone of a proxy comes from the Node its token is bound to: the
+	// label is there before the client's stream starts.
+	node := os.Getenv("SCOPEPLANE_E2E_NODE")
+	run(t, "kubectl", "label", "node", node, "topology.kubernetes.io/zone="+zone, "--overwrite")
+
+	t.Log("step: the quickstart's backends, their Service and a ProxylessGRPC scope")
+	run(t, "kubectl", "apply", "-f", quickstart("whoami.yaml"))
 	run(t, "kubectl", "wait", "--for=condition=Ready", "proxyscope/whoami", "--timeout=2m")
 	run(t, "kubectl", "rollout", "status", "deploy/whoami", "--timeout=3m")
 
-	t.Log("step: a proxyless gRPC client Pod in the scope")
-	run(t, "kubectl", "apply", "-f", filepath.Join("testdata", "client.yaml"))
+	t.Log("step: the quickstart's proxyless gRPC client Pod in the scope")
+	run(t, "kubectl", "apply", "-f", quickstart("whoami-client.yaml"))
 	if _, err := kubectl("wait", "--for=condition=Ready", "pod/whoami-client", "--timeout=3m"); err != nil {
 		logs, _ := kubectl("logs", "whoami-client", "--tail=20")
 		t.Fatalf("the client Pod is not Ready (no RPC went through the scope): %v\n%s", err, logs)
@@ -70,6 +81,15 @@ func TestQuickstartOnANode(t *testing.T) {
 	t.Logf("the scope:\n%s", run(t, "kubectl", "get", "proxyscope", "whoami", "-o", "wide"))
 	if first.Failed != 0 {
 		t.Errorf("%d RPCs failed before the client had served one (last: %s)", first.Failed, first.LastError)
+	}
+
+	t.Log("step: kubectl scopeplane proxy-status places the client in its Node's zone")
+	// Through the API server: the plugin port-forwards to each replica.
+	status := run(t, "kubectl", "scopeplane", "proxy-status", "default/whoami")
+	t.Logf("proxy-status:\n%s", status)
+	want := zone + " (node " + node + ")"
+	if !strings.Contains(status, "whoami-grpc") || !strings.Contains(status, want) {
+		t.Errorf("proxy-status does not list whoami-grpc in %q, the zone of the Node its token is bound to", want)
 	}
 
 	t.Log("step: scale the backend to 3")

@@ -1,9 +1,11 @@
-// Command e2e-agent is every workload the end-to-end test runs on its
-// Kubernetes node, in one static binary and one image, because that node
-// cannot pull images: it is the Pod sandbox ("pause"), the gRPC backend
-// ("whoami", internal/whoami answering with its Pod's name), and the
-// proxyless gRPC client ("xds-client", grpc-go's xDS resolver) that counts
-// every RPC it makes so that the test can demand zero failures.
+// Command scopeplane-demo is the workload of the quickstart (and of the
+// end-to-end test, which runs the quickstart's manifests): a gRPC backend
+// ("whoami", internal/whoami answering with its Pod's name) and a proxyless
+// gRPC client ("xds-client", grpc-go's xDS resolver) that calls it through a
+// scope without pause and counts every RPC, so that a user (or the test) can
+// see that a rollout failed none. One static binary in one image, because a
+// node without a registry must get by with what it is given: "pause" makes
+// the same image the Pod sandbox of the node hack/cluster/node.sh builds.
 package main
 
 import (
@@ -30,7 +32,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: e2e-agent pause|whoami|xds-client [flags]")
+		fmt.Fprintln(os.Stderr, "usage: scopeplane-demo whoami|xds-client|pause [flags]")
 		os.Exit(2)
 	}
 	var err error
