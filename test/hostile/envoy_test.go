@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/tls"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"strconv"
@@ -127,7 +128,7 @@ func envoyStream(t *testing.T, tp *tplane, from string, injected hpack.HeaderFie
 	for {
 		f, err := fr.ReadFrame()
 		if err != nil {
-			if err == io.EOF {
+			if errors.Is(err, io.EOF) {
 				t.Fatal("the server closed the connection")
 			}
 			t.Fatal(err)
