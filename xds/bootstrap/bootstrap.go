@@ -66,7 +66,8 @@ type TLS struct {
 	// ConfigMap's other files are beside it.
 	CAFile string
 	// Token makes the gRPC bootstrap send the projected ServiceAccount
-	// token at TokenPath (the server accepts tokens).
+	// token at TokenPath (the server accepts tokens), and Envoy's too
+	// unless SPIFFEDir is set.
 	Token bool
 	// SPIFFEDir, when set, is where the pod mounts its SPIFFE certificate
 	// (tls.crt and tls.key; the server accepts SPIFFE certificates): Envoy
@@ -89,7 +90,8 @@ const (
 
 // TokenPath is where a proxy's pod mounts its projected ServiceAccount
 // token (audience scopeplane), which the gRPC bootstrap sends as call
-// credentials; docs/bootstrap.md shows the volume.
+// credentials and Envoy through TokenSDSKey; docs/bootstrap.md shows the
+// volume.
 const TokenPath = "/var/run/secrets/scopeplane/token"
 
 // XDSClusterName is the Envoy cluster through which Envoy reaches scopeplane.
@@ -102,7 +104,8 @@ func ConfigMapName(scope string) string { return scope + "-xds-bootstrap" }
 // server (host:port) with the api_type the scope's protocol requires. With
 // tls, the xDS cluster speaks TLS with SNI set to server's host and checks
 // the control plane's certificate against the CA that CASDSKey names and
-// that host, and it presents Envoy's credential (envoyCredential). The node
+// that host, and it presents Envoy's credential (the token unless
+// tls.SPIFFEDir is set, see TLS.envoyToken). The node
 // id is a placeholder: run Envoy with --service-node set to the pod's name
 // so each proxy is told apart in the scope's status. The result has passed
 // ValidateEnvoy.
