@@ -18,6 +18,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
+	"github.com/scopeplane/scopeplane/controllers/bootstrapconfig"
 	"github.com/scopeplane/scopeplane/internal/controlplane"
 	"github.com/scopeplane/scopeplane/internal/localapi"
 	"github.com/scopeplane/scopeplane/internal/scheme"
@@ -34,7 +35,8 @@ import (
 // it holds Envoy's CA and token SDS files beside the bootstrap, each valid
 // for Envoy, and they stay byte for byte the same across reconciles that
 // rewrite the ConfigMap: a CA rotation changes ca.crt alone, and a
-// protocol change the bootstrap's api_type alone.
+// protocol change the bootstrap's api_type alone, and a reconcile that
+// changes nothing does not write.
 func TestEnvoyKeysWithTheDefaults(t *testing.T) {
 	env, err := localapi.Start()
 	if err != nil {
@@ -176,4 +178,31 @@ func TestEnvoyKeysWithTheDefaults(t *testing.T) {
 	if err := bootstrap.ValidateEnvoy([]byte(delta.Data[bootstrap.EnvoyKey])); err != nil {
 		t.Errorf("the Delta %s: %v", bootstrap.EnvoyKey, err)
 	}
+
+	// Reconciles that change nothing write nothing: a second reconciler
+	// with the same settings (as a new leader would be) renders every key
+	// byte for byte as the first did, so the ConfigMap keeps its
+	// resourceVersion and no proxy's mount is touched.
+	r := &bootstrapconfig.Reconciler{
+		Client: env.Client, XDSServer: "scopeplane.scopeplane-system.svc:18000", Conflicts: bootstrapconfig.NewConflicts(),
+		CA: staticCA(delta.Data[bootstrap.CAKey]), Token: true,
+	}
+	for i := range 3 {
+		if _, err := r.Reconcile(ctx, ctrl.Request{NamespacedName: client.ObjectKeyFromObject(ps)}); err != nil {
+			t.Fatal(err)
+		}
+		cm, err := get()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cm.ResourceVersion != delta.ResourceVersion || !maps.Equal(cm.Data, delta.Data) {
+			t.Errorf("reconcile %d rewrote the ConfigMap (resourceVersion %s, was %s)", i+1, cm.ResourceVersion, delta.ResourceVersion)
+		}
+	}
 }
+
+// staticCA is a CA bundle that never changes.
+type staticCA string
+
+func (c staticCA) CABundle() []byte         { return []byte(c) }
+func (c staticCA) Changed() <-chan struct{} { return nil }
