@@ -151,9 +151,19 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		}
 		tls = &bootstrap.TLS{CAFile: path.Join(cmp.Or(r.MountPath, bootstrap.MountPath), bootstrap.CAKey), Token: r.Token, SPIFFEDir: r.SPIFFEDir}
 	}
-	sds, err := bootstrap.EnvoySDS(tls)
-	if err != nil {
-		return ctrl.Result{}, reconcile.TerminalError(err)
+	// Envoy's file-based SDS resources, each by its key; nil ones are
+	// left out (bootstrap.EnvoySDS and the others say when).
+	sds := map[string][]byte{}
+	for key, render := range map[string]func(*bootstrap.TLS) ([]byte, error){
+		bootstrap.SDSKey: bootstrap.EnvoySDS, bootstrap.CASDSKey: bootstrap.EnvoyCASDS, bootstrap.TokenSDSKey: bootstrap.EnvoyTokenSDS,
+	} {
+		out, err := render(tls)
+		if err != nil {
+			return ctrl.Result{}, reconcile.TerminalError(err)
+		}
+		if out != nil {
+			sds[key] = out
+		}
 	}
 	envoy, err := bootstrap.Envoy(key, convert.Protocol(ps.Spec.Protocol), r.XDSServer, tls)
 	if err != nil {
@@ -191,8 +201,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		if tls != nil {
 			cm.Data[bootstrap.CAKey] = string(ca)
 		}
-		if sds != nil {
-			cm.Data[bootstrap.SDSKey] = string(sds)
+		for key, out := range sds {
+			cm.Data[key] = string(out)
 		}
 		// Adopted: the previous controller, a ProxyScope that no longer
 		// exists (liveOwner), gives way.

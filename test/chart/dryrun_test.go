@@ -190,6 +190,25 @@ func TestNotes(t *testing.T) {
 					t.Errorf("NOTES.txt does not say %q:\n%s", want, notes)
 				}
 			}
+			// What a proxy mounts for the credential the chart asks for: the
+			// token at the path the bootstraps read it from, which Envoy sends
+			// unless it presents a SPIFFE certificate.
+			var methods string
+			anonymous := false
+			for _, a := range containerArgs(t, decode(t, c.render(t))) {
+				if v, ok := strings.CutPrefix(a, "--xds-auth="); ok {
+					methods = v
+				}
+				anonymous = anonymous || a == "--xds-allow-anonymous"
+			}
+			token := slices.Contains(strings.Split(methods, ","), "token")
+			spiffe := slices.Contains(strings.Split(methods, ","), "spiffe")
+			if !anonymous && token && !strings.Contains(notes, "/var/run/secrets/scopeplane/token") {
+				t.Errorf("NOTES.txt does not say where the token is mounted (--xds-auth=%s):\n%s", methods, notes)
+			}
+			if !anonymous && token && !spiffe && !strings.Contains(notes, "envoy-sds-token.yaml") {
+				t.Errorf("NOTES.txt does not say that Envoy sends the token (--xds-auth=%s):\n%s", methods, notes)
+			}
 			notesExample(t, notes)
 		})
 	}

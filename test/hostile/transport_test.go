@@ -50,6 +50,7 @@ type tplane struct {
 	p     *pipeline.Pipeline
 	addr  string
 	token string
+	iss   *authtest.Issuer // signs token; tests sign other tokens with it
 	proxy *adsclient.Client
 	tls   *tls.Config // the client side, when the server speaks TLS
 	rows  int
@@ -66,7 +67,7 @@ func startTransport(t *testing.T, opts server.Options, serverTLS *tls.Config, cl
 	p.Catalog.UpsertScope(scope("sotw", model.SotW))
 	p.Sync()
 	now := time.Now()
-	tp := &tplane{t: t, p: p, tls: clientTLS,
+	tp := &tplane{t: t, p: p, tls: clientTLS, iss: iss,
 		token: iss.Sign(authtest.SAClaims("default", "envoy", "scopeplane", now.Add(-time.Minute), now.Add(time.Hour)))}
 	if serverTLS != nil {
 		tp.addr = testkit.ServeTLS(t, p.Server.ServeListener, serverTLS)

@@ -16,11 +16,16 @@ import (
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	credentialinjectorv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/credential_injector/v3"
+	upstreamcodecv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/upstream_codec/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	genericv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/http/injected_credentials/generic/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	upstreamhttpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -39,6 +44,14 @@ const (
 	// SDSKey holds the file-based SDS resource through which Envoy reads
 	// its SPIFFE client certificate (only when proxies present one).
 	SDSKey = "envoy-sds.yaml"
+	// CASDSKey holds the file-based SDS resource through which Envoy reads
+	// the CA bundle (ca.crt), so that it follows a CA rotation without a
+	// restart (absent when the xDS port is plaintext).
+	CASDSKey = "envoy-sds-ca.yaml"
+	// TokenSDSKey holds the file-based SDS resource through which Envoy
+	// reads the projected ServiceAccount token it sends (only when Envoy
+	// authenticates with the token).
+	TokenSDSKey = "envoy-sds-token.yaml"
 )
 
 // MountPath is where pods mount their scope's bootstrap ConfigMap, so
@@ -53,12 +66,13 @@ type TLS struct {
 	// ConfigMap's other files are beside it.
 	CAFile string
 	// Token makes the gRPC bootstrap send the projected ServiceAccount
-	// token at TokenPath (the server accepts tokens).
+	// token at TokenPath (the server accepts tokens), and Envoy's too
+	// unless SPIFFEDir is set.
 	Token bool
 	// SPIFFEDir, when set, is where the pod mounts its SPIFFE certificate
 	// (tls.crt and tls.key; the server accepts SPIFFE certificates): Envoy
-	// presents it, since Envoy cannot send a rotating token, and so does
-	// gRPC when Token is false.
+	// presents it instead of sending the token, and so does gRPC when
+	// Token is false.
 	SPIFFEDir string
 }
 
@@ -66,12 +80,18 @@ type TLS struct {
 // mounted (tls.crt, tls.key, ca.crt); SPIRE's helper can write there too.
 const SPIFFEDir = "/var/run/secrets/spiffe.io"
 
-// spiffeSecret is the SDS name of the SPIFFE certificate in SDSKey.
-const spiffeSecret = "spiffe"
+// SDS names of the secrets in SDSKey, CASDSKey and TokenSDSKey. Each file
+// holds one secret: Envoy refuses a file-based SDS update with more.
+const (
+	spiffeSecret = "spiffe"
+	caSecret     = "scopeplane-ca"
+	tokenSecret  = "scopeplane-token"
+)
 
 // TokenPath is where a proxy's pod mounts its projected ServiceAccount
 // token (audience scopeplane), which the gRPC bootstrap sends as call
-// credentials; docs/bootstrap.md shows the volume.
+// credentials and Envoy through TokenSDSKey; docs/bootstrap.md shows the
+// volume.
 const TokenPath = "/var/run/secrets/scopeplane/token"
 
 // XDSClusterName is the Envoy cluster through which Envoy reaches scopeplane.
@@ -83,20 +103,29 @@ func ConfigMapName(scope string) string { return scope + "-xds-bootstrap" }
 // Envoy returns an Envoy bootstrap (YAML) that joins scope over ADS at
 // server (host:port) with the api_type the scope's protocol requires. With
 // tls, the xDS cluster speaks TLS with SNI set to server's host and checks
-// the control plane's certificate against the CA file and that host. The
-// node id is a placeholder: run Envoy with --service-node set to the pod's
-// name so each proxy is told apart in the scope's status.
+// the control plane's certificate against the CA that CASDSKey names and
+// that host, and it presents Envoy's credential (the token unless
+// tls.SPIFFEDir is set, see TLS.envoyToken). The node
+// id is a placeholder: run Envoy with --service-node set to the pod's name
+// so each proxy is told apart in the scope's status. The result has passed
+// ValidateEnvoy.
 func Envoy(scope model.Key, protocol model.Protocol, server string, tls *TLS) ([]byte, error) {
 	host, port, err := splitHostPort(server)
 	if err != nil {
 		return nil, err
 	}
 	apiType := corev3.ApiConfigSource_ApiType(corev3.ApiConfigSource_ApiType_value[protocol.APIType()])
-	h2, err := anypb.New(&upstreamhttpv3.HttpProtocolOptions{
+	options := &upstreamhttpv3.HttpProtocolOptions{
 		UpstreamProtocolOptions: &upstreamhttpv3.HttpProtocolOptions_ExplicitHttpConfig_{ExplicitHttpConfig: &upstreamhttpv3.HttpProtocolOptions_ExplicitHttpConfig{
 			ProtocolConfig: &upstreamhttpv3.HttpProtocolOptions_ExplicitHttpConfig_Http2ProtocolOptions{Http2ProtocolOptions: &corev3.Http2ProtocolOptions{}},
 		}},
-	})
+	}
+	if tls != nil && tls.envoyToken() {
+		if options.HttpFilters, err = tokenFilters(tls); err != nil {
+			return nil, err
+		}
+	}
+	h2, err := anypb.New(options)
 	if err != nil {
 		return nil, err
 	}
@@ -144,19 +173,74 @@ func Envoy(scope model.Key, protocol model.Protocol, server string, tls *TLS) ([
 		}
 		b.StaticResources.Clusters[0].TransportSocket = ts
 	}
-	if err := b.ValidateAll(); err != nil {
-		return nil, fmt.Errorf("rendered Envoy bootstrap is invalid: %w", err)
-	}
-	js, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(b)
+	out, err := toYAML(b)
 	if err != nil {
 		return nil, err
 	}
-	return yaml.JSONToYAML(js)
+	if err := ValidateEnvoy(out); err != nil {
+		return nil, fmt.Errorf("rendered Envoy bootstrap is invalid: %w", err)
+	}
+	return out, nil
+}
+
+// envoyToken reports whether Envoy authenticates with the projected token
+// rather than a SPIFFE certificate: when the server accepts tokens and no
+// SPIFFE certificate. A pod whose operator turned SPIFFE on has the CSI
+// driver's volume already, and keeps presenting that certificate as it did
+// before Envoy could send a token.
+func (t *TLS) envoyToken() bool { return t.Token && t.SPIFFEDir == "" }
+
+// tokenFilters are the xDS cluster's upstream HTTP filters that send the
+// projected token on every stream Envoy opens to the control plane, ADS
+// included: Envoy's own gRPC client (envoy_grpc) sends only static
+// metadata, while the credential injector reads the token through
+// file-based SDS (TokenSDSKey) and so follows the kubelet's rotation. An
+// upstream filter chain must end with the upstream codec.
+func tokenFilters(t *TLS) ([]*hcmv3.HttpFilter, error) {
+	generic, err := anypb.New(&genericv3.Generic{
+		Credential:        &tlsv3.SdsSecretConfig{Name: tokenSecret, SdsConfig: fileSDS(t, TokenSDSKey)},
+		HeaderValuePrefix: "Bearer ",
+	})
+	if err != nil {
+		return nil, err
+	}
+	injector, err := anypb.New(&credentialinjectorv3.CredentialInjector{
+		// A header of the same name from elsewhere never replaces the token.
+		Overwrite:  true,
+		Credential: &corev3.TypedExtensionConfig{Name: "envoy.http.injected_credentials.generic", TypedConfig: generic},
+	})
+	if err != nil {
+		return nil, err
+	}
+	codec, err := anypb.New(&upstreamcodecv3.UpstreamCodec{})
+	if err != nil {
+		return nil, err
+	}
+	return []*hcmv3.HttpFilter{
+		{Name: "envoy.filters.http.credential_injector", ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: injector}},
+		{Name: "envoy.filters.http.upstream_codec", ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: codec}},
+	}, nil
+}
+
+// fileSDS is the config source of the SDS file key of the ConfigMap,
+// beside the CA file, with the ConfigMap's directory watched: the kubelet
+// updates a ConfigMap volume by renaming its ..data link there, which
+// Envoy sees as a move into the directory and reads the file again.
+func fileSDS(t *TLS, key string) *corev3.ConfigSource {
+	dir := path.Dir(t.CAFile)
+	return &corev3.ConfigSource{
+		ResourceApiVersion: corev3.ApiVersion_V3,
+		ConfigSourceSpecifier: &corev3.ConfigSource_PathConfigSource{PathConfigSource: &corev3.PathConfigSource{
+			Path: path.Join(dir, key), WatchedDirectory: &corev3.WatchedDirectory{Path: dir},
+		}},
+	}
 }
 
 // envoyTLS is the xDS cluster's transport socket: TLS 1.2 or later, SNI
-// host, the server's certificate verified against the CA file and required
-// to name host (Envoy checks no name unless told to).
+// host, the server's certificate required to name host (Envoy checks no
+// name unless told to) and verified against the CA that CASDSKey names. A
+// trusted_ca in the bootstrap would be read once, at start; through SDS
+// Envoy reads the CA again when the kubelet swaps the mounted ca.crt.
 func envoyTLS(host string, t *TLS) (*corev3.TransportSocket, error) {
 	sanType := tlsv3.SubjectAltNameMatcher_DNS
 	if net.ParseIP(host) != nil {
@@ -168,12 +252,14 @@ func envoyTLS(host string, t *TLS) (*corev3.TransportSocket, error) {
 			TlsParams:                      &tlsv3.TlsParameters{TlsMinimumProtocolVersion: tlsv3.TlsParameters_TLSv1_2},
 			AlpnProtocols:                  []string{"h2"},
 			TlsCertificateSdsSecretConfigs: clientCertificate(t),
-			ValidationContextType: &tlsv3.CommonTlsContext_ValidationContext{ValidationContext: &tlsv3.CertificateValidationContext{
-				TrustedCa: &corev3.DataSource{Specifier: &corev3.DataSource_Filename{Filename: t.CAFile}},
-				MatchTypedSubjectAltNames: []*tlsv3.SubjectAltNameMatcher{{
-					SanType: sanType,
-					Matcher: &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: host}},
-				}},
+			ValidationContextType: &tlsv3.CommonTlsContext_CombinedValidationContext{CombinedValidationContext: &tlsv3.CommonTlsContext_CombinedCertificateValidationContext{
+				DefaultValidationContext: &tlsv3.CertificateValidationContext{
+					MatchTypedSubjectAltNames: []*tlsv3.SubjectAltNameMatcher{{
+						SanType: sanType,
+						Matcher: &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: host}},
+					}},
+				},
+				ValidationContextSdsSecretConfig: &tlsv3.SdsSecretConfig{Name: caSecret, SdsConfig: fileSDS(t, CASDSKey)},
 			}},
 		},
 	})
@@ -191,13 +277,7 @@ func clientCertificate(t *TLS) []*tlsv3.SdsSecretConfig {
 	if t.SPIFFEDir == "" {
 		return nil
 	}
-	dir := path.Dir(t.CAFile)
-	return []*tlsv3.SdsSecretConfig{{Name: spiffeSecret, SdsConfig: &corev3.ConfigSource{
-		ResourceApiVersion: corev3.ApiVersion_V3,
-		ConfigSourceSpecifier: &corev3.ConfigSource_PathConfigSource{PathConfigSource: &corev3.PathConfigSource{
-			Path: path.Join(dir, SDSKey), WatchedDirectory: &corev3.WatchedDirectory{Path: dir},
-		}},
-	}}}
+	return []*tlsv3.SdsSecretConfig{{Name: spiffeSecret, SdsConfig: fileSDS(t, SDSKey)}}
 }
 
 // EnvoySDS returns the file-based SDS resource (YAML, ConfigMap key
@@ -208,19 +288,64 @@ func EnvoySDS(t *TLS) ([]byte, error) {
 	if t == nil || t.SPIFFEDir == "" {
 		return nil, nil
 	}
-	secret := &tlsv3.Secret{Name: spiffeSecret, Type: &tlsv3.Secret_TlsCertificate{TlsCertificate: &tlsv3.TlsCertificate{
+	return sdsFile(&tlsv3.Secret{Name: spiffeSecret, Type: &tlsv3.Secret_TlsCertificate{TlsCertificate: &tlsv3.TlsCertificate{
 		CertificateChain: &corev3.DataSource{Specifier: &corev3.DataSource_Filename{Filename: path.Join(t.SPIFFEDir, "tls.crt")}},
 		PrivateKey:       &corev3.DataSource{Specifier: &corev3.DataSource_Filename{Filename: path.Join(t.SPIFFEDir, "tls.key")}},
 		WatchedDirectory: &corev3.WatchedDirectory{Path: t.SPIFFEDir},
-	}}}
-	if err := secret.ValidateAll(); err != nil {
-		return nil, fmt.Errorf("rendered SDS secret is invalid: %w", err)
+	}}})
+}
+
+// EnvoyCASDS returns the file-based SDS resource (YAML, ConfigMap key
+// CASDSKey) through which Envoy trusts the CA bundle at t.CAFile, or nil
+// for a plaintext port. The secret watches the CA file's directory, so a
+// CA rotation, which the kubelet applies by swapping that directory's
+// ..data link, makes Envoy read ca.crt again without a restart.
+func EnvoyCASDS(t *TLS) ([]byte, error) {
+	if t == nil {
+		return nil, nil
 	}
+	return sdsFile(&tlsv3.Secret{Name: caSecret, Type: &tlsv3.Secret_ValidationContext{ValidationContext: &tlsv3.CertificateValidationContext{
+		TrustedCa:        &corev3.DataSource{Specifier: &corev3.DataSource_Filename{Filename: t.CAFile}},
+		WatchedDirectory: &corev3.WatchedDirectory{Path: path.Dir(t.CAFile)},
+	}}})
+}
+
+// EnvoyTokenSDS returns the file-based SDS resource (YAML, ConfigMap key
+// TokenSDSKey) holding the projected token Envoy sends, a generic secret
+// read from TokenPath, or nil when Envoy sends no token. Envoy watches the
+// token file's directory (a generic secret has no watched_directory of its
+// own) and reads the token again when the kubelet renews it.
+func EnvoyTokenSDS(t *TLS) ([]byte, error) {
+	if t == nil || !t.envoyToken() {
+		return nil, nil
+	}
+	return sdsFile(&tlsv3.Secret{Name: tokenSecret, Type: &tlsv3.Secret_GenericSecret{GenericSecret: &tlsv3.GenericSecret{
+		Secret: &corev3.DataSource{Specifier: &corev3.DataSource_Filename{Filename: TokenPath}},
+	}}})
+}
+
+// sdsFile renders one secret as a file-based SDS resource (a
+// DiscoveryResponse holding it) and validates it.
+func sdsFile(secret *tlsv3.Secret) ([]byte, error) {
 	res, err := anypb.New(secret)
 	if err != nil {
 		return nil, err
 	}
-	js, err := protojson.Marshal(&discoveryv3.DiscoveryResponse{Resources: []*anypb.Any{res}})
+	out, err := toYAML(&discoveryv3.DiscoveryResponse{Resources: []*anypb.Any{res}})
+	if err != nil {
+		return nil, err
+	}
+	if err := ValidateEnvoySDS(out); err != nil {
+		return nil, fmt.Errorf("rendered SDS file is invalid: %w", err)
+	}
+	return out, nil
+}
+
+// toYAML renders an Envoy message with its fields' proto names, as
+// Envoy's documentation spells them; YAML sorts the keys, so the output
+// is stable (protojson's alone is not).
+func toYAML(m proto.Message) ([]byte, error) {
+	js, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(m)
 	if err != nil {
 		return nil, err
 	}

@@ -124,9 +124,12 @@ func TestBootstrapsUseTLSWithTheCAFile(t *testing.T) {
 			t.Fatalf("the xDS cluster has no TLS transport socket: %v\n%s", err, y)
 		}
 		host := strings.Split(server, ":")[0]
-		vc := up.GetCommonTlsContext().GetValidationContext()
-		if up.GetSni() != host || vc.GetTrustedCa().GetFilename() != tls.CAFile || vc.GetMatchTypedSubjectAltNames()[0].GetMatcher().GetExact() != host {
-			t.Errorf("%s: want SNI and SAN %s and trusted CA %s:\n%s", server, host, tls.CAFile, y)
+		// The CA itself comes through the SDS file CASDSKey (envoy_test.go).
+		combined := up.GetCommonTlsContext().GetCombinedValidationContext()
+		vc := combined.GetDefaultValidationContext()
+		if up.GetSni() != host || combined.GetValidationContextSdsSecretConfig().GetSdsConfig().GetPathConfigSource().GetPath() != "/etc/scopeplane/xds/"+CASDSKey ||
+			vc.GetMatchTypedSubjectAltNames()[0].GetMatcher().GetExact() != host {
+			t.Errorf("%s: want SNI and SAN %s and the CA through %s:\n%s", server, host, CASDSKey, y)
 		}
 	}
 }
