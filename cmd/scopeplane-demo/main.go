@@ -1,9 +1,11 @@
 // Command scopeplane-demo is the workload of the quickstart (and of the
 // end-to-end test, which runs the quickstart's manifests): a gRPC backend
-// ("whoami", internal/whoami answering with its Pod's name) and a proxyless
+// ("whoami", internal/whoami answering with its Pod's name), a proxyless
 // gRPC client ("xds-client", grpc-go's xDS resolver) that calls it through a
 // scope without pause and counts every RPC, so that a user (or the test) can
-// see that a rollout failed none. One static binary in one image, because a
+// see that a rollout failed none, and "envoy-probe" (internal/envoyprobe),
+// which joins a scope with an Envoy bootstrap as Envoy would, for where no
+// Envoy runs. One static binary in one image, because a
 // node without a registry must get by with what it is given: "pause" makes
 // the same image the Pod sandbox of the node hack/cluster/node.sh builds.
 package main
@@ -32,7 +34,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: scopeplane-demo whoami|xds-client|pause [flags]")
+		fmt.Fprintln(os.Stderr, "usage: scopeplane-demo whoami|xds-client|envoy-probe|pause [flags]")
 		os.Exit(2)
 	}
 	var err error
@@ -43,8 +45,10 @@ func main() {
 		err = serveWhoami(args)
 	case "xds-client":
 		err = runClient(args)
+	case "envoy-probe":
+		err = runProbe(args)
 	default:
-		err = fmt.Errorf("unknown command %q (pause, whoami, xds-client)", cmd)
+		err = fmt.Errorf("unknown command %q (whoami, xds-client, envoy-probe, pause)", cmd)
 	}
 	if err != nil {
 		log.Fatal(err)

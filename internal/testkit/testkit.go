@@ -12,7 +12,6 @@ import (
 
 	"github.com/scopeplane/scopeplane/xds/adsclient"
 	"github.com/scopeplane/scopeplane/xds/model"
-	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
 // Timeout bounds every Eventually: long enough for an API server round
@@ -80,13 +79,7 @@ func Service(ns, name string, addrs ...string) *model.Service {
 // type the protocol carries as a wildcard, as Envoy does (VHDS in delta
 // only), records events and validates what it receives.
 func WildcardClient(p adsclient.Protocol, n *corev3.Node) adsclient.Config {
-	cfg := adsclient.Config{Protocol: p, Node: n, RecordEvents: true, Validate: true, Wildcard: map[string]bool{}}
-	for _, t := range xdstype.All() {
-		if p == adsclient.SotW && t.Info().DeltaOnly {
-			continue
-		}
-		cfg.Types = append(cfg.Types, t.URL())
-		cfg.Wildcard[t.URL()] = true
-	}
+	cfg := adsclient.WildcardConfig(p, n)
+	cfg.RecordEvents = true
 	return cfg
 }

@@ -17,9 +17,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"sigs.k8s.io/yaml"
 
 	"github.com/scopeplane/scopeplane/internal/testkit"
 )
@@ -92,6 +97,20 @@ func TestQuickstartOnANode(t *testing.T) {
 		t.Errorf("proxy-status does not list whoami-grpc in %q, the zone of the Node its token is bound to", want)
 	}
 
+	t.Log("step: the quickstart's Envoy Pod, envoy-probe in Envoy's place, joins the storefront scope")
+	run(t, "kubectl", "label", "service", "whoami", "app.kubernetes.io/part-of=storefront")
+	run(t, "kubectl", "apply", "-f", filepath.Join(root, "config", "samples", "xds_v1alpha1_proxyscope_envoy_sotw.yaml"))
+	run(t, "kubectl", "wait", "--for=condition=Ready", "proxyscope/storefront", "--timeout=2m")
+	applyEnvoyProbe(t)
+	if _, err := kubectl("wait", "--for=condition=Ready", "pod/envoy", "--timeout=3m"); err != nil {
+		logs, _ := kubectl("logs", "envoy", "--tail=20")
+		t.Fatalf("the probe in the Envoy Pod did not join the scope with the Envoy bootstrap: %v\n%s", err, logs)
+	}
+	probeIP := strings.TrimSpace(run(t, "kubectl", "get", "pod", "envoy", "-o", "jsonpath={.status.podIP}"))
+	envoy := probe{url: "http://" + probeIP + ":8080/status"}
+	joined := envoy.waitFor(t, "the probe holds whoami's endpoints", func(s probeStatus) bool { return s.Synced && s.holds(backendIPs(t)) })
+	t.Logf("envoy-probe: %s", joined)
+
 	t.Log("step: scale the backend to 3")
 	before := c.get(t)
 	run(t, "kubectl", "scale", "deploy/whoami", "--replicas=3")
@@ -141,6 +160,15 @@ func TestQuickstartOnANode(t *testing.T) {
 	after = c.waitFor(t, "RPCs go on after the upgrade", func(n counts) bool { return n.OK > before.OK+200 })
 	c.noFailures(t, "helm upgrade", before, after)
 	t.Logf("counts: %s", after)
+	// Both replicas were replaced: the probe's stream ended and it joined
+	// again, as Envoy reconnects, and holds the backends of the rollout.
+	rejoined := envoy.waitFor(t, "the probe joined again and holds whoami's endpoints", func(s probeStatus) bool {
+		return s.Synced && s.Joined > joined.Joined && s.holds(backendIPs(t))
+	})
+	t.Logf("envoy-probe: %s", rejoined)
+	if rejoined.NACKs != 0 {
+		t.Errorf("the probe, which validates what it gets as Envoy does, rejected %d responses", rejoined.NACKs)
+	}
 
 	t.Log("step: helm uninstall")
 	out := run(t, helm, "uninstall", release, "--namespace", namespace, "--wait")
@@ -156,6 +184,99 @@ func TestQuickstartOnANode(t *testing.T) {
 	if _, err := kubectl("get", "crd", "proxyscopes.xds.scopeplane.dev"); err != nil {
 		t.Errorf("helm uninstall removed the ProxyScope CRD, which the chart keeps: %v", err)
 	}
+}
+
+// applyEnvoyProbe applies the quickstart's Envoy Pod with its container
+// running envoy-probe from the quickstart's workload image, with Envoy's
+// arguments, instead of Envoy: the mounts and volumes are the file's.
+func applyEnvoyProbe(t *testing.T) {
+	t.Helper()
+	var envoy, client corev1.Pod
+	for file, pod := range map[string]*corev1.Pod{"envoy.yaml": &envoy, "whoami-client.yaml": &client} {
+		raw, err := os.ReadFile(quickstart(file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := yaml.UnmarshalStrict(raw, pod); err != nil {
+			t.Fatalf("%s: %v", file, err)
+		}
+	}
+	c := &envoy.Spec.Containers[0]
+	c.Image, c.ImagePullPolicy = client.Spec.Containers[0].Image, corev1.PullIfNotPresent
+	c.Args = append([]string{"envoy-probe"}, c.Args...)
+	c.Ports = []corev1.ContainerPort{{ContainerPort: 8080}}
+	c.ReadinessProbe = &corev1.Probe{PeriodSeconds: 2, ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/ready", Port: intstr.FromInt32(8080)}}}
+	out, err := yaml.Marshal(&envoy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("kubectl", "apply", "-f", "-")
+	cmd.Stdin = bytes.NewReader(out)
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("kubectl apply of the Envoy Pod with envoy-probe: %v\n%s", err, b)
+	}
+}
+
+// backendIPs are the addresses of the whoami Pods that run and are not
+// terminating.
+func backendIPs(t *testing.T) []string {
+	t.Helper()
+	out := run(t, "kubectl", "get", "pods", "-l", "app=whoami", "-o",
+		`jsonpath={range .items[?(@.status.phase=="Running")]}{.status.podIP} {.metadata.deletionTimestamp}{"\n"}{end}`)
+	var ips []string
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		if f := strings.Fields(line); len(f) == 1 {
+			ips = append(ips, f[0])
+		}
+	}
+	return ips
+}
+
+// probeStatus is envoy-probe's /status (cmd/scopeplane-demo).
+type probeStatus struct {
+	Streams   int                 `json:"streams"`
+	Joined    int                 `json:"joined"`
+	Synced    bool                `json:"synced"`
+	LastError string              `json:"lastError"`
+	Held      map[string]int      `json:"held"`
+	Endpoints map[string][]string `json:"endpoints"`
+	NACKs     int                 `json:"nacks"`
+}
+
+func (s probeStatus) String() string {
+	return fmt.Sprintf("streams=%d joined=%d synced=%v nacks=%d held=%v endpoints=%v lastError=%q",
+		s.Streams, s.Joined, s.Synced, s.NACKs, s.Held, s.Endpoints, s.LastError)
+}
+
+// holds says whether whoami's ClusterLoadAssignment holds exactly ips.
+func (s probeStatus) holds(ips []string) bool {
+	for name, got := range s.Endpoints {
+		if strings.Contains(name, "whoami") {
+			return len(ips) > 0 && slices.Equal(slices.Sorted(slices.Values(got)), slices.Sorted(slices.Values(ips)))
+		}
+	}
+	return false
+}
+
+// probe reads envoy-probe's status over the node's Pod network.
+type probe struct{ url string }
+
+func (p probe) waitFor(t *testing.T, what string, ok func(probeStatus) bool) probeStatus {
+	t.Helper()
+	var s probeStatus
+	testkit.EventuallyWithin(t, 2*time.Minute, what, func() (bool, string) {
+		resp, err := http.Get(p.url)
+		if err != nil {
+			return false, err.Error()
+		}
+		defer func() { _ = resp.Body.Close() }()
+		s = probeStatus{}
+		if err := json.NewDecoder(resp.Body).Decode(&s); err != nil {
+			return false, err.Error()
+		}
+		return ok(s), s.String()
+	})
+	return s
 }
 
 // leaderPod is the Pod that holds the leader election Lease, "" if none.

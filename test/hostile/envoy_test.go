@@ -2,29 +2,31 @@ package hostile
 
 import (
 	"bytes"
+	"context"
 	"crypto/tls"
 	"encoding/binary"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
+	"net"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
-	credentialinjectorv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/credential_injector/v3"
-	genericv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/http/injected_credentials/generic/v3"
-	upstreamhttpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
-	"sigs.k8s.io/yaml"
 
+	"github.com/scopeplane/scopeplane/internal/envoyprobe"
 	"github.com/scopeplane/scopeplane/internal/testkit"
+	"github.com/scopeplane/scopeplane/xds/adsclient"
 	"github.com/scopeplane/scopeplane/xds/auth/authtest"
 	"github.com/scopeplane/scopeplane/xds/bootstrap"
 	"github.com/scopeplane/scopeplane/xds/model"
@@ -32,47 +34,65 @@ import (
 	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
+// envoyFiles lays out, under a new directory, what an Envoy Pod of the
+// default/sotw scope mounts with the chart's defaults: the bootstrap
+// ConfigMap's files for a server at addr (TLS, token auth) and the
+// projected token holding token. The directory is the root the files'
+// absolute paths are read under.
+func envoyFiles(t *testing.T, addr, caPEM, token string) string {
+	t.Helper()
+	tlsOpts := &bootstrap.TLS{CAFile: bootstrap.MountPath + "/" + bootstrap.CAKey, Token: true}
+	y, err := bootstrap.Envoy(model.Key{Namespace: "default", Name: "sotw"}, model.SotW, addr, tlsOpts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, err := bootstrap.EnvoyCASDS(tlsOpts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := bootstrap.EnvoyTokenSDS(tlsOpts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := t.TempDir()
+	for path, data := range map[string]string{
+		bootstrap.MountPath + "/" + bootstrap.EnvoyKey:    string(y),
+		bootstrap.MountPath + "/" + bootstrap.CASDSKey:    string(ca),
+		bootstrap.MountPath + "/" + bootstrap.TokenSDSKey: string(tok),
+		bootstrap.MountPath + "/" + bootstrap.CAKey:       caPEM,
+		bootstrap.TokenPath:                               token,
+	} {
+		writeFile(t, filepath.Join(root, path), data)
+	}
+	return root
+}
+
+func writeFile(t *testing.T, path, data string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(data), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // injectedHeader is the header Envoy's credential injector adds to every
-// request of the xDS cluster, as the rendered bootstrap configures it: the
-// Generic credential's header (Authorization unless set; HTTP/2 sends it
-// lower-cased) with its header_value_prefix before the token file's
-// content.
+// request of the xDS cluster, as the rendered bootstrap configures it and
+// envoyprobe reads it: the Generic credential's header with its
+// header_value_prefix before the token file's content.
 func injectedHeader(t *testing.T, token string) hpack.HeaderField {
 	t.Helper()
-	y, err := bootstrap.Envoy(model.Key{Namespace: "default", Name: "sotw"}, model.SotW, "127.0.0.1:18000",
-		&bootstrap.TLS{CAFile: bootstrap.MountPath + "/" + bootstrap.CAKey, Token: true})
+	root := envoyFiles(t, "127.0.0.1:18000", "", token)
+	b, err := envoyprobe.Load(bootstrap.MountPath+"/"+bootstrap.EnvoyKey, envoyprobe.Options{Root: root})
 	if err != nil {
 		t.Fatal(err)
 	}
-	js, err := yaml.YAMLToJSON(y)
-	if err != nil {
-		t.Fatal(err)
+	name, value, ok, err := b.Header()
+	if err != nil || !ok {
+		t.Fatalf("the rendered Envoy bootstrap injects no header (%v)", err)
 	}
-	b := &bootstrapv3.Bootstrap{}
-	if err := protojson.Unmarshal(js, b); err != nil {
-		t.Fatal(err)
-	}
-	opts := &upstreamhttpv3.HttpProtocolOptions{}
-	if err := b.GetStaticResources().GetClusters()[0].GetTypedExtensionProtocolOptions()["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"].UnmarshalTo(opts); err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range opts.GetHttpFilters() {
-		inj := &credentialinjectorv3.CredentialInjector{}
-		if f.GetTypedConfig().UnmarshalTo(inj) != nil {
-			continue
-		}
-		gen := &genericv3.Generic{}
-		if err := inj.GetCredential().GetTypedConfig().UnmarshalTo(gen); err != nil {
-			t.Fatal(err)
-		}
-		name := strings.ToLower(gen.GetHeader())
-		if name == "" {
-			name = "authorization"
-		}
-		return hpack.HeaderField{Name: name, Value: gen.GetHeaderValuePrefix() + token, Sensitive: true}
-	}
-	t.Fatalf("the rendered Envoy bootstrap has no credential injector on its xDS cluster:\n%s", y)
-	return hpack.HeaderField{}
+	return hpack.HeaderField{Name: name, Value: value, Sensitive: true}
 }
 
 // envoyStream opens, from the loopback address from, one ADS stream the
@@ -206,6 +226,73 @@ func TestEnvoyInjectedToken(t *testing.T) {
 			}
 			tp.during("Envoy's injected header: "+r.name, fmt.Sprintf("%s: %.80s", code, msg), before)
 		})
+	}
+}
+
+// TestEnvoyProbeJoins runs envoyprobe, which reads a bootstrap as Envoy
+// does, on the files an Envoy Pod mounts with the chart's defaults: it
+// joins over TLS (the CA through its SDS file, the server's SAN checked)
+// with the token the injector sends, and holds the scope's clusters. A
+// token file replaced by a forged token is read again on the next stream,
+// which the server refuses; the real token back, the next stream joins.
+func TestEnvoyProbeJoins(t *testing.T) {
+	cert, roots := selfSignedCert(t)
+	tp := startTransport(t, server.Options{},
+		&tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12},
+		&tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12})
+	caPEM := string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Certificate[0]}))
+	root := envoyFiles(t, tp.addr, caPEM, tp.token)
+	b, err := envoyprobe.Load(bootstrap.MountPath+"/"+bootstrap.EnvoyKey, envoyprobe.Options{Root: root, ServiceNode: "envoy-7f9"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.Protocol != adsclient.SotW || b.Node.GetId() != "envoy-7f9" || b.Address != tp.addr {
+		t.Fatalf("the probe read protocol %s, node %q, server %s from the bootstrap", b.Protocol, b.Node.GetId(), b.Address)
+	}
+	// join runs one stream of a new client until it holds every cluster
+	// (nil) or ends (its error).
+	join := func() error {
+		c := adsclient.New(testkit.WildcardClient(adsclient.SotW, b.Node))
+		ctx, cancel := context.WithTimeout(context.Background(), testkit.Timeout)
+		defer cancel()
+		done, held := make(chan error, 1), make(chan error, 1)
+		go func() { done <- b.Run(ctx, c) }()
+		go func() {
+			held <- c.WaitFor(ctx, func(c *adsclient.Client) bool { return len(c.State(xdstype.Cluster.URL())) >= services })
+		}()
+		select {
+		case err := <-held:
+			cancel()
+			<-done
+			return err
+		case err := <-done:
+			return fmt.Errorf("the stream ended before it held the clusters: %w", err)
+		}
+	}
+	if err := join(); err != nil {
+		t.Fatalf("the probe did not join with the default bootstrap: %v", err)
+	}
+	now := time.Now()
+	forged := authtest.NewIssuer(t, "k1").Sign(authtest.SAClaims("default", "envoy", "scopeplane", now.Add(-time.Minute), now.Add(time.Hour)))
+	writeFile(t, filepath.Join(root, bootstrap.TokenPath), forged)
+	if err := join(); status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("the stream after the token file held a forged token ended %v, want Unauthenticated", err)
+	}
+	writeFile(t, filepath.Join(root, bootstrap.TokenPath), tp.token)
+	if err := join(); err != nil {
+		t.Fatalf("the stream after the token came back: %v", err)
+	}
+	// The bootstrap matches the server's host as it names it: a server
+	// reached as localhost, whose certificate names 127.0.0.1 only, is not
+	// trusted, whatever CA signed it.
+	_, port, _ := net.SplitHostPort(tp.addr)
+	elsewhere := envoyFiles(t, "localhost:"+port, caPEM, tp.token)
+	b, err = envoyprobe.Load(bootstrap.MountPath+"/"+bootstrap.EnvoyKey, envoyprobe.Options{Root: elsewhere})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := join(); err == nil || !strings.Contains(err.Error(), "certificate") {
+		t.Fatalf("a server whose certificate does not name the bootstrap's host: %v, want a certificate error", err)
 	}
 }
 

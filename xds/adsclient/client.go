@@ -21,6 +21,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
 // Wildcard is the resource name that stands for "every resource of the type", usable with
@@ -86,6 +88,21 @@ type Config struct {
 	// OnEvent, if set, is called after each processed response (applied or NACKed), from Run's
 	// goroutine with no lock held, so harnesses can timestamp convergence without polling.
 	OnEvent func(Event)
+}
+
+// WildcardConfig is a client of protocol p for node that subscribes to
+// every type p has as wildcard, validating what it receives as Envoy does:
+// a proxy that wants all its scope serves.
+func WildcardConfig(p Protocol, node *corev3.Node) Config {
+	cfg := Config{Protocol: p, Node: node, Validate: true, Wildcard: map[string]bool{}}
+	for _, t := range xdstype.All() {
+		if p == SotW && t.Info().DeltaOnly {
+			continue
+		}
+		cfg.Types = append(cfg.Types, t.URL())
+		cfg.Wildcard[t.URL()] = true
+	}
+	return cfg
 }
 
 // Held is one resource as the client holds it after applying responses.

@@ -1,0 +1,144 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"log"
+	"net/http"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+
+	"github.com/scopeplane/scopeplane/internal/envoyprobe"
+	"github.com/scopeplane/scopeplane/xds/adsclient"
+	"github.com/scopeplane/scopeplane/xds/xdstype"
+)
+
+// probeStatus is what the probe serves as JSON on /status.
+type probeStatus struct {
+	// Streams counts the streams opened; Joined those that were answered.
+	Streams int `json:"streams"`
+	Joined  int `json:"joined"`
+	// Synced is true while the current stream has answered every type.
+	Synced    bool   `json:"synced"`
+	LastError string `json:"lastError,omitempty"`
+	// Held is how many resources of each type the probe holds.
+	Held map[string]int `json:"held"`
+	// Endpoints are the addresses of each ClusterLoadAssignment held.
+	Endpoints map[string][]string `json:"endpoints"`
+	NACKs     int                 `json:"nacks"`
+}
+
+// runProbe joins the scope of an Envoy bootstrap as Envoy would (-c and
+// --service-node as Envoy takes them), reconnecting when a stream ends, and
+// serves /ready (the current stream answered every type) and /status.
+func runProbe(args []string) error {
+	fs := flag.NewFlagSet("envoy-probe", flag.ContinueOnError)
+	config := fs.String("c", "/etc/scopeplane/xds/envoy.yaml", "The Envoy bootstrap, as Envoy's -c.")
+	node := fs.String("service-node", "", "The node id, as Envoy's --service-node.")
+	cluster := fs.String("service-cluster", "", "The node cluster, as Envoy's --service-cluster.")
+	listen := fs.String("listen", ":8080", "Where /ready and /status are served.")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	var (
+		mu       sync.Mutex
+		st       = probeStatus{Held: map[string]int{}, Endpoints: map[string][]string{}}
+		answered = map[string]bool{}
+	)
+	types := 0
+	var c *adsclient.Client
+	onEvent := func(ev adsclient.Event) {
+		mu.Lock()
+		defer mu.Unlock()
+		if !ev.Accepted {
+			st.NACKs++
+			return
+		}
+		if len(answered) == 0 {
+			st.Joined++
+		}
+		answered[ev.TypeURL] = true
+		st.Synced = len(answered) == types
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/ready", func(w http.ResponseWriter, _ *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		if !st.Synced {
+			http.Error(w, "the current stream has not answered every type", http.StatusServiceUnavailable)
+		}
+	})
+	mux.HandleFunc("/status", func(w http.ResponseWriter, _ *http.Request) {
+		mu.Lock()
+		out := st
+		client := c
+		mu.Unlock()
+		if client != nil {
+			out.Held, out.Endpoints = map[string]int{}, map[string][]string{}
+			for _, t := range xdstype.All() {
+				out.Held[t.String()] = len(client.State(t.URL()))
+			}
+			for name, h := range client.State(xdstype.Endpoint.URL()) {
+				cla, err := adsclient.Decode[*endpointv3.ClusterLoadAssignment](h)
+				if err != nil {
+					continue
+				}
+				out.Endpoints[name] = []string{}
+				for _, l := range cla.GetEndpoints() {
+					for _, e := range l.GetLbEndpoints() {
+						out.Endpoints[name] = append(out.Endpoints[name], e.GetEndpoint().GetAddress().GetSocketAddress().GetAddress())
+					}
+				}
+			}
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(out)
+	})
+	srv := &http.Server{Addr: *listen, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() { log.Fatal(srv.ListenAndServe()) }()
+
+	for backoff := time.Second; ctx.Err() == nil; {
+		// The files are read again for every stream, as Envoy follows them.
+		b, err := envoyprobe.Load(*config, envoyprobe.Options{ServiceNode: *node, ServiceCluster: *cluster})
+		if err == nil {
+			mu.Lock()
+			if c == nil {
+				cfg := adsclient.WildcardConfig(b.Protocol, b.Node)
+				cfg.OnEvent = onEvent
+				types = len(cfg.Types)
+				c = adsclient.New(cfg)
+				log.Printf("envoy-probe: node %q, %s to %s", b.Node.GetId(), b.Protocol, b.Address)
+			}
+			st.Streams++
+			clear(answered)
+			client := c
+			mu.Unlock()
+			joined := time.Now()
+			err = b.Run(ctx, client)
+			if time.Since(joined) > time.Minute {
+				backoff = time.Second
+			}
+		}
+		mu.Lock()
+		st.Synced = false
+		if err != nil && !errors.Is(err, context.Canceled) {
+			st.LastError = err.Error()
+		}
+		mu.Unlock()
+		log.Printf("envoy-probe: stream ended: %v; again in %s", err, backoff)
+		select {
+		case <-ctx.Done():
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 30*time.Second)
+	}
+	return nil
+}
