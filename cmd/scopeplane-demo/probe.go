@@ -21,10 +21,12 @@ import (
 
 // probeStatus is what the probe serves as JSON on /status.
 type probeStatus struct {
-	// Streams counts the streams opened; Joined those that were answered.
+	// Streams counts the streams opened.
 	Streams int `json:"streams"`
-	Joined  int `json:"joined"`
-	// Synced is true while the current stream has answered every type.
+	// Synced is true while a stream is open and the probe holds an answer
+	// for every type. Like Envoy, it keeps what it holds across streams: a
+	// server may answer a reconnect that claims the current versions with
+	// nothing.
 	Synced    bool   `json:"synced"`
 	LastError string `json:"lastError,omitempty"`
 	// Held is how many resources of each type the probe holds.
@@ -36,7 +38,7 @@ type probeStatus struct {
 
 // runProbe joins the scope of an Envoy bootstrap as Envoy would (-c and
 // --service-node as Envoy takes them), reconnecting when a stream ends, and
-// serves /ready (the current stream answered every type) and /status.
+// serves /ready (a stream is open and every type was answered) and /status.
 func runProbe(args []string) error {
 	fs := flag.NewFlagSet("envoy-probe", flag.ContinueOnError)
 	config := fs.String("c", "/etc/scopeplane/xds/envoy.yaml", "The Envoy bootstrap, as Envoy's -c.")
@@ -52,9 +54,9 @@ func runProbe(args []string) error {
 		mu       sync.Mutex
 		st       = probeStatus{Held: map[string]int{}, Endpoints: map[string][]string{}}
 		answered = map[string]bool{}
+		types    int
+		c        *adsclient.Client
 	)
-	types := 0
-	var c *adsclient.Client
 	onEvent := func(ev adsclient.Event) {
 		mu.Lock()
 		defer mu.Unlock()
@@ -62,23 +64,25 @@ func runProbe(args []string) error {
 			st.NACKs++
 			return
 		}
-		if len(answered) == 0 {
-			st.Joined++
-		}
 		answered[ev.TypeURL] = true
-		st.Synced = len(answered) == types
+	}
+	// status is st now; mu is held.
+	status := func() probeStatus {
+		out := st
+		out.Synced = c != nil && c.Running() && len(answered) == types
+		return out
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/ready", func(w http.ResponseWriter, _ *http.Request) {
 		mu.Lock()
 		defer mu.Unlock()
-		if !st.Synced {
-			http.Error(w, "the current stream has not answered every type", http.StatusServiceUnavailable)
+		if !status().Synced {
+			http.Error(w, "no stream is open, or some type was never answered", http.StatusServiceUnavailable)
 		}
 	})
 	mux.HandleFunc("/status", func(w http.ResponseWriter, _ *http.Request) {
 		mu.Lock()
-		out := st
+		out := status()
 		client := c
 		mu.Unlock()
 		if client != nil {
@@ -118,7 +122,6 @@ func runProbe(args []string) error {
 				log.Printf("envoy-probe: node %q, %s to %s", b.Node.GetId(), b.Protocol, b.Address)
 			}
 			st.Streams++
-			clear(answered)
 			client := c
 			mu.Unlock()
 			joined := time.Now()
@@ -128,7 +131,6 @@ func runProbe(args []string) error {
 			}
 		}
 		mu.Lock()
-		st.Synced = false
 		if err != nil && !errors.Is(err, context.Canceled) {
 			st.LastError = err.Error()
 		}

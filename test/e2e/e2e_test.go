@@ -160,12 +160,28 @@ func TestQuickstartOnANode(t *testing.T) {
 	after = c.waitFor(t, "RPCs go on after the upgrade", func(n counts) bool { return n.OK > before.OK+200 })
 	c.noFailures(t, "helm upgrade", before, after)
 	t.Logf("counts: %s", after)
-	// Both replicas were replaced: the probe's stream ended and it joined
-	// again, as Envoy reconnects, and holds the backends of the rollout.
-	rejoined := envoy.waitFor(t, "the probe joined again and holds whoami's endpoints", func(s probeStatus) bool {
-		return s.Synced && s.Joined > joined.Joined && s.holds(backendIPs(t))
+	// Both replicas were replaced: the probe's stream ended and it
+	// reconnected, as Envoy does, holding the backends of the rollout, and
+	// the replica it reached counts it synced on every type it serves it.
+	rejoined := envoy.waitFor(t, "the probe reconnected and holds whoami's endpoints", func(s probeStatus) bool {
+		return s.Synced && s.Streams > joined.Streams && s.holds(backendIPs(t))
 	})
 	t.Logf("envoy-probe: %s", rejoined)
+	testkit.EventuallyWithin(t, 2*time.Minute, "proxy-status counts the reconnected probe synced", func() (bool, string) {
+		out, _ := kubectl("scopeplane", "proxy-status", "default/storefront")
+		for _, line := range strings.Split(out, "\n") {
+			if f := strings.Fields(line); len(f) > 0 && f[0] == "envoy" {
+				synced := 0 // of CDS, EDS, LDS and RDS; SotW sends no VHDS
+				for _, cell := range f {
+					if cell == "SYNCED" {
+						synced++
+					}
+				}
+				return synced == 4, out
+			}
+		}
+		return false, out
+	})
 	if rejoined.NACKs != 0 {
 		t.Errorf("the probe, which validates what it gets as Envoy does, rejected %d responses", rejoined.NACKs)
 	}
@@ -235,7 +251,6 @@ func backendIPs(t *testing.T) []string {
 // probeStatus is envoy-probe's /status (cmd/scopeplane-demo).
 type probeStatus struct {
 	Streams   int                 `json:"streams"`
-	Joined    int                 `json:"joined"`
 	Synced    bool                `json:"synced"`
 	LastError string              `json:"lastError"`
 	Held      map[string]int      `json:"held"`
@@ -244,8 +259,8 @@ type probeStatus struct {
 }
 
 func (s probeStatus) String() string {
-	return fmt.Sprintf("streams=%d joined=%d synced=%v nacks=%d held=%v endpoints=%v lastError=%q",
-		s.Streams, s.Joined, s.Synced, s.NACKs, s.Held, s.Endpoints, s.LastError)
+	return fmt.Sprintf("streams=%d synced=%v nacks=%d held=%v endpoints=%v lastError=%q",
+		s.Streams, s.Synced, s.NACKs, s.Held, s.Endpoints, s.LastError)
 }
 
 // holds says whether whoami's ClusterLoadAssignment holds exactly ips.
