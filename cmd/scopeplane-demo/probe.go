@@ -23,10 +23,11 @@ import (
 type probeStatus struct {
 	// Streams counts the streams opened.
 	Streams int `json:"streams"`
-	// Synced is true while a stream is open and the probe holds an answer
-	// for every type. Like Envoy, it keeps what it holds across streams: a
-	// server may answer a reconnect that claims the current versions with
-	// nothing.
+	// Synced is true while a stream is open and the probe holds what
+	// Envoy waits for before it is initialized: an answer for clusters and
+	// listeners, and for endpoints and routes when it holds a cluster or a
+	// listener. Like Envoy, it keeps what it holds across streams: a server
+	// may answer a reconnect that claims the current versions with nothing.
 	Synced    bool   `json:"synced"`
 	LastError string `json:"lastError,omitempty"`
 	// Held is how many resources of each type the probe holds.
@@ -38,7 +39,8 @@ type probeStatus struct {
 
 // runProbe joins the scope of an Envoy bootstrap as Envoy would (-c and
 // --service-node as Envoy takes them), reconnecting when a stream ends, and
-// serves /ready (a stream is open and every type was answered) and /status.
+// serves /ready (a stream is open and the probe is initialized as Envoy
+// would be) and /status.
 func runProbe(args []string) error {
 	fs := flag.NewFlagSet("envoy-probe", flag.ContinueOnError)
 	config := fs.String("c", "/etc/scopeplane/xds/envoy.yaml", "The Envoy bootstrap, as Envoy's -c.")
@@ -52,9 +54,8 @@ func runProbe(args []string) error {
 	defer stop()
 	var (
 		mu       sync.Mutex
-		st       = probeStatus{Held: map[string]int{}, Endpoints: map[string][]string{}}
+		st       probeStatus
 		answered = map[string]bool{}
-		types    int
 		c        *adsclient.Client
 	)
 	onEvent := func(ev adsclient.Event) {
@@ -69,7 +70,9 @@ func runProbe(args []string) error {
 	// status is st now; mu is held.
 	status := func() probeStatus {
 		out := st
-		out.Synced = c != nil && c.Running() && len(answered) == types
+		out.Synced = c != nil && c.Running() && answered[xdstype.Cluster.URL()] && answered[xdstype.Listener.URL()] &&
+			(len(c.State(xdstype.Cluster.URL())) == 0 || answered[xdstype.Endpoint.URL()]) &&
+			(len(c.State(xdstype.Listener.URL())) == 0 || answered[xdstype.Route.URL()])
 		return out
 	}
 	mux := http.NewServeMux()
@@ -77,7 +80,7 @@ func runProbe(args []string) error {
 		mu.Lock()
 		defer mu.Unlock()
 		if !status().Synced {
-			http.Error(w, "no stream is open, or some type was never answered", http.StatusServiceUnavailable)
+			http.Error(w, "no stream is open, or clusters, listeners, or their endpoints or routes were never answered", http.StatusServiceUnavailable)
 		}
 	})
 	mux.HandleFunc("/status", func(w http.ResponseWriter, _ *http.Request) {
@@ -117,7 +120,6 @@ func runProbe(args []string) error {
 			if c == nil {
 				cfg := adsclient.WildcardConfig(b.Protocol, b.Node)
 				cfg.OnEvent = onEvent
-				types = len(cfg.Types)
 				c = adsclient.New(cfg)
 				log.Printf("envoy-probe: node %q, %s to %s", b.Node.GetId(), b.Protocol, b.Address)
 			}
