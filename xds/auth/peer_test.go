@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -171,6 +172,15 @@ func TestPublishedKeyIsNoCredential(t *testing.T) {
 	if err != nil || id.Method != auth.MethodPeerAddress || id.PodName != "client" {
 		t.Fatalf("published-key JWT with peer-address: %+v, %v; want the Pod's identity", id, err)
 	}
+	// gRPC C-core 1.51 pads its JWT's base64url segments.
+	padded := padSegments(published)
+	if padded == published {
+		t.Fatal("the test JWT needs padding in some segment")
+	}
+	id, err = peerAuth.Authenticate(bearer(peerCtx("10.0.0.5:1"), padded))
+	if err != nil || id.Method != auth.MethodPeerAddress || id.PodName != "client" {
+		t.Fatalf("padded published-key JWT with peer-address: %+v, %v; want the Pod's identity", id, err)
+	}
 	id, err = peerAuth.Authenticate(bearer(peerCtx("10.9.9.9:1"), published))
 	if err != nil || id.Namespace != "" {
 		t.Fatalf("published-key JWT from an unheld address: %+v, %v; want no identity", id, err)
@@ -192,3 +202,14 @@ func TestPublishedKeyIsNoCredential(t *testing.T) {
 
 // noCredentialsMessage is the refusal of a stream without credentials.
 const noCredentialsMessage = "no credentials: scopeplane requires a ServiceAccount token (gRPC call credentials, metadata authorization: Bearer <token>) or a SPIFFE client certificate; see docs/bootstrap.md"
+
+// padSegments adds base64 padding to each segment of a JWT, as C-core does.
+func padSegments(jwt string) string {
+	parts := strings.Split(jwt, ".")
+	for i, p := range parts {
+		if n := len(p) % 4; n != 0 {
+			parts[i] = p + strings.Repeat("=", 4-n)
+		}
+	}
+	return strings.Join(parts, ".")
+}
