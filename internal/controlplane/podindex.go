@@ -75,6 +75,8 @@ func hostIPs(p *corev1.Pod) []string {
 	return addrs(ips...)
 }
 
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
+
 // podIndex implements auth.PodIndex from the manager's Pod informer.
 type podIndex struct {
 	reader client.Reader
