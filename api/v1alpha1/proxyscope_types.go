@@ -95,6 +95,21 @@ type ProxyScopeSpec struct {
 	// +optional
 	Proxies []ServiceAccountName `json:"proxies,omitempty"`
 
+	// admitByPeerAddress admits, besides proxies that present a credential,
+	// a proxy that presents none (or only the identity-less key its
+	// bootstrap ConfigMap publishes) when its connection's source address
+	// is held by exactly one Running Pod that is not being deleted, is not
+	// on the host network, and whose address is no Node's: the proxy is
+	// then that Pod's ServiceAccount, and spec.proxies and the namespace
+	// rule apply as to any other. It is for gRPC clients that can send no
+	// token (grpc-js-xds, gRPC C-core before call credentials), it is
+	// weaker than a credential (docs/bootstrap.md: spoofing, address reuse,
+	// SNAT), and it needs the control plane to run with
+	// --xds-auth=...,peer-address. Off by default: a scope that does not
+	// opt in refuses such a proxy exactly as a scope that does not exist.
+	// +optional
+	AdmitByPeerAddress bool `json:"admitByPeerAddress,omitempty"`
+
 	// localityPriority orders each proxy's endpoints by where the proxy runs,
 	// for the selected Services that ask Kubernetes for no topology (no
 	// spec.trafficDistribution, no EndpointSlice hints). SameZone sends a

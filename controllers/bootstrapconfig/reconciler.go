@@ -66,6 +66,10 @@ type Reconciler struct {
 	// Namespaces, when not empty, are the only namespaces whose scopes get
 	// a ConfigMap: the cache and RBAC then cover ConfigMaps of these alone.
 	Namespaces []string
+
+	// keyMu guards key, the install's published key (tlsOnlyKey).
+	keyMu sync.Mutex
+	key   []byte
 }
 
 // writes reports whether the scopes of namespace ns get a ConfigMap.
@@ -173,6 +177,13 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if err != nil {
 		return ctrl.Result{}, reconcile.TerminalError(err)
 	}
+	var published []byte
+	if tls != nil {
+		if published, err = r.tlsOnlyKey(ctx); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+	grpcEnv := bootstrap.GRPCEnv(cmp.Or(r.MountPath, bootstrap.MountPath), tls)
 	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ps.Namespace, Name: bootstrap.ConfigMapName(ps.Name)}}
 	// The cache holds only ConfigMaps labelled as scopeplane's: one found
 	// there but controlled by a live owner other than this scope belongs
@@ -197,9 +208,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		}
 		cm.Labels[ManagedByLabel] = ManagedBy
 		cm.Labels[xdsv1alpha1.ScopeLabel] = ps.Name
-		cm.Data = map[string]string{bootstrap.EnvoyKey: string(envoy), bootstrap.GRPCKey: string(grpc)}
+		cm.Data = map[string]string{bootstrap.EnvoyKey: string(envoy), bootstrap.GRPCKey: string(grpc), bootstrap.GRPCEnvKey: string(grpcEnv)}
 		if tls != nil {
 			cm.Data[bootstrap.CAKey] = string(ca)
+			cm.Data[bootstrap.TLSOnlyKeyKey] = string(published)
 		}
 		for key, out := range sds {
 			cm.Data[key] = string(out)
@@ -220,6 +232,45 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		r.Conflicts.set(key, "")
 	}
 	return ctrl.Result{}, err
+}
+
+// tlsOnlyKey returns the install's published key (bootstrap.TLSOnlyKeyKey):
+// the one its bootstrap ConfigMaps already carry, so that it outlives
+// leaders and restarts without a store of its own (the oldest ConfigMap's
+// when they differ, and the others then follow it), or a new one when
+// none carries a valid key. The key is public and no credential; keeping
+// it only spares every ConfigMap, and every client reading it, a change.
+func (r *Reconciler) tlsOnlyKey(ctx context.Context) ([]byte, error) {
+	r.keyMu.Lock()
+	defer r.keyMu.Unlock()
+	if r.key != nil {
+		return r.key, nil
+	}
+	list := &corev1.ConfigMapList{}
+	if err := r.Client.List(ctx, list, client.MatchingLabels{ManagedByLabel: ManagedBy}); err != nil {
+		return nil, fmt.Errorf("listing the bootstrap ConfigMaps for the published key: %w", err)
+	}
+	var oldest *corev1.ConfigMap
+	for i := range list.Items {
+		cm := &list.Items[i]
+		if _, scope := cm.Labels[xdsv1alpha1.ScopeLabel]; !scope || bootstrap.CheckTLSOnlyKey([]byte(cm.Data[bootstrap.TLSOnlyKeyKey])) != nil {
+			continue
+		}
+		if oldest == nil || cm.CreationTimestamp.Before(&oldest.CreationTimestamp) ||
+			cm.CreationTimestamp.Equal(&oldest.CreationTimestamp) && cm.Namespace+"/"+cm.Name < oldest.Namespace+"/"+oldest.Name {
+			oldest = cm
+		}
+	}
+	if oldest != nil {
+		r.key = []byte(oldest.Data[bootstrap.TLSOnlyKeyKey])
+		return r.key, nil
+	}
+	k, err := bootstrap.NewTLSOnlyKey()
+	if err != nil {
+		return nil, err
+	}
+	r.key = k
+	return k, nil
 }
 
 // liveOwner names the controller of a ConfigMap that carries scopeplane's

@@ -209,11 +209,12 @@ const DefaultTransition = 600 * time.Second
 // the error names the selection.
 func Scope(ps *xdsv1alpha1.ProxyScope) (*model.Scope, error) {
 	out := &model.Scope{
-		Key:          model.Key{Namespace: ps.Namespace, Name: ps.Name},
-		Generation:   ps.Generation,
-		Protocol:     Protocol(ps.Spec.Protocol),
-		Listener:     model.Listener{Mode: model.ListenerMode(ps.Spec.Listener.Mode), VHDS: ps.Spec.Listener.VirtualHosts == xdsv1alpha1.VirtualHostsVHDS},
-		ZonePriority: ps.Spec.LocalityPriority == xdsv1alpha1.LocalityPrioritySameZone,
+		Key:                model.Key{Namespace: ps.Namespace, Name: ps.Name},
+		Generation:         ps.Generation,
+		Protocol:           Protocol(ps.Spec.Protocol),
+		Listener:           model.Listener{Mode: model.ListenerMode(ps.Spec.Listener.Mode), VHDS: ps.Spec.Listener.VirtualHosts == xdsv1alpha1.VirtualHostsVHDS},
+		ZonePriority:       ps.Spec.LocalityPriority == xdsv1alpha1.LocalityPrioritySameZone,
+		AdmitByPeerAddress: ps.Spec.AdmitByPeerAddress,
 	}
 	for _, sa := range ps.Spec.Proxies {
 		out.Proxies = append(out.Proxies, string(sa))

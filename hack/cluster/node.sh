@@ -183,8 +183,11 @@ cleanup() {
   for m in $(awk -v s="${state}" 'index($2, s) == 1 { print $2 }' /proc/mounts | sort -r); do
     umount -l "${m}" 2>/dev/null
   done
+  # Only the Pods' network namespaces (containerd names them cni-<uuid>):
+  # others made meanwhile belong to other programs on the machine (the
+  # client matrix makes its own), and are theirs to remove.
   for m in $(ls /run/netns 2>/dev/null); do
-    if ! grep -qx "${m}" <<<"${netns_before}"; then
+    if [[ ${m} == cni-* ]] && ! grep -qx "${m}" <<<"${netns_before}"; then
       umount -l "/run/netns/${m}" 2>/dev/null
       rm -f "/run/netns/${m}"
     fi

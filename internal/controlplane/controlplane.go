@@ -161,7 +161,10 @@ func CacheOptions(bootstrapNamespaces ...string) cache.Options {
 		}
 	}
 	return cache.Options{
-		ByObject:    map[client.Object]cache.ByObject{&corev1.ConfigMap{}: configMaps},
+		// Pods are cached, with their address indexes, only for the
+		// peer-address method (newPodIndex), and then only the fields it
+		// reads.
+		ByObject:    map[client.Object]cache.ByObject{&corev1.ConfigMap{}: configMaps, &corev1.Pod{}: {Transform: stripPod}},
 		NewInformer: apiwatch.NewInformer(scheme.Scheme),
 	}
 }
@@ -209,6 +212,13 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) (*ControlPlane, 
 			return nil, err
 		}
 		a.Bindings = b
+	}
+	if a := opts.Server.Authenticator; a != nil && a.PeerAddress && a.Pods == nil {
+		pods, err := newPodIndex(ctx, mgr.GetCache())
+		if err != nil {
+			return nil, err
+		}
+		a.Pods = pods
 	}
 	cp := &ControlPlane{
 		Pipeline: pipeline.New(pipeline.Options{CoalesceWindow: opts.CoalesceWindow, Server: opts.Server, CostBucket: opts.CostBucket}),

@@ -107,7 +107,7 @@ var renderCases = []renderCase{
 		name: "custom", release: "edge", namespace: "mesh",
 		check: func(t *testing.T, objs []*unstructured.Unstructured) {
 			wantArgs(t, containerArgs(t, objs), "--leader-elect", "--xds-server-address=xds.mesh.example.com:443", "--zap-log-level=debug",
-				"--xds-auth=token,spiffe", "--xds-spiffe-trust-domain=mesh.example.com", "--xds-spiffe-trust-bundle=/etc/scopeplane/spiffe/ca.crt",
+				"--xds-auth=token,spiffe,peer-address", "--xds-spiffe-trust-domain=mesh.example.com", "--xds-spiffe-trust-bundle=/etc/scopeplane/spiffe/ca.crt",
 				"--bootstrap-configmaps=true", "--bootstrap-configmap-namespaces=storefront,payments")
 			checkBootstrapRoles(t, objs, "edge-scopeplane", "mesh", []string{"storefront", "payments"})
 			d := find(t, objs, "Deployment")
@@ -402,7 +402,7 @@ func TestSchemaRefusesInvalidValues(t *testing.T) {
 		{"extra env without a name", `extraEnv: [{value: "1"}]`, []string{"at '/extraEnv/0': missing property 'name'"}},
 		{"metrics.secure as a string", `metrics: {secure: "no"}`, []string{"at '/metrics/secure': got string, want boolean"}},
 		{"connection age without a unit", `xds: {limits: {maxConnectionAge: "30"}}`, []string{"at '/xds/limits/maxConnectionAge': '30' does not match pattern"}},
-		{"unknown authentication method", `xds: {auth: {methods: kerberos}}`, []string{"at '/xds/auth/methods': value must be one of"}},
+		{"unknown authentication method", `xds: {auth: {methods: kerberos}}`, []string{"at '/xds/auth/methods': 'kerberos' does not match pattern"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			values := filepath.Join(t.TempDir(), "values.yaml")
@@ -515,8 +515,9 @@ func TestRBACFollowsGenerated(t *testing.T) {
 // TestRBACFollowsValues checks every case's rendered RBAC: least privilege,
 // the leader election Role exactly when the pods elect a leader, ConfigMap
 // access exactly when bootstrap ConfigMaps are written, TokenReviews exactly
-// when the metrics are secure or proxies authenticate with tokens, and
-// SubjectAccessReviews exactly when the metrics are secure.
+// when the metrics are secure or proxies authenticate with tokens,
+// ServiceAccounts exactly with tokens, Pods with tokens or peer addresses,
+// and SubjectAccessReviews exactly when the metrics are secure.
 func TestRBACFollowsValues(t *testing.T) {
 	for _, c := range renderCases {
 		t.Run(c.name, func(t *testing.T) {
@@ -529,9 +530,13 @@ func TestRBACFollowsValues(t *testing.T) {
 			checkLeastPrivilege(t, "Role", roles["Role"])
 			args := containerArgs(t, decode(t, rendered))
 			// Token authentication falls back to TokenReview.
-			tokenAuth := slices.ContainsFunc(args, func(a string) bool {
-				return strings.HasPrefix(a, "--xds-auth=") && strings.Contains(a, "token")
-			})
+			authBy := func(method string) bool {
+				return slices.ContainsFunc(args, func(a string) bool {
+					v, ok := strings.CutPrefix(a, "--xds-auth=")
+					return ok && slices.Contains(strings.Split(v, ","), method)
+				})
+			}
+			tokenAuth := authBy("token")
 			grants := func(rules []rbacv1.PolicyRule, group, resource string) bool {
 				return slices.ContainsFunc(rules, func(r rbacv1.PolicyRule) bool {
 					return slices.Contains(r.APIGroups, group) && slices.Contains(r.Resources, resource)
@@ -547,6 +552,10 @@ func TestRBACFollowsValues(t *testing.T) {
 					!slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--bootstrap-configmap-namespaces=") })},
 				{"the Role, ConfigMaps (replicas' feedback)", "", "configmaps", roles["Role"], slices.Contains(args, "--leader-elect")},
 				{"the ClusterRole, TokenReviews", "authentication.k8s.io", "tokenreviews", roles["ClusterRole"], slices.Contains(args, "--metrics-secure=true") || tokenAuth},
+				// Token bindings watch ServiceAccounts and Pods; the
+				// peer-address method, Pods.
+				{"the ClusterRole, ServiceAccounts", "", "serviceaccounts", roles["ClusterRole"], tokenAuth},
+				{"the ClusterRole, Pods", "", "pods", roles["ClusterRole"], tokenAuth || authBy("peer-address")},
 				{"the ClusterRole, SubjectAccessReviews", "authorization.k8s.io", "subjectaccessreviews", roles["ClusterRole"], slices.Contains(args, "--metrics-secure=true")},
 				{"the ClusterRole, ReferenceGrants", "gateway.networking.k8s.io", "referencegrants", roles["ClusterRole"], slices.Contains(args, "--cross-namespace=grant")},
 			} {

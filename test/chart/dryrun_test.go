@@ -164,7 +164,7 @@ func notesExample(t *testing.T, notes string) []byte {
 
 // TestNotes checks that NOTES.txt tells where proxies reach the xDS server
 // (the address the pods write into the bootstraps), how a proxy joins a
-// scope, and where its bootstrap is.
+// scope, where its bootstrap is, and what a gRPC Pod of each client sets.
 func TestNotes(t *testing.T) {
 	for _, c := range renderCases {
 		t.Run(c.name, func(t *testing.T) {
@@ -182,7 +182,21 @@ func TestNotes(t *testing.T) {
 				"status.bootstrapConfigMap",
 				"jsonpath='{.status.bootstrapConfigMap}'",
 			}
-			if slices.Contains(containerArgs(t, decode(t, c.render(t))), "--bootstrap-configmaps=false") {
+			args := containerArgs(t, decode(t, c.render(t)))
+			// What a proxyless gRPC Pod mounts and sets, per client.
+			if !slices.Contains(args, "--xds-insecure") {
+				want = append(want, "GOOGLE_APPLICATION_CREDENTIALS=/etc/scopeplane/xds/tls-only-key.json",
+					"GRPC_DEFAULT_SSL_ROOTS_FILE_PATH=/etc/scopeplane/xds/ca.crt")
+				if slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--xds-auth=") && strings.Contains(a, "peer-address") }) {
+					want = append(want, "as the one Running Pod holding their address, when it sets\n     spec.admitByPeerAddress: true.")
+				} else {
+					want = append(want, "add peer-address to xds.auth.methods")
+				}
+				if slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--xds-auth=") && strings.Contains(a, "token") }) {
+					want = append(want, "GRPC_EXPERIMENTAL_XDS_BOOTSTRAP_CALL_CREDS=true")
+				}
+			}
+			if slices.Contains(args, "--bootstrap-configmaps=false") {
 				want = append(want[:3], "Bootstrap ConfigMaps are off (bootstrapConfigMaps.enabled=false): write each proxy's")
 			}
 			for _, want := range want {

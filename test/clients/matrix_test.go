@@ -3,7 +3,11 @@
 // process, grpc-js-xds (Node.js, pinned by package-lock.json here) and gRPC
 // C-core (Debian's python3-grpcio) as child processes — against the
 // operator on a real API server, with backends in a network namespace the
-// test creates, at the addresses the EndpointSlices list.
+// test creates, at the addresses the EndpointSlices list. Each joins over
+// TLS the way docs/bootstrap.md tells its Pod to: grpc-go with a
+// ServiceAccount token (call_creds), grpc-js-xds and C-core, each in a
+// network namespace of its own at its Pod's address, by peer address with
+// the published key, set up by the variables of the ConfigMap's grpc-env.
 package clients
 
 import (
@@ -20,6 +24,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -28,9 +33,11 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/xds"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -45,6 +52,7 @@ import (
 	"github.com/scopeplane/scopeplane/internal/whoami"
 	"github.com/scopeplane/scopeplane/xds/auth"
 	"github.com/scopeplane/scopeplane/xds/bootstrap"
+	"github.com/scopeplane/scopeplane/xds/model"
 	"github.com/scopeplane/scopeplane/xds/server"
 )
 
@@ -55,9 +63,12 @@ const (
 	hostAddr = "198.18.0.1"
 	addrA    = "198.18.0.2"
 	addrB    = "198.18.0.3"
-	port     = 50051
-	ns       = "matrix"
-	target   = "xds:///whoami.matrix.svc.cluster.local:50051"
+	// The addresses of the grpc-js-xds and C-core clients' Pods.
+	addrJS    = "198.18.0.4"
+	addrCCore = "198.18.0.5"
+	port      = 50051
+	ns        = "matrix"
+	target    = "xds:///whoami.matrix.svc.cluster.local:50051"
 )
 
 // reach is how long a client may take to reach an expected outcome: far
@@ -65,20 +76,43 @@ const (
 // gRPC's 15 s does-not-exist timer, so a timer is not mistaken for a fix.
 const reach = 25 * time.Second
 
+// callCredsEnv turns on grpc-go's reading of the bootstrap's call_creds;
+// grpc-go reads it once, when the process starts.
+const callCredsEnv = "GRPC_EXPERIMENTAL_XDS_BOOTSTRAP_CALL_CREDS"
+
+// TestMain runs the matrix's binary again with callCredsEnv set, as the
+// grpc-env of the bootstrap ConfigMap tells a grpc-go Pod to: the in-process
+// grpc-go client then sends its token.
+func TestMain(m *testing.M) {
+	if os.Getenv("SCOPEPLANE_CLIENT_MATRIX") != "" && os.Getenv(callCredsEnv) != "true" {
+		exe, err := os.Executable()
+		if err == nil {
+			err = syscall.Exec(exe, os.Args, append(os.Environ(), callCredsEnv+"=true"))
+		}
+		fmt.Fprintln(os.Stderr, "running the client matrix again with", callCredsEnv+"=true:", err)
+		os.Exit(1)
+	}
+	os.Exit(m.Run())
+}
+
 func TestClientMatrix(t *testing.T) {
 	if os.Getenv("SCOPEPLANE_CLIENT_MATRIX") == "" {
 		t.Skip("the client matrix runs with make test-clients, which installs its Node.js and Python clients")
 	}
 	node, python := clientTools(t)
-	netns := makeNetwork(t)
+	netns, clientNS := makeNetwork(t)
 	a := whoami.Serve("backend-a", listenIn(t, netns, net.JoinHostPort(addrA, fmt.Sprint(port))))
 	defer a.Stop()
 	b := whoami.Serve("backend-b", listenIn(t, netns, net.JoinHostPort(addrB, fmt.Sprint(port))))
 	defer b.Stop()
 
-	c := startOperator(t)
+	dir := t.TempDir()
+	c, cp := startOperator(t, dir)
 	create(t, c,
 		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}},
+		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "grpc-go"}},
+		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "grpc-js"}},
+		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "c-core"}},
 		whoamiService(),
 		&corev1.Service{
 			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "other"},
@@ -93,19 +127,24 @@ func TestClientMatrix(t *testing.T) {
 		scope("grpc", xdsv1alpha1.ProtocolSotW),
 		scope("delta", xdsv1alpha1.ProtocolDelta),
 	)
-	dir := t.TempDir()
-	grpcBootstrap := writeBootstrap(t, c, dir, "grpc")
-	deltaBootstrap := writeBootstrap(t, c, dir, "delta")
+	// The Pods of the child clients, as the kubelet reports them: Running
+	// at the address of the client's network namespace.
+	for _, p := range []struct{ name, sa, ip string }{{"grpc-js-xds", "grpc-js", addrJS}, {"c-core", "c-core", addrCCore}} {
+		runningPod(t, c, p.name, p.sa, p.ip)
+	}
+	grpcBootstrap, grpcEnv := writeBootstrap(t, c, dir, "grpc")
+	deltaBootstrap, _ := writeBootstrap(t, c, dir, "delta")
+	token := writeToken(t, c, dir, "grpc-go")
 
 	kinds := []string{"grpc-go", "grpc-js-xds", "c-core"}
 	start := func(kind, boot string) *runner {
 		switch kind {
 		case "grpc-go":
-			return startGo(t, boot)
+			return startGo(t, boot, token)
 		case "grpc-js-xds":
-			return startChild(t, kind, boot, node, filepath.Join(".", "client.js"), target)
+			return startChild(t, kind, clientNS[kind], boot, grpcEnv, node, filepath.Join(".", "client.js"), target)
 		default:
-			return startChild(t, kind, boot, python, filepath.Join(".", "client.py"), target)
+			return startChild(t, kind, clientNS[kind], boot, grpcEnv, python, filepath.Join(".", "client.py"), target)
 		}
 	}
 	clients := map[string]*runner{}
@@ -124,6 +163,28 @@ func TestClientMatrix(t *testing.T) {
 	ps := &xdsv1alpha1.ProxyScope{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "grpc"}}
 
 	expect("initial RPCs", "backend-a", backend("backend-a"))
+	// Each joined as docs/bootstrap.md says: grpc-go with its token,
+	// grpc-js-xds and C-core as their Pods, by peer address.
+	joined := map[string]string{
+		"grpc-go":     "system:serviceaccount:matrix:grpc-go",
+		"grpc-js-xds": "system:serviceaccount:matrix:grpc-js (pod grpc-js-xds, by peer address " + addrJS + ")",
+		"c-core":      "system:serviceaccount:matrix:c-core (pod c-core, by peer address " + addrCCore + ")",
+	}
+	testkit.Eventually(t, "the scope's proxies joined with their documented identities", func() (bool, string) {
+		var got []string
+		for _, p := range cp.Feedback.Get(model.Key{Namespace: ns, Name: "grpc"}).Proxies {
+			got = append(got, p.Identity)
+		}
+		for _, want := range joined {
+			if !slices.Contains(got, want) {
+				return false, fmt.Sprint(got)
+			}
+		}
+		return true, ""
+	})
+	for _, k := range kinds {
+		m.add("joins over TLS as", k, joined[k])
+	}
 
 	mutate(t, c, slice, func(s *discoveryv1.EndpointSlice) { s.Endpoints[0].Addresses = []string{addrB} })
 	expect("endpoint move", "backend-b", backend("backend-b"))
@@ -420,14 +481,19 @@ func clientTools(t *testing.T) (node, python string) {
 	return node, python
 }
 
-// makeNetwork creates a network namespace holding addrA and addrB behind a
-// veth pair whose other end here has hostAddr, and removes both when the
-// test ends. Where it cannot, it skips the test, saying why, unless the
-// test runs as root: there (make test-clients in CI) nothing should stop
-// it, and a matrix that quietly did not run would prove nothing.
-func makeNetwork(t *testing.T) string {
+// makeNetwork creates a bridge here with hostAddr and, attached to it by
+// veth pairs, a network namespace holding addrA and addrB (the backends)
+// and one for each child client at its Pod's address (grpc-js-xds addrJS,
+// C-core addrCCore), so that the xDS server sees each client's own source
+// address; it removes them all when the test ends. It returns the
+// backends' namespace and the clients' by kind. Where it cannot, it skips
+// the test, saying why, unless the test runs as root: there (make
+// test-clients in CI) nothing should stop it, and a matrix that quietly
+// did not run would prove nothing.
+func makeNetwork(t *testing.T) (string, map[string]string) {
 	name := fmt.Sprintf("spmatrix-%d", os.Getpid())
-	host, peer := fmt.Sprintf("spm%dh", os.Getpid()%100000), fmt.Sprintf("spm%dn", os.Getpid()%100000)
+	id := os.Getpid() % 100000
+	bridge, host, peer := fmt.Sprintf("spm%db", id), fmt.Sprintf("spm%dh", id), fmt.Sprintf("spm%dn", id)
 	ip := func(args ...string) error {
 		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
 			return fmt.Errorf("ip %s: %w: %s", strings.Join(args, " "), err, bytes.TrimSpace(out))
@@ -440,27 +506,49 @@ func makeNetwork(t *testing.T) string {
 		}
 		t.Skipf("the client matrix needs a network namespace for its backends and cannot create one (run it as root, with iproute2): %v", err)
 	}
+	clients := map[string]string{"grpc-js-xds": name + "-js", "c-core": name + "-c"}
 	t.Cleanup(func() {
-		_ = ip("link", "del", host) // deletes the peer too
-		if err := ip("netns", "del", name); err != nil {
-			t.Errorf("removing the network namespace: %v", err)
+		for _, l := range []string{host, fmt.Sprintf("spm%dja", id), fmt.Sprintf("spm%dca", id), bridge} {
+			_ = ip("link", "del", l) // a veth's peer goes with it
+		}
+		for _, n := range []string{name, clients["grpc-js-xds"], clients["c-core"]} {
+			if err := ip("netns", "del", n); err != nil && !strings.Contains(err.Error(), "No such file") {
+				t.Errorf("removing the network namespace %s: %v", n, err)
+			}
 		}
 	})
-	for _, args := range [][]string{
+	steps := [][]string{
+		{"link", "add", bridge, "type", "bridge"},
+		{"addr", "add", hostAddr + "/24", "dev", bridge},
+		{"link", "set", bridge, "up"},
 		{"link", "add", host, "type", "veth", "peer", "name", peer},
-		{"link", "set", peer, "netns", name},
-		{"addr", "add", hostAddr + "/24", "dev", host},
+		{"link", "set", host, "master", bridge},
 		{"link", "set", host, "up"},
+		{"link", "set", peer, "netns", name},
 		{"-n", name, "addr", "add", addrA + "/24", "dev", peer},
 		{"-n", name, "addr", "add", addrB + "/24", "dev", peer},
 		{"-n", name, "link", "set", peer, "up"},
 		{"-n", name, "link", "set", "lo", "up"},
-	} {
+	}
+	for kind, addr := range map[string]string{"grpc-js-xds": addrJS, "c-core": addrCCore} {
+		n, here, there := clients[kind], fmt.Sprintf("spm%d%sa", id, kind[:1]), fmt.Sprintf("spm%d%sb", id, kind[:1])
+		steps = append(steps,
+			[]string{"netns", "add", n},
+			[]string{"link", "add", here, "type", "veth", "peer", "name", there},
+			[]string{"link", "set", here, "master", bridge},
+			[]string{"link", "set", here, "up"},
+			[]string{"link", "set", there, "netns", n},
+			[]string{"-n", n, "addr", "add", addr + "/24", "dev", there},
+			[]string{"-n", n, "link", "set", there, "up"},
+			[]string{"-n", n, "link", "set", "lo", "up"},
+		)
+	}
+	for _, args := range steps {
 		if err := ip(args...); err != nil {
 			t.Fatal(err)
 		}
 	}
-	return name
+	return name, clients
 }
 
 // listenIn listens on addr inside the network namespace netns: a socket
@@ -507,8 +595,11 @@ func listenIn(t *testing.T, netns, addr string) net.Listener {
 }
 
 // startOperator runs the API server and the operator, as the end-to-end
-// tests do, and returns a client of the API server.
-func startOperator(t *testing.T) client.Client {
+// tests do, with the chart's defaults: TLS from the self-managed CA, and
+// tokens, here with peer addresses too. The bootstraps name files in dir,
+// where writeBootstrap puts them as the kubelet would. It returns a client
+// of the API server and the control plane.
+func startOperator(t *testing.T, dir string) (client.Client, *controlplane.ControlPlane) {
 	ctrl.SetLogger(logr.Discard()) // the matrix is the output; the operator's logs are not
 	env, err := localapi.Start()
 	if err != nil {
@@ -522,18 +613,25 @@ func startOperator(t *testing.T) client.Client {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	// The clients reach the xDS port at the bridge's address, from their
+	// own.
+	lis, err := net.Listen("tcp", net.JoinHostPort(hostAddr, "0"))
 	if err != nil {
 		t.Fatal(err)
 	}
+	a, err := auth.Config{Methods: "token,peer-address", Audience: auth.DefaultAudience}.Build(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	create(t, env.Client, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "scopeplane-system"}})
 	ctx, cancel := context.WithCancel(context.Background())
-	if _, err := controlplane.Setup(ctx, mgr, controlplane.Options{
+	cp, err := controlplane.Setup(ctx, mgr, controlplane.Options{
 		XDSListener: lis, XDSServerAddress: lis.Addr().String(), CoalesceWindow: 5 * time.Millisecond, StatusWindow: 50 * time.Millisecond,
-		// The matrix is about protocol conformance: grpc-js and C-core
-		// connect in plaintext.
-		TLS:    controlplane.TLS{Insecure: true},
-		Server: server.Options{Authenticator: &auth.Authenticator{AllowAnonymous: true}},
-	}); err != nil {
+		BootstrapMountPath: dir,
+		TLS:                controlplane.TLS{Secret: types.NamespacedName{Namespace: "scopeplane-system", Name: "scopeplane-xds-tls"}},
+		Server:             server.Options{Authenticator: a},
+	})
+	if err != nil {
 		cancel()
 		t.Fatal(err)
 	}
@@ -545,7 +643,7 @@ func startOperator(t *testing.T) client.Client {
 			t.Errorf("manager: %v", err)
 		}
 	})
-	return env.Client
+	return env.Client, cp
 }
 
 func whoamiService() *corev1.Service {
@@ -562,8 +660,41 @@ func scope(name string, p xdsv1alpha1.Protocol) *xdsv1alpha1.ProxyScope {
 			Protocol: p,
 			Services: []xdsv1alpha1.ServiceSelection{{Names: []xdsv1alpha1.DNSLabel{"whoami"}}},
 			Listener: xdsv1alpha1.ListenerSpec{Mode: xdsv1alpha1.ListenerModeProxylessGRPC},
+			// grpc-js-xds and C-core join by their Pods' addresses.
+			AdmitByPeerAddress: true,
 		},
 	}
+}
+
+// runningPod creates a Pod of ServiceAccount sa and reports it Running at
+// ip, on a node at hostAddr, as a kubelet would.
+func runningPod(t *testing.T, c client.Client, name, sa, ip string) {
+	t.Helper()
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec:       corev1.PodSpec{ServiceAccountName: sa, NodeName: "matrix-node", Containers: []corev1.Container{{Name: "client", Image: name}}},
+	}
+	create(t, c, p)
+	p.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: ip, PodIPs: []corev1.PodIP{{IP: ip}},
+		HostIP: hostAddr, HostIPs: []corev1.HostIP{{IP: hostAddr}}}
+	if err := c.Status().Update(context.Background(), p); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// writeToken writes a ServiceAccount token of sa for the scopeplane
+// audience, as the kubelet writes a projected one, and returns its path.
+func writeToken(t *testing.T, c client.Client, dir, sa string) string {
+	t.Helper()
+	tr := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{Audiences: []string{auth.DefaultAudience}, ExpirationSeconds: ptr.To(int64(3600))}}
+	if err := c.SubResource("token").Create(context.Background(), &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: sa}}, tr); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, sa+".token")
+	if err := os.WriteFile(path, []byte(tr.Status.Token), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }
 
 func create(t *testing.T, c client.Client, objs ...client.Object) {
@@ -588,31 +719,45 @@ func mutate[T client.Object](t *testing.T, c client.Client, obj T, fn func(T)) {
 	}
 }
 
-// writeBootstrap writes the gRPC bootstrap the operator put in the scope's
-// ConfigMap to a file, as a pod mounting it would see it.
-func writeBootstrap(t *testing.T, c client.Client, dir, scopeName string) string {
+// writeBootstrap writes the files of the scope's ConfigMap into dir, as a
+// Pod mounting it at dir would see them (the CA and the published key are
+// the same in every scope's), the gRPC bootstrap under a name of the
+// scope's own; it returns the bootstrap's path and the variables of its
+// grpc-env.
+func writeBootstrap(t *testing.T, c client.Client, dir, scopeName string) (string, []string) {
 	t.Helper()
-	var data string
+	cm := &corev1.ConfigMap{}
 	testkit.Eventually(t, "the bootstrap ConfigMap of "+scopeName, func() (bool, string) {
-		cm := &corev1.ConfigMap{}
 		err := c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: bootstrap.ConfigMapName(scopeName)}, cm)
-		data = cm.Data[bootstrap.GRPCKey]
-		return err == nil && data != "", fmt.Sprint(err)
+		return err == nil && cm.Data[bootstrap.GRPCKey] != "" && cm.Data[bootstrap.TLSOnlyKeyKey] != "", fmt.Sprint(err)
 	})
+	for _, k := range []string{bootstrap.CAKey, bootstrap.TLSOnlyKeyKey} {
+		if err := os.WriteFile(filepath.Join(dir, k), []byte(cm.Data[k]), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
 	path := filepath.Join(dir, scopeName+"-bootstrap.json")
-	if err := os.WriteFile(path, []byte(data), 0o600); err != nil {
+	if err := os.WriteFile(path, []byte(cm.Data[bootstrap.GRPCKey]), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	return path
+	var env []string
+	for _, l := range strings.Split(cm.Data[bootstrap.GRPCEnvKey], "\n") {
+		if l != "" && !strings.HasPrefix(l, "#") {
+			env = append(env, l)
+		}
+	}
+	return path, env
 }
 
 // startGo runs grpc-go's xDS client in process, calling every 100 ms as
-// the child clients do.
-func startGo(t *testing.T, bootstrapPath string) *runner {
+// the child clients do, with the bootstrap's call_creds reading the token
+// at tokenPath instead of the projected volume's path.
+func startGo(t *testing.T, bootstrapPath, tokenPath string) *runner {
 	data, err := os.ReadFile(bootstrapPath)
 	if err != nil {
 		t.Fatal(err)
 	}
+	data = bytes.ReplaceAll(data, []byte(`"`+bootstrap.TokenPath+`"`), []byte(`"`+tokenPath+`"`))
 	res, err := xds.NewXDSResolverWithConfigForTesting(data)
 	if err != nil {
 		t.Fatal(err)
@@ -656,10 +801,13 @@ func startGo(t *testing.T, bootstrapPath string) *runner {
 	return r
 }
 
-// startChild runs a client script and reads its JSON lines.
-func startChild(t *testing.T, kind, bootstrapPath, interpreter string, args ...string) *runner {
-	cmd := exec.Command(interpreter, args...)
-	cmd.Env = append(os.Environ(), "GRPC_XDS_BOOTSTRAP="+bootstrapPath)
+// startChild runs a client script in the network namespace netns, with
+// the environment of the ConfigMap's grpc-env (its GRPC_XDS_BOOTSTRAP
+// replaced by bootstrapPath), and reads its JSON lines. ip netns exec
+// enters the namespace and execs the interpreter, whose process it is.
+func startChild(t *testing.T, kind, netns, bootstrapPath string, grpcEnv []string, interpreter string, args ...string) *runner {
+	cmd := exec.Command("ip", append([]string{"netns", "exec", netns, interpreter}, args...)...)
+	cmd.Env = append(append(os.Environ(), grpcEnv...), "GRPC_XDS_BOOTSTRAP="+bootstrapPath)
 	r := &runner{kind: kind, stderr: &lockedBuffer{}}
 	cmd.Stderr = r.stderr
 	out, err := cmd.StdoutPipe()

@@ -13,6 +13,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -30,6 +31,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
+	"github.com/scopeplane/scopeplane/controllers/bootstrapconfig"
 	"github.com/scopeplane/scopeplane/internal/controlplane"
 	"github.com/scopeplane/scopeplane/internal/localapi"
 	"github.com/scopeplane/scopeplane/internal/scheme"
@@ -130,6 +132,16 @@ func TestGRPCClientOverTLSFromTheSelfManagedCA(t *testing.T) {
 	if string(sec.Data[xdstls.CAFile]) != cm.Data[bootstrap.CAKey] || sec.Type != corev1.SecretTypeTLS {
 		t.Errorf("the ConfigMap's ca.crt is not the Secret's (type %s)", sec.Type)
 	}
+	// It publishes the identity-less key grpc-js-xds and C-core need for
+	// TLS, and the environment gRPC clients set.
+	publishedKey := cm.Data[bootstrap.TLSOnlyKeyKey]
+	if err := bootstrap.CheckTLSOnlyKey([]byte(publishedKey)); err != nil {
+		t.Errorf("the ConfigMap's %s: %v", bootstrap.TLSOnlyKeyKey, err)
+	}
+	if env := cm.Data[bootstrap.GRPCEnvKey]; !strings.Contains(env, "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH="+filepath.Join(mount, bootstrap.CAKey)+"\n") ||
+		!strings.Contains(env, "GOOGLE_APPLICATION_CREDENTIALS="+filepath.Join(mount, bootstrap.TLSOnlyKeyKey)+"\n") {
+		t.Errorf("the ConfigMap's %s does not name the mounted files:\n%s", bootstrap.GRPCEnvKey, env)
+	}
 	// What the kubelet does with the ConfigMap volume.
 	for k, v := range cm.Data {
 		if err := os.WriteFile(filepath.Join(mount, k), []byte(v), 0o600); err != nil {
@@ -169,6 +181,31 @@ func TestGRPCClientOverTLSFromTheSelfManagedCA(t *testing.T) {
 		}
 		return err == nil && cm.Data[bootstrap.CAKey] != oldCA && cm.Data[bootstrap.CAKey] == string(fresh.Data[xdstls.CAFile]), fmt.Sprint(err)
 	})
+	// The published key stays the install's through the rewrite, and a
+	// reconciler of a new term (a new leader) adopts it from the
+	// ConfigMaps rather than making another.
+	if cm.Data[bootstrap.TLSOnlyKeyKey] != publishedKey {
+		t.Error("the published key changed with the CA: it is made once per install")
+	}
+	newTerm := &bootstrapconfig.Reconciler{Client: env.Client, XDSServer: lis.Addr().String(), Conflicts: bootstrapconfig.NewConflicts(),
+		CA: staticCA(cm.Data[bootstrap.CAKey]), MountPath: mount}
+	create(&xdsv1alpha1.ProxyScope{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "app", Name: "second"},
+		Spec: xdsv1alpha1.ProxyScopeSpec{
+			Services: []xdsv1alpha1.ServiceSelection{{Names: []xdsv1alpha1.DNSLabel{"whoami"}}},
+			Listener: xdsv1alpha1.ListenerSpec{Mode: xdsv1alpha1.ListenerModeProxylessGRPC},
+		},
+	})
+	if _, err := newTerm.Reconcile(ctx, ctrl.Request{NamespacedName: types.NamespacedName{Namespace: "app", Name: "second"}}); err != nil {
+		t.Fatal(err)
+	}
+	second := &corev1.ConfigMap{}
+	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: "app", Name: bootstrap.ConfigMapName("second")}, second); err != nil {
+		t.Fatal(err)
+	}
+	if second.Data[bootstrap.TLSOnlyKeyKey] != publishedKey {
+		t.Error("a new term's reconciler published another key than the one the ConfigMaps carry")
+	}
 	// A new handshake gets the new CA's certificate (grpc-go's own xDS
 	// client would see the new bundle when it next reads ca.crt, every 10
 	// minutes, so a TLS client stands in for it).
@@ -212,3 +249,9 @@ func TestGRPCClientOverTLSFromTheSelfManagedCA(t *testing.T) {
 	}
 	t.Logf("plaintext client: %v", err)
 }
+
+// staticCA is a CA bundle that does not change.
+type staticCA string
+
+func (c staticCA) CABundle() []byte         { return []byte(c) }
+func (c staticCA) Changed() <-chan struct{} { return nil }

@@ -9,6 +9,7 @@ package auth
 
 import (
 	"context"
+	"net/netip"
 	"strings"
 	"time"
 
@@ -30,7 +31,8 @@ const (
 )
 
 // Identity is who a proxy proved to be. Pod and node fields come from a
-// token bound to a pod (projected tokens are); they are empty otherwise.
+// token bound to a pod (projected tokens are), or from the Pod holding the
+// peer address (MethodPeerAddress); they are empty otherwise.
 type Identity struct {
 	Method         Method
 	Namespace      string
@@ -46,6 +48,10 @@ type Identity struct {
 	// Expiry is when the credential stops being valid (a token's exp);
 	// zero when not known. A stream ends then.
 	Expiry time.Time
+	// PeerAddress is the source address the identity was derived from
+	// (MethodPeerAddress only). Such an identity without a Namespace
+	// stands for no Pod and is admitted nowhere.
+	PeerAddress netip.Addr
 }
 
 // String names the identity as Kubernetes names a ServiceAccount user,
@@ -56,11 +62,35 @@ func (id *Identity) String() string {
 	if id == nil {
 		return ""
 	}
+	if id.Method == MethodPeerAddress && id.Namespace == "" {
+		return id.refused()
+	}
 	s := "system:serviceaccount:" + id.Namespace + ":" + id.ServiceAccount
-	if id.PodName != "" {
+	switch {
+	case id.Method == MethodPeerAddress:
+		s += " (pod " + id.PodName + ", by peer address " + id.PeerAddress.String() + ")"
+	case id.PodName != "":
 		s += " (pod " + id.PodName + ")"
 	}
 	return s
+}
+
+// Refused names the identity in a refusal the caller reads: as String,
+// except that an identity derived from the peer address names only the
+// address, so that no caller learns which Pod, if any, the server takes an
+// address for.
+func (id *Identity) Refused() string {
+	if id != nil && id.Method == MethodPeerAddress {
+		return id.refused()
+	}
+	return id.String()
+}
+
+func (id *Identity) refused() string {
+	if !id.PeerAddress.IsValid() {
+		return "a client presenting no credential"
+	}
+	return "the client at " + id.PeerAddress.String() + ", which presented no credential"
 }
 
 // Authenticator establishes the identity of a new stream from its gRPC
@@ -68,8 +98,15 @@ func (id *Identity) String() string {
 // is set; AllowAnonymous lets a stream without credentials through with no
 // identity, which is what the insecure opt-out gives up.
 type Authenticator struct {
-	Tokens         *TokenVerifier
-	SPIFFE         *SPIFFEVerifier
+	Tokens *TokenVerifier
+	SPIFFE *SPIFFEVerifier
+	// PeerAddress derives the identity of a stream without a credential
+	// from the one Pod holding its source address, looked up in Pods; only
+	// scopes that opt in admit it (Admits). Without a Pod holding the
+	// address the stream is refused as by a scope that does not exist;
+	// with AllowAnonymous too, it is anonymous instead.
+	PeerAddress    bool
+	Pods           PodIndex
 	AllowAnonymous bool
 	// Bindings, when set, refuses a token whose ServiceAccount or bound Pod
 	// no longer exists (or was re-created), and tells a stream when they go.
@@ -90,11 +127,17 @@ type Bindings interface {
 
 // Gone is Bindings.Gone of a's bindings: nil (never closed) without them
 // or for an identity that is not a token's.
+// For an identity derived from the peer address it is closed when that
+// Pod no longer holds the address (PodIndex.Changed).
 func (a *Authenticator) Gone(id *Identity) (<-chan struct{}, func()) {
-	if a == nil || a.Bindings == nil || id == nil || id.Method != MethodToken {
-		return nil, func() {}
+	switch {
+	case a == nil || id == nil:
+	case id.Method == MethodPeerAddress && a.Pods != nil && id.PodUID != "":
+		return a.Pods.Changed(id.PodUID, id.PeerAddress)
+	case id.Method == MethodToken && a.Bindings != nil:
+		return a.Bindings.Gone(id)
 	}
-	return a.Bindings.Gone(id)
+	return nil, func() {}
 }
 
 // noCredentials is the message of a stream that presented nothing the
@@ -105,11 +148,14 @@ const noCredentials = "no credentials: scopeplane requires a ServiceAccount toke
 // an anonymous stream when AllowAnonymous is set, or an Unauthenticated
 // status. A bearer token, when sent, is authoritative: an invalid one is
 // refused even if a certificate came with it, so a proxy learns that its
-// token is wrong instead of silently being someone else.
+// token is wrong instead of silently being someone else. A JWT of the
+// published key (PublishedKeyID) is no credential. A stream with no
+// credential gets, with PeerAddress, the identity of the Pod holding its
+// address (one that no scope admits when no single Pod does).
 func (a *Authenticator) Authenticate(ctx context.Context) (*Identity, error) {
 	if token, ok, err := bearer(ctx); err != nil {
 		return nil, err
-	} else if ok {
+	} else if ok && !publishedKeyJWT(token) {
 		if a.Tokens == nil {
 			return nil, status.Error(codes.Unauthenticated,
 				"a bearer token was sent but this server does not accept ServiceAccount tokens (--xds-auth): present a SPIFFE client certificate")
@@ -131,6 +177,13 @@ func (a *Authenticator) Authenticate(ctx context.Context) (*Identity, error) {
 			}
 			return id, nil
 		}
+	}
+	if a.PeerAddress {
+		id := a.byPeerAddress(ctx)
+		if id.Namespace == "" && a.AllowAnonymous {
+			return nil, nil
+		}
+		return id, nil
 	}
 	if a.AllowAnonymous {
 		return nil, nil
@@ -177,12 +230,17 @@ func peerCertificates(ctx context.Context) [][]byte {
 // Admits reports whether a scope in namespace, narrowed to the named
 // ServiceAccounts when proxies is not empty, admits id. A nil id (an
 // anonymous stream, allowed only with the insecure opt-out) is admitted
-// everywhere: that is what the opt-out gives up.
-func Admits(id *Identity, namespace string, proxies []string) bool {
+// everywhere: that is what the opt-out gives up. An identity derived from
+// the peer address is admitted only by a scope that opts in
+// (byPeerAddress), and then by the same rules as a credential's.
+func Admits(id *Identity, namespace string, proxies []string, byPeerAddress bool) bool {
 	if id == nil {
 		return true
 	}
-	if id.Namespace != namespace {
+	if id.Method == MethodPeerAddress && !byPeerAddress {
+		return false
+	}
+	if id.Namespace == "" || id.Namespace != namespace {
 		return false
 	}
 	if len(proxies) == 0 {

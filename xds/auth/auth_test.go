@@ -163,11 +163,11 @@ func TestAdmits(t *testing.T) {
 		{"bank", nil, false},
 		{"bank", []string{"envoy"}, false},
 	} {
-		if got := auth.Admits(id, tc.ns, tc.proxies); got != tc.want {
+		if got := auth.Admits(id, tc.ns, tc.proxies, false); got != tc.want {
 			t.Errorf("Admits(%s, %v) = %v, want %v", tc.ns, tc.proxies, got, tc.want)
 		}
 	}
-	if !auth.Admits(nil, "bank", []string{"x"}) {
+	if !auth.Admits(nil, "bank", []string{"x"}, false) {
 		t.Error("an anonymous stream (allowed explicitly) is not admitted")
 	}
 }

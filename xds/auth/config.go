@@ -12,7 +12,8 @@ import (
 // Config is the command line's choice of how proxies authenticate.
 type Config struct {
 	// Methods are the accepted credentials, a comma-separated list of
-	// "token" and "spiffe".
+	// "token", "spiffe" and "peer-address" (no credential: the Pod holding
+	// the source address, for scopes that opt in).
 	Methods string
 	// Audience is the audience a ServiceAccount token must carry.
 	Audience string
@@ -57,11 +58,15 @@ func (c Config) Build(cfg *rest.Config) (*Authenticator, error) {
 				return nil, err
 			}
 			a.SPIFFE = v
+		case string(MethodPeerAddress):
+			// The Pod index comes from the manager's cache
+			// (controlplane.Setup).
+			a.PeerAddress = true
 		default:
-			return nil, fmt.Errorf("--xds-auth: unknown method %q (want token, spiffe, or both comma-separated)", m)
+			return nil, fmt.Errorf("--xds-auth: unknown method %q (want token, spiffe, peer-address, comma-separated)", m)
 		}
 	}
-	if a.Tokens == nil && a.SPIFFE == nil && !a.AllowAnonymous {
+	if a.Tokens == nil && a.SPIFFE == nil && !a.PeerAddress && !a.AllowAnonymous {
 		return nil, fmt.Errorf("--xds-auth names no method and --xds-allow-anonymous is false: no proxy could connect")
 	}
 	return a, nil

@@ -355,8 +355,13 @@ func toYAML(m proto.Message) ([]byte, error) {
 // GRPC returns a gRPC xDS bootstrap (JSON, for GRPC_XDS_BOOTSTRAP or
 // GRPC_XDS_BOOTSTRAP_CONFIG) that joins scope at server, over TLS verified
 // against tls.CAFile (gRPC's "tls" channel credentials, which re-read the
-// file every 10 minutes) or, without tls, in plaintext. gRPC clients speak
-// only State of the World; a delta scope refuses them, which its status shows.
+// file every 10 minutes) or, without tls, in plaintext. With tls the
+// channel credentials are [tls, google_default]: each gRPC takes the first
+// type it knows, so grpc-go uses tls, while grpc-js-xds 1.14 and C-core
+// 1.51, which know no tls, use google_default (TLS with the default roots,
+// which GRPCEnv points at the CA file, and a JWT of the published key,
+// which is no credential). gRPC clients speak only State of the World; a
+// delta scope refuses them, which its status shows.
 func GRPC(scope model.Key, server string, tls *TLS) ([]byte, error) {
 	if _, _, err := splitHostPort(server); err != nil {
 		return nil, err
@@ -371,8 +376,10 @@ func GRPC(scope model.Key, server string, tls *TLS) ([]byte, error) {
 		Config *tlsConfig `json:"config,omitempty"`
 	}
 	channel := creds{Type: "insecure"}
+	var fallback []creds
 	if tls != nil {
 		channel = creds{Type: "tls", Config: &tlsConfig{CACertificateFile: tls.CAFile}}
+		fallback = []creds{{Type: "google_default"}}
 		// gRPC's tls channel credentials present a certificate from files
 		// (gRFC A65), read again as they rotate.
 		if !tls.Token && tls.SPIFFEDir != "" {
@@ -415,7 +422,7 @@ func GRPC(scope model.Key, server string, tls *TLS) ([]byte, error) {
 		XDSServers []xdsServer `json:"xds_servers"`
 		Node       node        `json:"node"`
 	}{
-		XDSServers: []xdsServer{{ServerURI: server, ChannelCreds: []creds{channel}, CallCreds: call, ServerFeatures: []string{"xds_v3"}}},
+		XDSServers: []xdsServer{{ServerURI: server, ChannelCreds: append([]creds{channel}, fallback...), CallCreds: call, ServerFeatures: []string{"xds_v3"}}},
 		Node:       node{ID: scope.Name + "-grpc", Cluster: scope.Name, Metadata: map[string]string{model.ScopeMetadataKey: scope.String()}},
 	}, "", "  ")
 }

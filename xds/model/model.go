@@ -267,6 +267,9 @@ type Scope struct {
 	// whose proxies the scope admits; empty admits every ServiceAccount of
 	// the namespace.
 	Proxies []string
+	// AdmitByPeerAddress admits proxies that present no credential as the
+	// one Running Pod holding their address (auth.MethodPeerAddress).
+	AdmitByPeerAddress bool
 	// TransitionWindow is how long proxies of the previous protocol are
 	// still served after Protocol changes.
 	TransitionWindow time.Duration

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/netip"
 	"testing"
 	"time"
 
@@ -195,3 +196,62 @@ func TestIdentityReported(t *testing.T) {
 }
 
 func fmtf(format string, args ...any) string { return fmt.Sprintf(format, args...) }
+
+// holders is a PodIndex of fixed Pods by address.
+type holders map[netip.Addr][]auth.Pod
+
+func (h holders) Holders(addr netip.Addr) ([]auth.Pod, bool, error) { return h[addr], false, nil }
+func (h holders) Changed(string, netip.Addr) (<-chan struct{}, func()) {
+	return nil, func() {}
+}
+
+// TestPeerAddressRefusals admits a stream without credentials as the Pod
+// holding its address only in a scope that opts in, and refuses it from a
+// scope that does not exactly as from a scope that does not exist; the
+// published key's JWT changes nothing.
+func TestPeerAddressRefusals(t *testing.T) {
+	ca := authtest.NewCA(t, "proxies")
+	loopback := netip.MustParseAddr("127.0.0.1")
+	idx := holders{loopback: {{Namespace: "shop", Name: "client", UID: "u1", ServiceAccount: "grpc", Running: true}}}
+	a := &auth.Authenticator{Tokens: auth.NewTokenVerifier("scopeplane", authtest.NewIssuer(t, "k1"), nil), PeerAddress: true, Pods: idx}
+	p := pipeline.New(pipeline.Options{Server: server.Options{Authenticator: a}})
+	p.Catalog.UpsertService(testkit.Service("shop", "one", "10.0.0.1"))
+	for _, sc := range []*model.Scope{
+		{Key: model.Key{Namespace: "shop", Name: "opted"}, Protocol: model.SotW, AdmitByPeerAddress: true},
+		{Key: model.Key{Namespace: "shop", Name: "narrow"}, Protocol: model.SotW, AdmitByPeerAddress: true, Proxies: []string{"gateway"}},
+		{Key: model.Key{Namespace: "shop", Name: "closed"}, Protocol: model.SotW},
+		{Key: model.Key{Namespace: "bank", Name: "opted"}, Protocol: model.SotW, AdmitByPeerAddress: true},
+	} {
+		sc.Listener = model.Listener{Mode: model.ListenerEnvoy, Port: 10080}
+		sc.Selections = []model.Selection{{Namespace: sc.Key.Namespace, Selector: labels.Everything()}}
+		p.Catalog.UpsertScope(sc)
+	}
+	p.Sync()
+	ap := &authnPlane{p: p, addr: testkit.ServeTLS(t, p.Server.ServeListener, ca.ServerTLS()), ca: ca}
+	now := time.Now()
+	published := authtest.NewRSAIssuer(t, auth.PublishedKeyID).Sign(authtest.SAClaims("bank", "teller", "https://x/y", now, now.Add(time.Hour)))
+	const denied = "ProxyScope %s does not exist or does not admit the client at 127.0.0.1, which presented no credential: a scope admits the ServiceAccounts of its own namespace, narrowed by its spec.proxies; a proxy without a credential only when the scope sets spec.admitByPeerAddress and one Running Pod of that namespace holds its address"
+	for _, tc := range []struct {
+		name, scope, token string
+		code               codes.Code
+		msg                string
+	}{
+		{name: "opted in", scope: "shop/opted"},
+		{name: "opted in, published key", scope: "shop/opted", token: published},
+		{name: "not opted in", scope: "shop/closed", code: codes.PermissionDenied, msg: fmtf(denied, `"shop/closed"`)},
+		{name: "does not exist", scope: "shop/nope", code: codes.PermissionDenied, msg: fmtf(denied, `"shop/nope"`)},
+		{name: "not in spec.proxies", scope: "shop/narrow", code: codes.PermissionDenied, msg: fmtf(denied, `"shop/narrow"`)},
+		{name: "another namespace's, opted in", scope: "bank/opted", token: published, code: codes.PermissionDenied, msg: fmtf(denied, `"bank/opted"`)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st := status.Convert(ap.open(t, tc.scope, nil, nil, tc.token))
+			if st.Code() != tc.code || (tc.code != codes.OK && st.Message() != tc.msg) {
+				t.Fatalf("ended with %v %q,\nwant %v %q", st.Code(), st.Message(), tc.code, tc.msg)
+			}
+		})
+	}
+	delete(idx, loopback)
+	if st := status.Convert(ap.open(t, "shop/opted", nil, nil, "")); st.Code() != codes.PermissionDenied || st.Message() != fmtf(denied, `"shop/opted"`) {
+		t.Fatalf("an address no Pod holds ended with %v %q, want the uniform refusal", st.Code(), st.Message())
+	}
+}

@@ -369,9 +369,13 @@ func peerIP(ctx context.Context) string {
 // that does not admit the stream's identity alike, so that a proxy learns
 // nothing about scopes it may not use.
 func notAdmitted(value string, id *auth.Identity) error {
+	hint := ""
+	if id != nil && id.Method == auth.MethodPeerAddress {
+		hint = "; a proxy without a credential only when the scope sets spec.admitByPeerAddress and one Running Pod of that namespace holds its address"
+	}
 	return status.Errorf(codes.PermissionDenied,
-		"ProxyScope %s does not exist or does not admit %s: a scope admits the ServiceAccounts of its own namespace, narrowed by its spec.proxies",
-		clip.Quote(value), id.String())
+		"ProxyScope %s does not exist or does not admit %s: a scope admits the ServiceAccounts of its own namespace, narrowed by its spec.proxies%s",
+		clip.Quote(value), id.Refused(), hint)
 }
 
 // resolve binds a stream to the scope its node names, or refuses it.
@@ -401,7 +405,7 @@ func (s *Server) resolve(node *corev3.Node, p model.Protocol, id *auth.Identity)
 	if sc != nil {
 		sc.Read(func(v snapshot.View) { spec = v.Spec() })
 	}
-	if id != nil && (spec == nil || !auth.Admits(id, key.Namespace, spec.Proxies)) {
+	if id != nil && (spec == nil || !auth.Admits(id, key.Namespace, spec.Proxies, spec.AdmitByPeerAddress)) {
 		s.fb.Refuse(model.Key{}, RefusedNotAdmitted)
 		return model.Key{}, nil, notAdmitted(value, id)
 	}
@@ -700,6 +704,9 @@ func serve[Req request](s *Server, p model.Protocol, srv interface {
 			return s.draining()
 		case <-revoked:
 			s.fb.Refuse(model.Key{}, RefusedUnauthenticated)
+			if id.Method == auth.MethodPeerAddress {
+				return status.Errorf(codes.Unauthenticated, "%s no longer holds its address (deleted, readdressed or no longer Running): reconnect", id.String())
+			}
 			return status.Errorf(codes.Unauthenticated, "the credentials of %s were revoked: the ServiceAccount or the Pod its token is bound to was deleted", id.String())
 		case <-expired:
 			s.fb.Refuse(model.Key{}, RefusedUnauthenticated)
