@@ -205,8 +205,3 @@ func TestEnvoyKeysWithTheDefaults(t *testing.T) {
 	}
 }
 
-// staticCA is a CA bundle that never changes.
-type staticCA string
-
-func (c staticCA) CABundle() []byte         { return []byte(c) }
-func (c staticCA) Changed() <-chan struct{} { return nil }
