@@ -204,4 +204,3 @@ func TestEnvoyKeysWithTheDefaults(t *testing.T) {
 		}
 	}
 }
-
