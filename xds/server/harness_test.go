@@ -515,10 +515,13 @@ func (p *proxy) start(conn *grpc.ClientConn) {
 }
 
 // claims returns, for a SotW proxy about to open a stream to a scope that
-// serves sc, the types whose version_info is the version the scope's
-// current state has for the proxy's subscription, and how many of the
-// types it will request name some other version. A wildcard subscription's
-// version is the type's; a by-name one's covers the subscribed names too.
+// serves sc, the full-state types (listeners, clusters) whose version_info
+// is the version the scope's current state has for the proxy's
+// subscription, and how many of the types it will request name some other
+// version. A wildcard subscription's version is the type's; a by-name
+// one's covers the subscribed names too. An assignment or route
+// configuration claimed at the served version is sent again all the same
+// (sotw.adopt says why), so it is neither.
 func (p *proxy) claims(sc *snapshot.Snapshot) (adopted map[string]bool, stale int) {
 	adopted = map[string]bool{}
 	if !p.sotw() || sc == nil {
@@ -539,9 +542,11 @@ func (p *proxy) claims(sc *snapshot.Snapshot) (adopted map[string]bool, stale in
 				}
 				served = snapshot.SubsetVersion(served, names)
 			}
-			if claimed == served {
+			switch {
+			case claimed == served && wildcard:
 				adopted[t] = true
-			} else {
+			case claimed == served:
+			default:
 				stale++
 			}
 		}
