@@ -414,6 +414,16 @@ type proxy struct {
 	subs map[string]map[string]struct{}
 	// subMarks records, per type, the event count when a subscription changed.
 	subMarks map[string][]int
+	// drops records, per type, the names the harness unsubscribed, with
+	// the event counts just before and after it did.
+	drops map[string][]subDrop
+	// raced counts, per type, the resources of the responses before
+	// scanned that carried a name the proxy had just unsubscribed from
+	// (see scanRaced); lastOf is the index of the last response of each
+	// type among them.
+	raced   map[string]int64
+	lastOf  map[string]int
+	scanned int
 	// zone is where the proxy runs, as its bootstrap's node.locality says.
 	zone string
 	// adopted are the SotW types whose version_info, as the current stream
@@ -449,6 +459,9 @@ func newProxy(id, ref string, proto model.Protocol) *proxy {
 	p := &proxy{id: id, ref: ref, proto: proto,
 		subs:     map[string]map[string]struct{}{xdstype.Endpoint.URL(): {}, xdstype.Route.URL(): {}},
 		subMarks: map[string][]int{},
+		drops:    map[string][]subDrop{},
+		raced:    map[string]int64{},
+		lastOf:   map[string]int{},
 	}
 	node := testkit.Node(id, ref)
 	node.Cluster = "model"
@@ -682,7 +695,9 @@ func (p *proxy) adjustSubs() (bool, error) {
 			for _, n := range drop {
 				delete(p.subs[t], n)
 			}
+			before := len(p.c.Events())
 			_ = p.c.Unsubscribe(t, drop...) // a failed Send ends the stream, which is checked
+			p.drops[t] = append(p.drops[t], subDrop{before: before, after: len(p.c.Events()), names: drop})
 		}
 		if len(add) > 0 {
 			for _, n := range add {
@@ -692,6 +707,54 @@ func (p *proxy) adjustSubs() (bool, error) {
 		}
 	}
 	return changed, nil
+}
+
+// subDrop is one unsubscription the harness made: the names, and how many
+// responses the proxy had processed just before and just after.
+type subDrop struct {
+	before, after int
+	names         []string
+}
+
+// scanRaced counts, per type, and returns the resources of the proxy's
+// accepted responses (from the last scan on) that carried a name it
+// unsubscribed from after it processed the previous response of the type.
+// Such a response may be one the server sent before it read the
+// unsubscription: that request named the nonce of the previous response,
+// superseded once this one was sent, so the server rightly ignored it (the
+// proxy's ACK of this response states the subscription again). A SotW
+// server cannot avoid the race, and Envoy drops such resources as the
+// client does. Every other resource the client counts as unrequested is
+// one the server sent though it knew better.
+func (p *proxy) scanRaced() (found int64) {
+	evs := p.c.Events()
+	for i := p.scanned; i < len(evs); i++ {
+		ev := evs[i]
+		prev, ok := p.lastOf[ev.TypeURL]
+		if !ok {
+			prev = -1
+		}
+		p.lastOf[ev.TypeURL] = i
+		if !ev.Accepted {
+			continue
+		}
+		dropped := map[string]bool{}
+		for _, d := range p.drops[ev.TypeURL] {
+			if d.after > prev && d.before <= i {
+				for _, n := range d.names {
+					dropped[n] = true
+				}
+			}
+		}
+		for _, n := range ev.Names {
+			if dropped[n] {
+				p.raced[ev.TypeURL]++
+				found++
+			}
+		}
+	}
+	p.scanned = len(evs)
+	return found
 }
 
 // subsStable reports whether a SotW proxy's by-name subscriptions are what its
