@@ -788,13 +788,16 @@ func (h *harness) waitSynced(p *proxy) error {
 		// Nothing in flight either way.
 		for {
 			sentReqs := p.c.Stats().Requests - p.reqStart
-			taken, sent, ok := h.cp.recvs.taken(p.id)
+			taken, sent, ok := h.cp.recvs.taken(p.stream)
 			received := int64(len(p.c.Events()) - p.streamStart)
 			if ok && taken >= sentReqs && received >= sent {
 				break
 			}
 			if !p.running() {
 				return ended()
+			}
+			if time.Now().After(deadline) && !ok {
+				return fmt.Errorf("%s: in flight after %v: the proxy's stream %s never reached the server's handler", describe(), h.timeout, p.stream)
 			}
 			if time.Now().After(deadline) {
 				return fmt.Errorf("%s: in flight after %v: the server took %d of the %d requests the proxy sent, the proxy processed %d of the %d responses the server sent",
