@@ -139,10 +139,10 @@ func (st *sotw) handle(req *sotwRequest) error {
 		}
 		switch {
 		case resp != nil && served:
-			// The claim of a by-name type is resent (see adopt), but a
-			// delta proxy declares what it holds, and at the served
-			// version that is all of it: it would be sent what a claim
-			// is priced at.
+			// An assignment or route configuration claimed at the
+			// served version is sent all the same (see adopt); a delta
+			// proxy declares what it holds, all of it at that version,
+			// and would be sent what adopt prices.
 			resp.other, resp.priced = claimPrice(v, t), true
 		case resp != nil && t == xdstype.Route && deltaVHDS(v):
 			resp.other, resp.priced = st.priceVHDS(v, resp), true
