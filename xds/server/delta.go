@@ -407,10 +407,11 @@ func (st *delta) send(r *response) error {
 // empty response that follows the unsubscription: SotW drops those with
 // their parent), and every subscribed resource when
 // the stream connects (all), unless the proxy declared exactly what is
-// served: SotW resends the world to a proxy whose version_info is not the
-// served one.
+// served of a full-state type: SotW resends the world to a proxy whose
+// version_info is not the served one, and the assignments and route
+// configurations whatever it names (see sotw.adopt).
 func priceSotW(v snapshot.View, ts *deltaType, r *response, all bool) otherResponse {
-	if all && len(r.res) == 0 && len(r.removed) == 0 && ts.heldCount() > 0 {
+	if all && ts.t.FullState() && len(r.res) == 0 && len(r.removed) == 0 && ts.heldCount() > 0 {
 		// A reconnect declaring exactly what is served: a SotW proxy
 		// holding the same names the served version and is sent nothing.
 		return otherResponse{}

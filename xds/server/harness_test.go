@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -193,21 +194,34 @@ type controlPlane struct {
 	recvs  *recvCounter
 }
 
-// recvCounter is a stream interceptor that counts, per node, the requests
-// the newest stream's handler has taken. The server reads requests in a
-// goroutine that hands each one to the stream's loop and only then reads the
-// next, so a read that has begun means every earlier request was handed
-// over: the loop handles it before it looks at the next scope change. That
-// is the barrier a step needs, since a request that changes nothing (an
-// unsubscription, an ACK) is not answered.
+// recvCounter is a stream interceptor that counts, per stream, the requests
+// its handler has taken. The server reads requests in a goroutine that
+// hands each one to the stream's loop and only then reads the next, so a
+// read that has begun means every earlier request was handed over: the loop
+// handles it before it looks at the next scope change. That is the barrier
+// a step needs, since a request that changes nothing (an unsubscription, an
+// ACK) is not answered.
 //
 // It also counts the responses each stream sent, so that the harness can
 // wait until the proxy processed all of them.
+//
+// A stream is known by the key its proxy sends in the streamKey metadata,
+// from the moment its handler starts. Neither the node (every stream of a
+// proxy has the same) nor the order in which streams are seen tells which
+// stream a proxy is on: a stream can reach the server after the proxy
+// opened the next one, and a stream the proxy already cancelled still has
+// its first request read.
 type recvCounter struct {
-	mu      sync.Mutex
-	byNode  map[string]*streamCounts
-	changed chan struct{}
+	mu       sync.Mutex
+	byStream map[string]*streamCounts
+	changed  chan struct{}
 }
+
+// streamKey is the metadata key that names a model proxy's stream.
+const streamKey = "x-model-stream"
+
+// streamSeq numbers the streams model proxies open.
+var streamSeq atomic.Int64
 
 type streamCounts struct {
 	reads atomic.Int64 // RecvMsg calls begun
@@ -215,11 +229,18 @@ type streamCounts struct {
 }
 
 func newRecvCounter() *recvCounter {
-	return &recvCounter{byNode: map[string]*streamCounts{}, changed: make(chan struct{}, 1)}
+	return &recvCounter{byStream: map[string]*streamCounts{}, changed: make(chan struct{}, 1)}
 }
 
 func (rc *recvCounter) intercept(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-	return handler(srv, &countingStream{ServerStream: ss, rc: rc, n: &streamCounts{}})
+	n := &streamCounts{}
+	if md, ok := metadata.FromIncomingContext(ss.Context()); ok && len(md.Get(streamKey)) == 1 {
+		rc.mu.Lock()
+		rc.byStream[md.Get(streamKey)[0]] = n
+		rc.mu.Unlock()
+		rc.signal()
+	}
+	return handler(srv, &countingStream{ServerStream: ss, rc: rc, n: n})
 }
 
 func (rc *recvCounter) signal() {
@@ -229,12 +250,13 @@ func (rc *recvCounter) signal() {
 	}
 }
 
-// taken returns how many requests the newest stream of node handed to its
-// loop and how many responses it sent, and whether such a stream was seen.
-func (rc *recvCounter) taken(node string) (taken, sent int64, ok bool) {
+// taken returns how many requests the stream of that key handed to its
+// loop and how many responses it sent, and whether the stream reached the
+// server.
+func (rc *recvCounter) taken(stream string) (taken, sent int64, ok bool) {
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
-	n, ok := rc.byNode[node]
+	n, ok := rc.byStream[stream]
 	if !ok {
 		return 0, 0, false
 	}
@@ -243,9 +265,8 @@ func (rc *recvCounter) taken(node string) (taken, sent int64, ok bool) {
 
 type countingStream struct {
 	grpc.ServerStream
-	rc    *recvCounter
-	n     *streamCounts
-	named bool
+	rc *recvCounter
+	n  *streamCounts
 }
 
 func (cs *countingStream) SendMsg(m any) error {
@@ -260,24 +281,9 @@ func (cs *countingStream) SendMsg(m any) error {
 func (cs *countingStream) RecvMsg(m any) error {
 	cs.n.reads.Add(1)
 	cs.rc.signal()
-	err := cs.ServerStream.RecvMsg(m)
-	if err == nil && !cs.named {
-		cs.named = true
-		var node string
-		// Both protocols' requests, whatever form the server decodes
-		// them into, carry the node.
-		if r, ok := m.(interface{ GetNode() *corev3.Node }); ok {
-			node = r.GetNode().GetId()
-		}
-		cs.rc.mu.Lock()
-		cs.rc.byNode[node] = cs.n
-		cs.rc.mu.Unlock()
-	}
-	return err
+	return cs.ServerStream.RecvMsg(m)
 }
 
-// startControlPlane builds a control plane from the world, as a restarted
-// operator does from its informers' initial lists, and serves it.
 // loopbackFleet is the production limits for a fleet whose proxies all
 // connect from the loopback address, as the model's do: the per-address
 // bounds on connections are the replica's, since in a cluster each proxy
@@ -288,6 +294,8 @@ var loopbackFleet = server.Options{
 	NewConnectionsPerPeerBurst:     server.DefaultOptions.NewConnectionsBurst,
 }
 
+// startControlPlane builds a control plane from the world, as a restarted
+// operator does from its informers' initial lists, and serves it.
 func startControlPlane(w *world, opts server.Options) (*controlPlane, error) {
 	return startFedControlPlane(func(cat *catalog.Catalog) {
 		for _, name := range slices.Sorted(maps.Keys(w.namespaces)) {
@@ -398,6 +406,8 @@ type proxy struct {
 	streamStart int
 	// reqStart is the number of requests the client sent before the current stream.
 	reqStart int64
+	// stream is the key the current stream sends as streamKey.
+	stream string
 	// opened are the types the current stream requested when it opened;
 	// the server answers each first request, so until every one of them got
 	// a response the stream is not established, whatever the proxy holds.
@@ -414,6 +424,16 @@ type proxy struct {
 	subs map[string]map[string]struct{}
 	// subMarks records, per type, the event count when a subscription changed.
 	subMarks map[string][]int
+	// drops records, per type, the names the harness unsubscribed, with
+	// the event counts just before and after it did.
+	drops map[string][]subDrop
+	// raced counts, per type, the resources of the responses before
+	// scanned that carried a name the proxy had just unsubscribed from
+	// (see scanRaced); lastOf is the index of the last response of each
+	// type among them.
+	raced   map[string]int64
+	lastOf  map[string]int
+	scanned int
 	// zone is where the proxy runs, as its bootstrap's node.locality says.
 	zone string
 	// adopted are the SotW types whose version_info, as the current stream
@@ -449,6 +469,9 @@ func newProxy(id, ref string, proto model.Protocol) *proxy {
 	p := &proxy{id: id, ref: ref, proto: proto,
 		subs:     map[string]map[string]struct{}{xdstype.Endpoint.URL(): {}, xdstype.Route.URL(): {}},
 		subMarks: map[string][]int{},
+		drops:    map[string][]subDrop{},
+		raced:    map[string]int64{},
+		lastOf:   map[string]int{},
 	}
 	node := testkit.Node(id, ref)
 	node.Cluster = "model"
@@ -504,7 +527,8 @@ func (p *proxy) start(conn *grpc.ClientConn) {
 			}
 		}
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	p.stream = fmt.Sprintf("%s/%d", p.id, streamSeq.Add(1))
+	ctx, cancel := context.WithCancel(metadata.AppendToOutgoingContext(context.Background(), streamKey, p.stream))
 	done := make(chan struct{})
 	p.cancel, p.done = cancel, done
 	go func() {
@@ -515,10 +539,13 @@ func (p *proxy) start(conn *grpc.ClientConn) {
 }
 
 // claims returns, for a SotW proxy about to open a stream to a scope that
-// serves sc, the types whose version_info is the version the scope's
-// current state has for the proxy's subscription, and how many of the
-// types it will request name some other version. A wildcard subscription's
-// version is the type's; a by-name one's covers the subscribed names too.
+// serves sc, the full-state types (listeners, clusters) whose version_info
+// is the version the scope's current state has for the proxy's
+// subscription, and how many of the types it will request name some other
+// version. A wildcard subscription's version is the type's; a by-name
+// one's covers the subscribed names too. An assignment or route
+// configuration claimed at the served version is sent again all the same
+// (sotw.adopt says why), so it is neither.
 func (p *proxy) claims(sc *snapshot.Snapshot) (adopted map[string]bool, stale int) {
 	adopted = map[string]bool{}
 	if !p.sotw() || sc == nil {
@@ -539,9 +566,11 @@ func (p *proxy) claims(sc *snapshot.Snapshot) (adopted map[string]bool, stale in
 				}
 				served = snapshot.SubsetVersion(served, names)
 			}
-			if claimed == served {
+			switch {
+			case claimed == served && wildcard:
 				adopted[t] = true
-			} else {
+			case claimed == served:
+			default:
 				stale++
 			}
 		}
@@ -677,7 +706,9 @@ func (p *proxy) adjustSubs() (bool, error) {
 			for _, n := range drop {
 				delete(p.subs[t], n)
 			}
+			before := len(p.c.Events())
 			_ = p.c.Unsubscribe(t, drop...) // a failed Send ends the stream, which is checked
+			p.drops[t] = append(p.drops[t], subDrop{before: before, after: len(p.c.Events()), names: drop})
 		}
 		if len(add) > 0 {
 			for _, n := range add {
@@ -687,6 +718,54 @@ func (p *proxy) adjustSubs() (bool, error) {
 		}
 	}
 	return changed, nil
+}
+
+// subDrop is one unsubscription the harness made: the names, and how many
+// responses the proxy had processed just before and just after.
+type subDrop struct {
+	before, after int
+	names         []string
+}
+
+// scanRaced counts, per type, and returns the resources of the proxy's
+// accepted responses (from the last scan on) that carried a name it
+// unsubscribed from after it processed the previous response of the type.
+// Such a response may be one the server sent before it read the
+// unsubscription: that request named the nonce of the previous response,
+// superseded once this one was sent, so the server rightly ignored it (the
+// proxy's ACK of this response states the subscription again). A SotW
+// server cannot avoid the race, and Envoy drops such resources as the
+// client does. Every other resource the client counts as unrequested is
+// one the server sent though it knew better.
+func (p *proxy) scanRaced() (found int64) {
+	evs := p.c.Events()
+	for i := p.scanned; i < len(evs); i++ {
+		ev := evs[i]
+		prev, ok := p.lastOf[ev.TypeURL]
+		if !ok {
+			prev = -1
+		}
+		p.lastOf[ev.TypeURL] = i
+		if !ev.Accepted {
+			continue
+		}
+		dropped := map[string]bool{}
+		for _, d := range p.drops[ev.TypeURL] {
+			if d.after > prev && d.before <= i {
+				for _, n := range d.names {
+					dropped[n] = true
+				}
+			}
+		}
+		for _, n := range ev.Names {
+			if dropped[n] {
+				p.raced[ev.TypeURL]++
+				found++
+			}
+		}
+	}
+	p.scanned = len(evs)
+	return found
 }
 
 // subsStable reports whether a SotW proxy's by-name subscriptions are what its

@@ -370,6 +370,9 @@ type stepCounts struct {
 	// version (sent nothing), claimedStale those they named another
 	// version of (sent the full set).
 	adopted, claimedStale int
+	// raced counts resources SotW proxies received just after they
+	// unsubscribed from them (proxy.scanRaced).
+	raced int64
 }
 
 func (c *stepCounts) String() string {
@@ -379,8 +382,8 @@ func (c *stepCounts) String() string {
 			parts = append(parts, fmt.Sprintf("%s=%d", kindNames[k], n))
 		}
 	}
-	return fmt.Sprintf("%s; refused %v; ended by the server %v; NACKs %d; responses %d; proxies checked in sync %v; grace waits %d (%d without a response); SotW reconnects: %d types at the served version, %d at another",
-		strings.Join(parts, " "), c.refused, c.ended, c.nacks, c.responses, c.synced, c.graceWaits, c.graceMissed, c.adopted, c.claimedStale)
+	return fmt.Sprintf("%s; refused %v; ended by the server %v; NACKs %d; responses %d; proxies checked in sync %v; grace waits %d (%d without a response); SotW reconnects: %d types at the served version, %d at another; resources received as the proxy unsubscribed from them %d",
+		strings.Join(parts, " "), c.refused, c.ended, c.nacks, c.responses, c.synced, c.graceWaits, c.graceMissed, c.adopted, c.claimedStale, c.raced)
 }
 
 // harness is one run: the world, the control plane serving it, and the proxies.
@@ -686,11 +689,17 @@ func (h *harness) quiesce() error {
 		if n := len(evs) - p.stepStart; n > maxResponsesPerStep {
 			return fmt.Errorf("proxy %s received %d responses for one step", p.id, n)
 		}
-		if st := p.c.Stats(); st.Unrequested != 0 || st.Ignored != 0 {
+		h.counts.raced += p.scanRaced()
+		st := p.c.Stats()
+		unasked := st.Ignored != 0
+		for _, t := range allTypes {
+			unasked = unasked || st.ByType[t].Unrequested > p.raced[t]
+		}
+		if unasked {
 			var b strings.Builder
 			for _, t := range allTypes {
 				if c := st.ByType[t]; c.Unrequested != 0 || c.Ignored != 0 {
-					fmt.Fprintf(&b, " %s: unrequested %d, ignored %d;", shortType(t), c.Unrequested, c.Ignored)
+					fmt.Fprintf(&b, " %s: unrequested %d (%d sent before the server read the unsubscription), ignored %d;", shortType(t), c.Unrequested, p.raced[t], c.Ignored)
 				}
 			}
 			return fmt.Errorf("proxy %s (%s) received resources it did not subscribe to:%s\n%s", p.id, p.proto, b.String(), p.trace())
@@ -779,13 +788,16 @@ func (h *harness) waitSynced(p *proxy) error {
 		// Nothing in flight either way.
 		for {
 			sentReqs := p.c.Stats().Requests - p.reqStart
-			taken, sent, ok := h.cp.recvs.taken(p.id)
+			taken, sent, ok := h.cp.recvs.taken(p.stream)
 			received := int64(len(p.c.Events()) - p.streamStart)
 			if ok && taken >= sentReqs && received >= sent {
 				break
 			}
 			if !p.running() {
 				return ended()
+			}
+			if time.Now().After(deadline) && !ok {
+				return fmt.Errorf("%s: in flight after %v: the proxy's stream %s never reached the server's handler", describe(), h.timeout, p.stream)
 			}
 			if time.Now().After(deadline) {
 				return fmt.Errorf("%s: in flight after %v: the server took %d of the %d requests the proxy sent, the proxy processed %d of the %d responses the server sent",

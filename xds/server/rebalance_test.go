@@ -90,7 +90,8 @@ func (m *moving) stop(t *testing.T) {
 // claims when it reconnects, a SotW client's the type's version_info (the
 // client subscribes to every type by wildcard, so it is the type's
 // version). A SotW resource keeps the version of the response that brought
-// it: a reconnect at the served version sends nothing again.
+// it: a reconnect at the served version sends no listener or cluster
+// again, and the assignments and route configurations at that version.
 func holdsTruth(c *adsclient.Client, tr truth, cp *controlPlane, key model.Key, delta bool) string {
 	var b strings.Builder
 	sc := cp.Store.Get(key)

@@ -100,13 +100,15 @@ func stringFieldOne(b []byte) string {
 }
 
 // TestSotWReconnectAtServedVersionIsSentNothing checks the free SotW
-// reconnect over real gRPC: a new stream whose first request of a type
-// names the version the scope serves for that subscription (the type's
-// version by wildcard, the type's and the names' by name) is sent nothing
-// of it, is counted in sync and answered, costs nothing in the scope's
-// figures, and gets the next change as if it had been sent the set; one
-// naming another version, or another name set, or repeating a rejection,
-// is sent the full set.
+// reconnect over real gRPC: a new stream whose first request of a
+// full-state type names the version the scope serves for that
+// subscription (the type's version by wildcard, the type's and the names'
+// by name) is sent nothing of it, is counted in sync and answered, costs
+// nothing in the scope's figures, and gets the next change as if it had
+// been sent the set; assignments named at their served version are sent
+// again (TestSotWReconnectAfterAClusterCameBackIsSentItsAssignment says
+// why), at that version; one naming another version, or another name set,
+// or repeating a rejection, is sent the full set.
 func TestSotWReconnectAtServedVersionIsSentNothing(t *testing.T) {
 	w := newWorld()
 	w.namespaces["default"] = map[string]string{}
@@ -166,17 +168,25 @@ func TestSotWReconnectAtServedVersionIsSentNothing(t *testing.T) {
 	})
 	before := cp.Feedback.Get(key).Total
 
-	// Reconnect at the served versions: nothing is sent for either type.
-	// The listener request that follows is a barrier: the stream handles
-	// requests in order, so its response comes first only if the two
-	// before it were sent nothing.
+	// Reconnect at the served versions: nothing is sent of the clusters,
+	// the assignments again at the version named. The listener request
+	// that follows is a barrier: the stream handles requests in order, so
+	// the assignments come first only if the clusters were sent nothing.
 	second := openSotW(t, cp)
 	second.send(&discoveryv3.DiscoveryRequest{TypeUrl: cds, VersionInfo: clusters.GetVersionInfo()})
 	second.send(&discoveryv3.DiscoveryRequest{TypeUrl: eds, VersionInfo: endpoints.GetVersionInfo(), ResourceNames: []string{edsNames[1], edsNames[0]}})
 	second.send(&discoveryv3.DiscoveryRequest{TypeUrl: lds})
+	again := second.recv()
+	if again.GetTypeUrl() != eds {
+		t.Fatalf("the reconnect at the served versions was sent %s (version %s) first, want the assignments", again.GetTypeUrl(), again.GetVersionInfo())
+	}
+	if !slices.Equal(namesOf(again), edsNames) || again.GetVersionInfo() != endpoints.GetVersionInfo() {
+		t.Errorf("the reconnect was sent the assignments %v at %s, want %v at %s", namesOf(again), again.GetVersionInfo(), edsNames, endpoints.GetVersionInfo())
+	}
+	second.ack(again, edsNames)
 	listeners := second.recv()
 	if listeners.GetTypeUrl() != lds {
-		t.Fatalf("the reconnect at the served versions was sent %s (version %s) first", listeners.GetTypeUrl(), listeners.GetVersionInfo())
+		t.Fatalf("the reconnect at the served versions was then sent %s (version %s), want the listeners", listeners.GetTypeUrl(), listeners.GetVersionInfo())
 	}
 	second.ack(listeners, nil)
 	testkit.Eventually(t, "the reconnected proxy is counted in sync, at the versions it named", func() (bool, string) {
@@ -195,8 +205,8 @@ func TestSotWReconnectAtServedVersionIsSentNothing(t *testing.T) {
 	if got, want := after.Connects-before.Connects, int64(3); got != want {
 		t.Errorf("the reconnect counted %d connects, want %d (one per type, sent or not)", got, want)
 	}
-	if got, want := after.ConnectBytes-before.ConnectBytes, int64(second.bytes[lds]); got != want {
-		t.Errorf("the reconnect's connect bytes %d, want %d: only the listeners were sent", got, want)
+	if got, want := after.ConnectBytes-before.ConnectBytes, int64(second.bytes[lds]+second.bytes[eds]); got != want {
+		t.Errorf("the reconnect's connect bytes %d, want %d: only the listeners and assignments were sent", got, want)
 	}
 
 	// The next change reaches the stream as a difference from the set it
@@ -242,5 +252,93 @@ func TestSotWReconnectAtServedVersionIsSentNothing(t *testing.T) {
 			t.Errorf("a reconnect naming %s was sent %s %v, want the full set %v", c.what, shortType(resp.GetTypeUrl()), namesOf(resp), c.want)
 		}
 		s.close()
+	}
+}
+
+// TestSotWReconnectAfterAClusterCameBackIsSentItsAssignment checks that a
+// SotW claim of assignments at the served version is not taken as proof
+// that the proxy holds them. The proxy's cluster b goes and comes back
+// unchanged; it dropped b's assignment with the cluster (as Envoy does),
+// and its stream breaks after the cluster's return but before the
+// assignment's. On the new stream it names the served versions of both
+// types over the same names, and lacks b's assignment all the same: it is
+// sent the assignments again, while the clusters, whose every response
+// is the whole set, are sent nothing.
+func TestSotWReconnectAfterAClusterCameBackIsSentItsAssignment(t *testing.T) {
+	w := newWorld()
+	w.namespaces["default"] = map[string]string{}
+	for _, svc := range []*model.Service{
+		testkit.Service("default", "a", "10.0.0.1"),
+		testkit.Service("default", "b", "10.0.0.2"),
+	} {
+		w.services[svc.Key] = svc
+	}
+	key := model.Key{Namespace: "default", Name: "sotw"}
+	w.scopes[key] = &model.Scope{
+		Key: key, Generation: 1, Protocol: model.SotW,
+		Listener:   model.Listener{Mode: model.ListenerEnvoy, Port: 10080},
+		Selections: []model.Selection{{Namespace: "default", Selector: labels.Everything()}},
+	}
+	cp, err := startControlPlane(w, server.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := cp.stop(); err != nil {
+			t.Error(err)
+		}
+	}()
+	cds, eds, lds := xdstype.Cluster.URL(), xdstype.Endpoint.URL(), xdstype.Listener.URL()
+	both, onlyA := []string{"default/a:80", "default/b:80"}, []string{"default/a:80"}
+	bKey := model.Key{Namespace: "default", Name: "b"}
+
+	first := openSotW(t, cp)
+	first.send(&discoveryv3.DiscoveryRequest{TypeUrl: cds})
+	clusters := first.recv()
+	first.ack(clusters, nil)
+	first.send(&discoveryv3.DiscoveryRequest{TypeUrl: eds, ResourceNames: both})
+	endpoints := first.recv()
+	first.ack(endpoints, both)
+
+	// b goes: the clusters lose it, and the proxy drops its assignment.
+	cp.Catalog.DeleteService(bKey)
+	cp.Sync()
+	without := first.recv()
+	if without.GetTypeUrl() != cds || !slices.Equal(namesOf(without), []string{"default/a:80"}) {
+		t.Fatalf("after b left, the stream was sent %s %v, want the clusters without b", shortType(without.GetTypeUrl()), namesOf(without))
+	}
+	first.ack(without, nil)
+	// b comes back unchanged before the server reads the proxy's
+	// unsubscription: the clusters with b, then b's assignment, are sent,
+	// which makes the unsubscription (and the subscription that follows
+	// the clusters) answer a superseded response.
+	cp.Catalog.UpsertService(w.services[bKey])
+	cp.Sync()
+	first.send(&discoveryv3.DiscoveryRequest{TypeUrl: eds, VersionInfo: endpoints.GetVersionInfo(), ResponseNonce: endpoints.GetNonce(), ResourceNames: onlyA})
+	back := first.recv()
+	if back.GetTypeUrl() != cds || !slices.Equal(namesOf(back), both) || back.GetVersionInfo() != clusters.GetVersionInfo() {
+		t.Fatalf("after b came back, the stream was sent %s %v at %s, want the first clusters again at %s",
+			shortType(back.GetTypeUrl()), namesOf(back), back.GetVersionInfo(), clusters.GetVersionInfo())
+	}
+	first.ack(back, nil)
+	first.send(&discoveryv3.DiscoveryRequest{TypeUrl: eds, VersionInfo: endpoints.GetVersionInfo(), ResponseNonce: endpoints.GetNonce(), ResourceNames: both})
+	// The stream breaks before b's assignment reaches the proxy.
+	first.close()
+
+	second := openSotW(t, cp)
+	second.send(&discoveryv3.DiscoveryRequest{TypeUrl: cds, VersionInfo: back.GetVersionInfo()})
+	second.send(&discoveryv3.DiscoveryRequest{TypeUrl: eds, VersionInfo: endpoints.GetVersionInfo(), ResourceNames: both})
+	second.send(&discoveryv3.DiscoveryRequest{TypeUrl: lds})
+	got := second.recv()
+	if got.GetTypeUrl() != eds {
+		t.Fatalf("the reconnect naming the served assignments' version was sent %s (version %s) first, and no assignment: b's cluster would wait for one",
+			shortType(got.GetTypeUrl()), got.GetVersionInfo())
+	}
+	if !slices.Equal(namesOf(got), both) || got.GetVersionInfo() != endpoints.GetVersionInfo() {
+		t.Errorf("the reconnect was sent the assignments %v at %s, want %v at the served %s", namesOf(got), got.GetVersionInfo(), both, endpoints.GetVersionInfo())
+	}
+	second.ack(got, both)
+	if listeners := second.recv(); listeners.GetTypeUrl() != lds {
+		t.Errorf("then %s, want the listeners: the clusters at the served version are sent nothing", shortType(listeners.GetTypeUrl()))
 	}
 }

@@ -128,7 +128,8 @@ func (st *sotw) handle(req *sotwRequest) error {
 		other   int
 	)
 	st.read(func(v snapshot.View) {
-		if awaiting && clean && !ts.pending && claimed != "" && claimed == st.version(v, ts) {
+		served := awaiting && clean && !ts.pending && claimed != "" && claimed == st.version(v, ts)
+		if served && t.FullState() {
 			other = st.adopt(v, ts, claimed)
 			adopted = true
 			return
@@ -136,7 +137,14 @@ func (st *sotw) handle(req *sotwRequest) error {
 		if resp = st.respond(v, ts, awaiting); resp != nil && awaiting {
 			resp.connect = true
 		}
-		if resp != nil && t == xdstype.Route && deltaVHDS(v) {
+		switch {
+		case resp != nil && served:
+			// An assignment or route configuration claimed at the
+			// served version is sent all the same (see adopt); a delta
+			// proxy declares what it holds, all of it at that version,
+			// and would be sent what adopt prices.
+			resp.other, resp.priced = claimPrice(v, t), true
+		case resp != nil && t == xdstype.Route && deltaVHDS(v):
 			resp.other, resp.priced = st.priceVHDS(v, resp), true
 		}
 	})
@@ -156,27 +164,43 @@ func (st *sotw) handle(req *sotwRequest) error {
 	return nil
 }
 
-// adopt takes a proxy's claim, on its first request of the type on this
-// stream, to hold the version the stream would send it now: versions are
-// content hashes over the type (and, by name, over the subscribed names),
-// so the claim proves it holds exactly what that response would carry.
-// The stream records that set as held and the version as answered, as if
-// it had sent and the proxy had ACKed it, and returns what the delta
-// response to the same proxy, declaring the same resources, would have
-// cost: an empty response.
+// adopt takes a proxy's claim, on its first request of a full-state type
+// (Listeners, Clusters) on this stream, to hold the version the stream
+// would send it now: versions are content hashes over the type (and, by
+// name, over the subscribed names), and every response of a full-state
+// type replaces all the proxy holds of it, so the claim proves it holds
+// exactly what that response would carry. The stream records that set as
+// held and the version as answered, as if it had sent and the proxy had
+// ACKed it, and returns what the delta response to the same proxy,
+// declaring the same resources, would have cost: an empty response.
+//
+// A claim of an assignment or route configuration proves no such thing,
+// and is answered with every subscribed resource: those responses carry
+// only what changed, and the proxy drops an assignment with its cluster
+// (a route configuration with its listener) without any response of the
+// type, so its version_info outlives what it held. A proxy that saw a
+// cluster go and come back unchanged, and whose stream broke after the
+// cluster returned but before its assignment did, names the served version
+// over the same names and lacks the assignment; sent nothing, its cluster
+// would wait for it until the assignment next changed.
 func (st *sotw) adopt(v snapshot.View, ts *sotwType, version string) int {
 	t := ts.t
 	ts.holdSet(v.Set(t))
 	ts.version, ts.pending, ts.adopted, ts.last, ts.before, ts.lastOther = version, false, true, nil, nil, 0
 	clear(ts.owed)
-	// Delta sends one empty response of the type (and, for route
-	// configurations fetching their virtual hosts by VHDS, one of those);
-	// pricing it takes their nonces, so later prices stay in step.
+	return claimPrice(v, t).price(v.TypeVersion(t), t.URL(), &st.otherNonce)
+}
+
+// claimPrice is what delta sends a proxy of type t that declares, on a new
+// stream, exactly what is served: one empty response of the type (and,
+// for route configurations fetching their virtual hosts by VHDS, one of
+// those). Pricing it takes their nonces, so later prices stay in step.
+func claimPrice(v snapshot.View, t xdstype.Type) otherResponse {
 	o := otherResponse{responses: 1}
 	if t == xdstype.Route && deltaVHDS(v) {
 		o.vhds, o.vhdsVersion = 1, v.TypeVersion(xdstype.VirtualHost)
 	}
-	return o.price(v.TypeVersion(t), t.URL(), &st.otherNonce)
+	return o
 }
 
 // version is the version_info of a response to ts from v: the type's
