@@ -263,7 +263,7 @@ func TestEnvoyProbeJoins(t *testing.T) {
 		select {
 		case err := <-held:
 			cancel()
-			<-done
+			_ = <-done // the stream ends Canceled, as asked
 			return err
 		case err := <-done:
 			return fmt.Errorf("the stream ended before it held the clusters: %w", err)
