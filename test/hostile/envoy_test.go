@@ -263,7 +263,9 @@ func TestEnvoyProbeJoins(t *testing.T) {
 		select {
 		case err := <-held:
 			cancel()
-			_ = <-done // the stream ends Canceled, as asked
+			if end := <-done; status.Code(end) != codes.Canceled {
+				return fmt.Errorf("the stream ended %v when cancelled", end)
+			}
 			return err
 		case err := <-done:
 			return fmt.Errorf("the stream ended before it held the clusters: %w", err)
