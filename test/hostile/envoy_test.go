@@ -264,7 +264,7 @@ func TestEnvoyProbeJoins(t *testing.T) {
 		case err := <-held:
 			cancel()
 			if end := <-done; status.Code(end) != codes.Canceled {
-				return fmt.Errorf("the stream ended %v when cancelled", end)
+				return fmt.Errorf("the stream ended %w when cancelled", end)
 			}
 			return err
 		case err := <-done:
