@@ -93,7 +93,7 @@ func TestEnvoyKeysWithTheDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	wantKeys := []string{bootstrap.CAKey, bootstrap.EnvoyKey, bootstrap.TokenSDSKey, bootstrap.CASDSKey, bootstrap.GRPCKey}
+	wantKeys := []string{bootstrap.CAKey, bootstrap.EnvoyKey, bootstrap.TokenSDSKey, bootstrap.CASDSKey, bootstrap.GRPCKey, bootstrap.GRPCEnvKey, bootstrap.TLSOnlyKeyKey}
 	slices.Sort(wantKeys)
 	get := func() (*corev1.ConfigMap, error) {
 		cm := &corev1.ConfigMap{}
