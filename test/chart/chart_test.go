@@ -67,7 +67,7 @@ var renderCases = []renderCase{
 			}
 			wantString(t, findNamed(t, objs, "Role", "scopeplane"), "scopeplane-system", "metadata", "namespace")
 			wantArgs(t, args, "--metrics-secure=true", "--bootstrap-configmaps=true")
-			wantArgs(t, args, "--xds-auth=token", "--xds-token-audience=scopeplane")
+			wantArgs(t, args, "--xds-auth=token,peer-address", "--xds-token-audience=scopeplane")
 			if slices.Contains(args, "--xds-allow-anonymous") {
 				t.Error("a default install must not admit anonymous proxies")
 			}
