@@ -1,28 +1,20 @@
 package tls_test
 
 import (
-	"context"
 	"fmt"
 	"maps"
-	"net"
 	"slices"
 	"testing"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/config"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
 	"github.com/scopeplane/scopeplane/controllers/bootstrapconfig"
 	"github.com/scopeplane/scopeplane/internal/controlplane"
-	"github.com/scopeplane/scopeplane/internal/localapi"
-	"github.com/scopeplane/scopeplane/internal/scheme"
 	"github.com/scopeplane/scopeplane/internal/testkit"
 	"github.com/scopeplane/scopeplane/xds/auth"
 	"github.com/scopeplane/scopeplane/xds/auth/authtest"
@@ -39,48 +31,11 @@ import (
 // protocol change the bootstrap's api_type alone, and a reconcile that
 // changes nothing does not write.
 func TestEnvoyKeysWithTheDefaults(t *testing.T) {
-	env, err := localapi.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.Stop() })
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	for _, ns := range []string{"scopeplane-system", "edge"} {
-		if err := env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
-		Scheme: scheme.Scheme, Cache: controlplane.CacheOptions(),
-		Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
-		// The package's other test runs a control plane in this process
-		// too, with the same controller names.
-		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	secret := types.NamespacedName{Namespace: "scopeplane-system", Name: "scopeplane-xds-tls"}
-	if _, err := controlplane.Setup(ctx, mgr, controlplane.Options{
-		XDSListener: lis, XDSServerAddress: "scopeplane.scopeplane-system.svc:18000", CoalesceWindow: 5 * time.Millisecond, StatusWindow: 50 * time.Millisecond,
-		TLS:    controlplane.TLS{Secret: secret, Refresh: time.Second},
-		Server: server.Options{Authenticator: &auth.Authenticator{Tokens: auth.NewTokenVerifier("scopeplane", authtest.NewIssuer(t, "k1"), nil)}},
-	}); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	}()
+	env, _ := startControlPlane(t, controlplane.Options{
+		XDSServerAddress: "scopeplane.scopeplane-system.svc:18000",
+		Server:           server.Options{Authenticator: &auth.Authenticator{Tokens: auth.NewTokenVerifier("scopeplane", authtest.NewIssuer(t, "k1"), nil)}},
+	}, "edge")
+	ctx := t.Context()
 	ps := &xdsv1alpha1.ProxyScope{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "edge", Name: "gw"},
 		Spec: xdsv1alpha1.ProxyScopeSpec{
@@ -138,7 +93,7 @@ func TestEnvoyKeysWithTheDefaults(t *testing.T) {
 	// rewrites the ConfigMap: ca.crt alone changes, which Envoy follows
 	// through the unchanged envoy-sds-ca.yaml.
 	sec := &corev1.Secret{}
-	if err := env.Client.Get(ctx, secret, sec); err != nil {
+	if err := env.Client.Get(ctx, caSecret, sec); err != nil {
 		t.Fatal(err)
 	}
 	if err := env.Client.Delete(ctx, sec); err != nil {

@@ -10,7 +10,6 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -28,13 +27,10 @@ import (
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
 	"github.com/scopeplane/scopeplane/controllers/bootstrapconfig"
 	"github.com/scopeplane/scopeplane/internal/controlplane"
-	"github.com/scopeplane/scopeplane/internal/localapi"
-	"github.com/scopeplane/scopeplane/internal/scheme"
 	"github.com/scopeplane/scopeplane/internal/testkit"
 	"github.com/scopeplane/scopeplane/internal/whoami"
 	"github.com/scopeplane/scopeplane/internal/xdstls"
@@ -44,13 +40,15 @@ import (
 )
 
 func TestGRPCClientOverTLSFromTheSelfManagedCA(t *testing.T) {
-	env, err := localapi.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.Stop() })
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
+	// The pod's mount of the bootstrap ConfigMap.
+	mount := t.TempDir()
+	env, addr := startControlPlane(t, controlplane.Options{
+		BootstrapMountPath: mount,
+		// This test is about the transport; proxy authentication is
+		// test/authn's and test/apiserver's.
+		Server: server.Options{Authenticator: &auth.Authenticator{AllowAnonymous: true}},
+	}, "app")
+	ctx := t.Context()
 	create := func(objs ...client.Object) {
 		t.Helper()
 		for _, o := range objs {
@@ -59,39 +57,6 @@ func TestGRPCClientOverTLSFromTheSelfManagedCA(t *testing.T) {
 			}
 		}
 	}
-	create(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "scopeplane-system"}}, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "app"}})
-
-	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
-		Scheme: scheme.Scheme, Cache: controlplane.CacheOptions(),
-		Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The pod's mount of the bootstrap ConfigMap.
-	mount := t.TempDir()
-	secret := types.NamespacedName{Namespace: "scopeplane-system", Name: "scopeplane-xds-tls"}
-	if _, err := controlplane.Setup(ctx, mgr, controlplane.Options{
-		XDSListener: lis, XDSServerAddress: lis.Addr().String(), CoalesceWindow: 5 * time.Millisecond, StatusWindow: 50 * time.Millisecond,
-		BootstrapMountPath: mount, TLS: controlplane.TLS{Secret: secret, Refresh: time.Second},
-		// This test is about the transport; proxy authentication is
-		// test/authn's and test/apiserver's.
-		Server: server.Options{Authenticator: &auth.Authenticator{AllowAnonymous: true}},
-	}); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	}()
 
 	backend, err := whoami.Start("backend")
 	if err != nil {
@@ -126,7 +91,7 @@ func TestGRPCClientOverTLSFromTheSelfManagedCA(t *testing.T) {
 		return err == nil && cm.Data[bootstrap.CAKey] != "", fmt.Sprint(err)
 	})
 	sec := &corev1.Secret{}
-	if err := env.Client.Get(ctx, secret, sec); err != nil {
+	if err := env.Client.Get(ctx, caSecret, sec); err != nil {
 		t.Fatalf("the self-managed CA Secret: %v", err)
 	}
 	if string(sec.Data[xdstls.CAFile]) != cm.Data[bootstrap.CAKey] || sec.Type != corev1.SecretTypeTLS {
@@ -177,7 +142,7 @@ func TestGRPCClientOverTLSFromTheSelfManagedCA(t *testing.T) {
 		err := env.Client.Get(ctx, client.ObjectKey{Namespace: "app", Name: bootstrap.ConfigMapName("grpc")}, cm)
 		fresh := &corev1.Secret{}
 		if err == nil {
-			err = env.Client.Get(ctx, secret, fresh)
+			err = env.Client.Get(ctx, caSecret, fresh)
 		}
 		return err == nil && cm.Data[bootstrap.CAKey] != oldCA && cm.Data[bootstrap.CAKey] == string(fresh.Data[xdstls.CAFile]), fmt.Sprint(err)
 	})
@@ -187,7 +152,7 @@ func TestGRPCClientOverTLSFromTheSelfManagedCA(t *testing.T) {
 	if cm.Data[bootstrap.TLSOnlyKeyKey] != publishedKey {
 		t.Error("the published key changed with the CA: it is made once per install")
 	}
-	newTerm := &bootstrapconfig.Reconciler{Client: env.Client, XDSServer: lis.Addr().String(), Conflicts: bootstrapconfig.NewConflicts(),
+	newTerm := &bootstrapconfig.Reconciler{Client: env.Client, XDSServer: addr, Conflicts: bootstrapconfig.NewConflicts(),
 		CA: staticCA(cm.Data[bootstrap.CAKey]), MountPath: mount}
 	create(&xdsv1alpha1.ProxyScope{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "app", Name: "second"},
@@ -212,7 +177,7 @@ func TestGRPCClientOverTLSFromTheSelfManagedCA(t *testing.T) {
 	handshake := func(ca string) error {
 		roots := x509.NewCertPool()
 		roots.AppendCertsFromPEM([]byte(ca))
-		c, err := tls.Dial("tcp", lis.Addr().String(), &tls.Config{RootCAs: roots, NextProtos: []string{"h2"}, MinVersion: tls.VersionTLS12})
+		c, err := tls.Dial("tcp", addr, &tls.Config{RootCAs: roots, NextProtos: []string{"h2"}, MinVersion: tls.VersionTLS12})
 		if err == nil {
 			_ = c.Close()
 		}
@@ -233,7 +198,7 @@ func TestGRPCClientOverTLSFromTheSelfManagedCA(t *testing.T) {
 	})
 
 	// A plaintext ADS client gets no answer from the TLS port.
-	plain, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	plain, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
