@@ -110,29 +110,8 @@ func stringFieldOne(b []byte) string {
 // why), at that version; one naming another version, or another name set,
 // or repeating a rejection, is sent the full set.
 func TestSotWReconnectAtServedVersionIsSentNothing(t *testing.T) {
-	w := newWorld()
-	w.namespaces["default"] = map[string]string{}
-	for _, svc := range []*model.Service{
-		testkit.Service("default", "a", "10.0.0.1", "10.0.0.2"),
-		testkit.Service("default", "b", "10.0.0.3"),
-	} {
-		w.services[svc.Key] = svc
-	}
-	key := model.Key{Namespace: "default", Name: "sotw"}
-	w.scopes[key] = &model.Scope{
-		Key: key, Generation: 1, Protocol: model.SotW,
-		Listener:   model.Listener{Mode: model.ListenerEnvoy, Port: 10080},
-		Selections: []model.Selection{{Namespace: "default", Selector: labels.Everything()}},
-	}
-	cp, err := startControlPlane(w, server.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := cp.stop(); err != nil {
-			t.Error(err)
-		}
-	}()
+	svcA := testkit.Service("default", "a", "10.0.0.1", "10.0.0.2")
+	cp, key := startEnvoySotW(t, svcA, testkit.Service("default", "b", "10.0.0.3"))
 	cds, eds, lds := xdstype.Cluster.URL(), xdstype.Endpoint.URL(), xdstype.Listener.URL()
 	edsNames := []string{"default/a:80", "default/b:80"}
 
@@ -211,10 +190,9 @@ func TestSotWReconnectAtServedVersionIsSentNothing(t *testing.T) {
 
 	// The next change reaches the stream as a difference from the set it
 	// was taken to hold: only the changed assignment, no cluster.
-	a := *w.services[model.Key{Namespace: "default", Name: "a"}]
+	a := *svcA
 	a.Endpoints = slices.Clone(a.Endpoints)
 	a.Endpoints[0].Address = "10.0.0.9"
-	w.services[a.Key] = &a
 	cp.Catalog.UpsertService(&a)
 	cp.Sync()
 	change := second.recv()
@@ -265,32 +243,10 @@ func TestSotWReconnectAtServedVersionIsSentNothing(t *testing.T) {
 // sent the assignments again, while the clusters, whose every response
 // is the whole set, are sent nothing.
 func TestSotWReconnectAfterAClusterCameBackIsSentItsAssignment(t *testing.T) {
-	w := newWorld()
-	w.namespaces["default"] = map[string]string{}
-	for _, svc := range []*model.Service{
-		testkit.Service("default", "a", "10.0.0.1"),
-		testkit.Service("default", "b", "10.0.0.2"),
-	} {
-		w.services[svc.Key] = svc
-	}
-	key := model.Key{Namespace: "default", Name: "sotw"}
-	w.scopes[key] = &model.Scope{
-		Key: key, Generation: 1, Protocol: model.SotW,
-		Listener:   model.Listener{Mode: model.ListenerEnvoy, Port: 10080},
-		Selections: []model.Selection{{Namespace: "default", Selector: labels.Everything()}},
-	}
-	cp, err := startControlPlane(w, server.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := cp.stop(); err != nil {
-			t.Error(err)
-		}
-	}()
+	b := testkit.Service("default", "b", "10.0.0.2")
+	cp, _ := startEnvoySotW(t, testkit.Service("default", "a", "10.0.0.1"), b)
 	cds, eds, lds := xdstype.Cluster.URL(), xdstype.Endpoint.URL(), xdstype.Listener.URL()
 	both, onlyA := []string{"default/a:80", "default/b:80"}, []string{"default/a:80"}
-	bKey := model.Key{Namespace: "default", Name: "b"}
 
 	first := openSotW(t, cp)
 	first.send(&discoveryv3.DiscoveryRequest{TypeUrl: cds})
@@ -301,7 +257,7 @@ func TestSotWReconnectAfterAClusterCameBackIsSentItsAssignment(t *testing.T) {
 	first.ack(endpoints, both)
 
 	// b goes: the clusters lose it, and the proxy drops its assignment.
-	cp.Catalog.DeleteService(bKey)
+	cp.Catalog.DeleteService(b.Key)
 	cp.Sync()
 	without := first.recv()
 	if without.GetTypeUrl() != cds || !slices.Equal(namesOf(without), []string{"default/a:80"}) {
@@ -312,7 +268,7 @@ func TestSotWReconnectAfterAClusterCameBackIsSentItsAssignment(t *testing.T) {
 	// unsubscription: the clusters with b, then b's assignment, are sent,
 	// which makes the unsubscription (and the subscription that follows
 	// the clusters) answer a superseded response.
-	cp.Catalog.UpsertService(w.services[bKey])
+	cp.Catalog.UpsertService(b)
 	cp.Sync()
 	first.send(&discoveryv3.DiscoveryRequest{TypeUrl: eds, VersionInfo: endpoints.GetVersionInfo(), ResponseNonce: endpoints.GetNonce(), ResourceNames: onlyA})
 	back := first.recv()
@@ -341,4 +297,32 @@ func TestSotWReconnectAfterAClusterCameBackIsSentItsAssignment(t *testing.T) {
 	if listeners := second.recv(); listeners.GetTypeUrl() != lds {
 		t.Errorf("then %s, want the listeners: the clusters at the served version are sent nothing", shortType(listeners.GetTypeUrl()))
 	}
+}
+
+// startEnvoySotW starts a control plane whose one scope, default/sotw, is
+// an Envoy scope over SotW selecting every Service of default, the
+// services; it stops when the test ends. It returns the scope's key.
+func startEnvoySotW(t *testing.T, services ...*model.Service) (*controlPlane, model.Key) {
+	t.Helper()
+	w := newWorld()
+	w.namespaces["default"] = map[string]string{}
+	for _, svc := range services {
+		w.services[svc.Key] = svc
+	}
+	key := model.Key{Namespace: "default", Name: "sotw"}
+	w.scopes[key] = &model.Scope{
+		Key: key, Generation: 1, Protocol: model.SotW,
+		Listener:   model.Listener{Mode: model.ListenerEnvoy, Port: 10080},
+		Selections: []model.Selection{{Namespace: "default", Selector: labels.Everything()}},
+	}
+	cp, err := startControlPlane(w, server.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := cp.stop(); err != nil {
+			t.Error(err)
+		}
+	})
+	return cp, key
 }
