@@ -5,13 +5,9 @@ import (
 	"strings"
 	"testing"
 
-	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
-	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/grpc/xds"
-	"google.golang.org/protobuf/encoding/protojson"
-	"sigs.k8s.io/yaml"
 
 	"github.com/scopeplane/scopeplane/xds/model"
 )
@@ -32,14 +28,7 @@ func TestEnvoyBootstrapMatchesTheScopeProtocol(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		js, err := yaml.YAMLToJSON(out)
-		if err != nil {
-			t.Fatalf("not YAML: %v\n%s", err, out)
-		}
-		b := &bootstrapv3.Bootstrap{}
-		if err := protojson.Unmarshal(js, b); err != nil {
-			t.Fatalf("not an Envoy bootstrap: %v\n%s", err, out)
-		}
+		b := parseEnvoy(t, out)
 		if err := b.ValidateAll(); err != nil {
 			t.Errorf("invalid Envoy bootstrap: %v", err)
 		}
@@ -110,14 +99,7 @@ func TestBootstrapsUseTLSWithTheCAFile(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		js, err := yaml.YAMLToJSON(y)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b := &bootstrapv3.Bootstrap{}
-		if err := protojson.Unmarshal(js, b); err != nil {
-			t.Fatalf("not an Envoy bootstrap: %v\n%s", err, y)
-		}
+		b := parseEnvoy(t, y)
 		ts := b.GetStaticResources().GetClusters()[0].GetTransportSocket()
 		up := &tlsv3.UpstreamTlsContext{}
 		if err := ts.GetTypedConfig().UnmarshalTo(up); err != nil {
@@ -170,14 +152,7 @@ func TestBootstrapsPresentTheCredentialsTheServerAccepts(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			js, err := yaml.YAMLToJSON(y)
-			if err != nil {
-				t.Fatal(err)
-			}
-			b := &bootstrapv3.Bootstrap{}
-			if err := protojson.Unmarshal(js, b); err != nil {
-				t.Fatal(err)
-			}
+			b := parseEnvoy(t, y)
 			up := &tlsv3.UpstreamTlsContext{}
 			if err := b.GetStaticResources().GetClusters()[0].GetTransportSocket().GetTypedConfig().UnmarshalTo(up); err != nil {
 				t.Fatal(err)
@@ -200,18 +175,7 @@ func TestBootstrapsPresentTheCredentialsTheServerAccepts(t *testing.T) {
 			if src.GetPath() != "/etc/scopeplane/xds/"+SDSKey || src.GetWatchedDirectory().GetPath() != "/etc/scopeplane/xds" {
 				t.Errorf("Envoy reads its certificate from %q watching %q, want the ConfigMap's %s:\n%s", src.GetPath(), src.GetWatchedDirectory().GetPath(), SDSKey, y)
 			}
-			sj, err := yaml.YAMLToJSON(sds)
-			if err != nil {
-				t.Fatal(err)
-			}
-			resp := &discoveryv3.DiscoveryResponse{}
-			if err := protojson.Unmarshal(sj, resp); err != nil || len(resp.GetResources()) != 1 {
-				t.Fatalf("the SDS file is not one resource: %v\n%s", err, sds)
-			}
-			secret := &tlsv3.Secret{}
-			if err := resp.GetResources()[0].UnmarshalTo(secret); err != nil {
-				t.Fatal(err)
-			}
+			secret := parseSecret(t, sds)
 			cert := secret.GetTlsCertificate()
 			if secret.GetName() != sdsConfigs[0].GetName() || cert.GetCertificateChain().GetFilename() != SPIFFEDir+"/tls.crt" ||
 				cert.GetPrivateKey().GetFilename() != SPIFFEDir+"/tls.key" || cert.GetWatchedDirectory().GetPath() != SPIFFEDir {
