@@ -19,24 +19,6 @@ import (
 	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
-// probeStatus is what the probe serves as JSON on /status.
-type probeStatus struct {
-	// Streams counts the streams opened.
-	Streams int `json:"streams"`
-	// Synced is true while a stream is open and the probe holds what
-	// Envoy waits for before it is initialized: an answer for clusters and
-	// listeners, and for endpoints and routes when it holds a cluster or a
-	// listener. Like Envoy, it keeps what it holds across streams: a server
-	// may answer a reconnect that claims the current versions with nothing.
-	Synced    bool   `json:"synced"`
-	LastError string `json:"lastError,omitempty"`
-	// Held is how many resources of each type the probe holds.
-	Held map[string]int `json:"held"`
-	// Endpoints are the addresses of each ClusterLoadAssignment held.
-	Endpoints map[string][]string `json:"endpoints"`
-	NACKs     int                 `json:"nacks"`
-}
-
 // runProbe joins the scope of an Envoy bootstrap as Envoy would (-c and
 // --service-node as Envoy takes them), reconnecting when a stream ends, and
 // serves /ready (a stream is open and the probe is initialized as Envoy
@@ -54,7 +36,7 @@ func runProbe(args []string) error {
 	defer stop()
 	var (
 		mu       sync.Mutex
-		st       probeStatus
+		st       envoyprobe.Status
 		answered = map[string]bool{}
 		c        *adsclient.Client
 	)
@@ -68,7 +50,7 @@ func runProbe(args []string) error {
 		answered[ev.TypeURL] = true
 	}
 	// status is st now; mu is held.
-	status := func() probeStatus {
+	status := func() envoyprobe.Status {
 		out := st
 		out.Synced = c != nil && c.Running() && answered[xdstype.Cluster.URL()] && answered[xdstype.Listener.URL()] &&
 			(len(c.State(xdstype.Cluster.URL())) == 0 || answered[xdstype.Endpoint.URL()]) &&

@@ -538,7 +538,7 @@ func (d *demo) deltaProxy(ctx context.Context, server string) (*adsclient.Client
 	if err != nil {
 		return nil, nil, err
 	}
-	// The token as Envoy's google_grpc call credentials would send it.
+	// The token as the bootstrap's credential injector makes Envoy send it.
 	ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+d.tokens["shop-envoy"])
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx, conn); _ = conn.Close() }()

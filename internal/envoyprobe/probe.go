@@ -62,6 +62,25 @@ type Options struct {
 	Root string
 }
 
+// Status is what scopeplane-demo envoy-probe serves as JSON on /status,
+// and what the e2e test reads there.
+type Status struct {
+	// Streams counts the streams opened.
+	Streams int `json:"streams"`
+	// Synced is true while a stream is open and the probe holds what
+	// Envoy waits for before it is initialized: an answer for clusters and
+	// listeners, and for endpoints and routes when it holds a cluster or a
+	// listener. Like Envoy, it keeps what it holds across streams: a server
+	// may answer a reconnect that claims the current versions with nothing.
+	Synced    bool   `json:"synced"`
+	LastError string `json:"lastError,omitempty"`
+	// Held is how many resources of each type the probe holds.
+	Held map[string]int `json:"held"`
+	// Endpoints are the addresses of each ClusterLoadAssignment held.
+	Endpoints map[string][]string `json:"endpoints"`
+	NACKs     int                 `json:"nacks"`
+}
+
 // Bootstrap is what a probe takes from an Envoy bootstrap.
 type Bootstrap struct {
 	// Protocol is ads_config's api_type.

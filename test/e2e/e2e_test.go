@@ -26,6 +26,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/yaml"
 
+	"github.com/scopeplane/scopeplane/internal/envoyprobe"
 	"github.com/scopeplane/scopeplane/internal/testkit"
 )
 
@@ -108,8 +109,8 @@ func TestQuickstartOnANode(t *testing.T) {
 	}
 	probeIP := strings.TrimSpace(run(t, "kubectl", "get", "pod", "envoy", "-o", "jsonpath={.status.podIP}"))
 	envoy := probe{url: "http://" + probeIP + ":8080/status"}
-	joined := envoy.waitFor(t, "the probe holds whoami's endpoints", func(s probeStatus) bool { return s.Synced && s.holds(backendIPs(t)) })
-	t.Logf("envoy-probe: %s", joined)
+	joined := envoy.waitFor(t, "the probe holds whoami's endpoints", func(s envoyprobe.Status) bool { return s.Synced && holds(s, backendIPs(t)) })
+	t.Logf("envoy-probe: %s", describe(joined))
 
 	t.Log("step: scale the backend to 3")
 	before := c.get(t)
@@ -163,10 +164,10 @@ func TestQuickstartOnANode(t *testing.T) {
 	// Both replicas were replaced: the probe's stream ended and it
 	// reconnected, as Envoy does, holding the backends of the rollout, and
 	// the replica it reached counts it synced on every type it serves it.
-	rejoined := envoy.waitFor(t, "the probe reconnected and holds whoami's endpoints", func(s probeStatus) bool {
-		return s.Synced && s.Streams > joined.Streams && s.holds(backendIPs(t))
+	rejoined := envoy.waitFor(t, "the probe reconnected and holds whoami's endpoints", func(s envoyprobe.Status) bool {
+		return s.Synced && s.Streams > joined.Streams && holds(s, backendIPs(t))
 	})
-	t.Logf("envoy-probe: %s", rejoined)
+	t.Logf("envoy-probe: %s", describe(rejoined))
 	testkit.EventuallyWithin(t, 2*time.Minute, "proxy-status counts the reconnected probe synced", func() (bool, string) {
 		out, _ := kubectl("scopeplane", "proxy-status", "default/storefront")
 		for _, line := range strings.Split(out, "\n") {
@@ -248,23 +249,14 @@ func backendIPs(t *testing.T) []string {
 	return ips
 }
 
-// probeStatus is envoy-probe's /status (cmd/scopeplane-demo).
-type probeStatus struct {
-	Streams   int                 `json:"streams"`
-	Synced    bool                `json:"synced"`
-	LastError string              `json:"lastError"`
-	Held      map[string]int      `json:"held"`
-	Endpoints map[string][]string `json:"endpoints"`
-	NACKs     int                 `json:"nacks"`
-}
-
-func (s probeStatus) String() string {
+// describe is what the test logs of envoy-probe's status.
+func describe(s envoyprobe.Status) string {
 	return fmt.Sprintf("streams=%d synced=%v nacks=%d held=%v endpoints=%v lastError=%q",
 		s.Streams, s.Synced, s.NACKs, s.Held, s.Endpoints, s.LastError)
 }
 
 // holds says whether whoami's ClusterLoadAssignment holds exactly ips.
-func (s probeStatus) holds(ips []string) bool {
+func holds(s envoyprobe.Status, ips []string) bool {
 	for name, got := range s.Endpoints {
 		if strings.Contains(name, "whoami") {
 			return len(ips) > 0 && slices.Equal(slices.Sorted(slices.Values(got)), slices.Sorted(slices.Values(ips)))
@@ -276,20 +268,20 @@ func (s probeStatus) holds(ips []string) bool {
 // probe reads envoy-probe's status over the node's Pod network.
 type probe struct{ url string }
 
-func (p probe) waitFor(t *testing.T, what string, ok func(probeStatus) bool) probeStatus {
+func (p probe) waitFor(t *testing.T, what string, ok func(envoyprobe.Status) bool) envoyprobe.Status {
 	t.Helper()
-	var s probeStatus
+	var s envoyprobe.Status
 	testkit.EventuallyWithin(t, 2*time.Minute, what, func() (bool, string) {
 		resp, err := http.Get(p.url)
 		if err != nil {
 			return false, err.Error()
 		}
 		defer func() { _ = resp.Body.Close() }()
-		s = probeStatus{}
+		s = envoyprobe.Status{}
 		if err := json.NewDecoder(resp.Body).Decode(&s); err != nil {
 			return false, err.Error()
 		}
-		return ok(s), s.String()
+		return ok(s), describe(s)
 	})
 	return s
 }
