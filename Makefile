@@ -102,14 +102,14 @@ test: ## Run every test against a real API server (builds the envtest binaries o
 	$(MAKE) demo DEMO_ONCE=1
 
 .PHONY: test-clients
-test-clients: ## Run the client matrix: grpc-go, grpc-js-xds and gRPC C-core through one scenario (as root: a network namespace, npm ci, python3-grpcio).
+test-clients: ## Run the client matrix: grpc-go, grpc-js-xds and gRPC C-core through one scenario (as root: network namespaces, npm ci, python3-grpcio, iproute2).
 	@command -v node >/dev/null && command -v npm >/dev/null || { echo "test-clients needs Node.js and npm on PATH for the grpc-js-xds client"; exit 1; }
-	@if ! /usr/bin/python3 -c 'import grpc' 2>/dev/null; then \
+	@if ! /usr/bin/python3 -c 'import grpc' 2>/dev/null || ! command -v ip >/dev/null; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    echo "installing Debian's python3-grpcio for the gRPC C-core client"; \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-grpcio >/dev/null; \
+	    echo "installing Debian's python3-grpcio (the gRPC C-core client) and iproute2 (the clients' network namespaces)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-grpcio iproute2 >/dev/null; \
 	  else \
-	    echo "test-clients needs Debian's python3-grpcio (the gRPC C-core client): run 'apt-get install python3-grpcio' as root, or run this target as root"; exit 1; \
+	    echo "test-clients needs Debian's python3-grpcio (the gRPC C-core client) and iproute2: run 'apt-get install python3-grpcio iproute2' as root, or run this target as root"; exit 1; \
 	  fi; \
 	fi
 	cd test/clients && npm ci --no-audit --no-fund --loglevel=error
