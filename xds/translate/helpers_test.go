@@ -493,6 +493,9 @@ func checkOutlierDetection(scope *model.Scope, c *clusterv3.Cluster) error {
 		}
 		return nil
 	}
+	if od == nil {
+		return errors.New("no outlier detection to carry the epoch")
+	}
 	if od.GetEnforcingSuccessRate() == nil || od.GetEnforcingSuccessRate().GetValue() != 0 || od.GetEnforcingFailurePercentage().GetValue() != 0 {
 		return fmt.Errorf("outlier detection %v configures an ejection algorithm", od)
 	}
