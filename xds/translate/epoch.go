@@ -10,7 +10,9 @@ import (
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/wellknown"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/scopeplane/scopeplane/xds/model"
 	"github.com/scopeplane/scopeplane/xds/xdstype"
@@ -45,20 +47,31 @@ import (
 // from the same objects: the generation is what every replica, a restarted
 // one included, reads from the API server. The price is that any edit of
 // a scope's spec changes all of its listeners, route configurations and
-// clusters once. The gRPC clients route by none of this metadata.
+// clusters once. The gRPC clients route by none of these marks.
 //
 // Envoy-mode scopes are not stamped: Envoy applies a resource that
 // returns unchanged, and their listener and route configuration are the
 // scope's own anyway. (Their route configuration stays its
 // name plus its virtual hosts, which a delta stream prices it by.)
 //
-// grpc-js-xds compares a cluster as it parsed it, and nothing it parses of
-// a cluster can carry the epoch without changing what it does: its
-// running clients still miss a re-added Service's cluster.
+// grpc-js-xds compares a cluster as it parsed it (type, EDS name, circuit
+// breaker, outlier detection, LB policy, TLS), not its metadata. So a
+// stamped cluster also carries an outlier detection that ejects nothing,
+// with the epoch as its max_ejection_time (epochOutlierDetection): with
+// enforcing_success_rate and enforcing_failure_percentage 0, gRFC A50
+// configures neither ejection algorithm, and grpc-js-xds, grpc-go and
+// C-core then count no calls, run no ejection timer and eject no address,
+// exactly as for a cluster without outlier detection (which all three also
+// run through a no-op outlier detection policy). max_ejection_time only
+// bounds how long an ejected address stays out, and none is ever ejected.
 //
 // A Service that leaves a scope by its own labels or its namespace's (no
 // edit of the ProxyScope) and returns to it unchanged is not marked: no
-// object every replica agrees on records that it left.
+// object every replica agrees on records that it left. (The Service's or
+// Namespace's resourceVersion moves with every write to it, status and
+// annotations included, and would resend its resources each time.) The
+// next edit of the scope's spec restamps everything and brings the
+// clients back.
 const EpochMetadataKey = "scopeplane.dev/epoch"
 
 // EpochDomain is the domain a stamped route configuration's virtual hosts
@@ -80,8 +93,38 @@ func epochMetadata(sc *model.Scope) *corev3.Metadata {
 	}}
 }
 
+// maxDurationSeconds is the largest number of seconds a
+// google.protobuf.Duration may hold (10,000 years); gRPC clients reject a
+// cluster whose outlier detection holds more.
+const maxDurationSeconds = 315_576_000_000
+
+// epochSeconds is the scope's epoch as the seconds of a valid Duration:
+// the generation itself (a generation is at least 1), wrapped into
+// (0, maxDurationSeconds] so that no generation makes an invalid one.
+func epochSeconds(sc *model.Scope) int64 {
+	s := sc.Generation % maxDurationSeconds
+	if s <= 0 {
+		s += maxDurationSeconds
+	}
+	return s
+}
+
+// epochOutlierDetection is the outlier detection of a stamped cluster: one
+// that ejects nothing (enforcing_success_rate and
+// enforcing_failure_percentage 0 leave gRFC A50 no ejection algorithm) and
+// holds the scope's epoch as its max_ejection_time, which bounds only how
+// long an ejected address stays out. See EpochMetadataKey.
+func epochOutlierDetection(sc *model.Scope) *clusterv3.OutlierDetection {
+	return &clusterv3.OutlierDetection{
+		EnforcingSuccessRate:       wrapperspb.UInt32(0),
+		EnforcingFailurePercentage: wrapperspb.UInt32(0),
+		MaxEjectionTime:            &durationpb.Duration{Seconds: epochSeconds(sc)},
+	}
+}
+
 // HasEpoch reports whether m, a Listener, RouteConfiguration or Cluster,
-// carries the scope's epoch already.
+// carries the scope's epoch already (a Cluster also in its outlier
+// detection).
 func HasEpoch(sc *model.Scope, m proto.Message) bool {
 	var md *corev3.Metadata
 	switch r := m.(type) {
@@ -91,6 +134,9 @@ func HasEpoch(sc *model.Scope, m proto.Message) bool {
 		md = r.GetMetadata()
 	case *clusterv3.Cluster:
 		md = r.GetMetadata()
+		if !proto.Equal(r.GetOutlierDetection(), epochOutlierDetection(sc)) {
+			return false
+		}
 	default:
 		return false
 	}
@@ -101,8 +147,10 @@ func HasEpoch(sc *model.Scope, m proto.Message) bool {
 // WithEpoch returns m stamped with the scope's epoch (see
 // EpochMetadataKey), if the scope is Stamped: m itself when it carries it
 // already, else a copy, so that the fragments every scope shares are never
-// modified. Other types than Listener, RouteConfiguration and Cluster are
-// returned as they are.
+// modified. A stamped cluster's outlier detection is
+// epochOutlierDetection's: the translator configures none of its own
+// (its tests hold it to that). Other types than Listener,
+// RouteConfiguration and Cluster are returned as they are.
 func WithEpoch(sc *model.Scope, m proto.Message) proto.Message {
 	if !Stamped(sc) || HasEpoch(sc, m) {
 		return m
@@ -133,6 +181,7 @@ func WithEpoch(sc *model.Scope, m proto.Message) proto.Message {
 	case *clusterv3.Cluster:
 		c := proto.Clone(r).(*clusterv3.Cluster)
 		c.Metadata = epochMetadata(sc)
+		c.OutlierDetection = epochOutlierDetection(sc)
 		return c
 	}
 	return m

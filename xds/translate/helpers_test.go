@@ -44,6 +44,9 @@ type testScope struct {
 	VirtualHosts string `json:"virtualHosts,omitempty"`
 	// LocalityPriority is spec.localityPriority: None or SameZone.
 	LocalityPriority string `json:"localityPriority,omitempty"`
+	// Generation is the ProxyScope's metadata.generation, the epoch of a
+	// ProxylessGRPC scope.
+	Generation int64 `json:"generation,omitempty"`
 }
 
 type testService struct {
@@ -98,6 +101,7 @@ func parseInput(data []byte) (*model.Scope, []*model.Service, error) {
 		Protocol:     cmp.Or(in.Scope.Protocol, model.SotW),
 		Listener:     model.Listener{Mode: in.Scope.Mode, Port: in.Scope.Port, VHDS: in.Scope.VirtualHosts == "VHDS"},
 		ZonePriority: in.Scope.LocalityPriority == "SameZone",
+		Generation:   in.Scope.Generation,
 	}
 	services := make([]*model.Service, 0, len(in.Services))
 	for _, s := range in.Services {
@@ -350,6 +354,9 @@ func checkInvariants(scope *model.Scope, res Resources) error {
 		if c.GetConnectTimeout().AsDuration() != ConnectTimeout || c.GetLbPolicy() != clusterv3.Cluster_ROUND_ROBIN {
 			fail("cluster %s: connect timeout %v, lb policy %v", c.GetName(), c.GetConnectTimeout().AsDuration(), c.GetLbPolicy())
 		}
+		if err := checkOutlierDetection(scope, c); err != nil {
+			fail("cluster %s: %v", c.GetName(), err)
+		}
 		switch c.GetType() {
 		case clusterv3.Cluster_EDS:
 			eds := c.GetEdsClusterConfig()
@@ -469,6 +476,39 @@ func checkInvariants(scope *model.Scope, res Resources) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// checkOutlierDetection checks a cluster's outlier detection: none in an
+// Envoy scope; in a Stamped one, one that gRFC A50 gives no ejection
+// algorithm (enforcing_success_rate and enforcing_failure_percentage set
+// to 0; success rate ejection is on when the first is unset), so that no
+// gRPC client counts calls or ejects an address, with the scope's epoch as
+// max_ejection_time, which grpc-js-xds compares and nothing acts on, and
+// nothing else.
+func checkOutlierDetection(scope *model.Scope, c *clusterv3.Cluster) error {
+	od := c.GetOutlierDetection()
+	if !Stamped(scope) {
+		if od != nil {
+			return fmt.Errorf("outlier detection %v in an unstamped scope", od)
+		}
+		return nil
+	}
+	if od == nil {
+		return errors.New("no outlier detection to carry the epoch")
+	}
+	if od.GetEnforcingSuccessRate() == nil || od.GetEnforcingSuccessRate().GetValue() != 0 || od.GetEnforcingFailurePercentage().GetValue() != 0 {
+		return fmt.Errorf("outlier detection %v configures an ejection algorithm", od)
+	}
+	met := od.GetMaxEjectionTime()
+	if err := met.CheckValid(); err != nil || met.GetNanos() != 0 || met.GetSeconds() <= 0 || (scope.Generation > 0 && met.GetSeconds() != scope.Generation) {
+		return fmt.Errorf("outlier detection max_ejection_time %v, want the generation %d in seconds", met, scope.Generation)
+	}
+	rest := proto.Clone(od).(*clusterv3.OutlierDetection)
+	rest.EnforcingSuccessRate, rest.EnforcingFailurePercentage, rest.MaxEjectionTime = nil, nil, nil
+	if !proto.Equal(rest, &clusterv3.OutlierDetection{}) {
+		return fmt.Errorf("outlier detection sets more than the epoch needs: %v", rest)
+	}
+	return nil
 }
 
 // checkAssignment checks one ClusterLoadAssignment against what grpc-go's
