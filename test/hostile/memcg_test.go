@@ -99,13 +99,17 @@ func cgroupRead(t *testing.T, dir, file string) int64 {
 	return n
 }
 
-// confined is the server running in a child process inside the cgroup.
+// confined is the server running in a child process inside the cgroup,
+// and a legitimate proxy connected to it from the start.
 type confined struct {
 	t      *testing.T
 	cgroup string
 	addr   string
 	cmd    *exec.Cmd
+	stdin  io.Writer
 	exited chan error
+	proxy  *adsclient.Client
+	pushes int
 }
 
 // startConfined starts the server in a child process, moves it into the
@@ -126,7 +130,7 @@ func startConfined(t *testing.T, cgroup string) *confined {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	c := &confined{t: t, cgroup: cgroup, cmd: cmd, exited: make(chan error, 1)}
+	c := &confined{t: t, cgroup: cgroup, cmd: cmd, stdin: stdin, exited: make(chan error, 1)}
 	t.Cleanup(func() {
 		_ = stdin.Close()
 		select {
@@ -157,7 +161,47 @@ func startConfined(t *testing.T, cgroup string) *confined {
 	case <-time.After(testkit.Timeout):
 		t.Fatal("the confined server did not start serving")
 	}
+	conn := c.dial()
+	t.Cleanup(func() { _ = conn.Close() })
+	cfg := testkit.WildcardClient(adsclient.SotW, testkit.Node("legitimate", "default/sotw"))
+	cfg.RecordEvents = false
+	c.proxy = adsclient.New(cfg)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = c.proxy.Run(ctx, conn) }()
+	t.Cleanup(func() { cancel(); <-done })
 	return c
+}
+
+// dial is a connection from the legitimate address.
+func (c *confined) dial() *grpc.ClientConn {
+	conn, err := grpc.NewClient(c.addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithContextDialer(from(legitimate)))
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return conn
+}
+
+// push has the server add a Service and returns how long the connected
+// proxy took to hold its cluster.
+func (c *confined) push(row string) time.Duration {
+	c.t.Helper()
+	c.pushes++
+	name := fmt.Sprintf("push-%02d", c.pushes)
+	start := time.Now()
+	if _, err := fmt.Fprintf(c.stdin, "push %s\n", name); err != nil {
+		c.t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), testkit.Timeout)
+	defer cancel()
+	cluster := "default/" + name + ":80"
+	if err := c.proxy.WaitFor(ctx, func(px *adsclient.Client) bool {
+		_, ok := px.State(xdstype.Cluster.URL())[cluster]
+		return ok
+	}); err != nil {
+		c.t.Fatalf("%s: the connected proxy did not get %s: %v (stream: %v)", row, cluster, err, c.proxy.Err())
+	}
+	return time.Since(start)
 }
 
 // alive fails the test when the server exited (the OOM killer's SIGKILL
@@ -179,84 +223,97 @@ func (c *confined) alive(row string) {
 	}
 }
 
-// join connects a new wildcard SotW proxy from the legitimate address and
-// waits until it holds every cluster.
+// join connects a new wildcard SotW proxy from the legitimate address, as
+// a proxy does, reconnecting when its connection is closed (a full
+// replica closes new connections until an idle one can be evicted), and
+// returns how long it took to hold every cluster.
 func (c *confined) join(row string) time.Duration {
 	c.t.Helper()
-	conn, err := grpc.NewClient(c.addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithContextDialer(from(legitimate)))
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	defer func() { _ = conn.Close() }()
-	cfg := testkit.WildcardClient(adsclient.SotW, testkit.Node("joining", "default/sotw"))
-	cfg.RecordEvents = false
-	px := adsclient.New(cfg)
 	ctx, cancel := context.WithTimeout(context.Background(), testkit.Timeout)
 	defer cancel()
-	done := make(chan struct{})
 	start := time.Now()
-	go func() { defer close(done); _ = px.Run(ctx, conn) }()
-	err = px.WaitFor(ctx, func(px *adsclient.Client) bool { return len(px.State(xdstype.Cluster.URL())) >= services })
-	took := time.Since(start)
-	cancel()
-	<-done
-	if err != nil {
-		c.t.Fatalf("%s: a legitimate proxy did not join: %v (stream: %v)", row, err, px.Err())
+	for {
+		conn := c.dial()
+		cfg := testkit.WildcardClient(adsclient.SotW, testkit.Node("joining", "default/sotw"))
+		cfg.RecordEvents = false
+		px := adsclient.New(cfg)
+		attempt, stop := context.WithCancel(ctx)
+		ended := make(chan struct{})
+		go func() { defer close(ended); _ = px.Run(attempt, conn) }()
+		err := px.WaitFor(attempt, func(px *adsclient.Client) bool {
+			return len(px.State(xdstype.Cluster.URL())) >= services || px.Err() != nil
+		})
+		joined := len(px.State(xdstype.Cluster.URL())) >= services
+		stop()
+		<-ended
+		_ = conn.Close()
+		if joined {
+			return time.Since(start)
+		}
+		if ctx.Err() != nil {
+			c.t.Fatalf("%s: a legitimate proxy did not join: %v (stream: %v)", row, err, px.Err())
+		}
+		time.Sleep(time.Second) // gRPC's first reconnect backoff
 	}
-	return took
 }
 
 // TestUnderTheChartsMemoryLimit replays, against the server confined as
 // the chart confines the operator's container (512 MiB, GOMEMLIMIT at 90%
 // of it), the attacks that OOM-killed a replica: idle connections from many
 // addresses, 15 MiB request headers, delta streams claiming made-up names
-// and never reading, and the NACK flood of one client and of ten. After
-// each the server must be alive, with no OOM kill in its cgroup, and a
-// legitimate proxy must join; the table gives the cgroup's peak usage
-// (what the OOM killer weighs: resident memory and page cache) per row.
+// and never reading, and the NACK flood of one client and of ten. The
+// server must survive each, with no OOM kill in its cgroup, a new proxy
+// must join, and the proxy connected before must be pushed to: during
+// the idle connections, after the other attacks (which hold nothing once
+// refused or done). The table gives the cgroup's peak usage (what the OOM
+// killer weighs: resident memory and page cache) per row.
 func TestUnderTheChartsMemoryLimit(t *testing.T) {
 	cg := memoryCgroup(t, chartMemoryLimit)
 	c := startConfined(t, cg)
+	c.push("before the attacks")
 	base := cgroupRead(t, cg, "memory.usage_in_bytes")
-	c.join("before the attacks")
 	var table strings.Builder
-	fmt.Fprintf(&table, "\n| attack | ended | cgroup peak (limit %d MiB; %.1f MiB serving before) | join after |\n|---|---|---|---|\n",
+	fmt.Fprintf(&table, "\n| attack | ended | cgroup peak (limit %d MiB; %.1f MiB serving before) | join | push |\n|---|---|---|---|---|\n",
 		chartMemoryLimit>>20, float64(base)/(1<<20))
-	row := func(name string, run func() string) {
+	// row runs an attack, which returns how it ended and a function that
+	// ends what it holds, called after the join and push.
+	row := func(name string, run func() (ended string, stop func())) {
 		t.Helper()
 		cgroupWrite(t, cg, "memory.max_usage_in_bytes", "0")
-		ended := run()
+		ended, stop := run()
+		c.alive(name)
+		join, push := c.join(name), c.push(name)
+		stop()
 		c.alive(name)
 		peak := cgroupRead(t, cg, "memory.max_usage_in_bytes")
-		join := c.join(name)
-		c.alive(name)
-		fmt.Fprintf(&table, "| %s | %s | %.1f MiB | %s |\n", name, ended, float64(peak)/(1<<20), join.Round(time.Millisecond))
+		fmt.Fprintf(&table, "| %s | %s | %.1f MiB | %s | %s |\n", name, ended, float64(peak)/(1<<20), join.Round(time.Millisecond), push.Round(time.Millisecond))
 	}
-	row("5,500 idle connections from 11 addresses", func() string {
+	row("5,500 idle connections from 11 addresses", func() (string, func()) {
 		served := idleConnections(t, c.addr, 11, 500)
-		for _, conn := range served {
-			_ = conn.Close()
+		return fmt.Sprintf("%d served", len(served)), func() {
+			for _, conn := range served {
+				_ = conn.Close()
+			}
 		}
-		return fmt.Sprintf("%d served", len(served))
 	})
-	row("300 streams with a 15 MiB authorization header", func() string {
+	row("300 streams with a 15 MiB authorization header", func() (string, func()) {
 		o := headerFlood(t, c.addr, headerBlock(c.addr), 300)
 		if o.codes[codes.ResourceExhausted] != 300 {
 			t.Errorf("the header flood ended %s (%q), want each reset", o.String(), o.msgs)
 		}
-		return o.String()
+		return o.String(), func() {}
 	})
-	row("20 delta streams claiming 75k made-up names, never reading", func() string {
+	row("20 delta streams claiming 75k made-up names, never reading", func() (string, func()) {
 		attack(t, c.addr, "claims-answered")(false)
-		return "answered, unread"
+		return "answered, unread", func() {}
 	})
-	row("300 streams of one client NACKing with 1 MiB", func() string {
+	row("300 streams of one client NACKing with 1 MiB", func() (string, func()) {
 		attack(t, c.addr, "nacks")(false)
-		return fmt.Sprintf("OK×%d, ClientStreamLimit×%d", nackAdmitted(1), nackStreams-nackAdmitted(1))
+		return fmt.Sprintf("OK×%d, ClientStreamLimit×%d", nackAdmitted(1), nackStreams-nackAdmitted(1)), func() {}
 	})
-	row("300 streams of ten clients NACKing with 1 MiB", func() string {
+	row("300 streams of ten clients NACKing with 1 MiB", func() (string, func()) {
 		attack(t, c.addr, "nacks-spread")(false)
-		return fmt.Sprintf("OK×%d", nackAdmitted(len(spreadFrom)))
+		return fmt.Sprintf("OK×%d", nackAdmitted(len(spreadFrom))), func() {}
 	})
 	t.Log(table.String())
 }
@@ -266,7 +323,7 @@ func TestUnderTheChartsMemoryLimit(t *testing.T) {
 // a line on its input (sent once it is in the cgroup), serves the hostile
 // suite's world with the production limits (anonymous proxies admitted,
 // as in the other rows), prints its address, and serves until its input
-// closes.
+// closes, adding a Service for each "push <name>" line.
 func TestConfinedServer(t *testing.T) {
 	if os.Getenv(serveEnv) == "" {
 		return
@@ -283,5 +340,14 @@ func TestConfinedServer(t *testing.T) {
 	p.Catalog.UpsertScope(scope("delta", model.Delta))
 	p.Sync()
 	fmt.Printf("ADDR %s\n", serve(t, p))
-	_, _ = io.Copy(io.Discard, in)
+	for {
+		line, err := in.ReadString('\n')
+		if err != nil {
+			return
+		}
+		if name, ok := strings.CutPrefix(strings.TrimSpace(line), "push "); ok {
+			p.Catalog.UpsertService(testkit.Service("default", name, "10.0.1.1"))
+			p.Sync()
+		}
+	}
 }
