@@ -127,6 +127,7 @@ func bindLimits(fs *flag.FlagSet, o *server.Options) {
 	fs.IntVar(&o.MaxNamesPerRequest, "xds-max-names-per-request", d.MaxNamesPerRequest, "Most resource names (subscribed, unsubscribed or claimed) one ADS request may carry.")
 	fs.IntVar(&o.ExtraNamesPerType, "xds-extra-names-per-type", d.ExtraNamesPerType, "How many names a stream may subscribe to per type beyond what its scope serves of that type.")
 	fs.IntVar(&o.MaxStreamsPerConnection, "xds-max-streams-per-connection", d.MaxStreamsPerConnection, "HTTP/2 MaxConcurrentStreams of the xDS server: ADS streams one connection may have open at once.")
+	fs.IntVar(&o.MaxStreamsPerClient, "xds-max-streams-per-client", d.MaxStreamsPerClient, "Most ADS streams one client (an identity at one client IP address) may have open at once on a replica; with --xds-max-request-bytes it bounds the request bytes one client can make the replica hold.")
 	fs.DurationVar(&o.FirstRequestTimeout, "xds-first-request-timeout", d.FirstRequestTimeout, "How long a new ADS stream may stay silent before its first request; then it ends with DeadlineExceeded.")
 	fs.IntVar(&o.MaxNodeBytes, "xds-max-node-bytes", d.MaxNodeBytes, "Largest xDS node (serialized, metadata included) a stream may present, in bytes.")
 	fs.IntVar(&o.MaxNodeIDBytes, "xds-max-node-id-bytes", d.MaxNodeIDBytes, "Longest node.id a stream may present, in bytes.")

@@ -273,11 +273,12 @@ type scopeplaneCP struct {
 }
 
 func newScopeplane(w *World, window time.Duration) *scopeplaneCP {
-	// Every proxy of the bench connects from the loopback address, so the
-	// per-peer connection bounds are the replica's.
+	// Every proxy of the bench connects from the loopback address, anonymous,
+	// so the per-peer connection bounds and the per-client stream bound are
+	// the replica's.
 	p := pipeline.New(pipeline.Options{CoalesceWindow: window, Server: server.Options{
 		Authenticator:  &auth.Authenticator{AllowAnonymous: true},
-		MaxConnections: 1 << 20, MaxConnectionsPerPeer: 1 << 20,
+		MaxConnections: 1 << 20, MaxConnectionsPerPeer: 1 << 20, MaxStreamsPerClient: 1 << 20,
 		NewConnectionsPerPeerPerSecond: server.DefaultOptions.NewConnectionsPerSecond, NewConnectionsPerPeerBurst: server.DefaultOptions.NewConnectionsBurst,
 	}})
 	// The baseline serves every scope the Services its selections name, in

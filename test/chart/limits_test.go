@@ -21,6 +21,7 @@ func TestLimitsAreTheServerDefaults(t *testing.T) {
 				MaxNamesPerRequest      int     `json:"maxNamesPerRequest"`
 				ExtraNamesPerType       int     `json:"extraNamesPerType"`
 				MaxStreamsPerConnection int     `json:"maxStreamsPerConnection"`
+				MaxStreamsPerClient     int     `json:"maxStreamsPerClient"`
 				FirstRequestTimeout     string  `json:"firstRequestTimeout"`
 				MaxNodeBytes            int     `json:"maxNodeBytes"`
 				MaxNodeIDBytes          int     `json:"maxNodeIDBytes"`
@@ -63,7 +64,7 @@ func TestLimitsAreTheServerDefaults(t *testing.T) {
 	maxAgeGrace := duration("maxConnectionAgeGrace", l.MaxConnectionAgeGrace)
 	got := server.Options{
 		MaxRequestBytes: l.MaxRequestBytes, MaxNamesPerRequest: l.MaxNamesPerRequest, ExtraNamesPerType: l.ExtraNamesPerType,
-		MaxStreamsPerConnection: l.MaxStreamsPerConnection, FirstRequestTimeout: timeout,
+		MaxStreamsPerConnection: l.MaxStreamsPerConnection, MaxStreamsPerClient: l.MaxStreamsPerClient, FirstRequestTimeout: timeout,
 		MaxNodeBytes: l.MaxNodeBytes, MaxNodeIDBytes: l.MaxNodeIDBytes,
 		NewStreamsPerSecond: l.NewStreamsPerSecond, NewStreamsBurst: l.NewStreamsBurst,
 		NewConnectionsPerSecond: l.NewConnectionsPerSecond, NewConnectionsBurst: l.NewConnectionsBurst,

@@ -388,10 +388,15 @@ func rows() []row {
 			}},
 		{name: "2,000 streams that never send", says: "--xds-first-request-timeout", want: codes.DeadlineExceeded, reason: server.RefusedSilent, count: 2000,
 			attack: func(ctx context.Context, t *testing.T, p *plane, conn *grpc.ClientConn, o *outcome) {
-				// 100 streams per connection is the server's limit.
-				conns := make([]*grpc.ClientConn, 20)
+				// A connection each from 100 addresses: 100 streams per
+				// connection and 32 per client are the server's limits.
+				conns := make([]*grpc.ClientConn, 100)
 				for i := range conns {
-					conns[i] = p.dial()
+					c, err := grpc.NewClient(p.addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithContextDialer(from(fmt.Sprintf("127.0.3.%d", i+1))))
+					if err != nil {
+						t.Fatal(err)
+					}
+					conns[i] = c
 				}
 				parallel(2000, 2000, func(i int) { o.add(sotwOnce(ctx, conns[i%len(conns)])) })
 				for _, c := range conns {
@@ -507,7 +512,9 @@ func rows() []row {
 			}},
 		{name: "1,000 streams that subscribe to every cluster and never read", want: codes.OK, reason: server.RefusedSlowReader, count: 10,
 			attack: func(ctx context.Context, t *testing.T, p *plane, conn *grpc.ClientConn, o *outcome) {
-				const conns, perConn = 10, 100 // 100 streams per connection is the server's limit
+				// A connection each from 40 addresses: 100 streams per
+				// connection and 32 per client are the server's limits.
+				const conns, perConn = 40, 25
 				key := model.Key{Namespace: "default", Name: "sotw"}
 				sent, silent, slow := p.Feedback.Get(key).Sent.Responses, refusals(server.RefusedSilent), refusals(server.RefusedSlowReader)
 				before := heap()
@@ -518,7 +525,7 @@ func rows() []row {
 					for i := range reqs {
 						reqs[i] = grpcMessage(&discoveryv3.DiscoveryRequest{Node: node(fmt.Sprintf("slow-%d-%d", c, i), "default/sotw"), TypeUrl: xdstype.Cluster.URL()})
 					}
-					ends = append(ends, slowReader(t, p.addr, reqs, deadline))
+					ends = append(ends, slowReader(t, fmt.Sprintf("127.0.4.%d", c+1), p.addr, reqs, deadline))
 				}
 				// Each stream's first response goes to the transport at once
 				// (gRPC takes one while the stream's window has room), where
@@ -701,7 +708,7 @@ func TestSlowReaderIsDisconnected(t *testing.T) {
 	p.Sync()
 	addr := serve(t, p)
 	counted := refusals(server.RefusedSlowReader)
-	ended := slowReader(t, addr, [][]byte{grpcMessage(&discoveryv3.DiscoveryRequest{Node: node("slow", key.String()), TypeUrl: xdstype.Cluster.URL()})},
+	ended := slowReader(t, legitimate, addr, [][]byte{grpcMessage(&discoveryv3.DiscoveryRequest{Node: node("slow", key.String()), TypeUrl: xdstype.Cluster.URL()})},
 		time.Now().Add(testkit.Timeout))
 	testkit.Eventually(t, "the stream was sent the clusters", func() (bool, string) {
 		n := p.Feedback.Get(key).Sent.Responses

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"net"
 	"net/netip"
 	"sync"
 	"testing"
@@ -105,10 +104,7 @@ func TestPeerAddressAttacks(t *testing.T) {
 	// open opens a stream from ip naming scope, with the published key's
 	// JWT when withKey, and returns it once answered, or how it ended.
 	open := func(ctx context.Context, ip, scope string, withKey bool) (grpc.BidiStreamingClient[discoveryv3.DiscoveryRequest, discoveryv3.DiscoveryResponse], error) {
-		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithContextDialer(func(ctx context.Context, a string) (net.Conn, error) {
-			d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}
-			return d.DialContext(ctx, "tcp", a)
-		}))
+		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithContextDialer(from(ip)))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -205,8 +205,11 @@ func TestStreamMemory(t *testing.T) {
 		growth := live.Load()
 		t.Logf("%d streams × %d NACKs of %d bytes: live heap grew by at most %.2f MiB, peak heap in use %.1f MiB; a SotW proxy joined in %s meanwhile",
 			streams, nackRounds, nackBytes, float64(growth)/(1<<20), float64(top)/(1<<20), joined.Round(time.Millisecond))
-		if got := counted() - counted0; got != streams {
-			t.Errorf("%v rejections counted, want %d (one per response)", got, streams)
+		// One client has at most MaxStreamsPerClient streams open; the
+		// others are refused before they send anything.
+		admitted := nackAdmitted(1)
+		if got := counted() - counted0; got != float64(admitted) {
+			t.Errorf("%v rejections counted, want %d (one per admitted stream's response)", got, admitted)
 		}
 		for _, k := range []string{"sotw", "delta"} {
 			for _, n := range p.Feedback.Get(model.Key{Namespace: "default", Name: k}).NACKs {
@@ -215,15 +218,18 @@ func TestStreamMemory(t *testing.T) {
 				}
 			}
 		}
-		// The live heap is measured, not bounded: what it holds during the
-		// flood is gRPC's receive path assembling one request per stream
-		// (up to --xds-max-request-bytes each), which the server does not
-		// see before it is whole; the server keeps no more than 4 KiB of
-		// any error_detail once decoded (checked above and in the codec's
-		// tests).
+		// What the heap holds during the flood is gRPC's receive path
+		// assembling one request per stream (up to --xds-max-request-bytes
+		// each), which the server does not see before it is whole: bounded
+		// by the client's streams (it was ~400 MiB for 300 of them). The
+		// server keeps no more than 4 KiB of any error_detail once decoded
+		// (checked above and in the codec's tests).
+		if bound := int64(admitted) * 4 * nackBytes; growth > bound {
+			t.Errorf("the flood grew the live heap by %.1f MiB, more than %.1f MiB (4× the bytes of the admitted streams' NACKs)", float64(growth)/(1<<20), float64(bound)/(1<<20))
+		}
 		start := time.Now()
 		p.converge()
-		fmt.Fprintf(&table, "| %s | OK×%d | %+.2f MiB | %.1f MiB | %s | %s (after) |\n", t.Name(), streams,
+		fmt.Fprintf(&table, "| %s | OK×%d, ClientStreamLimit×%d | %+.2f MiB | %.1f MiB | %s | %s (after) |\n", t.Name(), admitted, streams-admitted,
 			float64(growth)/(1<<20), float64(top)/(1<<20), joined.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
 	})
 	t.Log(table.String())
@@ -279,9 +285,13 @@ func TestAttacker(t *testing.T) {
 	defer cancel()
 	switch name {
 	case "claims":
-		claimAttack(ctx, t, addr)
+		claimAttack(ctx, t, addr, true)
+	case "claims-answered":
+		claimAttack(ctx, t, addr, false)
 	case "nacks":
-		nackAttack(ctx, t, addr)
+		nackAttack(ctx, t, addr, nackFrom)
+	case "nacks-spread":
+		nackAttack(ctx, t, addr, spreadFrom...)
 	default:
 		t.Fatalf("no attack %q", name)
 	}
@@ -289,8 +299,9 @@ func TestAttacker(t *testing.T) {
 
 // claimAttack opens 20 delta streams whose first request claims 75,000
 // made-up clusters (over 3 MiB, within the request limit) and reads
-// nothing, until the server ends them.
-func claimAttack(ctx context.Context, t *testing.T, addr string) {
+// nothing, until the server ends them when hold is set, else until the
+// server answered each.
+func claimAttack(ctx context.Context, t *testing.T, addr string, hold bool) {
 	const streams = 20
 	// No BDP window growth: the client takes at most 64 KiB of what it
 	// does not read, and the rest stays with the server.
@@ -321,78 +332,121 @@ func claimAttack(ctx context.Context, t *testing.T, addr string) {
 		}
 		ends = append(ends, st)
 	}
-	t.Logf("%d streams sent their claims; reading nothing until killed", len(ends))
-	<-ctx.Done()
+	// The server answers each claim (its response headers come with the
+	// first response), which the streams leave unread.
+	for s, st := range ends {
+		if _, err := st.Header(); err != nil {
+			t.Fatalf("stream %d was not answered: %v", s, err)
+		}
+	}
+	if hold {
+		t.Logf("%d streams sent their claims and were answered; reading nothing until killed", len(ends))
+		<-ctx.Done()
+	}
 }
 
-// The NACK flood: nackStreams streams, half SotW and half delta, each
-// rejecting its first response nackRounds times with a nackBytes
-// error_detail (the first rejection is the answer, the others repeat it).
-const nackStreams, nackRounds, nackBytes = 300, 1, 1 << 20
+// The NACK flood: nackStreams streams of one client (nackFrom, not the
+// legitimate proxies' address), half SotW and half delta, each rejecting
+// its first response nackRounds times with a nackBytes error_detail (the
+// first rejection is the answer, the others repeat it). Spread, the same
+// streams come from ten addresses: clients that each stay within their
+// own bound.
+const (
+	nackStreams, nackRounds, nackBytes = 300, 1, 1 << 20
+	nackFrom                           = "127.0.0.2"
+)
 
-func nackAttack(ctx context.Context, t *testing.T, addr string) {
+var spreadFrom = []string{"127.0.2.1", "127.0.2.2", "127.0.2.3", "127.0.2.4", "127.0.2.5", "127.0.2.6", "127.0.2.7", "127.0.2.8", "127.0.2.9", "127.0.2.10"}
+
+// nackAttack runs the NACK flood from the addresses froms, on at least
+// three connections (the server allows 100 streams per connection) spread
+// over them, the streams spread evenly over the connections. Every stream
+// first waits until each of the others was answered or refused, so the
+// admitted ones NACK all at once and none frees its place for a refused
+// one.
+func nackAttack(ctx context.Context, t *testing.T, addr string, froms ...string) {
 	url := xdstype.Endpoint.URL()
-	detail := strings.Repeat("x", nackBytes)
-	conns := make([]*grpc.ClientConn, 3) // 100 streams per connection is the server's limit
+	nack := &rpcstatus.Status{Code: int32(codes.InvalidArgument), Message: strings.Repeat("x", nackBytes)}
+	conns := make([]*grpc.ClientConn, max(3, len(froms)))
 	for i := range conns {
-		c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithContextDialer(from(froms[i%len(froms)])))
 		if err != nil {
 			t.Fatal(err)
 		}
 		conns[i] = c
 		defer func() { _ = c.Close() }()
 	}
-	var o outcome
+	var (
+		o       outcome
+		settled sync.WaitGroup
+	)
+	settled.Add(nackStreams)
 	parallel(nackStreams, nackStreams, func(i int) {
-		conn := conns[i%len(conns)]
+		ads := discoveryv3.NewAggregatedDiscoveryServiceClient(conns[i%len(conns)])
 		cluster := fmt.Sprintf("default/svc-%04d:80", i)
-		nack := &rpcstatus.Status{Code: int32(codes.InvalidArgument), Message: detail}
+		id := fmt.Sprintf("nacker-%d", i)
+		// first opens the stream and returns its first response's nonce;
+		// reject sends the NACKs, and end closes and returns how it ended.
+		var (
+			first  func() (string, error)
+			reject func(nonce string)
+			end    func() error
+		)
 		if i%2 == 0 {
-			s, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
-			if err != nil {
-				o.add(err)
-				return
+			s, err := ads.StreamAggregatedResources(ctx)
+			first = func() (string, error) {
+				if err != nil {
+					return "", err
+				}
+				if err := s.Send(&discoveryv3.DiscoveryRequest{Node: node(id, "default/sotw"), TypeUrl: url, ResourceNames: []string{cluster}}); err != nil {
+					return "", err
+				}
+				r, err := s.Recv()
+				return r.GetNonce(), err
 			}
-			if err := s.Send(&discoveryv3.DiscoveryRequest{Node: node(fmt.Sprintf("nacker-%d", i), "default/sotw"), TypeUrl: url, ResourceNames: []string{cluster}}); err != nil {
-				o.add(err)
-				return
+			reject = func(nonce string) {
+				_ = s.Send(&discoveryv3.DiscoveryRequest{TypeUrl: url, ResponseNonce: nonce, ResourceNames: []string{cluster}, ErrorDetail: nack})
 			}
-			resp, err := s.Recv()
-			if err != nil {
-				o.add(err)
-				return
+			end = func() error { _ = s.CloseSend(); _, err := s.Recv(); return err }
+		} else {
+			s, err := ads.DeltaAggregatedResources(ctx)
+			first = func() (string, error) {
+				if err != nil {
+					return "", err
+				}
+				if err := s.Send(&discoveryv3.DeltaDiscoveryRequest{Node: node(id, "default/delta"), TypeUrl: url, ResourceNamesSubscribe: []string{cluster}}); err != nil {
+					return "", err
+				}
+				r, err := s.Recv()
+				return r.GetNonce(), err
 			}
-			for range nackRounds {
-				_ = s.Send(&discoveryv3.DiscoveryRequest{TypeUrl: url, ResponseNonce: resp.GetNonce(), ResourceNames: []string{cluster}, ErrorDetail: nack})
+			reject = func(nonce string) {
+				_ = s.Send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: url, ResponseNonce: nonce, ErrorDetail: nack})
 			}
-			_ = s.CloseSend()
-			_, err = s.Recv()
-			o.add(err)
-			return
+			end = func() error { _ = s.CloseSend(); _, err := s.Recv(); return err }
 		}
-		s, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).DeltaAggregatedResources(ctx)
+		nonce, err := first()
+		settled.Done()
 		if err != nil {
 			o.add(err)
 			return
 		}
-		if err := s.Send(&discoveryv3.DeltaDiscoveryRequest{Node: node(fmt.Sprintf("nacker-%d", i), "default/delta"), TypeUrl: url, ResourceNamesSubscribe: []string{cluster}}); err != nil {
-			o.add(err)
-			return
-		}
-		resp, err := s.Recv()
-		if err != nil {
-			o.add(err)
-			return
-		}
+		settled.Wait()
 		for range nackRounds {
-			_ = s.Send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: url, ResponseNonce: resp.GetNonce(), ErrorDetail: nack})
+			reject(nonce)
 		}
-		_ = s.CloseSend()
-		_, err = s.Recv()
-		o.add(err)
+		o.add(end())
 	})
 	t.Logf("NACKing streams ended: %s %q", o.String(), o.msgs)
-	if len(o.codes) != 1 || o.codes[codes.OK] != nackStreams {
-		t.Errorf("the NACKing streams ended with %s, want OK×%d", o.String(), nackStreams)
+	admitted := nackAdmitted(len(froms))
+	if o.codes[codes.OK] != admitted || o.codes[codes.ResourceExhausted] != nackStreams-admitted || o.codes[codes.OK]+o.codes[codes.ResourceExhausted] != nackStreams {
+		t.Errorf("the NACKing streams ended with %s, want OK×%d ResourceExhausted×%d", o.String(), admitted, nackStreams-admitted)
 	}
+}
+
+// nackAdmitted is how many of the flood's streams from addrs addresses
+// the server admits: as many of each address's share as one client may
+// have open.
+func nackAdmitted(addrs int) int {
+	return addrs * min(nackStreams/addrs, server.DefaultOptions.MaxStreamsPerClient)
 }

@@ -116,17 +116,13 @@ func grpcMessage(m proto.Message) []byte {
 }
 
 // slowReader opens one SotW ADS stream per message on one HTTP/2
-// connection, sends each its request, and then reads what the server sends
+// connection from the loopback address ip, sends each its request, and then reads what the server sends
 // without ever granting it flow-control window: past the initial 64 KiB,
 // what the server sends stays with the server. The channel receives how
 // the connection ended once the server closed it (or the deadline passed).
-func slowReader(t *testing.T, addr string, reqs [][]byte, deadline time.Time) <-chan error {
+func slowReader(t *testing.T, ip, addr string, reqs [][]byte, deadline time.Time) <-chan error {
 	t.Helper()
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return slowReaderOn(t, c, addr, reqs, deadline)
+	return slowReaderOn(t, rawFrom(t, ip, addr), addr, reqs, deadline)
 }
 
 // slowReaderOn is slowReader on an open connection c to addr (a TLS one,

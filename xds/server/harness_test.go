@@ -286,10 +286,12 @@ func (cs *countingStream) RecvMsg(m any) error {
 
 // loopbackFleet is the production limits for a fleet whose proxies all
 // connect from the loopback address, as the model's do: the per-address
-// bounds on connections are the replica's, since in a cluster each proxy
-// has its own address (the hostile suite tests the per-address ones).
+// bounds on connections and the per-client bound on streams are the
+// replica's, since in a cluster each proxy has its own address (the
+// hostile suite tests the per-address ones).
 var loopbackFleet = server.Options{
 	MaxConnectionsPerPeer:          server.DefaultOptions.MaxConnections,
+	MaxStreamsPerClient:            server.DefaultOptions.MaxConnections * server.DefaultOptions.MaxStreamsPerConnection,
 	NewConnectionsPerPeerPerSecond: server.DefaultOptions.NewConnectionsPerSecond,
 	NewConnectionsPerPeerBurst:     server.DefaultOptions.NewConnectionsBurst,
 }

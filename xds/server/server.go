@@ -58,6 +58,11 @@ type Options struct {
 	// MaxStreamsPerConnection is HTTP/2's MaxConcurrentStreams; grpc-go's
 	// protection against rapid reset depends on it being set.
 	MaxStreamsPerConnection int
+	// MaxStreamsPerClient bounds the ADS streams one client (an identity at
+	// one client IP address) has open at once: with MaxRequestBytes it
+	// bounds the request bytes one client can make gRPC hold (see
+	// clientStreams).
+	MaxStreamsPerClient int
 	// FirstRequestTimeout ends a stream that sent no request by then.
 	FirstRequestTimeout time.Duration
 	// MaxNodeBytes bounds the node (serialized) and MaxNodeIDBytes its id:
@@ -143,6 +148,7 @@ var DefaultOptions = Options{
 	MaxNamesPerRequest:                     100_000,
 	ExtraNamesPerType:                      1024,
 	MaxStreamsPerConnection:                100,
+	MaxStreamsPerClient:                    32,
 	FirstRequestTimeout:                    15 * time.Second,
 	MaxNodeBytes:                           64 << 10,
 	MaxNodeIDBytes:                         512,
@@ -177,6 +183,7 @@ func (o Options) withDefaults() Options {
 	o.MaxNamesPerRequest = orDefault(o.MaxNamesPerRequest, d.MaxNamesPerRequest)
 	o.ExtraNamesPerType = orDefault(o.ExtraNamesPerType, d.ExtraNamesPerType)
 	o.MaxStreamsPerConnection = orDefault(o.MaxStreamsPerConnection, d.MaxStreamsPerConnection)
+	o.MaxStreamsPerClient = orDefault(o.MaxStreamsPerClient, d.MaxStreamsPerClient)
 	o.FirstRequestTimeout = orDefault(o.FirstRequestTimeout, d.FirstRequestTimeout)
 	o.MaxNodeBytes = orDefault(o.MaxNodeBytes, d.MaxNodeBytes)
 	o.MaxNodeIDBytes = orDefault(o.MaxNodeIDBytes, d.MaxNodeIDBytes)
@@ -220,6 +227,7 @@ type Server struct {
 	// authentication.
 	unauthenticated *peerrate.Limiter
 	conns           *conns
+	clients         *clientStreams
 	drain           chan struct{}
 	drainOnce       sync.Once
 }
@@ -239,6 +247,7 @@ func New(store *snapshot.Store, fb *feedback.Tracker, ready <-chan struct{}, opt
 			rate.NewLimiter(rate.Limit(opts.NewConnectionsPerSecond), opts.NewConnectionsBurst)),
 		unauthenticated: peerrate.New(opts.UnauthenticatedStreamsPerPeerPerSecond, opts.UnauthenticatedStreamsPerPeerBurst, nil),
 		conns:           newConns(opts.MaxConnections, opts.MaxConnectionsPerPeer),
+		clients:         newClientStreams(opts.MaxStreamsPerClient),
 	}
 }
 
@@ -267,6 +276,14 @@ const (
 	// accepted because the replica, or their peer, holds as many as it may
 	// (Options.MaxConnections, MaxConnectionsPerPeer).
 	RefusedConnectionLimit = "ConnectionLimit"
+	// RefusedConnectionEvicted counts connections closed to make room for
+	// a new one where the bounds were reached: each had carried no
+	// authenticated stream for the handshake timeout (conns.evict).
+	RefusedConnectionEvicted = "ConnectionEvicted"
+	// RefusedClientStreamLimit counts authenticated streams refused
+	// because their client (identity and address) holds as many as it may
+	// (Options.MaxStreamsPerClient).
+	RefusedClientStreamLimit = "ClientStreamLimit"
 	// RefusedPeerPaced counts streams refused before authentication
 	// because their peer used up its budget of streams that failed it.
 	RefusedPeerPaced = "PeerPaced"
@@ -607,6 +624,19 @@ func serve[Req request](s *Server, p model.Protocol, srv interface {
 	if err != nil {
 		return err
 	}
+	client := clientKey(id, peerIP(ctx))
+	if !s.clients.take(client) {
+		s.fb.Refuse(model.Key{}, RefusedClientStreamLimit)
+		who := "an anonymous client"
+		if id != nil {
+			who = id.Refused()
+		}
+		return status.Errorf(codes.ResourceExhausted,
+			"%s at %s has %d ADS streams open on this replica, the most one client may (--xds-max-streams-per-client): a proxy needs one stream, a gRPC process one per xDS target; close the others, or raise the limit when many proxies share one identity and one address",
+			who, peerIP(ctx), s.opts.MaxStreamsPerClient)
+	}
+	defer s.clients.release(client)
+	s.conns.prove(ctx)
 	if err := s.paced(); err != nil {
 		return err
 	}
