@@ -134,10 +134,11 @@ func startConfined(t *testing.T, cgroup string) *confined {
 	t.Cleanup(func() {
 		_ = stdin.Close()
 		select {
-		case <-c.exited:
+		case err := <-c.exited:
+			t.Logf("the confined server ended: %v", err)
 		case <-time.After(testkit.Timeout):
 			_ = cmd.Process.Kill()
-			<-c.exited
+			t.Logf("the confined server was killed at cleanup: %v", <-c.exited)
 		}
 	})
 	cgroupWrite(t, cgroup, "cgroup.procs", strconv.Itoa(cmd.Process.Pid))

@@ -103,6 +103,6 @@ func TestEvictionMakesRoomFromIdleConnections(t *testing.T) {
 
 // closed reports whether c's server end was closed (Close uncounted it).
 func closed(c *conn) bool {
-	_, err := c.Conn.Write([]byte{0})
+	_, err := c.Write([]byte{0})
 	return err != nil
 }
