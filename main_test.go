@@ -290,7 +290,7 @@ The Helm chart ([install.md](install.md)) sets these from its values: the addres
 (` + "`--xds-auth`, `--xds-token-audience`, `--xds-spiffe-trust-domain`," + `
 ` + "`--xds-spiffe-trust-bundle`, `--xds-allow-anonymous`" + `); and the per-client limits
 (` + "`--xds-max-request-bytes`, `--xds-max-names-per-request`, `--xds-extra-names-per-type`," + `
-` + "`--xds-max-streams-per-connection`, `--xds-first-request-timeout`, `--xds-max-node-bytes`," + `
+` + "`--xds-max-streams-per-connection`, `--xds-max-streams-per-client`, `--xds-first-request-timeout`, `--xds-max-node-bytes`," + `
 ` + "`--xds-max-node-id-bytes`, `--xds-new-streams-per-second`, `--xds-new-streams-burst`," + `
 ` + "`--xds-new-connections-per-second`, `--xds-new-connections-burst`," + `
 ` + "`--xds-new-connections-per-peer-per-second`, `--xds-new-connections-per-peer-burst`," + `
