@@ -2,7 +2,6 @@ package hostile
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -356,17 +355,7 @@ func TestHeaderListIsBounded(t *testing.T) {
 // authorization header is 15 MiB, as the probe that OOM-killed a replica
 // sent.
 func headerBlock(addr string) []byte {
-	var hb bytes.Buffer
-	enc := hpack.NewEncoder(&hb)
-	for _, f := range [][2]string{
-		{":method", "POST"}, {":scheme", "http"}, {":authority", addr},
-		{":path", "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources"},
-		{"content-type", "application/grpc"}, {"te", "trailers"},
-		{"authorization", "Bearer " + strings.Repeat("x", 15<<20)},
-	} {
-		_ = enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
-	}
-	return hb.Bytes()
+	return sotwHeaders(addr, hpack.HeaderField{Name: "authorization", Value: "Bearer " + strings.Repeat("x", 15<<20)})
 }
 
 // headerFlood opens streams connections from the attacker's address to

@@ -89,8 +89,9 @@ func rapidReset(t *testing.T, addr string, n int) {
 	}
 }
 
-// sotwHeaders is the HPACK block that opens a SotW ADS stream.
-func sotwHeaders(addr string) []byte {
+// sotwHeaders is the HPACK block that opens a SotW ADS stream, with the
+// extra header fields after gRPC's own.
+func sotwHeaders(addr string, extra ...hpack.HeaderField) []byte {
 	var hb bytes.Buffer
 	enc := hpack.NewEncoder(&hb)
 	for _, f := range [][2]string{
@@ -99,6 +100,9 @@ func sotwHeaders(addr string) []byte {
 		{"content-type", "application/grpc"}, {"te", "trailers"},
 	} {
 		_ = enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
+	}
+	for _, f := range extra {
+		_ = enc.WriteField(f)
 	}
 	return hb.Bytes()
 }
