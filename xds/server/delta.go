@@ -25,6 +25,17 @@ type deltaType struct {
 	// undo it on a NACK; undoing counts the names they hold.
 	inflight map[string]inflight
 	undoing  int
+	// otherLast is the nonce of the last response that SotW would have
+	// answered with a response of the type too: while it is unanswered, a
+	// SotW stream would have its response unanswered (see sotw.version).
+	otherLast string
+}
+
+// otherPending reports whether the SotW stream the delta one is priced as
+// would have a response of the type unanswered.
+func (ts *deltaType) otherPending() bool {
+	_, ok := ts.inflight[ts.otherLast]
+	return ok
 }
 
 // inflight is one unanswered delta response: its system_version_info and,
@@ -104,7 +115,7 @@ func (st *delta) handle(req *discoveryv3.DeltaDiscoveryRequest) error {
 			st.diff(v, ts, name, resp, ts.names.has(name))
 		}
 		resp.connect = first
-		resp.other, resp.priced = priceSotW(v, ts, resp, first), true
+		resp.other, resp.priced = priceSotW(v, ts, resp, first, ts.otherPending()), true
 	})
 	if len(resp.res) > 0 || len(resp.removed) > 0 || first {
 		return sendAll(st.stream, []*response{resp}, st.send, st.settled)
@@ -162,6 +173,7 @@ func (st *delta) resubscribe(ts *deltaType, req *discoveryv3.DeltaDiscoveryReque
 			continue
 		}
 		if ts.names.add(n) {
+			ts.namesDigest ^= snapshot.NameDigest(n)
 			candidates = append(candidates, n)
 			added = append(added, n)
 		}
@@ -172,6 +184,7 @@ func (st *delta) resubscribe(ts *deltaType, req *discoveryv3.DeltaDiscoveryReque
 			continue
 		}
 		if ts.names.remove(n) {
+			ts.namesDigest ^= snapshot.NameDigest(n)
 			removed = append(removed, n)
 		}
 	}
@@ -276,7 +289,7 @@ func (st *delta) plan(v snapshot.View) []*response {
 		once := ts.eachChange(v, st.rev, func(name string) { st.diff(v, ts, name, resp, false) })
 		if (len(resp.res) > 0 || len(resp.removed) > 0) && !ts.rejectedAgain(resp.res, resp.removed) {
 			ts.sendOwed(once)
-			resp.other, resp.priced = priceSotW(v, ts, resp, false), true
+			resp.other, resp.priced = priceSotW(v, ts, resp, false, ts.otherPending()), true
 			byType[t] = resp
 		} else {
 			ts.settle(resp.set)
@@ -357,11 +370,9 @@ func sumOther(a, b otherResponse) otherResponse {
 	o := otherResponse{
 		entries: a.entries + b.entries, resources: max(a.resources, b.resources),
 		responses: a.responses + b.responses, drains: a.drains + b.drains,
-		typeURL: a.typeURL, version: a.version,
+		pipelined: a.pipelined || (a.responses == 0 && b.pipelined),
+		typeURL:   cmp.Or(a.typeURL, b.typeURL), version: cmp.Or(a.version, b.version),
 		vhds: a.vhds + b.vhds, vhdsVersion: cmp.Or(a.vhdsVersion, b.vhdsVersion),
-	}
-	if o.typeURL == "" {
-		o.typeURL, o.version = b.typeURL, b.version
 	}
 	return o
 }
@@ -394,6 +405,9 @@ func (st *delta) send(r *response) error {
 	}
 	ts.inflight[nonce] = inflight{version: r.version, undo: undo, other: r.other.resources}
 	ts.undoing += len(undo)
+	if r.other.responses > 0 && r.other.typeURL == "" {
+		ts.otherLast = nonce
+	}
 	st.srv.fb.Sent(st.key, model.Delta, r.t.URL(), feedback.Push{
 		Resources: len(r.res), Bytes: resp.size, Connect: r.connect,
 		OtherBytes: r.other.price(r.version, r.t.URL(), &st.otherNonce),
@@ -409,8 +423,28 @@ func (st *delta) send(r *response) error {
 // the stream connects (all), unless the proxy declared exactly what is
 // served of a full-state type: SotW resends the world to a proxy whose
 // version_info is not the served one, and the assignments and route
-// configurations whatever it names (see sotw.adopt).
-func priceSotW(v snapshot.View, ts *deltaType, r *response, all bool) otherResponse {
+// configurations whatever it names (see sotw.adopt). The responses carry
+// the version SotW gives them: for a by-name subscription the digest of
+// the type's version and the names (also when the type is empty, whose
+// version is "0"), marked as pipelined for a by-name type while SotW would
+// have a response of it unanswered (pending; see sotw.version).
+func priceSotW(v snapshot.View, ts *deltaType, r *response, all, pending bool) otherResponse {
+	o := sotwChange(v, ts, r, all)
+	if o.responses == 0 || o.typeURL != "" {
+		return o
+	}
+	if !ts.wildcard {
+		o.version = snapshot.SubsetVersion(v.TypeVersion(ts.t), ts.namesDigest)
+	}
+	// A by-name proxy's empty response after a removal answers its
+	// unsubscription, sent once it took the responses before.
+	o.pipelined = pending && !ts.t.FullState() && (o.resources > 0 || ts.wildcard)
+	return o
+}
+
+// sotwChange is the SotW responses of priceSotW, headed by delta's type
+// and version.
+func sotwChange(v snapshot.View, ts *deltaType, r *response, all bool) otherResponse {
 	if all && ts.t.FullState() && len(r.res) == 0 && len(r.removed) == 0 && ts.heldCount() > 0 {
 		// A reconnect declaring exactly what is served: a SotW proxy
 		// holding the same names the served version and is sent nothing.

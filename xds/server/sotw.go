@@ -39,9 +39,6 @@ type sotwType struct {
 	// rejecting proxy keeps that set, so it becomes held again, and the
 	// next response is priced and made-before-broken from it.
 	before *holding
-	// namesDigest is the digest of the by-name subscription (the XOR of
-	// snapshot.NameDigest over ts.names), which its versions cover.
-	namesDigest uint64
 	// adopted is set while the proxy holds, by its own claim on this
 	// stream's first request of the type, the version ts.version names,
 	// without a response having been sent: a later request without a

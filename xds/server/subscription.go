@@ -1,6 +1,7 @@
 package server
 
 import (
+	"cmp"
 	"maps"
 	"strconv"
 	"strings"
@@ -24,6 +25,9 @@ type subscription struct {
 	requested bool
 	wildcard  bool
 	names     nameSet
+	// namesDigest is the digest of the by-name subscription (the XOR of
+	// snapshot.NameDigest over names), which a SotW by-name version covers.
+	namesDigest uint64
 	// held is what the proxy holds from this stream, as far as the server
 	// knows: for a SotW full-state type the last full set sent (the set
 	// before it again once the proxy rejected it); otherwise
@@ -459,10 +463,15 @@ type otherResponse struct {
 	// drains counts the responses among them that SotW sends as a
 	// make-before-break step, whose version carries the draining suffix.
 	drains int
-	// typeURL and version, when set, head the responses instead of this
-	// response's type and version: the other protocol carries the change
-	// as another type (an Envoy-mode scope's virtual hosts are VHDS
-	// resources in delta, inline in the route configuration in SotW).
+	// pipelined marks the first of them as a SotW by-name response sent
+	// while the one before it was unanswered, whose version says so.
+	pipelined bool
+	// typeURL, when set, heads the responses instead of this response's
+	// type: the other protocol carries the change as another type (an
+	// Envoy-mode scope's virtual hosts are VHDS resources in delta, inline
+	// in the route configuration in SotW). version, when set, is their
+	// version: SotW's by-name versions cover the names subscribed, and so
+	// differ from delta's, the type's.
 	typeURL, version string
 	// vhds counts further responses of virtual hosts at vhdsVersion: where
 	// SotW sends an inline route configuration when a stream connects,
@@ -475,18 +484,19 @@ type otherResponse struct {
 // this response's version and type would have had there, and the nonce the
 // other protocol's stream would have numbered it with, counted in *nonces.
 func (o otherResponse) price(version, typeURL string, nonces *uint64) int {
-	if o.typeURL != "" {
-		typeURL, version = o.typeURL, o.version
-	}
+	typeURL, version = cmp.Or(o.typeURL, typeURL), cmp.Or(o.version, version)
 	n := o.entries
 	header := func(version, typeURL string) int {
 		*nonces++
 		return cost.Header(version, typeURL, strconv.FormatUint(*nonces, 10))
 	}
 	for i := range o.responses {
-		if i < o.drains {
+		switch {
+		case i < o.drains:
 			n += header(version+draining, typeURL)
-		} else {
+		case i == 0 && o.pipelined:
+			n += header(version+pipelined, typeURL)
+		default:
 			n += header(version, typeURL)
 		}
 	}
