@@ -223,10 +223,6 @@ func (st *sotw) version(v snapshot.View, ts *sotwType) string {
 	return version
 }
 
-// pipelined marks the version of a by-name response sent while an earlier
-// one of its type was unanswered.
-const pipelined = "-pipelined"
-
 // answer takes the proxy's answer to the pending response. On a NACK the
 // proxy keeps its last good configuration; the rejected version is not sent
 // again, only a newer one will be, with the rejected by-name resources.
@@ -534,9 +530,6 @@ func makeBeforeBreak(final *response, s *subscription) *response {
 	}
 	return &response{t: final.t, version: final.version + draining, otherVersion: final.otherVersion, set: final.set, res: union, full: true}
 }
-
-// draining marks the version of a make-before-break response.
-const draining = "-draining"
 
 func (st *sotw) send(r *response) error {
 	ts := st.types[r.t]
