@@ -55,15 +55,17 @@ func (st *stream) asked(s *subscription, added, removed []string, wildcardBefore
 	}
 }
 
-// rejected records a NACK of the response of version whose names are now
-// owed, and reports it with the proxy's error detail and what the rejection
-// held back, here and in the other protocol. Beyond the stream's NACK pace
+// rejected records a NACK of the response of nonce and version, which
+// carried resources and whose names are now owed, and reports it with the
+// proxy's error detail and what the rejection held back, here and (as the
+// pricer says) in the other protocol. Beyond the stream's NACK pace
 // the rejection is still taken (the stream goes on as the protocol says)
 // but only counted: a proxy rejects once per response, so a stream
 // rejecting faster is a loop or an attack, and its text must not drive
 // status writes and Events.
-func (st *stream) rejected(s *subscription, version, detail string, owed map[string]string, held feedback.HeldBack) {
+func (st *stream) rejected(s *subscription, nonce, version, detail string, owed map[string]string, resources int) {
 	st.answers++
+	held := feedback.HeldBack{Resources: resources, OtherResources: st.price.answered(s.t, nonce)}
 	maps.Copy(s.owed, owed)
 	s.rejecting = true
 	if !st.nacks.Allow() {
@@ -73,10 +75,12 @@ func (st *stream) rejected(s *subscription, version, detail string, owed map[str
 	st.srv.fb.NACKed(st.key, st.id, s.t.URL(), version, detail, held)
 }
 
-// accepted records an ACK of version. Rejected resources not yet sent again
+// accepted records an ACK of the response of nonce ("" for none: a claim
+// taken as answered) at version. Rejected resources not yet sent again
 // keep the proxy short of the scope: it stays counted as rejecting.
-func (st *stream) accepted(s *subscription, version string) {
+func (st *stream) accepted(s *subscription, nonce, version string) {
 	st.answers++
+	st.price.answered(s.t, nonce)
 	s.rejecting = len(s.owed) > 0
 	st.srv.fb.ACK(st.key, st.id, s.t.URL(), version, !s.rejecting)
 }
@@ -87,4 +91,14 @@ func (st *stream) reportSynced(settled func() bool) {
 	if settled() {
 		st.srv.fb.AtVersion(st.key, st.id, st.ver, st.revTime)
 	}
+}
+
+// sent tells the feedback what a response cost, on the wire (bytes; 0 for
+// a change the protocol sends nothing for) and in the other protocol, and
+// has the pricer remember the response of nonce until it is answered.
+func (st *stream) sent(r *response, nonce string, bytes int) {
+	st.srv.fb.Sent(st.key, st.protocol, r.t.URL(), feedback.Push{
+		Resources: len(r.res), Bytes: bytes, Connect: r.connect,
+		OtherBytes: st.price.sent(r, nonce),
+	})
 }

@@ -6,33 +6,42 @@ import (
 	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
-// response is one planned response of either protocol.
+// response is one type's part of a push, or the answer to a request: the
+// change the stream owes its proxy (the resources it lacks, res, and those
+// it must drop, removed), as the protocol frames it (version, full). A
+// protocol may frame a change as nothing at all (SotW, for a by-name
+// type's removals, which the proxy makes itself).
 type response struct {
 	t       xdstype.Type
 	version string
-	// otherVersion is the version the other protocol's response would
-	// carry (SotW responses only: delta's system_version_info is the
-	// type's version, a by-name SotW response's is not).
-	otherVersion string
+	// typeVersion is the type's version in the view the response was
+	// planned from, whatever version the protocol frames it with.
+	typeVersion string
 	// set is the type's resources in the view the response was planned
 	// from: what a full set holds, and what the stream settles on after.
 	set snapshot.TypeSet
 	res []*snapshot.Resource
-	// removed names resources the proxy must drop: sent in delta; in SotW
-	// only priced, as what a delta response would have removed.
+	// removed names resources the proxy must drop.
 	removed []string
 	// full marks a SotW full-state response, which replaces what the proxy holds.
 	full bool
-	// connect marks the stream's first response of the type.
-	connect bool
-	// silent marks a change the other protocol would send and this one
-	// does not (a by-name removal in SotW): it is priced, never sent.
-	silent bool
-	// other prices the response in the other protocol, once priced is
-	// set: delta prices SotW while planning, inside the scope's view; SotW
-	// prices delta when sending, from what the proxy held before.
+	// connect marks the stream's first response of the type; claimed, one
+	// answering a proxy that claims, as it connects, to hold what the scope
+	// serves (for a SotW full-state type nothing is sent then).
+	connect, claimed bool
+	// other is the response in the other protocol, which only the stream's
+	// pricer reads and writes (price.go); priced is set once it is.
 	other  otherResponse
 	priced bool
+}
+
+// removesOnly reports whether the change only removes resources.
+func (r *response) removesOnly() bool { return len(r.res) == 0 && len(r.removed) > 0 }
+
+// only is the changes of a request's answer: r, of one type.
+func only(r *response) (changes [xdstype.Count]*response) {
+	changes[r.t] = r
+	return changes
 }
 
 // eachChange calls fn once for every name of the type that may differ for
@@ -117,3 +126,10 @@ func sendAll[R any](st *stream, resps []R, send func(R) error, settled func() bo
 	st.reportSynced(settled)
 	return nil
 }
+
+// draining marks the version of a make-before-break response.
+const draining = "-draining"
+
+// pipelined marks the version of a by-name response sent while an earlier
+// one of its type was unanswered.
+const pipelined = "-pipelined"

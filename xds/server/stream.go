@@ -35,10 +35,9 @@ type stream struct {
 	revTime time.Time
 	wake    <-chan struct{}
 	nonce   uint64
-	// otherNonce counts the responses the other protocol would have sent
-	// on this stream, whose nonces its headers are priced with: delta sends
-	// one more when a stream connects to a VHDS scope.
-	otherNonce uint64
+	// protocol is the stream's; price frames what it sends in the other.
+	protocol model.Protocol
+	price    pricer
 	// nacks paces the rejections the stream gets reported (rejected).
 	nacks *rate.Limiter
 	// spec is the spec the stream last looked at; ends fires when a
@@ -180,7 +179,7 @@ func serve[Req request](s *Server, p model.Protocol, srv interface {
 	}
 	loc := s.locate(id, first.GetNode())
 	st := &stream{srv: s, key: key, sc: sc, at: loc, id: s.fb.Connect(key, kept(first.GetNode()), p, peerOf(ctx), id.String(), loc), grpc: isGRPC(first.GetNode()),
-		nacks: rate.NewLimiter(rate.Limit(s.opts.NACKsPerSecond), s.opts.NACKBurst)}
+		nacks: rate.NewLimiter(rate.Limit(s.opts.NACKsPerSecond), s.opts.NACKBurst), protocol: p, price: newPricer(p)}
 	defer s.fb.Disconnect(key, st.id)
 	st.read(func(v snapshot.View) { st.caughtUp(v); st.watchTransition(v, p) })
 	h := open(st)

@@ -215,6 +215,26 @@ func (s *subscription) settle(set snapshot.TypeSet) {
 	}
 }
 
+// addName adds name to a by-name subscription, keeping its digest, and
+// reports whether it was not there.
+func (s *subscription) addName(name string) bool {
+	if !s.names.add(name) {
+		return false
+	}
+	s.namesDigest ^= snapshot.NameDigest(name)
+	return true
+}
+
+// removeName removes name from a by-name subscription, keeping its
+// digest, and reports whether it was there.
+func (s *subscription) removeName(name string) bool {
+	if !s.names.remove(name) {
+		return false
+	}
+	s.namesDigest ^= snapshot.NameDigest(name)
+	return true
+}
+
 func (s *subscription) subscribed(name string) bool {
 	if s.wildcard {
 		return true
