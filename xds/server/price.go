@@ -5,12 +5,13 @@ import (
 	"strconv"
 	"strings"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/scopeplane/scopeplane/xds/cost"
 	"github.com/scopeplane/scopeplane/xds/model"
 	"github.com/scopeplane/scopeplane/xds/snapshot"
 	"github.com/scopeplane/scopeplane/xds/translate"
 	"github.com/scopeplane/scopeplane/xds/xdstype"
-	"google.golang.org/protobuf/proto"
 )
 
 // pricer frames what a stream sends for the other protocol, from sizes, so
@@ -180,10 +181,13 @@ func (p *sotwPricing) planned(v snapshot.View, _ uint64, subs [xdstype.Count]*su
 			removesLater = true
 		}
 	}
-	p.parts = make(map[xdstype.Type]parts, len(changes))
+	p.parts = nil
 	for t, r := range changes {
 		if r == nil {
 			continue
+		}
+		if p.parts == nil {
+			p.parts = map[xdstype.Type]parts{}
 		}
 		pt := parts{adds: r.other, hasAdds: len(r.res) > 0, hasRms: len(r.removed) > 0}
 		if removesLater && r.t.Info().RemovedLast && len(r.removed) > 0 && r.t.FullState() {
