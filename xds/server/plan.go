@@ -21,8 +21,10 @@ type response struct {
 	// from: what a full set holds, and what the stream settles on after.
 	set snapshot.TypeSet
 	res []*snapshot.Resource
-	// removed names resources the proxy must drop.
-	removed []string
+	// removed names resources the proxy must drop; missing, names the
+	// proxy just subscribed to that the scope does not serve (a protocol
+	// may announce them, so that the proxy does not wait for them).
+	removed, missing []string
 	// full marks a SotW full-state response, which replaces what the proxy holds.
 	full bool
 	// connect marks the stream's first response of the type; claimed, one

@@ -366,8 +366,13 @@ func priceDelta(ts *subscription, r *response) otherResponse {
 			o.resources++
 		}
 	}
-	removed := len(r.removed)
+	removed := len(r.removed) + len(r.missing)
 	for _, name := range r.removed {
+		o.entries += cost.Removed(name)
+	}
+	for _, name := range r.missing {
+		// Delta announces a name subscribed explicitly that is not
+		// served, so that the proxy does not wait for it.
 		o.entries += cost.Removed(name)
 	}
 	if r.full {

@@ -245,3 +245,39 @@ func TestPricedSotWEmptyByNameVersion(t *testing.T) {
 	}
 	p.same("the last Service removed", before, [2]int64{2, 2})
 }
+
+// TestPricedDeltaAnnouncesMissingNames checks that a SotW scope prices the
+// delta response to a proxy subscribing by name to an assignment the scope
+// does not serve with its announcement: delta sends the name as removed,
+// so that the proxy does not wait for it, where SotW sends nothing of it.
+func TestPricedDeltaAnnouncesMissingNames(t *testing.T) {
+	p := startPricedPair(t, testkit.Service("default", "a", "10.0.0.1"))
+	cds, eds := xdstype.Cluster.URL(), xdstype.Endpoint.URL()
+	p.sendSotW(&discoveryv3.DiscoveryRequest{TypeUrl: cds})
+	p.ackSotW(p.recvSotW())
+	p.sendDelta(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: cds})
+	p.ackDelta(p.recvDelta())
+	p.totals(1, 1)
+
+	names := []string{"default/a:80", "default/none:80"}
+	before := p.mark()
+	p.sendSotW(&discoveryv3.DiscoveryRequest{TypeUrl: eds, ResourceNames: names})
+	first := p.recvSotW()
+	p.ackSotW(first, names...)
+	p.sendDelta(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: eds, ResourceNamesSubscribe: names})
+	if resp := p.recvDelta(); len(resp.GetRemovedResources()) != 1 {
+		t.Fatalf("delta did not announce the missing assignment: %v", resp)
+	} else {
+		p.ackDelta(resp)
+	}
+	p.same("a subscription naming a missing assignment", before, [2]int64{1, 1})
+
+	// One more missing name, on a stream that has the first.
+	names = append(names, "default/gone:80")
+	before = p.mark()
+	p.ackSotW(first, names...)
+	p.recvSotW()
+	p.sendDelta(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: eds, ResourceNamesSubscribe: []string{"default/gone:80"}})
+	p.recvDelta()
+	p.same("another missing assignment subscribed", before, [2]int64{1, 1})
+}

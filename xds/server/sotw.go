@@ -101,7 +101,7 @@ func (st *sotw) handle(req *sotwRequest) error {
 	// unless it still holds the version it claimed on this stream.
 	stillHolds := ts.adopted && clean && claimed == ts.version
 	awaiting := nonce == "" && !stillHolds
-	changed, err := st.resubscribe(ts, req)
+	changed, added, err := st.resubscribe(ts, req)
 	if err != nil {
 		return err
 	}
@@ -124,6 +124,11 @@ func (st *sotw) handle(req *sotwRequest) error {
 			// An assignment or route configuration claimed at the
 			// served version is sent all the same (see adopt).
 			resp.connect, resp.claimed = awaiting, served
+			for _, name := range added {
+				if v.Get(t, name) == nil {
+					resp.missing = append(resp.missing, name)
+				}
+			}
 		}
 		if resp != nil {
 			st.price.planned(v, st.rev, st.subscriptions(), only(resp), false)
@@ -222,22 +227,22 @@ func (st *sotw) answer(ts *sotwType, detail string, nack bool) {
 }
 
 // resubscribe makes the subscription what the request's names state and
-// reports whether it changed. Most requests are ACKs repeating the
+// reports whether it changed, and the names it added. Most requests are ACKs repeating the
 // subscription: that is checked on the encoded names, without decoding
 // them, and a list in another order without building anything. A subscription
 // beyond what the scope serves (plus the allowed extra) ends the stream.
-func (st *sotw) resubscribe(ts *sotwType, req *sotwRequest) (bool, error) {
+func (st *sotw) resubscribe(ts *sotwType, req *sotwRequest) (bool, []string, error) {
 	if ts.requested && req.names == ts.lastNames && req.digest == ts.lastDigest {
-		return false, nil // the list the last request named, byte for byte
+		return false, nil, nil // the list the last request named, byte for byte
 	}
 	requested, err := req.resourceNames()
 	if err != nil {
 		st.srv.fb.Refuse(model.Key{}, RefusedMalformed)
-		return false, status.Errorf(codes.InvalidArgument, "malformed request: %v", err)
+		return false, nil, status.Errorf(codes.InvalidArgument, "malformed request: %v", err)
 	}
 	ts.lastNames, ts.lastDigest = req.names, req.digest
 	if ts.requested && sameSubscription(requested, ts) {
-		return false, nil
+		return false, nil, nil
 	}
 	wildcard, names := false, make(map[string]struct{}, len(requested))
 	for _, n := range requested {
@@ -248,13 +253,13 @@ func (st *sotw) resubscribe(ts *sotwType, req *sotwRequest) (bool, error) {
 		}
 	}
 	if err := st.checkSubscribed(ts.t, len(names)); err != nil {
-		return false, err
+		return false, nil, err
 	}
 	if len(names) == 0 && (!ts.requested || ts.wildcard) {
 		wildcard = true // legacy wildcard: an empty first request, kept while empty
 	}
 	if ts.requested && wildcard == ts.wildcard && sameNames(names, &ts.names) {
-		return false, nil
+		return false, nil, nil
 	}
 	var added, removed []string
 	for n := range names {
@@ -289,7 +294,7 @@ func (st *sotw) resubscribe(ts *sotwType, req *sotwRequest) (bool, error) {
 			}
 		}
 	}
-	return true, nil
+	return true, added, nil
 }
 
 // sameNames reports whether names are the set's.
