@@ -7,10 +7,7 @@ import (
 	"sync"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/peer"
-	"google.golang.org/grpc/status"
 
 	"github.com/scopeplane/scopeplane/xds/model"
 	"github.com/scopeplane/scopeplane/xds/peerrate"
@@ -237,35 +234,4 @@ func (cs *conns) close(ctx context.Context) {
 	if c != nil {
 		_ = c.Close()
 	}
-}
-
-// sendWithin sends m on g, or gives up once the send timeout passed: gRPC's
-// Send blocks while the stream's HTTP/2 flow control has no room, which is
-// for as long as the proxy does not read what it was sent before. It then
-// closes the stream's connection (freeing what the transport buffers for
-// it) and returns the status that ends the stream. The Send goroutine
-// returns once the stream is done, which ending the handler makes it.
-func (st *stream) sendWithin(g grpc.ServerStream, m any) error {
-	sent := make(chan error, 1)
-	go func() { sent <- g.SendMsg(m) }()
-	timeout := time.NewTimer(st.srv.opts.SendTimeout)
-	defer timeout.Stop()
-	select {
-	case err := <-sent:
-		return err
-	case <-timeout.C:
-	}
-	return st.slowReader(g.Context(), "the next one waited %s for room in the stream")
-}
-
-// slowReader ends a stream whose proxy does not read or answer what it was
-// sent, saying how (a format taking the send timeout), and closes its
-// connection. The status cannot reach a proxy that does not read (it would
-// queue behind what the proxy left unread); it stays for the server's own
-// accounting, gRPC's handled-streams metric.
-func (st *stream) slowReader(ctx context.Context, how string) error {
-	st.srv.fb.Refuse(st.key, RefusedSlowReader)
-	st.srv.conns.close(ctx)
-	return status.Errorf(codes.DeadlineExceeded,
-		"the proxy did not read the responses sent to it: "+how+" (--xds-send-timeout); the stream and its connection are closed", st.srv.opts.SendTimeout)
 }

@@ -1,15 +1,12 @@
 package server
 
 import (
-	"cmp"
 	"slices"
 	"strconv"
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/grpc"
 
-	"github.com/scopeplane/scopeplane/xds/cost"
-	"github.com/scopeplane/scopeplane/xds/feedback"
 	"github.com/scopeplane/scopeplane/xds/model"
 	"github.com/scopeplane/scopeplane/xds/snapshot"
 	"github.com/scopeplane/scopeplane/xds/xdstype"
@@ -32,9 +29,6 @@ type deltaType struct {
 type inflight struct {
 	version string
 	undo    map[string]*snapshot.Resource
-	// other is how many resources the SotW response would have carried:
-	// what a rejection holds back there.
-	other int
 }
 
 // maxInflight bounds the unanswered responses remembered per type. The
@@ -84,7 +78,7 @@ func (st *delta) handle(req *discoveryv3.DeltaDiscoveryRequest) error {
 	}
 	var resp *response
 	st.read(func(v snapshot.View) {
-		resp = &response{t: t, version: v.TypeVersion(t), set: v.Set(t)}
+		resp = &response{t: t, version: v.TypeVersion(t), typeVersion: v.TypeVersion(t), set: v.Set(t)}
 		if newlyWildcard {
 			// Every served name, once each: a candidate it serves is
 			// among them, so only the others are left to consider.
@@ -104,7 +98,7 @@ func (st *delta) handle(req *discoveryv3.DeltaDiscoveryRequest) error {
 			st.diff(v, ts, name, resp, ts.names.has(name))
 		}
 		resp.connect = first
-		resp.other, resp.priced = priceSotW(v, ts, resp, first), true
+		st.price.planned(v, st.rev, st.subscriptions(), only(resp), false)
 	})
 	if len(resp.res) > 0 || len(resp.removed) > 0 || first {
 		return sendAll(st.stream, []*response{resp}, st.send, st.settled)
@@ -124,7 +118,7 @@ func (st *delta) answer(ts *deltaType, nonce, detail string, nack bool) {
 	delete(ts.inflight, nonce)
 	ts.undoing -= len(in.undo)
 	if !nack {
-		st.accepted(&ts.subscription, in.version)
+		st.accepted(&ts.subscription, nonce, in.version)
 		return
 	}
 	owed := make(map[string]string, len(in.undo))
@@ -135,7 +129,7 @@ func (st *delta) answer(ts *deltaType, nonce, detail string, nack bool) {
 		}
 		ts.hold(name, prev)
 	}
-	st.rejected(&ts.subscription, in.version, detail, owed, feedback.HeldBack{Resources: len(in.undo), OtherResources: in.other})
+	st.rejected(&ts.subscription, nonce, in.version, detail, owed, len(in.undo))
 }
 
 // resubscribe applies a request's subscription changes and, on the first
@@ -161,7 +155,7 @@ func (st *delta) resubscribe(ts *deltaType, req *discoveryv3.DeltaDiscoveryReque
 			ts.wildcard = true
 			continue
 		}
-		if ts.names.add(n) {
+		if ts.addName(n) {
 			candidates = append(candidates, n)
 			added = append(added, n)
 		}
@@ -171,7 +165,7 @@ func (st *delta) resubscribe(ts *deltaType, req *discoveryv3.DeltaDiscoveryReque
 			ts.wildcard = false
 			continue
 		}
-		if ts.names.remove(n) {
+		if ts.removeName(n) {
 			removed = append(removed, n)
 		}
 	}
@@ -272,54 +266,27 @@ func (st *delta) plan(v snapshot.View) []*response {
 		if ts == nil {
 			continue
 		}
-		resp := &response{t: ts.t, version: v.TypeVersion(ts.t), set: v.Set(ts.t)}
+		resp := &response{t: ts.t, version: v.TypeVersion(ts.t), typeVersion: v.TypeVersion(ts.t), set: v.Set(ts.t)}
 		once := ts.eachChange(v, st.rev, func(name string) { st.diff(v, ts, name, resp, false) })
 		if (len(resp.res) > 0 || len(resp.removed) > 0) && !ts.rejectedAgain(resp.res, resp.removed) {
 			ts.sendOwed(once)
-			resp.other, resp.priced = priceSotW(v, ts, resp, false), true
 			byType[t] = resp
 		} else {
 			ts.settle(resp.set)
 		}
 	}
-	if rc, vh := byType[xdstype.Route], byType[xdstype.VirtualHost]; rc != nil && vh != nil && rc.other.responses > 0 {
-		if _, vhds := envoyMode(v); vhds {
-			// The route configuration SotW would send carries the virtual
-			// hosts: priced once, there.
-			vh.other = otherResponse{}
-		}
-	}
-	removesLater := false
-	for _, r := range byType {
-		if r != nil && !r.t.Info().RemovedLast {
-			removesLater = true
-		}
-	}
-	// Each type's change is split into its upserts and its removals, each
-	// priced as the SotW responses that would have carried it.
+	st.price.planned(v, st.rev, st.subscriptions(), byType, true)
+	// Each type's change is split into its upserts and its removals.
 	var adds, rms [xdstype.Count]*response
 	for _, r := range byType {
 		if r == nil {
 			continue
 		}
-		addOther, rmOther := r.other, otherResponse{}
-		if removesLater && r.t.Info().RemovedLast && len(r.removed) > 0 && r.t.FullState() {
-			// Make before break: SotW first sends the full set with the
-			// departing resources still in, and drops them only in a
-			// second, final set after the listeners and routes.
-			rmOther = r.other
-			addOther.entries += departing(st.types[r.t], r.removed)
-			addOther.drains = 1
-		}
 		if len(r.res) > 0 {
-			adds[r.t] = &response{t: r.t, version: r.version, set: r.set, res: r.res, other: addOther, priced: true}
-		} else {
-			rmOther = sumOther(rmOther, addOther)
+			adds[r.t] = &response{t: r.t, version: r.version, typeVersion: r.typeVersion, set: r.set, res: r.res}
 		}
 		if len(r.removed) > 0 {
-			rms[r.t] = &response{t: r.t, version: r.version, set: r.set, removed: r.removed, other: rmOther, priced: true}
-		} else if adds[r.t] != nil {
-			adds[r.t].other = sumOther(addOther, rmOther)
+			rms[r.t] = &response{t: r.t, version: r.version, typeVersion: r.typeVersion, set: r.set, removed: r.removed}
 		}
 	}
 	// Upserts go in ADS order, a cluster before its endpoints and both
@@ -342,7 +309,6 @@ func (st *delta) plan(v snapshot.View) []*response {
 		}
 		if n := len(seq); n > 0 && seq[n-1].t == r.t {
 			seq[n-1].removed = r.removed
-			seq[n-1].other = sumOther(seq[n-1].other, r.other)
 			continue
 		}
 		seq = append(seq, r)
@@ -350,24 +316,19 @@ func (st *delta) plan(v snapshot.View) []*response {
 	return seq
 }
 
-// sumOther is the SotW responses that carry both parts a and b of one
-// type's change. Both count the resources of the same final set, so the
-// proxy would hold those once, not twice.
-func sumOther(a, b otherResponse) otherResponse {
-	o := otherResponse{
-		entries: a.entries + b.entries, resources: max(a.resources, b.resources),
-		responses: a.responses + b.responses, drains: a.drains + b.drains,
-		typeURL: a.typeURL, version: a.version,
-		vhds: a.vhds + b.vhds, vhdsVersion: cmp.Or(a.vhdsVersion, b.vhdsVersion),
+// subscriptions is every type's subscription, nil where none.
+func (st *delta) subscriptions() (subs [xdstype.Count]*subscription) {
+	for t, ts := range st.types {
+		if ts != nil {
+			subs[t] = &ts.subscription
+		}
 	}
-	if o.typeURL == "" {
-		o.typeURL, o.version = b.typeURL, b.version
-	}
-	return o
+	return subs
 }
 
 func (st *delta) send(r *response) error {
 	ts := st.types[r.t]
+	st.price.sending(&ts.subscription, r)
 	st.nonce++
 	nonce := strconv.FormatUint(st.nonce, 10)
 	slices.Sort(r.removed)
@@ -391,118 +352,12 @@ func (st *delta) send(r *response) error {
 		// than grow without bound (the send timeout ends the stream).
 		clear(ts.inflight)
 		ts.undoing = 0
+		st.price.forgot(r.t)
 	}
-	ts.inflight[nonce] = inflight{version: r.version, undo: undo, other: r.other.resources}
+	ts.inflight[nonce] = inflight{version: r.version, undo: undo}
 	ts.undoing += len(undo)
-	st.srv.fb.Sent(st.key, model.Delta, r.t.URL(), feedback.Push{
-		Resources: len(r.res), Bytes: resp.size, Connect: r.connect,
-		OtherBytes: r.other.price(r.version, r.t.URL(), &st.otherNonce),
-	})
+	st.sent(r, nonce, resp.size)
 	return nil
-}
-
-// priceSotW is the SotW response that would have carried the same change
-// to the proxy: the whole subscribed set of a full-state type whenever it
-// changed, the changed resources of a by-name type (for a removal only the
-// empty response that follows the unsubscription: SotW drops those with
-// their parent), and every subscribed resource when
-// the stream connects (all), unless the proxy declared exactly what is
-// served of a full-state type: SotW resends the world to a proxy whose
-// version_info is not the served one, and the assignments and route
-// configurations whatever it names (see sotw.adopt).
-func priceSotW(v snapshot.View, ts *deltaType, r *response, all bool) otherResponse {
-	if all && ts.t.FullState() && len(r.res) == 0 && len(r.removed) == 0 && ts.heldCount() > 0 {
-		// A reconnect declaring exactly what is served: a SotW proxy
-		// holding the same names the served version and is sent nothing.
-		return otherResponse{}
-	}
-	if _, vhds := envoyMode(v); vhds {
-		switch ts.t {
-		case xdstype.VirtualHost:
-			// SotW carries the virtual hosts inline, so any change of them
-			// resends the whole route configuration, and a stream's first
-			// route configuration already held them all.
-			if all || (len(r.res) == 0 && len(r.removed) == 0) {
-				return otherResponse{}
-			}
-			name := ""
-			if len(r.res) > 0 {
-				name = routeOf(r.res[0].Name)
-			} else {
-				name = routeOf(r.removed[0])
-			}
-			return otherResponse{entries: cost.SotWEntry(v.InlineRouteSize(name)), resources: 1, responses: 1,
-				typeURL: xdstype.Route.URL(), version: v.TypeVersion(xdstype.Route)}
-		case xdstype.Route:
-			// SotW's route configuration carries the virtual hosts.
-			o := otherResponse{responses: 1}
-			price := func(name string) {
-				o.entries += cost.SotWEntry(v.InlineRouteSize(name))
-				o.resources++
-			}
-			switch {
-			case !all:
-				for _, res := range r.res {
-					price(res.Name)
-				}
-				if o.resources == 0 {
-					o.responses = 0
-				}
-			case ts.wildcard:
-				v.All(ts.t, func(res *snapshot.Resource) { price(res.Name) })
-			default:
-				ts.names.all(func(name string) {
-					if v.Get(ts.t, name) != nil {
-						price(name)
-					}
-				})
-			}
-			return o
-		}
-	}
-	if ts.t.FullState() || all {
-		o := otherResponse{responses: 1}
-		if ts.wildcard {
-			o.entries, o.resources = v.SotWBytes(ts.t), v.Len(ts.t)
-			return o
-		}
-		ts.names.all(func(name string) {
-			if res := v.Get(ts.t, name); res != nil {
-				o.entries += cost.SotWEntry(res.Size)
-				o.resources++
-			}
-		})
-		return o
-	}
-	var o otherResponse
-	for _, res := range r.res {
-		o.entries += cost.SotWEntry(res.Size)
-		o.resources++
-	}
-	if o.resources > 0 {
-		o.responses = 1
-	}
-	if len(r.removed) > 0 {
-		// SotW sends no removal, but a by-name proxy (as Envoy subscribes
-		// to assignments and routes) unsubscribes from what its clusters
-		// or listeners stopped naming, and is then sent an empty response
-		// that moves its version to the new names. (A wildcard SotW proxy
-		// gets that empty response only when nothing else changed.)
-		o.responses++
-	}
-	return o
-}
-
-// departing is what the resources a removal takes away, as the proxy holds
-// them, add to a SotW response.
-func departing(ts *deltaType, removed []string) int {
-	n := 0
-	for _, name := range removed {
-		if h := ts.heldRes(name); h != nil {
-			n += cost.SotWEntry(h.Size)
-		}
-	}
-	return n
 }
 
 // busy reports whether a response is unanswered.

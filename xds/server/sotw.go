@@ -7,13 +7,9 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
 
-	"github.com/scopeplane/scopeplane/xds/cost"
-	"github.com/scopeplane/scopeplane/xds/feedback"
 	"github.com/scopeplane/scopeplane/xds/model"
 	"github.com/scopeplane/scopeplane/xds/snapshot"
-	"github.com/scopeplane/scopeplane/xds/translate"
 	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
@@ -31,17 +27,11 @@ type sotwType struct {
 	// owed again if it is rejected (by-name types only: a full-state type
 	// is resent whole).
 	last []*snapshot.Resource
-	// lastOther is how many resources the delta response that last one
-	// stands for would have carried: what a rejection holds back there.
-	lastOther int
 	// before is the full set of a full-state type the proxy held before
 	// the last response replaced it, kept until the proxy answers: a
 	// rejecting proxy keeps that set, so it becomes held again, and the
-	// next response is priced and made-before-broken from it.
+	// next response is planned and made-before-broken from it.
 	before *holding
-	// namesDigest is the digest of the by-name subscription (the XOR of
-	// snapshot.NameDigest over ts.names), which its versions cover.
-	namesDigest uint64
 	// adopted is set while the proxy holds, by its own claim on this
 	// stream's first request of the type, the version ts.version names,
 	// without a response having been sent: a later request without a
@@ -111,7 +101,7 @@ func (st *sotw) handle(req *sotwRequest) error {
 	// unless it still holds the version it claimed on this stream.
 	stillHolds := ts.adopted && clean && claimed == ts.version
 	awaiting := nonce == "" && !stillHolds
-	changed, err := st.resubscribe(ts, req)
+	changed, added, err := st.resubscribe(ts, req)
 	if err != nil {
 		return err
 	}
@@ -125,35 +115,31 @@ func (st *sotw) handle(req *sotwRequest) error {
 	var (
 		resp    *response
 		adopted bool
-		other   int
 	)
 	st.read(func(v snapshot.View) {
 		served := awaiting && clean && !ts.pending && claimed != "" && claimed == st.version(v, ts)
 		if served && t.FullState() {
-			other = st.adopt(v, ts, claimed)
-			adopted = true
-			return
-		}
-		if resp = st.respond(v, ts, awaiting); resp != nil && awaiting {
-			resp.connect = true
-		}
-		switch {
-		case resp != nil && served:
+			resp, adopted = st.adopt(v, ts, claimed), true
+		} else if resp = st.respond(v, ts, awaiting); resp != nil {
 			// An assignment or route configuration claimed at the
-			// served version is sent all the same (see adopt); a delta
-			// proxy declares what it holds, all of it at that version,
-			// and would be sent what adopt prices.
-			resp.other, resp.priced = claimPrice(v, t), true
-		case resp != nil && t == xdstype.Route && deltaVHDS(v):
-			resp.other, resp.priced = st.priceVHDS(v, resp), true
+			// served version is sent all the same (see adopt).
+			resp.connect, resp.claimed = awaiting, served
+			for _, name := range added {
+				if v.Get(t, name) == nil {
+					resp.missing = append(resp.missing, name)
+				}
+			}
+		}
+		if resp != nil {
+			st.price.planned(v, st.rev, st.subscriptions(), only(resp), false)
 		}
 	})
 	if adopted {
 		// Nothing is sent, and nothing costs: the proxy holds the current
-		// set. A delta proxy declaring it would have been sent one empty
-		// response, which is what the other protocol is priced at.
-		st.srv.fb.Sent(st.key, model.SotW, t.URL(), feedback.Push{Connect: true, OtherBytes: other})
-		st.accepted(&ts.subscription, claimed)
+		// set.
+		st.price.sending(&ts.subscription, resp)
+		st.sent(resp, "", 0)
+		st.accepted(&ts.subscription, "", claimed)
 		st.reportSynced(st.settled)
 		return nil
 	}
@@ -171,8 +157,7 @@ func (st *sotw) handle(req *sotwRequest) error {
 // type replaces all the proxy holds of it, so the claim proves it holds
 // exactly what that response would carry. The stream records that set as
 // held and the version as answered, as if it had sent and the proxy had
-// ACKed it, and returns what the delta response to the same proxy,
-// declaring the same resources, would have cost: an empty response.
+// ACKed it, and returns the response it stands for, which is not sent.
 //
 // A claim of an assignment or route configuration proves no such thing,
 // and is answered with every subscribed resource: those responses carry
@@ -183,24 +168,12 @@ func (st *sotw) handle(req *sotwRequest) error {
 // cluster returned but before its assignment did, names the served version
 // over the same names and lacks the assignment; sent nothing, its cluster
 // would wait for it until the assignment next changed.
-func (st *sotw) adopt(v snapshot.View, ts *sotwType, version string) int {
+func (st *sotw) adopt(v snapshot.View, ts *sotwType, version string) *response {
 	t := ts.t
 	ts.holdSet(v.Set(t))
-	ts.version, ts.pending, ts.adopted, ts.last, ts.before, ts.lastOther = version, false, true, nil, nil, 0
+	ts.version, ts.pending, ts.adopted, ts.last, ts.before = version, false, true, nil, nil
 	clear(ts.owed)
-	return claimPrice(v, t).price(v.TypeVersion(t), t.URL(), &st.otherNonce)
-}
-
-// claimPrice is what delta sends a proxy of type t that declares, on a new
-// stream, exactly what is served: one empty response of the type (and,
-// for route configurations fetching their virtual hosts by VHDS, one of
-// those). Pricing it takes their nonces, so later prices stay in step.
-func claimPrice(v snapshot.View, t xdstype.Type) otherResponse {
-	o := otherResponse{responses: 1}
-	if t == xdstype.Route && deltaVHDS(v) {
-		o.vhds, o.vhdsVersion = 1, v.TypeVersion(xdstype.VirtualHost)
-	}
-	return o
+	return &response{t: t, version: version, typeVersion: v.TypeVersion(t), set: v.Set(t), connect: true, claimed: true}
 }
 
 // version is the version_info of a response to ts from v: the type's
@@ -226,10 +199,6 @@ func (st *sotw) version(v snapshot.View, ts *sotwType) string {
 	return version
 }
 
-// pipelined marks the version of a by-name response sent while an earlier
-// one of its type was unanswered.
-const pipelined = "-pipelined"
-
 // answer takes the proxy's answer to the pending response. On a NACK the
 // proxy keeps its last good configuration; the rejected version is not sent
 // again, only a newer one will be, with the rejected by-name resources.
@@ -239,7 +208,7 @@ func (st *sotw) answer(ts *sotwType, detail string, nack bool) {
 	ts.before = nil
 	if !nack {
 		ts.last = nil
-		st.accepted(&ts.subscription, ts.version)
+		st.accepted(&ts.subscription, ts.nonce, ts.version)
 		return
 	}
 	if before != nil {
@@ -254,26 +223,26 @@ func (st *sotw) answer(ts *sotwType, detail string, nack bool) {
 			}
 		}
 	}
-	st.rejected(&ts.subscription, ts.version, detail, owed, feedback.HeldBack{Resources: len(ts.last), OtherResources: ts.lastOther})
+	st.rejected(&ts.subscription, ts.nonce, ts.version, detail, owed, len(ts.last))
 }
 
 // resubscribe makes the subscription what the request's names state and
-// reports whether it changed. Most requests are ACKs repeating the
+// reports whether it changed, and the names it added. Most requests are ACKs repeating the
 // subscription: that is checked on the encoded names, without decoding
 // them, and a list in another order without building anything. A subscription
 // beyond what the scope serves (plus the allowed extra) ends the stream.
-func (st *sotw) resubscribe(ts *sotwType, req *sotwRequest) (bool, error) {
+func (st *sotw) resubscribe(ts *sotwType, req *sotwRequest) (bool, []string, error) {
 	if ts.requested && req.names == ts.lastNames && req.digest == ts.lastDigest {
-		return false, nil // the list the last request named, byte for byte
+		return false, nil, nil // the list the last request named, byte for byte
 	}
 	requested, err := req.resourceNames()
 	if err != nil {
 		st.srv.fb.Refuse(model.Key{}, RefusedMalformed)
-		return false, status.Errorf(codes.InvalidArgument, "malformed request: %v", err)
+		return false, nil, status.Errorf(codes.InvalidArgument, "malformed request: %v", err)
 	}
 	ts.lastNames, ts.lastDigest = req.names, req.digest
 	if ts.requested && sameSubscription(requested, ts) {
-		return false, nil
+		return false, nil, nil
 	}
 	wildcard, names := false, make(map[string]struct{}, len(requested))
 	for _, n := range requested {
@@ -284,13 +253,13 @@ func (st *sotw) resubscribe(ts *sotwType, req *sotwRequest) (bool, error) {
 		}
 	}
 	if err := st.checkSubscribed(ts.t, len(names)); err != nil {
-		return false, err
+		return false, nil, err
 	}
 	if len(names) == 0 && (!ts.requested || ts.wildcard) {
 		wildcard = true // legacy wildcard: an empty first request, kept while empty
 	}
 	if ts.requested && wildcard == ts.wildcard && sameNames(names, &ts.names) {
-		return false, nil
+		return false, nil, nil
 	}
 	var added, removed []string
 	for n := range names {
@@ -325,7 +294,7 @@ func (st *sotw) resubscribe(ts *sotwType, req *sotwRequest) (bool, error) {
 			}
 		}
 	}
-	return true, nil
+	return true, added, nil
 }
 
 // sameNames reports whether names are the set's.
@@ -367,7 +336,7 @@ func (st *sotw) respond(v snapshot.View, ts *sotwType, force bool) *response {
 	// version when it reconnects, and is sent nothing again.
 	version := st.version(v, ts)
 	if len(res) > 0 || force || (!ts.pending && ts.version != version) {
-		return &response{t: t, version: version, otherVersion: v.TypeVersion(t), set: v.Set(t), res: res}
+		return &response{t: t, version: version, typeVersion: v.TypeVersion(t), set: v.Set(t), res: res}
 	}
 	return nil
 }
@@ -399,7 +368,7 @@ func (st *sotw) fullResponse(v snapshot.View, ts *sotwType, force bool) *respons
 			return nil
 		}
 	}
-	return &response{t: t, version: st.version(v, ts), otherVersion: v.TypeVersion(t), set: v.Set(t), res: res, full: true}
+	return &response{t: t, version: st.version(v, ts), typeVersion: v.TypeVersion(t), set: v.Set(t), res: res, full: true}
 }
 
 // push sends what changed in the scope since the stream last looked, in ADS
@@ -407,13 +376,12 @@ func (st *sotw) fullResponse(v snapshot.View, ts *sotwType, force bool) *respons
 // routes change, the clusters are first sent with the departing ones still
 // in, and removed only after the listeners and routes stopped using them.
 //
-// That is also children first, as delta orders removals: in SotW only
-// Clusters and Listeners are removed, by omission from their full sets;
-// an assignment or route configuration is never removed by a message (the
-// proxy drops it with the cluster or listener that named it), so no
-// response can remove a child after its parent. Listeners and routes are
-// sent before the clusters' final set, so nothing still names a cluster
-// when it goes.
+// That is also children first: in SotW only Clusters and Listeners are
+// removed, by omission from their full sets; an assignment or route
+// configuration is never removed by a message (the proxy drops it with the
+// cluster or listener that named it), so no response can remove a child
+// after its parent. Listeners and routes are sent before the clusters'
+// final set, so nothing still names a cluster when it goes.
 func (st *sotw) push() error {
 	resps, err := catchUp(st.stream, model.SotW, st.plan)
 	if err != nil {
@@ -433,15 +401,11 @@ func (st *sotw) plan(v snapshot.View) []*response {
 			ts.settle(v.Set(ts.t))
 		}
 	}
-	if r := byType[xdstype.Route]; r != nil && !r.silent {
-		if deltaVHDS(v) {
-			r.other, r.priced = st.priceVHDS(v, r), true
-		}
-	}
+	st.price.planned(v, st.rev, st.subscriptions(), byType, true)
 	var out, late []*response
 	removesLater := false
 	for _, r := range byType {
-		if r != nil && !r.silent && len(r.res) > 0 && !r.t.Info().RemovedLast {
+		if r != nil && len(r.res) > 0 && !r.t.Info().RemovedLast {
 			removesLater = true
 		}
 	}
@@ -450,7 +414,7 @@ func (st *sotw) plan(v snapshot.View) []*response {
 		if r == nil {
 			continue
 		}
-		if !r.full && !r.silent && len(r.res) == 0 {
+		if !r.full && !st.unsent(r) && len(r.res) == 0 {
 			moves = append(moves, r) // only a version move: after the rest
 			continue
 		}
@@ -503,12 +467,13 @@ func (st *sotw) changes(v snapshot.View, ts *sotwType) *response {
 	})
 	if len(res) == 0 {
 		if len(gone) > 0 {
-			// SotW drops these with their cluster or listener; delta
-			// would have sent the removal. A by-name proxy unsubscribes
-			// from them next, and that moves its version (respond); a
-			// wildcard one is sent an empty response that moves it, so
-			// that it names the served version when it reconnects.
-			return &response{t: t, version: st.version(v, ts), otherVersion: v.TypeVersion(t), set: v.Set(t), removed: gone, silent: !ts.wildcard}
+			// The proxy drops these with their cluster or listener, and
+			// is sent nothing for them (unsent). A by-name proxy
+			// unsubscribes from them next, and that moves its version
+			// (respond); a wildcard one is sent an empty response that
+			// moves it, so that it names the served version when it
+			// reconnects.
+			return &response{t: t, version: st.version(v, ts), typeVersion: v.TypeVersion(t), set: v.Set(t), removed: gone}
 		}
 		return nil
 	}
@@ -516,7 +481,7 @@ func (st *sotw) changes(v snapshot.View, ts *sotwType) *response {
 		return nil
 	}
 	ts.sendOwed(once)
-	return &response{t: t, version: st.version(v, ts), otherVersion: v.TypeVersion(t), set: v.Set(t), res: res, removed: gone}
+	return &response{t: t, version: st.version(v, ts), typeVersion: v.TypeVersion(t), set: v.Set(t), res: res, removed: gone}
 }
 
 // makeBeforeBreak returns a full-state response that keeps the held
@@ -535,25 +500,32 @@ func makeBeforeBreak(final *response, s *subscription) *response {
 	if len(union) == len(final.res) {
 		return nil
 	}
-	return &response{t: final.t, version: final.version + draining, otherVersion: final.otherVersion, set: final.set, res: union, full: true}
+	return &response{t: final.t, version: final.version + draining, typeVersion: final.typeVersion, set: final.set, res: union, full: true}
 }
 
-// draining marks the version of a make-before-break response.
-const draining = "-draining"
+// unsent reports whether SotW frames r as nothing: a by-name type's
+// removals, which the proxy makes itself when it drops the cluster or
+// listener that named them.
+func (st *sotw) unsent(r *response) bool {
+	return r.removesOnly() && !st.types[r.t].wildcard
+}
+
+// subscriptions is every type's subscription, nil where none.
+func (st *sotw) subscriptions() (subs [xdstype.Count]*subscription) {
+	for t, ts := range st.types {
+		if ts != nil {
+			subs[t] = &ts.subscription
+		}
+	}
+	return subs
+}
 
 func (st *sotw) send(r *response) error {
 	ts := st.types[r.t]
-	if !r.priced {
-		r.other = priceDelta(ts, r)
-	}
-	// The delta response would have had the type's version, not a
-	// by-name subscription's or a make-before-break step's.
-	otherVersion := r.otherVersion
-	if r.silent {
+	st.price.sending(&ts.subscription, r)
+	if st.unsent(r) {
 		ts.settle(r.set)
-		st.srv.fb.Sent(st.key, model.SotW, r.t.URL(), feedback.Push{
-			OtherBytes: r.other.price(otherVersion, r.t.URL(), &st.otherNonce),
-		})
+		st.sent(r, "", 0)
 		return nil
 	}
 	st.nonce++
@@ -566,7 +538,7 @@ func (st *sotw) send(r *response) error {
 	if err := st.sendWithin(st.grpc, resp); err != nil {
 		return err
 	}
-	ts.nonce, ts.version, ts.pending, ts.last, ts.lastOther, ts.adopted = nonce, r.version, true, r.res, r.other.resources, false
+	ts.nonce, ts.version, ts.pending, ts.last, ts.adopted = nonce, r.version, true, r.res, false
 	if r.full {
 		before := ts.held
 		ts.before = &before
@@ -574,96 +546,8 @@ func (st *sotw) send(r *response) error {
 	}
 	ts.sentAll(r.res, r.set)
 	ts.settle(r.set)
-	st.srv.fb.Sent(st.key, model.SotW, r.t.URL(), feedback.Push{
-		Resources: len(r.res), Bytes: resp.size, Connect: r.connect,
-		OtherBytes: r.other.price(otherVersion, r.t.URL(), &st.otherNonce),
-	})
+	st.sent(r, nonce, resp.size)
 	return nil
-}
-
-// priceDelta is the delta response that would have brought the proxy what
-// r brings, from what the stream knows it holds before r: the resources it
-// lacks, and the removals of what a full set drops or a by-name change
-// removed. A delta proxy answers a first request even when nothing differs.
-func priceDelta(ts *sotwType, r *response) otherResponse {
-	var o otherResponse
-	for _, res := range r.res {
-		if !ts.holds(res) {
-			o.entries += cost.DeltaEntry(res.Name, res.Version, res.Size)
-			o.resources++
-		}
-	}
-	removed := len(r.removed)
-	for _, name := range r.removed {
-		o.entries += cost.Removed(name)
-	}
-	if r.full {
-		keep := make(map[string]struct{}, len(r.res))
-		for _, res := range r.res {
-			keep[res.Name] = struct{}{}
-		}
-		ts.eachHeld(func(h *snapshot.Resource) {
-			if _, ok := keep[h.Name]; !ok {
-				o.entries += cost.Removed(h.Name)
-				removed++
-			}
-		})
-	}
-	if o.resources > 0 || removed > 0 || r.connect {
-		o.responses = 1
-	}
-	return o
-}
-
-// priceVHDS is the delta response that would have brought the proxy what
-// r, an Envoy-mode scope's inline route configuration, brings, where delta
-// fetches the virtual hosts by VHDS (deltaVHDS). On a stream's
-// first one that is the route configuration naming VHDS as its source and
-// then a response of every virtual host; after, only the virtual hosts that
-// changed since the stream last looked, and the removals of those gone (an
-// upper bound, every virtual host, when the scope's log no longer reaches
-// back that far).
-func (st *sotw) priceVHDS(v snapshot.View, r *response) otherResponse {
-	vhVersion := v.TypeVersion(xdstype.VirtualHost)
-	if r.connect {
-		o := otherResponse{responses: 1, vhds: 1, vhdsVersion: vhVersion}
-		for _, rc := range r.res {
-			value, err := proto.MarshalOptions{Deterministic: true}.Marshal(translate.VHDSRouteConfig(rc.Name))
-			if err != nil {
-				continue // names are valid UTF-8: cannot happen
-			}
-			o.entries += cost.DeltaEntry(rc.Name, snapshot.ContentVersion(value), snapshot.NewResource(xdstype.Route, rc.Name, "", value).Size)
-			o.resources++
-		}
-		v.All(xdstype.VirtualHost, func(vh *snapshot.Resource) {
-			o.entries += cost.DeltaEntry(vh.Name, vh.Version, vh.Size)
-			o.resources++
-		})
-		return o
-	}
-	o := otherResponse{typeURL: xdstype.VirtualHost.URL(), version: vhVersion}
-	removed := 0
-	seen := map[string]struct{}{}
-	add := func(name string) {
-		if _, dup := seen[name]; dup {
-			return
-		}
-		seen[name] = struct{}{}
-		if vh := v.Get(xdstype.VirtualHost, name); vh != nil {
-			o.entries += cost.DeltaEntry(vh.Name, vh.Version, vh.Size)
-			o.resources++
-		} else {
-			o.entries += cost.Removed(name)
-			removed++
-		}
-	}
-	if !v.ChangedSince(st.rev, xdstype.VirtualHost, add) {
-		v.All(xdstype.VirtualHost, func(vh *snapshot.Resource) { add(vh.Name) })
-	}
-	if o.resources > 0 || removed > 0 {
-		o.responses = 1
-	}
-	return o
 }
 
 // settled reports whether every response was answered and none rejected.

@@ -1,16 +1,7 @@
 package server
 
 import (
-	"maps"
-	"strconv"
-	"strings"
-
-	"github.com/scopeplane/scopeplane/xds/cost"
-	"github.com/scopeplane/scopeplane/xds/feedback"
-	"github.com/scopeplane/scopeplane/xds/metrics"
-	"github.com/scopeplane/scopeplane/xds/model"
 	"github.com/scopeplane/scopeplane/xds/snapshot"
-	"github.com/scopeplane/scopeplane/xds/translate"
 	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
@@ -24,6 +15,9 @@ type subscription struct {
 	requested bool
 	wildcard  bool
 	names     nameSet
+	// namesDigest is the digest of the by-name subscription (the XOR of
+	// snapshot.NameDigest over names), which a SotW by-name version covers.
+	namesDigest uint64
 	// held is what the proxy holds from this stream, as far as the server
 	// knows: for a SotW full-state type the last full set sent (the set
 	// before it again once the proxy rejected it); otherwise
@@ -221,6 +215,26 @@ func (s *subscription) settle(set snapshot.TypeSet) {
 	}
 }
 
+// addName adds name to a by-name subscription, keeping its digest, and
+// reports whether it was not there.
+func (s *subscription) addName(name string) bool {
+	if !s.names.add(name) {
+		return false
+	}
+	s.namesDigest ^= snapshot.NameDigest(name)
+	return true
+}
+
+// removeName removes name from a by-name subscription, keeping its
+// digest, and reports whether it was there.
+func (s *subscription) removeName(name string) bool {
+	if !s.names.remove(name) {
+		return false
+	}
+	s.namesDigest ^= snapshot.NameDigest(name)
+	return true
+}
+
 func (s *subscription) subscribed(name string) bool {
 	if s.wildcard {
 		return true
@@ -247,51 +261,6 @@ func (s *subscription) forgetUnsubscribed() {
 		if !s.subscribed(name) {
 			delete(s.owed, name)
 		}
-	}
-}
-
-// asked tells the feedback how a subscription changed, for the client
-// status service and the usage of the scope's Services: the names added
-// and removed, and whether it went to or from a wildcard.
-func (st *stream) asked(s *subscription, added, removed []string, wildcardBefore bool) {
-	t, wildcardAfter := s.t, s.wildcard
-	if len(added) == 0 && len(removed) == 0 && wildcardBefore == wildcardAfter {
-		return
-	}
-	st.srv.fb.Subscribed(st.key, st.id, t.URL(), s.names.frozen(), wildcardAfter)
-	// Only names the scope serves count: the usage of a Service outlives
-	// the stream by the cost window, and made-up names (a client
-	// reconnecting with new ones at the pacing rate) must not grow it. The
-	// check is made when the subscription changes: a name the proxy named
-	// before the scope served it is not counted (its later removal may
-	// uncount the Service early), and one the scope stopped serving before
-	// the proxy dropped it stays counted until the stream ends. Both are
-	// rare for Envoy, which names what the scope announced, and neither
-	// holds more than the scope served.
-	var asked, dropped []model.Key
-	st.read(func(v snapshot.View) {
-		services := func(list []string) (out []model.Key) {
-			for _, n := range list {
-				if v.Get(t, n) == nil {
-					continue
-				}
-				if svc, ok := translate.ServiceOf(t, n); ok {
-					out = append(out, svc)
-				}
-			}
-			return out
-		}
-		asked, dropped = services(added), services(removed)
-	})
-	wildcard := 0
-	switch {
-	case wildcardAfter && !wildcardBefore:
-		wildcard = 1
-	case wildcardBefore && !wildcardAfter:
-		wildcard = -1
-	}
-	if len(asked) > 0 || len(dropped) > 0 || wildcard != 0 {
-		st.srv.fb.Asks(st.key, st.id, asked, dropped, wildcard)
 	}
 }
 
@@ -340,240 +309,4 @@ func (s *subscription) covers(res []*snapshot.Resource, set snapshot.TypeSet) bo
 		}
 	}
 	return true
-}
-
-// rejected records a NACK of the response of version whose names are now
-// owed, and reports it with the proxy's error detail and what the rejection
-// held back, here and in the other protocol. Beyond the stream's NACK pace
-// the rejection is still taken (the stream goes on as the protocol says)
-// but only counted: a proxy rejects once per response, so a stream
-// rejecting faster is a loop or an attack, and its text must not drive
-// status writes and Events.
-func (st *stream) rejected(s *subscription, version, detail string, owed map[string]string, held feedback.HeldBack) {
-	st.answers++
-	maps.Copy(s.owed, owed)
-	s.rejecting = true
-	if !st.nacks.Allow() {
-		metrics.NACKsPaced.WithLabelValues(st.key.String()).Inc()
-		return
-	}
-	st.srv.fb.NACKed(st.key, st.id, s.t.URL(), version, detail, held)
-}
-
-// accepted records an ACK of version. Rejected resources not yet sent again
-// keep the proxy short of the scope: it stays counted as rejecting.
-func (st *stream) accepted(s *subscription, version string) {
-	st.answers++
-	s.rejecting = len(s.owed) > 0
-	st.srv.fb.ACK(st.key, st.id, s.t.URL(), version, !s.rejecting)
-}
-
-// eachChange calls fn once for every name of the type that may differ for
-// the stream since it caught up: the names the scope's change log lists, or
-// every name held or served when the log no longer reaches back. It returns
-// the deduplicated fn, for the owed names that follow (sendOwed).
-func (s *subscription) eachChange(v snapshot.View, since uint64, fn func(name string)) (once func(name string)) {
-	seen := map[string]struct{}{}
-	once = func(name string) {
-		if _, dup := seen[name]; !dup {
-			seen[name] = struct{}{}
-			fn(name)
-		}
-	}
-	if !v.ChangedSince(since, s.t, once) {
-		s.eachHeld(func(r *snapshot.Resource) { once(r.Name) })
-		v.All(s.t, func(r *snapshot.Resource) { once(r.Name) })
-	}
-	return once
-}
-
-// rejectedAgain reports whether a planned change (res upserted, removed
-// dropped) is only what the proxy rejected and was owed since, unchanged:
-// every name owed, each at the version it was rejected at. Sending it
-// would have the proxy reject the same thing again, so it is not a change.
-// A planned change reaches owed names unchanged when a scope change lists
-// them without changing them (a zone-priority switch, for a proxy in no
-// zone) or the scope's change log no longer reaches back and every name is
-// compared.
-func (s *subscription) rejectedAgain(res []*snapshot.Resource, removed []string) bool {
-	if len(res) == 0 && len(removed) == 0 {
-		return false
-	}
-	for _, r := range res {
-		if v, ok := s.owed[r.Name]; !ok || v != r.Version {
-			return false
-		}
-	}
-	for _, name := range removed {
-		if v, ok := s.owed[name]; !ok || v != "" {
-			return false
-		}
-	}
-	return true
-}
-
-// sendOwed hands the owed names to once when a push sends the type anyway.
-func (s *subscription) sendOwed(once func(name string)) {
-	for name := range s.owed {
-		once(name)
-	}
-	clear(s.owed)
-}
-
-// response is one planned response of either protocol.
-type response struct {
-	t       xdstype.Type
-	version string
-	// otherVersion is the version the other protocol's response would
-	// carry (SotW responses only: delta's system_version_info is the
-	// type's version, a by-name SotW response's is not).
-	otherVersion string
-	// set is the type's resources in the view the response was planned
-	// from: what a full set holds, and what the stream settles on after.
-	set snapshot.TypeSet
-	res []*snapshot.Resource
-	// removed names resources the proxy must drop: sent in delta; in SotW
-	// only priced, as what a delta response would have removed.
-	removed []string
-	// full marks a SotW full-state response, which replaces what the proxy holds.
-	full bool
-	// connect marks the stream's first response of the type.
-	connect bool
-	// silent marks a change the other protocol would send and this one
-	// does not (a by-name removal in SotW): it is priced, never sent.
-	silent bool
-	// other prices the response in the other protocol, once priced is
-	// set: delta prices SotW while planning, inside the scope's view; SotW
-	// prices delta when sending, from what the proxy held before.
-	other  otherResponse
-	priced bool
-}
-
-// otherResponse is what the other protocol would have sent for a
-// response: the bytes its resources and removals add, how many resources,
-// and in how many responses (0: it would have sent nothing).
-type otherResponse struct {
-	entries   int
-	resources int
-	responses int
-	// drains counts the responses among them that SotW sends as a
-	// make-before-break step, whose version carries the draining suffix.
-	drains int
-	// typeURL and version, when set, head the responses instead of this
-	// response's type and version: the other protocol carries the change
-	// as another type (an Envoy-mode scope's virtual hosts are VHDS
-	// resources in delta, inline in the route configuration in SotW).
-	typeURL, version string
-	// vhds counts further responses of virtual hosts at vhdsVersion: where
-	// SotW sends an inline route configuration when a stream connects,
-	// delta sends the route configuration and then its virtual hosts.
-	vhds        int
-	vhdsVersion string
-}
-
-// price is the other protocol's responses in bytes, each with the header
-// this response's version and type would have had there, and the nonce the
-// other protocol's stream would have numbered it with, counted in *nonces.
-func (o otherResponse) price(version, typeURL string, nonces *uint64) int {
-	if o.typeURL != "" {
-		typeURL, version = o.typeURL, o.version
-	}
-	n := o.entries
-	header := func(version, typeURL string) int {
-		*nonces++
-		return cost.Header(version, typeURL, strconv.FormatUint(*nonces, 10))
-	}
-	for i := range o.responses {
-		if i < o.drains {
-			n += header(version+draining, typeURL)
-		} else {
-			n += header(version, typeURL)
-		}
-	}
-	for range o.vhds {
-		n += header(o.vhdsVersion, xdstype.VirtualHost.URL())
-	}
-	return n
-}
-
-// deltaVHDS reports whether the scope's Delta proxies fetch (or, for a SotW
-// scope, would fetch) its virtual hosts by VHDS: what a SotW stream prices
-// the other protocol's route configurations with. Otherwise Delta carries
-// them inline, as SotW does.
-func deltaVHDS(v snapshot.View) bool {
-	spec := v.Spec()
-	return spec != nil && spec.Listener.Mode == model.ListenerEnvoy && spec.Listener.VHDS
-}
-
-// envoyMode reports whether the view's scope is in Envoy mode, whose
-// virtual hosts are VirtualHost resources in both protocols (see
-// translate.VHDS), and whether its route configuration fetches them by
-// VHDS rather than carrying them inline.
-func envoyMode(v snapshot.View) (envoy, vhds bool) {
-	spec := v.Spec()
-	if spec == nil || spec.Listener.Mode != model.ListenerEnvoy {
-		return false, false
-	}
-	return true, translate.VHDS(spec)
-}
-
-// routeOf is the route configuration a VHDS resource belongs to: its name
-// before the last slash.
-func routeOf(virtualHost string) string {
-	if i := strings.LastIndexByte(virtualHost, '/'); i >= 0 {
-		return virtualHost[:i]
-	}
-	return virtualHost
-}
-
-// requestedType resolves a request's type URL and checks its name count.
-func (st *stream) requestedType(url string, names int) (xdstype.Type, error) {
-	t, ok := xdstype.ByURL(url)
-	if !ok {
-		return 0, unknownType(url)
-	}
-	if names > st.srv.opts.MaxNamesPerRequest {
-		st.srv.fb.Refuse(st.key, RefusedTooManyNames)
-		return 0, tooManyNames(names, st.srv.opts.MaxNamesPerRequest)
-	}
-	return t, nil
-}
-
-// catchUp reads the scope once: it ends the stream when the scope no
-// longer serves protocol p, else plans the responses that bring the proxy
-// to the current revision and marks the stream caught up with it.
-func catchUp[R any](st *stream, p model.Protocol, plan func(v snapshot.View) []R) ([]R, error) {
-	var (
-		out []R
-		err error
-	)
-	st.read(func(v snapshot.View) {
-		if err = st.stillServes(v, p); err != nil {
-			return
-		}
-		st.watchTransition(v, p)
-		out = plan(v)
-		st.caughtUp(v)
-	})
-	return out, err
-}
-
-// sendAll sends planned responses in order and then reports whether the
-// proxy is in sync.
-func sendAll[R any](st *stream, resps []R, send func(R) error, settled func() bool) error {
-	for _, r := range resps {
-		if err := send(r); err != nil {
-			return err
-		}
-	}
-	st.reportSynced(settled)
-	return nil
-}
-
-// reportSynced tells feedback the proxy is at the stream's scope version
-// once every response was answered and none was rejected (settled).
-func (st *stream) reportSynced(settled func() bool) {
-	if settled() {
-		st.srv.fb.AtVersion(st.key, st.id, st.ver, st.revTime)
-	}
 }
