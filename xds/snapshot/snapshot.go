@@ -116,6 +116,16 @@ type typeState struct {
 	inlineBytes int
 }
 
+// count adds (sign 1) or takes out (sign -1) one resource's share of the
+// type's digest, SotW bytes and inline bytes. It is the one place the three
+// are kept, so that they always describe the same resources: a resource is
+// counted when it enters res and taken out when it leaves or is replaced.
+func (ts *typeState) count(r *Resource, sign int) {
+	ts.digest ^= nameDigest(r.Name, r.Version)
+	ts.sotwBytes += sign * cost.SotWEntry(r.Size)
+	ts.inlineBytes += sign * inlineEntry(r.Body.GetValue())
+}
+
 // inlineEntry is what one resource of value bytes adds to a message that
 // carries it inline as field 2.
 func inlineEntry(value []byte) int {
