@@ -275,7 +275,7 @@ func (st *stream) asked(s *subscription, added, removed []string, wildcardBefore
 				if v.Get(t, n) == nil {
 					continue
 				}
-				if svc, ok := translate.ServiceOf(t, n); ok {
+				if svc, ok := v.Get(t, n).Service(); ok {
 					out = append(out, svc)
 				}
 			}

@@ -19,7 +19,6 @@ import (
 	"github.com/scopeplane/scopeplane/xds/keyset"
 	"github.com/scopeplane/scopeplane/xds/metrics"
 	"github.com/scopeplane/scopeplane/xds/model"
-	"github.com/scopeplane/scopeplane/xds/translate"
 	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
@@ -150,11 +149,13 @@ func (b *Builder) apply(updates []catalog.Update, observed time.Time) {
 }
 
 // marshalled is a resource marshalled for the scope, before it is
-// versioned: its name, its encoded value and that value's hash.
+// versioned: its name, its encoded value and that value's hash, and the
+// Service port it was translated from (nil for the scope's own).
 type marshalled struct {
 	name  string
 	value []byte
 	hash  uint64
+	from  *model.Origin
 }
 
 // applyScope applies one scope's update as one revision, in steps: find the
@@ -225,19 +226,23 @@ func (b *Builder) scopeFor(u *catalog.Update) *Snapshot {
 }
 
 // marshalUpserts marshals the update's upserts as they will be served,
-// and returns apart those that cannot be served (see servable), which are
-// held back.
+// each with its provenance, and returns apart those that cannot be served
+// (see servable), which are held back.
 func marshalUpserts(u *catalog.Update) (upserts [xdstype.Count][]marshalled, bad []Unservable) {
 	for t := range xdstype.Count {
 		for name, msg := range u.Upserted[t] {
+			from := u.From[t][name]
 			value, err := servable(msg)
 			if err != nil {
-				svc, _ := translate.ServiceOf(t, name)
+				var svc model.Key
+				if from != nil {
+					svc = from.Service
+				}
 				bad = append(bad, Unservable{Type: t, Name: name, Service: svc, Reason: cutReason(err.Error())})
 				metrics.UnservableResources.WithLabelValues(t.URL()).Inc()
 				continue
 			}
-			upserts[t] = append(upserts[t], marshalled{name: name, value: value, hash: hash64(value)})
+			upserts[t] = append(upserts[t], marshalled{name: name, value: value, hash: hash64(value), from: from})
 		}
 	}
 	return upserts, bad
@@ -275,16 +280,17 @@ func (s *Snapshot) begin() *revision {
 
 // put stores the resource of type t named name at version, unless the
 // scope already holds that version (then nothing changed for any proxy).
-func (r *revision) put(t xdstype.Type, name string, value []byte, version string) {
+func (r *revision) put(t xdstype.Type, name string, value []byte, version string, from *model.Origin) {
 	ts := &r.s.types[t]
 	old := ts.res.get(name)
-	if old != nil && old.Version == version {
+	if old != nil && old.Version == version && model.SameOrigin(old.From, from) {
 		return
 	}
 	if old != nil {
 		ts.count(old, -1)
 	}
 	res := NewResource(t, name, version, value)
+	res.From = from
 	ts.res = ts.res.set(res)
 	ts.count(res, 1)
 	r.touched[t][name] = struct{}{}
@@ -338,7 +344,7 @@ func (r *revision) upsert(upserts [xdstype.Count][]marshalled) {
 			parent = &r.s.types[info.Parent]
 		}
 		for _, m := range upserts[t] {
-			r.put(t, m.name, m.value, resourceVersion(m.hash, parent, m.name))
+			r.put(t, m.name, m.value, resourceVersion(m.hash, parent, m.name), m.from)
 		}
 		if parent == nil {
 			continue
@@ -349,7 +355,7 @@ func (r *revision) upsert(upserts [xdstype.Count][]marshalled) {
 			}
 			if res := r.s.types[t].res.get(name); res != nil {
 				value := res.Body.GetValue()
-				r.put(t, name, value, resourceVersion(hash64(value), parent, name))
+				r.put(t, name, value, resourceVersion(hash64(value), parent, name), res.From)
 			}
 		}
 	}

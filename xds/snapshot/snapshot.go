@@ -47,6 +47,22 @@ type Resource struct {
 	Wire, Delta mem.Buffer
 	// Size is the encoded size of Body, for pricing responses (package cost).
 	Size int
+	// From is the Service port the resource was translated from, as the
+	// translator said (see model.Origin), shared by every resource of that
+	// port; nil for a scope's own resource, an Envoy-mode listener or route
+	// configuration. The builder sets it; read it through Service.
+	From *model.Origin
+}
+
+// Service is the Service the resource was translated from, and false for a
+// scope's own resource, or for none (r may be nil): the server counts the
+// Services proxies ask for, and the status sums each Service's footprint,
+// by it rather than by parsing names.
+func (r *Resource) Service() (model.Key, bool) {
+	if r == nil || r.From == nil {
+		return model.Key{}, false
+	}
+	return r.From.Service, true
 }
 
 // Field numbers: of a resource's Any in both a SotW DiscoveryResponse
