@@ -45,7 +45,6 @@ import (
 	"github.com/scopeplane/scopeplane/xds/metrics"
 	"github.com/scopeplane/scopeplane/xds/model"
 	"github.com/scopeplane/scopeplane/xds/snapshot"
-	"github.com/scopeplane/scopeplane/xds/translate"
 	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
@@ -144,7 +143,7 @@ func footprint(v snapshot.View) map[model.Key]Footprint {
 	out := map[model.Key]Footprint{}
 	for _, t := range xdstype.All() {
 		v.All(t, func(r *snapshot.Resource) {
-			if svc, ok := translate.ServiceOf(t, r.Name); ok {
+			if svc, ok := r.Service(); ok {
 				f := out[svc]
 				f.Resources++
 				f.Bytes += r.Size

@@ -102,6 +102,11 @@ type Update struct {
 	Reset bool
 	// Upserted holds the resources that were added or changed, by type and name.
 	Upserted Set
+	// From holds the provenance of the upserted resources that have one, by
+	// type and name: the Service port each was translated from, shared and
+	// read-only. A scope's own resources (an Envoy-mode listener and route
+	// configuration) have none.
+	From [xdstype.Count]map[string]*model.Origin
 	// Removed holds the names that left the scope, by type, sorted.
 	Removed [xdstype.Count][]string
 	// Places holds what changed in the views from particular places (see
@@ -159,7 +164,7 @@ type scopeEntry struct {
 	// refused holds the Services the selections match that their
 	// namespaces do not grant to the scope.
 	refused map[model.Key]struct{}
-	res     Set
+	res     [xdstype.Count]map[string]held
 	// changed holds, per type, the names upserted or removed since the last Take.
 	changed [xdstype.Count]map[string]struct{}
 	// places and placeChanged are res and changed of the place views.
@@ -515,7 +520,13 @@ func (c *Catalog) Take() []Update {
 					if u.Upserted[t] == nil {
 						u.Upserted[t] = map[string]proto.Message{}
 					}
-					u.Upserted[t][name] = r
+					u.Upserted[t][name] = r.m
+					if r.from != nil {
+						if u.From[t] == nil {
+							u.From[t] = map[string]*model.Origin{}
+						}
+						u.From[t][name] = r.from
+					}
 				} else {
 					u.Removed[t] = append(u.Removed[t], name)
 				}
@@ -559,7 +570,13 @@ func (c *Catalog) Resources(key model.Key) (Set, bool) {
 	}
 	var out Set
 	for t, byName := range sc.res {
-		out[t] = maps.Clone(byName)
+		if byName == nil {
+			continue
+		}
+		out[t] = make(map[string]proto.Message, len(byName))
+		for name, r := range byName {
+			out[t][name] = r.m
+		}
 	}
 	return out, true
 }

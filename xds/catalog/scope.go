@@ -44,26 +44,35 @@ func endpointCount(t xdstype.Type, r proto.Message) int {
 	return n
 }
 
-// set stores a resource unless an equal one is already stored, so that an
-// unchanged resource keeps its identity and is not reported downstream.
-func (sc *scopeEntry) set(t xdstype.Type, name string, r proto.Message) {
+// held is a stored resource and its provenance (nil for the scope's own).
+type held struct {
+	m    proto.Message
+	from *model.Origin
+}
+
+// set stores a resource translated from the Service port from (nil: the
+// scope's own) unless an equal one of equal provenance is already stored,
+// so that an unchanged resource keeps its identity and is not reported
+// downstream.
+func (sc *scopeEntry) set(t xdstype.Type, name string, r proto.Message, from *model.Origin) {
 	byName := sc.res[t]
 	if byName == nil {
-		byName = map[string]proto.Message{}
+		byName = map[string]held{}
 		sc.res[t] = byName
 	}
-	old, ok := byName[name]
+	prev, ok := byName[name]
+	old := prev.m
 	if translate.EpochTypes(t) && translate.Stamped(sc.scope) {
 		r = sc.stamped(t, name, r, old)
 	}
-	if ok && (old == r || proto.Equal(old, r)) {
+	if ok && (old == r || proto.Equal(old, r)) && model.SameOrigin(prev.from, from) {
 		return
 	}
 	if ok {
 		sc.endpoints -= endpointCount(t, old)
 	}
 	sc.endpoints += endpointCount(t, r)
-	byName[name] = r
+	byName[name] = held{m: r, from: from}
 	sc.mark(t, name)
 }
 
@@ -93,7 +102,7 @@ func (sc *scopeEntry) remove(t xdstype.Type, name string) {
 		return
 	}
 	delete(sc.stampSrc[t], name)
-	sc.endpoints -= endpointCount(t, old)
+	sc.endpoints -= endpointCount(t, old.m)
 	delete(sc.res[t], name)
 	sc.mark(t, name)
 }
@@ -152,7 +161,7 @@ func (sc *scopeEntry) envoyMode() bool { return sc.scope.Listener.Mode == model.
 // putFragment stores the resources a Service owns in this scope, and what
 // proxies at particular places see of them.
 func (sc *scopeEntry) putFragment(f *translate.Fragment) {
-	f.Each(func(t xdstype.Type, m proto.Message) { sc.set(t, t.Info().NameOf(m), m) })
+	f.EachFrom(func(t xdstype.Type, m proto.Message, from *model.Origin) { sc.set(t, t.Info().NameOf(m), m, from) })
 	for _, p := range f.Places {
 		for _, cla := range p.Endpoints {
 			sc.setPlace(p.Place, cla.GetClusterName(), cla)
@@ -246,13 +255,13 @@ func (sc *scopeEntry) fragments() []*translate.Fragment {
 // replaceTypes makes the stored resources of the given types equal to
 // those of all.
 func (sc *scopeEntry) replaceTypes(all *translate.Resources, types ...xdstype.Type) {
-	var want [xdstype.Count]map[string]proto.Message
+	var want [xdstype.Count]map[string]held
 	for _, t := range types {
-		want[t] = map[string]proto.Message{}
+		want[t] = map[string]held{}
 	}
-	all.Each(func(t xdstype.Type, m proto.Message) {
+	all.EachFrom(func(t xdstype.Type, m proto.Message, from *model.Origin) {
 		if want[t] != nil {
-			want[t][t.Info().NameOf(m)] = m
+			want[t][t.Info().NameOf(m)] = held{m: m, from: from}
 		}
 	})
 	for _, t := range types {
@@ -261,8 +270,8 @@ func (sc *scopeEntry) replaceTypes(all *translate.Resources, types ...xdstype.Ty
 				sc.remove(t, name)
 			}
 		}
-		for name, m := range want[t] {
-			sc.set(t, name, m)
+		for name, h := range want[t] {
+			sc.set(t, name, h.m, h.from)
 		}
 	}
 }

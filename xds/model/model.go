@@ -392,6 +392,24 @@ func ClusterName(svc Key, port int32) string {
 	return fmt.Sprintf("%s/%s:%d", svc.Namespace, svc.Name, port)
 }
 
+// Origin is the Service port a resource was translated from: its
+// provenance. The translator sets it, and it travels with the resource
+// through the catalog to the snapshot, so that no later stage reads it back
+// out of the resource's name (a contract on the naming scheme nobody could
+// see). Resources share one Origin per Service port, so that carrying it
+// costs a pointer per resource.
+type Origin struct {
+	Service Key
+	Port    int32
+}
+
+// SameOrigin reports whether a and b (either may be nil, no provenance)
+// name the same Service port. A Service translated again shares nothing
+// with its earlier translation, so provenances are compared by value.
+func SameOrigin(a, b *Origin) bool {
+	return a == b || (a != nil && b != nil && *a == *b)
+}
+
 // Grants is the consent one namespace gives, through its ReferenceGrants, to
 // ProxyScopes of other namespaces to select its Services: by the scope's
 // namespace, the names of the Services granted, or nil for all of them.

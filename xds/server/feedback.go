@@ -7,7 +7,6 @@ import (
 	"github.com/scopeplane/scopeplane/xds/metrics"
 	"github.com/scopeplane/scopeplane/xds/model"
 	"github.com/scopeplane/scopeplane/xds/snapshot"
-	"github.com/scopeplane/scopeplane/xds/translate"
 )
 
 // asked tells the feedback how a subscription changed, for the client
@@ -32,10 +31,7 @@ func (st *stream) asked(s *subscription, added, removed []string, wildcardBefore
 	st.read(func(v snapshot.View) {
 		services := func(list []string) (out []model.Key) {
 			for _, n := range list {
-				if v.Get(t, n) == nil {
-					continue
-				}
-				if svc, ok := translate.ServiceOf(t, n); ok {
+				if svc, ok := v.Get(t, n).Service(); ok {
 					out = append(out, svc)
 				}
 			}

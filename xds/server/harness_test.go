@@ -112,6 +112,15 @@ func (w *world) truthOf(key model.Key, zone string) (truth, error) {
 	return out, nil
 }
 
+// clusterService is the Service an assignment's name says it belongs to,
+// read as a client reads it: "<ns>/<svc>:<port>", then "@<uid>" in
+// ProxylessGRPC mode (model.ClusterName).
+func clusterService(name string) (model.Key, bool) {
+	ns, rest, ok := strings.Cut(name, "/")
+	svc, _, hasPort := strings.Cut(rest, ":")
+	return model.Key{Namespace: ns, Name: svc}, ok && hasPort && ns != "" && svc != ""
+}
+
 // kubeProxyOrder checks the assignments against kube-proxy's rule for
 // endpoint states (KEP-1669), read straight from the Services: an endpoint
 // that neither is ready nor serves gets no traffic, so it is absent; a
@@ -126,7 +135,7 @@ func kubeProxyOrder(services []*model.Service, clas []*endpointv3.ClusterLoadAss
 		byKey[svc.Key] = svc
 	}
 	for _, cla := range clas {
-		key, ok := translate.ServiceOf(xdstype.Endpoint, cla.GetClusterName())
+		key, ok := clusterService(cla.GetClusterName())
 		svc := byKey[key]
 		if !ok || svc == nil {
 			return fmt.Errorf("assignment %s: of no selected Service", cla.GetClusterName())

@@ -16,11 +16,9 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/scopeplane/scopeplane/xds/catalog"
-	"github.com/scopeplane/scopeplane/xds/cost"
 	"github.com/scopeplane/scopeplane/xds/keyset"
 	"github.com/scopeplane/scopeplane/xds/metrics"
 	"github.com/scopeplane/scopeplane/xds/model"
-	"github.com/scopeplane/scopeplane/xds/translate"
 	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
@@ -150,56 +148,27 @@ func (b *Builder) apply(updates []catalog.Update, observed time.Time) {
 	}
 }
 
+// marshalled is a resource marshalled for the scope, before it is
+// versioned: its name, its encoded value and that value's hash, and the
+// Service port it was translated from (nil for the scope's own).
 type marshalled struct {
 	name  string
 	value []byte
 	hash  uint64
+	from  *model.Origin
 }
 
+// applyScope applies one scope's update as one revision, in steps: find the
+// scope (or forget it), marshal the upserts, then under the scope's lock
+// take the spec, remove, upsert, re-version what follows a changed parent,
+// apply the place views, and publish the revision if anything changed.
 func (b *Builder) applyScope(u *catalog.Update, observed time.Time) {
-	b.store.mu.Lock()
-	sc := b.store.scopes[u.Key]
-	if u.Scope == nil {
-		delete(b.store.scopes, u.Key)
-		if u.Resolution.Invalid != "" {
-			// A rejected spec serves nothing, but its resolution is kept
-			// for the status: a scope without a spec, which the server
-			// refuses as it refuses one that does not exist.
-			placeholder := newSnapshot(u.Key)
-			placeholder.resolution = u.Resolution
-			b.store.scopes[u.Key] = placeholder
-		}
-		b.store.mu.Unlock()
-		if sc != nil {
-			sc.mu.Lock()
-			sc.deleted = true
-			sc.wakeLocked()
-			sc.mu.Unlock()
-		}
+	sc := b.scopeFor(u)
+	if sc == nil {
 		return
 	}
-	if sc == nil {
-		sc = newSnapshot(u.Key)
-		b.store.scopes[u.Key] = sc
-	}
-	b.store.mu.Unlock()
-
 	// Marshal outside the scope's lock: streams keep reading meanwhile.
-	var upserts [xdstype.Count][]marshalled
-	var bad []Unservable
-	for t := range xdstype.Count {
-		for name, msg := range u.Upserted[t] {
-			value, err := servable(msg)
-			if err != nil {
-				svc, _ := translate.ServiceOf(t, name)
-				bad = append(bad, Unservable{Type: t, Name: name, Service: svc, Reason: cutReason(err.Error())})
-				metrics.UnservableResources.WithLabelValues(t.URL()).Inc()
-				continue
-			}
-			upserts[t] = append(upserts[t], marshalled{name: name, value: value, hash: hash64(value)})
-		}
-	}
-
+	upserts, bad := marshalUpserts(u)
 	placeUpserts := marshalPlaces(u)
 
 	sc.mu.Lock()
@@ -207,99 +176,206 @@ func (b *Builder) applyScope(u *catalog.Update, observed time.Time) {
 	sc.recordUnservable(u, upserts, bad)
 	names, allNames := placeNames(u)
 	sc.account(names, allNames, -1)
-	specChanged := !reflect.DeepEqual(sc.spec, u.Scope)
-	sc.spec = u.Scope
-	sc.resolution = u.Resolution
-	next := sc.rev + 1
-	var changes []logEntry
-	touched := [xdstype.Count]map[string]struct{}{}
-	for t := range xdstype.Count {
-		touched[t] = map[string]struct{}{}
-	}
-	put := func(t xdstype.Type, name string, value []byte, version string) {
-		ts := &sc.types[t]
-		old := ts.res.get(name)
-		if old != nil && old.Version == version {
-			return
-		}
-		if old != nil {
-			ts.digest ^= nameDigest(name, old.Version)
-			ts.sotwBytes -= cost.SotWEntry(old.Size)
-			ts.inlineBytes -= inlineEntry(old.Body.GetValue())
-		}
-		r := NewResource(t, name, version, value)
-		ts.res = ts.res.set(r)
-		ts.digest ^= nameDigest(name, version)
-		ts.sotwBytes += cost.SotWEntry(r.Size)
-		ts.inlineBytes += inlineEntry(value)
-		touched[t][name] = struct{}{}
-		changes = append(changes, logEntry{rev: next, typ: t, name: name})
-	}
-	remove := func(t xdstype.Type, name string) {
-		ts := &sc.types[t]
-		old := ts.res.get(name)
-		if old == nil {
-			return
-		}
-		ts.digest ^= nameDigest(name, old.Version)
-		ts.sotwBytes -= cost.SotWEntry(old.Size)
-		ts.inlineBytes -= inlineEntry(old.Body.GetValue())
-		ts.res = ts.res.remove(name)
-		changes = append(changes, logEntry{rev: next, typ: t, name: name})
-	}
+	specChanged := sc.takeSpec(u)
+	r := sc.begin()
 	if u.Reset {
-		for t := range xdstype.Count {
-			sc.types[t].res.all(func(r *Resource) {
-				if _, ok := u.Upserted[t][r.Name]; !ok {
-					remove(t, r.Name)
+		r.removeUnlisted(u)
+	}
+	r.removeListed(u)
+	r.upsert(upserts)
+	r.changes = append(r.changes, sc.applyPlaces(u, placeUpserts, r.touched[xdstype.Cluster], r.rev)...)
+	sc.account(names, allNames, 1)
+	if len(r.changes) == 0 && !specChanged {
+		return
+	}
+	sc.publish(r, observed)
+}
+
+// scopeFor returns the scope the update applies to, created if new, or nil
+// when the update deletes or rejects it: then the scope is gone from the
+// store (a rejected one leaves a placeholder that holds its resolution)
+// and its streams are woken to find out.
+func (b *Builder) scopeFor(u *catalog.Update) *Snapshot {
+	b.store.mu.Lock()
+	sc := b.store.scopes[u.Key]
+	if u.Scope != nil {
+		if sc == nil {
+			sc = newSnapshot(u.Key)
+			b.store.scopes[u.Key] = sc
+		}
+		b.store.mu.Unlock()
+		return sc
+	}
+	delete(b.store.scopes, u.Key)
+	if u.Resolution.Invalid != "" {
+		// A rejected spec serves nothing, but its resolution is kept
+		// for the status: a scope without a spec, which the server
+		// refuses as it refuses one that does not exist.
+		placeholder := newSnapshot(u.Key)
+		placeholder.resolution = u.Resolution
+		b.store.scopes[u.Key] = placeholder
+	}
+	b.store.mu.Unlock()
+	if sc != nil {
+		sc.mu.Lock()
+		sc.deleted = true
+		sc.wakeLocked()
+		sc.mu.Unlock()
+	}
+	return nil
+}
+
+// marshalUpserts marshals the update's upserts as they will be served,
+// each with its provenance, and returns apart those that cannot be served
+// (see servable), which are held back.
+func marshalUpserts(u *catalog.Update) (upserts [xdstype.Count][]marshalled, bad []Unservable) {
+	for t := range xdstype.Count {
+		for name, msg := range u.Upserted[t] {
+			from := u.From[t][name]
+			value, err := servable(msg)
+			if err != nil {
+				var svc model.Key
+				if from != nil {
+					svc = from.Service
 				}
-			})
+				bad = append(bad, Unservable{Type: t, Name: name, Service: svc, Reason: cutReason(err.Error())})
+				metrics.UnservableResources.WithLabelValues(t.URL()).Inc()
+				continue
+			}
+			upserts[t] = append(upserts[t], marshalled{name: name, value: value, hash: hash64(value), from: from})
 		}
 	}
+	return upserts, bad
+}
+
+// takeSpec makes the update's spec and resolution the scope's, and reports
+// whether the spec changed: a changed spec is a new revision even when no
+// resource changed, because the server serves the spec too.
+func (s *Snapshot) takeSpec(u *catalog.Update) bool {
+	changed := !reflect.DeepEqual(s.spec, u.Scope)
+	s.spec = u.Scope
+	s.resolution = u.Resolution
+	return changed
+}
+
+// revision is an update being applied to a scope's resources, under its
+// lock: the revision it makes, the names it put per type (whose children
+// of the same name follow them), and the log entries of every name it
+// changed.
+type revision struct {
+	s       *Snapshot
+	rev     uint64
+	touched [xdstype.Count]map[string]struct{}
+	changes []logEntry
+}
+
+// begin starts the scope's next revision.
+func (s *Snapshot) begin() *revision {
+	r := &revision{s: s, rev: s.rev + 1}
+	for t := range xdstype.Count {
+		r.touched[t] = map[string]struct{}{}
+	}
+	return r
+}
+
+// put stores the resource of type t named name at version, unless the
+// scope already holds that version (then nothing changed for any proxy).
+func (r *revision) put(t xdstype.Type, name string, value []byte, version string, from *model.Origin) {
+	ts := &r.s.types[t]
+	old := ts.res.get(name)
+	if old != nil && old.Version == version && model.SameOrigin(old.From, from) {
+		return
+	}
+	if old != nil {
+		ts.count(old, -1)
+	}
+	res := NewResource(t, name, version, value)
+	res.From = from
+	ts.res = ts.res.set(res)
+	ts.count(res, 1)
+	r.touched[t][name] = struct{}{}
+	r.changes = append(r.changes, logEntry{rev: r.rev, typ: t, name: name})
+}
+
+// remove drops the resource of type t named name, if the scope holds it.
+func (r *revision) remove(t xdstype.Type, name string) {
+	ts := &r.s.types[t]
+	old := ts.res.get(name)
+	if old == nil {
+		return
+	}
+	ts.count(old, -1)
+	ts.res = ts.res.remove(name)
+	r.changes = append(r.changes, logEntry{rev: r.rev, typ: t, name: name})
+}
+
+// removeUnlisted drops, for an update that resets the scope, every
+// resource its complete set no longer lists: whatever an earlier scope of
+// that name held.
+func (r *revision) removeUnlisted(u *catalog.Update) {
+	for t := range xdstype.Count {
+		r.s.types[t].res.all(func(res *Resource) {
+			if _, ok := u.Upserted[t][res.Name]; !ok {
+				r.remove(t, res.Name)
+			}
+		})
+	}
+}
+
+// removeListed drops the names the update removed.
+func (r *revision) removeListed(u *catalog.Update) {
 	for t := range xdstype.Count {
 		for _, name := range u.Removed[t] {
-			remove(t, name)
+			r.remove(t, name)
 		}
 	}
+}
+
+// upsert versions and stores the marshalled upserts, type by type in ADS
+// order, so that a type whose version follows its parent (assignments
+// follow clusters) finds the parent already versioned; a resource whose
+// parent this revision changed and it did not is re-versioned (see
+// resourceVersion).
+func (r *revision) upsert(upserts [xdstype.Count][]marshalled) {
 	for t := range xdstype.Count {
 		info := t.Info()
 		var parent *typeState
 		if info.VersionFollowsParent {
-			parent = &sc.types[info.Parent]
+			parent = &r.s.types[info.Parent]
 		}
 		for _, m := range upserts[t] {
-			put(t, m.name, m.value, resourceVersion(m.hash, parent, m.name))
+			r.put(t, m.name, m.value, resourceVersion(m.hash, parent, m.name), m.from)
 		}
 		if parent == nil {
 			continue
 		}
-		// The parent precedes t in ADS order, so it is already versioned:
-		// re-version t's resources whose parent changed and they did not.
-		for name := range touched[info.Parent] {
-			if _, done := touched[t][name]; done {
+		for name := range r.touched[info.Parent] {
+			if _, done := r.touched[t][name]; done {
 				continue
 			}
-			if r := sc.types[t].res.get(name); r != nil {
-				put(t, name, r.Body.GetValue(), resourceVersion(hash64(r.Body.GetValue()), parent, name))
+			if res := r.s.types[t].res.get(name); res != nil {
+				value := res.Body.GetValue()
+				r.put(t, name, value, resourceVersion(hash64(value), parent, name), res.From)
 			}
 		}
 	}
-	changes = append(changes, sc.applyPlaces(u, placeUpserts, touched[xdstype.Cluster], next)...)
-	sc.account(names, allNames, 1)
-	if len(changes) == 0 && !specChanged {
-		return
-	}
-	sc.rev, sc.revTime = next, observed
+}
+
+// publish makes the revision the scope's current one: the versions of
+// every type, place view and of the scope follow its digests, its changes
+// go to the log, and the scope's streams wake to send them.
+func (s *Snapshot) publish(r *revision, observed time.Time) {
+	s.rev, s.revTime = r.rev, observed
 	for t := range xdstype.Count {
-		sc.types[t].version = digestVersion(sc.types[t].digest)
+		s.types[t].version = digestVersion(s.types[t].digest)
 	}
-	for _, ps := range sc.places {
-		ps.version = digestVersion(sc.types[xdstype.Endpoint].digest ^ ps.delta)
+	for _, ps := range s.places {
+		ps.version = digestVersion(s.types[xdstype.Endpoint].digest ^ ps.delta)
 	}
-	sc.version = sc.scopeVersion()
-	sc.log = append(sc.log, changes...)
-	sc.trimLogLocked()
-	sc.wakeLocked()
+	s.version = s.scopeVersion()
+	s.log = append(s.log, r.changes...)
+	s.trimLogLocked()
+	s.wakeLocked()
 }
 
 // servable marshals a resource as it is served, after Envoy's validation

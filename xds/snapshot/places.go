@@ -80,6 +80,17 @@ func (s *Snapshot) account(names map[string]struct{}, all bool, sign int) {
 	}
 }
 
+// placeOrigin is the provenance of a place view's assignment named name:
+// that of the scope-wide assignment of the name, which the view shows as
+// proxies at the place see it (translate.Resources.Places), as the scope
+// holds it or, held back, as the update brings it.
+func (s *Snapshot) placeOrigin(u *catalog.Update, name string) *model.Origin {
+	if r := s.types[xdstype.Endpoint].res.get(name); r != nil {
+		return r.From
+	}
+	return u.From[xdstype.Endpoint][name]
+}
+
 // applyPlaces applies an update's place views, versioned like the
 // scope-wide assignments (following the cluster of the same name), and
 // returns the log entries of the names whose view changed. clusters are the
@@ -139,7 +150,9 @@ func (s *Snapshot) applyPlaces(u *catalog.Update, upserts map[model.Place][]mars
 	for place, ms := range upserts {
 		for _, m := range ms {
 			version := resourceVersion(m.hash, parent, m.name)
-			put(place, m.name, NewResource(xdstype.Endpoint, m.name, version, m.value))
+			r := NewResource(xdstype.Endpoint, m.name, version, m.value)
+			r.From = s.placeOrigin(u, m.name)
+			put(place, m.name, r)
 		}
 	}
 	for name := range clusters {
@@ -152,7 +165,9 @@ func (s *Snapshot) applyPlaces(u *catalog.Update, upserts map[model.Place][]mars
 				continue
 			}
 			value := r.Body.GetValue()
-			put(place, name, NewResource(xdstype.Endpoint, name, resourceVersion(hash64(value), parent, name), value))
+			again := NewResource(xdstype.Endpoint, name, resourceVersion(hash64(value), parent, name), value)
+			again.From = r.From
+			put(place, name, again)
 		}
 	}
 	return changes

@@ -47,6 +47,22 @@ type Resource struct {
 	Wire, Delta mem.Buffer
 	// Size is the encoded size of Body, for pricing responses (package cost).
 	Size int
+	// From is the Service port the resource was translated from, as the
+	// translator said (see model.Origin), shared by every resource of that
+	// port; nil for a scope's own resource, an Envoy-mode listener or route
+	// configuration. The builder sets it; read it through Service.
+	From *model.Origin
+}
+
+// Service is the Service the resource was translated from, and false for a
+// scope's own resource, or for none (r may be nil): the server counts the
+// Services proxies ask for, and the status sums each Service's footprint,
+// by it rather than by parsing names.
+func (r *Resource) Service() (model.Key, bool) {
+	if r == nil || r.From == nil {
+		return model.Key{}, false
+	}
+	return r.From.Service, true
 }
 
 // Field numbers: of a resource's Any in both a SotW DiscoveryResponse
@@ -114,6 +130,16 @@ type typeState struct {
 	// carries them inline as its field 2, as a route configuration carries
 	// virtual hosts.
 	inlineBytes int
+}
+
+// count adds (sign 1) or takes out (sign -1) one resource's share of the
+// type's digest, SotW bytes and inline bytes. It is the one place the three
+// are kept, so that they always describe the same resources: a resource is
+// counted when it enters res and taken out when it leaves or is replaced.
+func (ts *typeState) count(r *Resource, sign int) {
+	ts.digest ^= nameDigest(r.Name, r.Version)
+	ts.sotwBytes += sign * cost.SotWEntry(r.Size)
+	ts.inlineBytes += sign * inlineEntry(r.Body.GetValue())
 }
 
 // inlineEntry is what one resource of value bytes adds to a message that

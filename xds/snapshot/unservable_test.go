@@ -41,9 +41,18 @@ func TestUnservableResourceIsHeldBackAlone(t *testing.T) {
 	edsBefore := testutil.ToFloat64(metrics.UnservableResources.WithLabelValues(xdstype.Endpoint.URL()))
 	cdsBefore := testutil.ToFloat64(metrics.UnservableResources.WithLabelValues(xdstype.Cluster.URL()))
 
+	// The catalog sends each resource's provenance with it, which the
+	// resolution names the Service by.
+	web := func(port int32) *model.Origin {
+		return &model.Origin{Service: model.Key{Namespace: "shop", Name: "web"}, Port: port}
+	}
+	api := &model.Origin{Service: model.Key{Namespace: "shop", Name: "api"}, Port: 80}
 	b.Apply([]catalog.Update{{Key: key, Scope: spec(), Upserted: catalog.Set{
 		xdstype.Cluster:  {"shop/web:81": cluster("shop/web:81", 1), "shop/web:82": cluster("shop/web:82", -1)},
 		xdstype.Endpoint: {"shop/web:80": cla("shop/web:80", "z\xff"), "shop/web:81": cla("shop/web:81", "z1"), "shop/api:80": cla("shop/api:80", "z2")},
+	}, From: [xdstype.Count]map[string]*model.Origin{
+		xdstype.Cluster:  {"shop/web:81": web(81), "shop/web:82": web(82)},
+		xdstype.Endpoint: {"shop/web:80": web(80), "shop/web:81": web(81), "shop/api:80": api},
 	}}})
 	rev, after, _ := read(sc)
 	ep, cl := func(n string) string { return "1/" + n }, func(n string) string { return "0/" + n }

@@ -140,13 +140,15 @@ func httpListener(port int32) *listenerv3.Listener {
 // keys with dots can share) is named by the first domain it kept instead,
 // unique as every kept domain is. Fragments are never modified: each virtual host is
 // a shallow copy under its scope-wide name, sharing the fragment's routes
-// (and domains, unless some were dropped).
+// (and domains, unless some were dropped). It returns, in the same order,
+// the Service port each virtual host was translated from: a renamed one's
+// name no longer says.
 //
 // Kubernetes names have no dots, and then only dot-free domains (the short
 // forms) can be claimed twice, because the number of dots tells the other
 // forms apart; so only those are counted, which keeps this linear and cheap
 // at ten thousand Services. Should any key contain a dot, every domain is.
-func httpVirtualHosts(scope *model.Scope, port int32, fragments []*Fragment) []*routev3.VirtualHost {
+func httpVirtualHosts(scope *model.Scope, port int32, fragments []*Fragment) ([]*routev3.VirtualHost, []*model.Origin) {
 	all := false
 	for _, f := range fragments {
 		if strings.Contains(f.Service.Name, ".") || strings.Contains(f.Service.Namespace, ".") {
@@ -179,10 +181,11 @@ func httpVirtualHosts(scope *model.Scope, port int32, fragments []*Fragment) []*
 
 	prefix := HTTPListenerName(port) + "/"
 	vhosts := make([]*routev3.VirtualHost, 0, n)
+	from := make([]*model.Origin, 0, n)
 	var kept []string
 	for _, f := range fragments {
 		local := f.Service.Namespace == scope.Key.Namespace
-		for _, vh := range f.Hosts {
+		for i, vh := range f.Hosts {
 			kept = kept[:0]
 			for _, d := range vh.GetDomains() {
 				if !counted(d) {
@@ -207,10 +210,15 @@ func httpVirtualHosts(scope *model.Scope, port int32, fragments []*Fragment) []*
 				}
 			}
 			vhosts = append(vhosts, &routev3.VirtualHost{Name: prefix + host, Domains: domains, Routes: vh.GetRoutes()})
+			var o *model.Origin
+			if i < len(f.hostsFrom) {
+				o = f.hostsFrom[i]
+			}
+			from = append(from, o)
 		}
 	}
-	sortByName(vhosts, (*routev3.VirtualHost).GetName)
-	return vhosts
+	sortFrom(vhosts, from, (*routev3.VirtualHost).GetName)
+	return vhosts, from
 }
 
 // httpRouteConfig builds an Envoy-mode scope's one route configuration:

@@ -55,6 +55,8 @@ type Fragment struct {
 	// Hosts holds one VirtualHost per Service port in Envoy mode, sorted by
 	// name, from which AssembleScope builds the scope's virtual hosts.
 	Hosts []*routev3.VirtualHost
+	// hostsFrom is the Service port each of Hosts was translated from.
+	hostsFrom []*model.Origin
 }
 
 // Resources is a set of xDS resources, each type sorted by resource name:
@@ -74,25 +76,39 @@ type Resources struct {
 	// the scope's zone priorities. Each must name an assignment of
 	// Endpoints; Each does not visit them.
 	Places []PlaceEndpoints
+	// from holds, per type and in the order of its list above, the Service
+	// port each resource was translated from (see EachFrom): nil for a
+	// resource that belongs to the scope, not to one Service, and for every
+	// resource past the end of a type's list (Resources built by hand).
+	from [xdstype.Count][]*model.Origin
 }
 
-// Each calls fn for every resource, type by type in ADS order. It is the
-// one place that maps the typed fields to the table of types in xdstype.
+// Each calls fn for every resource, type by type in ADS order.
 func (r *Resources) Each(fn func(t xdstype.Type, m proto.Message)) {
-	for _, m := range r.Clusters {
-		fn(xdstype.Cluster, m)
-	}
-	for _, m := range r.Endpoints {
-		fn(xdstype.Endpoint, m)
-	}
-	for _, m := range r.Listeners {
-		fn(xdstype.Listener, m)
-	}
-	for _, m := range r.Routes {
-		fn(xdstype.Route, m)
-	}
-	for _, m := range r.VirtualHosts {
-		fn(xdstype.VirtualHost, m)
+	r.EachFrom(func(t xdstype.Type, m proto.Message, _ *model.Origin) { fn(t, m) })
+}
+
+// EachFrom is Each with the provenance of every resource: the Service port
+// it was translated from, or nil for a scope's own resource (an Envoy-mode
+// listener or route configuration). The catalog hands it on with the
+// resource, so that the snapshot, the server and the status know which
+// Service a resource belongs to without parsing its name. It is the one
+// place that maps the typed fields to the table of types in xdstype.
+func (r *Resources) EachFrom(fn func(t xdstype.Type, m proto.Message, from *model.Origin)) {
+	eachFrom(xdstype.Cluster, r.Clusters, r.from[xdstype.Cluster], fn)
+	eachFrom(xdstype.Endpoint, r.Endpoints, r.from[xdstype.Endpoint], fn)
+	eachFrom(xdstype.Listener, r.Listeners, r.from[xdstype.Listener], fn)
+	eachFrom(xdstype.Route, r.Routes, r.from[xdstype.Route], fn)
+	eachFrom(xdstype.VirtualHost, r.VirtualHosts, r.from[xdstype.VirtualHost], fn)
+}
+
+func eachFrom[T proto.Message](t xdstype.Type, ms []T, from []*model.Origin, fn func(xdstype.Type, proto.Message, *model.Origin)) {
+	for i, m := range ms {
+		var o *model.Origin
+		if i < len(from) {
+			o = from[i]
+		}
+		fn(t, m, o)
 	}
 }
 
@@ -107,27 +123,45 @@ func Service(svc *model.Service, p Profile) Fragment {
 	mode := p.Mode
 	ports := tcpPorts(svc)
 	out := Fragment{Service: svc.Key}
+	// Every resource of a port shares its Origin; one allocation holds all.
+	origins := make([]model.Origin, len(ports))
+	for i := range ports {
+		origins[i] = model.Origin{Service: svc.Key, Port: ports[i].Port}
+	}
+	from := &out.from
 	out.Clusters = make([]*clusterv3.Cluster, 0, len(ports))
 	for i := range ports {
 		out.Clusters = append(out.Clusters, cluster(svc, &ports[i], mode))
+		from[xdstype.Cluster] = append(from[xdstype.Cluster], &origins[i])
 	}
 	out.Endpoints, out.Places = endpointsFor(svc, ports, p)
+	for i := range out.Endpoints { // one per port, in the order of ports
+		from[xdstype.Endpoint] = append(from[xdstype.Endpoint], &origins[i])
+	}
 	switch mode {
 	case model.ListenerProxylessGRPC:
 		out.Listeners = make([]*listenerv3.Listener, 0, 2*len(ports))
 		out.Routes = make([]*routev3.RouteConfiguration, 0, len(ports))
 		for i := range ports {
-			out.Listeners = append(out.Listeners, apiListeners(svc, ports[i].Port)...)
+			ls := apiListeners(svc, ports[i].Port)
+			out.Listeners = append(out.Listeners, ls...)
+			for range ls {
+				from[xdstype.Listener] = append(from[xdstype.Listener], &origins[i])
+			}
 			out.Routes = append(out.Routes, grpcRouteConfig(svc, ports[i].Port))
+			from[xdstype.Route] = append(from[xdstype.Route], &origins[i])
 		}
 	default:
 		out.Hosts = envoyVirtualHosts(svc.Key, ports)
+		for i := range out.Hosts { // one per port, in the order of ports
+			out.hostsFrom = append(out.hostsFrom, &origins[i])
+		}
 	}
-	sortByName(out.Clusters, (*clusterv3.Cluster).GetName)
-	sortByName(out.Endpoints, (*endpointv3.ClusterLoadAssignment).GetClusterName)
-	sortByName(out.Hosts, (*routev3.VirtualHost).GetName)
-	sortByName(out.Listeners, (*listenerv3.Listener).GetName)
-	sortByName(out.Routes, (*routev3.RouteConfiguration).GetName)
+	sortFrom(out.Clusters, from[xdstype.Cluster], (*clusterv3.Cluster).GetName)
+	sortFrom(out.Endpoints, from[xdstype.Endpoint], (*endpointv3.ClusterLoadAssignment).GetClusterName)
+	sortFrom(out.Hosts, out.hostsFrom, (*routev3.VirtualHost).GetName)
+	sortFrom(out.Listeners, from[xdstype.Listener], (*listenerv3.Listener).GetName)
+	sortFrom(out.Routes, from[xdstype.Route], (*routev3.RouteConfiguration).GetName)
 	return out
 }
 
@@ -156,32 +190,55 @@ func AssembleScope(scope *model.Scope, fragments []*Fragment) Resources {
 		Clusters:  make([]*clusterv3.Cluster, 0, nClusters),
 		Endpoints: make([]*endpointv3.ClusterLoadAssignment, 0, nEndpoints),
 	}
+	from := &out.from
+	from[xdstype.Cluster] = make([]*model.Origin, 0, nClusters)
+	from[xdstype.Endpoint] = make([]*model.Origin, 0, nEndpoints)
 	for _, f := range fragments {
 		out.Clusters = append(out.Clusters, f.Clusters...)
+		from[xdstype.Cluster] = appendFrom(from[xdstype.Cluster], f.from[xdstype.Cluster], len(f.Clusters))
 		out.Endpoints = append(out.Endpoints, f.Endpoints...)
+		from[xdstype.Endpoint] = appendFrom(from[xdstype.Endpoint], f.from[xdstype.Endpoint], len(f.Endpoints))
 	}
 	out.Places = mergePlaces(fragments)
 	switch scope.Listener.Mode {
 	case model.ListenerProxylessGRPC:
 		out.Listeners = make([]*listenerv3.Listener, 0, nListeners)
 		out.Routes = make([]*routev3.RouteConfiguration, 0, nRoutes)
+		from[xdstype.Listener] = make([]*model.Origin, 0, nListeners)
+		from[xdstype.Route] = make([]*model.Origin, 0, nRoutes)
 		for _, f := range fragments {
 			out.Listeners = append(out.Listeners, f.Listeners...)
+			from[xdstype.Listener] = appendFrom(from[xdstype.Listener], f.from[xdstype.Listener], len(f.Listeners))
 			out.Routes = append(out.Routes, f.Routes...)
+			from[xdstype.Route] = appendFrom(from[xdstype.Route], f.from[xdstype.Route], len(f.Routes))
 		}
 	default:
+		// The listener and the route configuration are the scope's own:
+		// they have no provenance. Each virtual host has its Service's.
 		if port := scope.Listener.Port; validPort(port) {
 			out.Listeners = []*listenerv3.Listener{httpListener(port)}
-			out.VirtualHosts = httpVirtualHosts(scope, port, fragments)
+			out.VirtualHosts, from[xdstype.VirtualHost] = httpVirtualHosts(scope, port, fragments)
 			out.Routes = []*routev3.RouteConfiguration{httpRouteConfig(port, out.VirtualHosts, VHDS(scope))}
 		}
 	}
-	sortByName(out.Clusters, (*clusterv3.Cluster).GetName)
-	sortByName(out.Endpoints, (*endpointv3.ClusterLoadAssignment).GetClusterName)
-	sortByName(out.Listeners, (*listenerv3.Listener).GetName)
-	sortByName(out.Routes, (*routev3.RouteConfiguration).GetName)
+	sortFrom(out.Clusters, from[xdstype.Cluster], (*clusterv3.Cluster).GetName)
+	sortFrom(out.Endpoints, from[xdstype.Endpoint], (*endpointv3.ClusterLoadAssignment).GetClusterName)
+	sortFrom(out.Listeners, from[xdstype.Listener], (*listenerv3.Listener).GetName)
+	sortFrom(out.Routes, from[xdstype.Route], (*routev3.RouteConfiguration).GetName)
 	stampEpoch(scope, &out)
 	return out
+}
+
+// appendFrom appends to dst the provenance of n resources, from their
+// fragment's list (nil entries where it is shorter), keeping dst aligned
+// with the resources appended alongside.
+func appendFrom(dst, from []*model.Origin, n int) []*model.Origin {
+	k := min(n, len(from))
+	dst = append(dst, from[:k]...)
+	for range n - k {
+		dst = append(dst, nil)
+	}
+	return dst
 }
 
 // Translate translates every Service and assembles the scope from them. It
@@ -229,6 +286,38 @@ func isTCP(p model.PortProtocol) bool {
 // kernel both reject anything else.
 func validPort(n int32) bool {
 	return n > 0 && n <= 65535
+}
+
+// sortFrom is sortByName keeping from, the provenance of each resource,
+// aligned with s; without it (a length that differs), it is sortByName. A
+// fragment's few resources are sorted in place without allocating.
+func sortFrom[T any](s []T, from []*model.Origin, name func(T) string) {
+	if len(from) != len(s) {
+		sortByName(s, name)
+		return
+	}
+	if len(s) <= 32 {
+		for i := 1; i < len(s); i++ {
+			for j := i; j > 0 && name(s[j]) < name(s[j-1]); j-- {
+				s[j], s[j-1] = s[j-1], s[j]
+				from[j], from[j-1] = from[j-1], from[j]
+			}
+		}
+		return
+	}
+	type named struct {
+		name string
+		v    T
+		from *model.Origin
+	}
+	ns := make([]named, len(s))
+	for i, v := range s {
+		ns[i] = named{name(v), v, from[i]}
+	}
+	slices.SortFunc(ns, func(a, b named) int { return strings.Compare(a.name, b.name) })
+	for i := range ns {
+		s[i], from[i] = ns[i].v, ns[i].from
+	}
 }
 
 // sortByName sorts resources by their xDS resource name, which is what makes
