@@ -399,6 +399,7 @@ func nackAttack(ctx context.Context, t *testing.T, addr string, froms ...string)
 					return "", err
 				}
 				if err := s.Send(&discoveryv3.DiscoveryRequest{Node: node(id, "default/sotw"), TypeUrl: url, ResourceNames: []string{cluster}}); err != nil {
+					_, err = s.Recv() // Send says only io.EOF of a stream the server ended
 					return "", err
 				}
 				r, err := s.Recv()
@@ -415,6 +416,7 @@ func nackAttack(ctx context.Context, t *testing.T, addr string, froms ...string)
 					return "", err
 				}
 				if err := s.Send(&discoveryv3.DeltaDiscoveryRequest{Node: node(id, "default/delta"), TypeUrl: url, ResourceNamesSubscribe: []string{cluster}}); err != nil {
+					_, err = s.Recv() // Send says only io.EOF of a stream the server ended
 					return "", err
 				}
 				r, err := s.Recv()
