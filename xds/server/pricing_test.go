@@ -8,12 +8,10 @@ import (
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/protobuf/proto"
-	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/scopeplane/scopeplane/internal/testkit"
 	"github.com/scopeplane/scopeplane/xds/feedback"
 	"github.com/scopeplane/scopeplane/xds/model"
-	"github.com/scopeplane/scopeplane/xds/server"
 	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
@@ -38,31 +36,12 @@ var (
 
 func startPricedPair(t *testing.T, services ...*model.Service) *pricedPair {
 	t.Helper()
-	w := newWorld()
-	w.namespaces["default"] = map[string]string{}
-	for _, svc := range services {
-		w.services[svc.Key] = svc
-	}
-	for key, p := range map[model.Key]model.Protocol{pricedSotW: model.SotW, pricedDelta: model.Delta} {
-		w.scopes[key] = &model.Scope{
-			Key: key, Generation: 1, Protocol: p,
-			Listener:   model.Listener{Mode: model.ListenerEnvoy, Port: 10080},
-			Selections: []model.Selection{{Namespace: "default", Selector: labels.Everything()}},
-		}
-	}
-	cp, err := startControlPlane(w, server.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := cp.stop(); err != nil {
-			t.Error(err)
-		}
-	})
+	cp := startEnvoyScopes(t, map[model.Key]model.Protocol{pricedSotW: model.SotW, pricedDelta: model.Delta}, services...)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	client := discoveryv3.NewAggregatedDiscoveryServiceClient(cp.conn)
 	p := &pricedPair{t: t, cp: cp}
+	var err error
 	if p.sotw, err = client.StreamAggregatedResources(ctx); err != nil {
 		t.Fatal(err)
 	}

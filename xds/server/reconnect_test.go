@@ -304,16 +304,26 @@ func TestSotWReconnectAfterAClusterCameBackIsSentItsAssignment(t *testing.T) {
 // services; it stops when the test ends. It returns the scope's key.
 func startEnvoySotW(t *testing.T, services ...*model.Service) (*controlPlane, model.Key) {
 	t.Helper()
+	key := model.Key{Namespace: "default", Name: "sotw"}
+	return startEnvoyScopes(t, map[model.Key]model.Protocol{key: model.SotW}, services...), key
+}
+
+// startEnvoyScopes serves services in namespace default, each scope of
+// scopes an Envoy-mode scope of its protocol selecting all of them, and
+// stops the control plane when the test ends.
+func startEnvoyScopes(t *testing.T, scopes map[model.Key]model.Protocol, services ...*model.Service) *controlPlane {
+	t.Helper()
 	w := newWorld()
 	w.namespaces["default"] = map[string]string{}
 	for _, svc := range services {
 		w.services[svc.Key] = svc
 	}
-	key := model.Key{Namespace: "default", Name: "sotw"}
-	w.scopes[key] = &model.Scope{
-		Key: key, Generation: 1, Protocol: model.SotW,
-		Listener:   model.Listener{Mode: model.ListenerEnvoy, Port: 10080},
-		Selections: []model.Selection{{Namespace: "default", Selector: labels.Everything()}},
+	for key, p := range scopes {
+		w.scopes[key] = &model.Scope{
+			Key: key, Generation: 1, Protocol: p,
+			Listener:   model.Listener{Mode: model.ListenerEnvoy, Port: 10080},
+			Selections: []model.Selection{{Namespace: "default", Selector: labels.Everything()}},
+		}
 	}
 	cp, err := startControlPlane(w, server.Options{})
 	if err != nil {
@@ -324,5 +334,5 @@ func startEnvoySotW(t *testing.T, services ...*model.Service) (*controlPlane, mo
 			t.Error(err)
 		}
 	})
-	return cp, key
+	return cp
 }
