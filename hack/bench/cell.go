@@ -216,6 +216,11 @@ func spawn(c Cell, addr, replay, goMemLimit string) (*cpProc, error) {
 	if c.Churn.On() {
 		args = append(args, "-coalesce-window", c.Churn.Window.String())
 	}
+	return spawnArgs(self, args, goMemLimit)
+}
+
+// spawnArgs starts `bench serve` with args and waits for it to serve.
+func spawnArgs(self string, args []string, goMemLimit string) (*cpProc, error) {
 	cmd := exec.Command(self, args...)
 	cmd.Env = append(os.Environ(), serveEnv+"=1")
 	if goMemLimit != "" {
