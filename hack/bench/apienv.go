@@ -38,6 +38,7 @@ type worldEnv struct {
 	// speaking protobuf where it can: the driver's own writes must not be
 	// what a figure measures.
 	fast client.Client
+	logs *os.File
 }
 
 // worldCache is where the built worlds are kept: one etcd data directory
@@ -79,6 +80,11 @@ func openWorld(services int, o RunOptions) (*worldEnv, error) {
 	}
 	e, err := startWorldEnv(dir)
 	if err != nil {
+		if b, rerr := os.ReadFile(filepath.Join(dir, "servers.log")); rerr == nil {
+			kept := dir + ".servers.log"
+			_ = os.WriteFile(kept, b, 0o644)
+			err = fmt.Errorf("%w; the servers said (all of it in %s): %s", err, kept, tail(b, 2000))
+		}
 		_ = os.RemoveAll(dir)
 		return nil, err
 	}
@@ -86,15 +92,22 @@ func openWorld(services int, o RunOptions) (*worldEnv, error) {
 	return e, nil
 }
 
+// startWorldEnv serves the etcd data of dir/etcd; etcd and kube-apiserver
+// log to dir/servers.log.
 func startWorldEnv(dir string) (*worldEnv, error) {
 	ctrllog.SetLogger(logr.Discard())
-	api, err := localapi.StartOn(filepath.Join(dir, "etcd"))
+	logs, err := os.Create(filepath.Join(dir, "servers.log"))
 	if err != nil {
 		return nil, err
 	}
-	e := &worldEnv{Env: api, dir: dir, kubeconfig: filepath.Join(dir, "kubeconfig")}
+	api, err := localapi.StartOn(filepath.Join(dir, "etcd"), logs)
+	if err != nil {
+		_ = logs.Close()
+		return nil, err
+	}
+	e := &worldEnv{Env: api, dir: dir, kubeconfig: filepath.Join(dir, "kubeconfig"), logs: logs}
 	fail := func(err error) (*worldEnv, error) {
-		e.close()
+		_ = e.close()
 		return nil, err
 	}
 	if err := api.WriteKubeconfig(e.kubeconfig); err != nil {
@@ -109,9 +122,15 @@ func startWorldEnv(dir string) (*worldEnv, error) {
 	return e, nil
 }
 
-func (e *worldEnv) close() {
-	_ = e.Stop()
-	_ = os.RemoveAll(e.dir)
+// close stops the servers and removes the cell's directory (the cache's
+// is kept: dir is empty then).
+func (e *worldEnv) close() error {
+	err := e.Stop()
+	_ = e.logs.Close()
+	if e.dir != "" {
+		_ = os.RemoveAll(e.dir)
+	}
+	return err
 }
 
 // buildWorld loads a world of the given size into a new etcd data directory
@@ -128,7 +147,12 @@ func buildWorld(cache string, services int, o RunOptions) error {
 		return err
 	}
 	e.dir = "" // the directory is the cache's: keep it
-	defer func() { _ = e.Stop() }()
+	closed := false
+	defer func() {
+		if !closed {
+			_ = e.close()
+		}
+	}()
 	t0 := time.Now()
 	ctx := context.Background()
 	for n := range worldNamespaces {
@@ -170,9 +194,12 @@ func buildWorld(cache string, services int, o RunOptions) error {
 		return err
 	}
 	logf(o, "  loaded %d Services and their EndpointSlices in %s", services, time.Since(t0).Round(time.Second))
-	if err := e.Stop(); err != nil {
+	closed = true
+	if err := e.close(); err != nil {
 		return err
 	}
+	_ = os.Remove(e.kubeconfig)
+	_ = os.Remove(e.logs.Name())
 	return os.WriteFile(filepath.Join(cache, "complete"), []byte(time.Now().UTC().Format(time.RFC3339)+"\n"), 0o644)
 }
 
@@ -285,6 +312,14 @@ func loadWorldMain(args []string) int {
 		fmt.Fprintln(os.Stderr, "bench load-world:", err)
 		return 1
 	}
-	e.close()
+	if err := e.close(); err != nil {
+		fmt.Fprintln(os.Stderr, "bench load-world:", err)
+		return 1
+	}
 	return 0
+}
+
+// tail is the last n bytes of b.
+func tail(b []byte, n int) string {
+	return string(b[max(0, len(b)-n):])
 }

@@ -35,8 +35,14 @@ import (
 //	         from this process's start until the informer caches had listed
 //	         every kind, every listed object was reconciled, and the first
 //	         snapshots were built (0: not yet)
-func serveOperator(kubeconfig, addr string, protocol model.Protocol) error {
+func serveOperator(kubeconfig, addr string, protocol model.Protocol, cpuprofile string) error {
 	start := time.Now()
+	cmd := &commander{}
+	if cpuprofile != "" {
+		if err := cmd.startProfile(cpuprofile); err != nil {
+			return err
+		}
+	}
 	if host, _, err := net.SplitHostPort(addr); err != nil || !net.ParseIP(host).IsLoopback() {
 		return fmt.Errorf("-addr %q: the benchmark serves on loopback only", addr)
 	}
@@ -107,7 +113,6 @@ func serveOperator(kubeconfig, addr string, protocol model.Protocol) error {
 	phases := func() string {
 		return fmt.Sprintf("phases %d %d %d", listed.Load(), reconciled.Load(), built.Load())
 	}
-	cmd := &commander{}
 	return cmd.loop(operatorCP{sp, phases}, nil, out, managed, func() error {
 		cancel()
 		select {

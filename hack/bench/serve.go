@@ -85,7 +85,7 @@ func serveMain(args []string) int {
 		return 2
 	}
 	if *impl == "operator" {
-		if err := serveOperator(*kubeconfig, *addr, model.Protocol(*protocol)); err != nil {
+		if err := serveOperator(*kubeconfig, *addr, model.Protocol(*protocol), *cpuprofile); err != nil {
 			fmt.Fprintln(os.Stderr, "bench serve:", err)
 			return 1
 		}

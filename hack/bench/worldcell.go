@@ -90,13 +90,13 @@ func runWorldCellErr(c WorldCell, o RunOptions, res *WorldResult) error {
 	if err != nil {
 		return err
 	}
-	defer env.close()
+	defer func() { _ = env.close() }()
 	if err := env.createLayout(c.Layout, c.Protocol); err != nil {
-		return fmt.Errorf("creating the scopes: %w", err)
+		return fmt.Errorf("creating the scopes: %w (the servers said: %s)", err, env.logTail())
 	}
 	aw, err := env.read(WorldParams{Services: c.S, Layout: c.Layout, Protocol: c.Protocol})
 	if err != nil {
-		return fmt.Errorf("reading the world back: %w", err)
+		return fmt.Errorf("reading the world back: %w (the servers said: %s)", err, env.logTail())
 	}
 	truths, err := truthsOf(aw.World, c.N)
 	if err != nil {
@@ -112,15 +112,28 @@ func runWorldCellErr(c WorldCell, o RunOptions, res *WorldResult) error {
 	if err != nil {
 		return err
 	}
-	args := func(addr string) []string {
-		return []string{"serve", "-impl", "operator", "-kubeconfig", env.kubeconfig, "-protocol", string(c.Protocol), "-addr", addr}
+	// With a profile directory, each start is profiled until its proxies
+	// are served.
+	args := func(addr, start string) []string {
+		a := []string{"serve", "-impl", "operator", "-kubeconfig", env.kubeconfig, "-protocol", string(c.Protocol), "-addr", addr}
+		if o.ProfileDir != "" {
+			a = append(a, "-cpuprofile", filepath.Join(o.ProfileDir, fileName(c.String())+"."+start+".cpu.pprof"))
+		}
+		return a
+	}
+	stopProfile := func(cp *cpProc) error {
+		if o.ProfileDir == "" {
+			return nil
+		}
+		_, err := cp.do("profile-stop")
+		return err
 	}
 	writes0, err := env.statusWrites()
 	if err != nil {
 		return err
 	}
 	statuses.reset()
-	cp, err := spawnArgs(self, args("127.0.0.1:0"), o.GoMemLimit)
+	cp, err := spawnArgs(self, args("127.0.0.1:0", "start"), o.GoMemLimit)
 	if err != nil {
 		return err
 	}
@@ -160,6 +173,9 @@ func runWorldCellErr(c WorldCell, o RunOptions, res *WorldResult) error {
 		return err
 	}
 	ph.Reopened -= c.N
+	if err := stopProfile(cp); err != nil {
+		return err
+	}
 	res.Phases = append(res.Phases, ph)
 	logf(o, "  %s: %s", c, phaseLine(ph))
 	if res.Start, err = coldStart(cp, ph, armed); err != nil {
@@ -242,7 +258,7 @@ func runWorldCellErr(c WorldCell, o RunOptions, res *WorldResult) error {
 	}
 	statuses.reset()
 	cp.kill()
-	next, err := spawnArgs(self, args(cp.addr), o.GoMemLimit)
+	next, err := spawnArgs(self, args(cp.addr, "restart"), o.GoMemLimit)
 	if err != nil {
 		cp = nil
 		return err
@@ -256,6 +272,9 @@ func runWorldCellErr(c WorldCell, o RunOptions, res *WorldResult) error {
 		}
 	}
 	l.settle(quiet, maxSettle)
+	if err := stopProfile(cp); err != nil {
+		return err
+	}
 	if ph.CPU, err = cp.cpu(); err != nil {
 		return err
 	}
@@ -438,4 +457,13 @@ func (e *worldEnv) createLayout(l Layout, p model.Protocol) error {
 // fileName makes a cell's name a file name.
 func fileName(s string) string {
 	return strings.NewReplacer("/", "-", "=", "", " ", "_", ",", "").Replace(s)
+}
+
+// logTail is the end of what etcd and kube-apiserver printed.
+func (e *worldEnv) logTail() string {
+	b, err := os.ReadFile(e.logs.Name())
+	if err != nil {
+		return err.Error()
+	}
+	return tail(b, 2000)
 }

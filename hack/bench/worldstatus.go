@@ -163,13 +163,15 @@ func (e *worldEnv) statusWrites() (int64, error) {
 
 // The layers of the operator's live heap, by what allocated each byte:
 // the deepest frame of its allocation's stack that belongs to one of
-// them names it.
+// them names it. The catalog's layer holds the model and the translated
+// resources, which the snapshots share; the snapshots' their encoding and
+// versions.
 var heapLayerFrames = []struct{ layer, prefix string }{
 	{"streams", "github.com/scopeplane/scopeplane/xds/server."},
 	{"streams", "google.golang.org/grpc."},
 	{"snapshots", "github.com/scopeplane/scopeplane/xds/snapshot."},
-	{"snapshots", "github.com/scopeplane/scopeplane/xds/translate."},
 	{"snapshots", "github.com/scopeplane/scopeplane/xds/pipeline."},
+	{"catalog", "github.com/scopeplane/scopeplane/xds/translate."},
 	{"catalog", "github.com/scopeplane/scopeplane/xds/catalog."},
 	{"catalog", "github.com/scopeplane/scopeplane/controllers/convert."},
 	{"feedback and status", "github.com/scopeplane/scopeplane/xds/feedback."},
