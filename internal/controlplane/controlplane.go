@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -150,10 +151,14 @@ func CheckAdminAddress(addr string) error {
 // CacheOptions restricts the manager's cache to what the control plane
 // reads: of ConfigMaps, only those it writes, and with bootstrapNamespaces
 // (Options.BootstrapNamespaces) only those of these namespaces, so that it
-// watches ConfigMaps with namespaced rights alone. Its informers ride out
-// API server outages and report their data's age (package apiwatch).
+// watches ConfigMaps with namespaced rights alone. Of each object it keeps
+// only what is read: no managed fields and no last-applied annotation
+// (trimMeta), Services and EndpointSlices as the converter reads them
+// (stripService, stripEndpointSlice), Pods as the peer-address method
+// reads them (stripPod). Its informers ride out API server outages and
+// report their data's age (package apiwatch).
 func CacheOptions(bootstrapNamespaces ...string) cache.Options {
-	configMaps := cache.ByObject{Label: labels.SelectorFromSet(labels.Set{bootstrapconfig.ManagedByLabel: bootstrapconfig.ManagedBy})}
+	configMaps := cache.ByObject{Label: labels.SelectorFromSet(labels.Set{bootstrapconfig.ManagedByLabel: bootstrapconfig.ManagedBy}), Transform: trimMeta}
 	if len(bootstrapNamespaces) > 0 {
 		configMaps.Namespaces = map[string]cache.Config{}
 		for _, ns := range bootstrapNamespaces {
@@ -164,8 +169,15 @@ func CacheOptions(bootstrapNamespaces ...string) cache.Options {
 		// Pods are cached, with their address indexes, only for the
 		// peer-address method (newPodIndex), and then only the fields it
 		// reads.
-		ByObject:    map[client.Object]cache.ByObject{&corev1.ConfigMap{}: configMaps, &corev1.Pod{}: {Transform: stripPod}},
-		NewInformer: apiwatch.NewInformer(scheme.Scheme),
+		// A transform of ByObject replaces DefaultTransform for its kind.
+		ByObject: map[client.Object]cache.ByObject{
+			&corev1.ConfigMap{}:          configMaps,
+			&corev1.Pod{}:                {Transform: stripPod},
+			&corev1.Service{}:            {Transform: stripService},
+			&discoveryv1.EndpointSlice{}: {Transform: stripEndpointSlice},
+		},
+		DefaultTransform: trimMeta,
+		NewInformer:      apiwatch.NewInformer(scheme.Scheme),
 	}
 }
 
