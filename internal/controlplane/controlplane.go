@@ -56,6 +56,8 @@ type Options struct {
 	XDSServerAddress string
 	// StatusWindow coalesces changes into status writes, per burst.
 	StatusWindow time.Duration
+	// StatusWrites paces the leader's status patches.
+	StatusWrites StatusWrites
 	// CostBucket is the width of one of the 60 buckets of status.cost's
 	// rolling window (a minute when zero).
 	CostBucket time.Duration
@@ -95,6 +97,15 @@ type Options struct {
 	// CrossNamespace says whether selections of other namespaces' Services
 	// need their consent (ReferenceGrants; the zero value) or not.
 	CrossNamespace catalog.CrossNamespace
+}
+
+// StatusWrites is the pace of the leader's status patches: PerSecond a
+// second (status.DefaultWritesPerSecond when zero), Burst at once
+// (status.DefaultWritesBurst when zero). One pace serves every term, so a
+// quick change of leaders does not restart the burst.
+type StatusWrites struct {
+	PerSecond float64
+	Burst     int
 }
 
 // TLS configures the xDS port's TLS, on unless Insecure. The serving
@@ -246,6 +257,10 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) (*ControlPlane, 
 			return nil, err
 		}
 	}
+	writes, err := status.NewWriteLimiter(cmp.Or(opts.StatusWrites.PerSecond, status.DefaultWritesPerSecond), cmp.Or(opts.StatusWrites.Burst, status.DefaultWritesBurst))
+	if err != nil {
+		return nil, err
+	}
 	conflicts := bootstrapconfig.NewConflicts()
 	if opts.StatusWindow <= 0 {
 		opts.StatusWindow = 200 * time.Millisecond
@@ -278,7 +293,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) (*ControlPlane, 
 		}
 		return (&status.Reconciler{
 			Client: m.GetClient(), Store: cp.Store, Feedback: cp.Feedback, Replicas: replicas, Bootstrap: conflicts, NoBootstrapConfigMaps: opts.NoBootstrapConfigMaps,
-			BootstrapNamespaces: opts.BootstrapNamespaces, Recorder: recorder, Window: opts.StatusWindow,
+			BootstrapNamespaces: opts.BootstrapNamespaces, Recorder: recorder, Window: opts.StatusWindow, Writes: writes,
 		}).SetupWithManager(m)
 	}
 	if cp.elector, err = newElector(mgr, opts.LeaderElection, leaderOnly); err != nil {
