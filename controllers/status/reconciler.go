@@ -68,6 +68,49 @@ type Reconciler struct {
 	Recorder            events.EventRecorder
 	// Window coalesces bursts of changes into one write per scope.
 	Window time.Duration
+	// Writes, when set, paces the status patches: each waits for a token
+	// first, so that a new leader with thousands of scopes to write does
+	// not flood the API server, and the rate is one the operator chose
+	// (NewWriteLimiter).
+	Writes *rate.Limiter
+	// Workers is how many scopes are reconciled at once (Workers(rate)
+	// when zero): enough that the write limiter, not the API server's
+	// round trip, bounds the rate.
+	Workers int
+}
+
+// Default status write pace: with 10,000 scopes every status is written
+// within (10,000 - burst) / rate = 38 s of a leader's start, inside a
+// minute with room for the first build and a slow API server, while a
+// burst of edits of a few hundred scopes is written at once.
+const (
+	DefaultWritesPerSecond = 250
+	DefaultWritesBurst     = 500
+)
+
+// NewWriteLimiter is the status write pace: perSecond patches a second,
+// burst at once. It refuses a rate or burst below what lets any write
+// through.
+func NewWriteLimiter(perSecond float64, burst int) (*rate.Limiter, error) {
+	if !(perSecond > 0) || math.IsInf(perSecond, 1) {
+		return nil, fmt.Errorf("status writes per second %v: it must be a positive number", perSecond)
+	}
+	if burst < 1 {
+		return nil, fmt.Errorf("status writes burst %d: it must be at least 1", burst)
+	}
+	return rate.NewLimiter(rate.Limit(perSecond), burst), nil
+}
+
+// writesPerWorker is the status patches one worker is counted on for per
+// second: a 50 ms round trip (computing the status, the patch, the API
+// server's answer), ten times what an idle API server takes, so that a
+// loaded one still lets the limiter bound the rate.
+const writesPerWorker = 20
+
+// Workers is the number of status workers that sustains perSecond writes
+// with a 50 ms round trip each: at least 2, at most 256.
+func Workers(perSecond float64) int {
+	return int(min(max(math.Ceil(perSecond/writesPerWorker), 2), 256))
 }
 
 // Replicas reports what the proxies of the other replicas said.
@@ -88,28 +131,49 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
+	next, recheck := r.compute(ps)
+	if equality.Semantic.DeepEqual(ps.Status, next) {
+		return ctrl.Result{RequeueAfter: recheck}, nil
+	}
+	if r.Writes != nil {
+		if err := r.Writes.Wait(ctx); err != nil {
+			return ctrl.Result{}, fmt.Errorf("waiting to write the status of ProxyScope %s: %w", req, err)
+		}
+		// The wait can be long (a new leader writing thousands of
+		// scopes): what is written is what is true after it.
+		if err := r.Client.Get(ctx, req.NamespacedName, ps); err != nil {
+			return ctrl.Result{}, client.IgnoreNotFound(err)
+		}
+		if next, recheck = r.compute(ps); equality.Semantic.DeepEqual(ps.Status, next) {
+			return ctrl.Result{RequeueAfter: recheck}, nil
+		}
+	}
+	before := ps.DeepCopy()
+	ps.Status = next
+	if err := r.Client.Status().Patch(ctx, ps, client.MergeFrom(before)); err != nil {
+		// The controller logs the error and retries with backoff
+		// (retryLimiter); a change of the scope meanwhile retries it
+		// at once.
+		metrics.StatusWriteFailures.WithLabelValues(req.String()).Inc()
+		return ctrl.Result{}, fmt.Errorf("patching the status of ProxyScope %s: %w", req, err)
+	}
+	r.recordTransitions(ps, before.Status.Conditions)
+	r.recordAdvice(ps, before.Status.Cost)
+	return ctrl.Result{RequeueAfter: recheck}, nil
+}
+
+// compute is the scope's status now, and when to compute it again; it
+// sets the condition metrics.
+func (r *Reconciler) compute(ps *xdsv1alpha1.ProxyScope) (xdsv1alpha1.ProxyScopeStatus, time.Duration) {
 	next, recheck := compute(&ps.Status, r.inputs(ps))
 	for _, c := range next.Conditions {
 		v := 0.0
 		if c.Status == metav1.ConditionTrue {
 			v = 1
 		}
-		metrics.ScopeCondition.WithLabelValues(req.String(), c.Type).Set(v)
+		metrics.ScopeCondition.WithLabelValues(client.ObjectKeyFromObject(ps).String(), c.Type).Set(v)
 	}
-	if !equality.Semantic.DeepEqual(ps.Status, next) {
-		before := ps.DeepCopy()
-		ps.Status = next
-		if err := r.Client.Status().Patch(ctx, ps, client.MergeFrom(before)); err != nil {
-			// The controller logs the error and retries with backoff
-			// (retryLimiter); a change of the scope meanwhile retries it
-			// at once.
-			metrics.StatusWriteFailures.WithLabelValues(req.String()).Inc()
-			return ctrl.Result{}, fmt.Errorf("patching the status of ProxyScope %s: %w", req, err)
-		}
-		r.recordTransitions(ps, before.Status.Conditions)
-		r.recordAdvice(ps, before.Status.Cost)
-	}
-	return ctrl.Result{RequeueAfter: recheck}, nil
+	return next, recheck
 }
 
 // inputs reads what the pipeline serves for the scope and what its proxies said.
@@ -232,6 +296,18 @@ func retryLimiter() workqueue.TypedRateLimiter[reconcile.Request] {
 	)
 }
 
+// workers is Workers, or the number the write limiter's rate calls for,
+// or one without a limiter.
+func (r *Reconciler) workers() int {
+	switch {
+	case r.Workers > 0:
+		return r.Workers
+	case r.Writes != nil:
+		return Workers(float64(r.Writes.Limit()))
+	}
+	return 1
+}
+
 // SetupWithManager runs the reconciler on the leader for every ProxyScope
 // whose spec changed, and for every scope the store or the feedback says
 // changed: the workqueue dedups them and retries failed patches with backoff.
@@ -246,7 +322,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("status").
-		WithOptions(controller.Options{RateLimiter: retryLimiter()}).
+		WithOptions(controller.Options{RateLimiter: retryLimiter(), MaxConcurrentReconciles: r.workers()}).
 		For(&xdsv1alpha1.ProxyScope{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		WatchesRawSource(source.Channel(changes, &handler.TypedEnqueueRequestForObject[*xdsv1alpha1.ProxyScope]{})).
 		Complete(r)
