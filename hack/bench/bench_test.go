@@ -436,7 +436,7 @@ func TestWorldCorrectness(t *testing.T) {
 				t.Errorf("%s %s: no proxy was affected", c, ph.Name)
 			}
 		}
-		if got, want := strings.Join(names, ","), "sync,endpoint,endpoint,endpoint,addservice,selector,restart"; got != want {
+		if got, want := strings.Join(names, ","), "sync,endpoint,endpoint,endpoint,endpoint,endpoint,addservice,selector,restart"; got != want {
 			t.Errorf("%s: phases %s, want %s", c, got, want)
 		}
 		for what, s := range map[string]StatusWrites{"first start": r.StatusStart, "restart": r.StatusRestart} {

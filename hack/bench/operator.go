@@ -16,6 +16,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	"github.com/scopeplane/scopeplane/controllers/status"
 	"github.com/scopeplane/scopeplane/internal/controlplane"
 	"github.com/scopeplane/scopeplane/internal/scheme"
 	"github.com/scopeplane/scopeplane/xds/auth"
@@ -50,8 +51,9 @@ func serveOperator(kubeconfig, addr string, protocol model.Protocol, cpuprofile 
 	if err != nil {
 		return err
 	}
-	// What ctrl.GetConfigOrDie sets, which main.go uses.
-	cfg.QPS, cfg.Burst = 20, 30
+	// main.go's defaults (--kube-api-qps, --kube-api-burst); the status
+	// writes keep theirs (--status-writes-per-second, -burst).
+	cfg.QPS, cfg.Burst = 2*status.DefaultWritesPerSecond, 2*status.DefaultWritesBurst
 	ctrl.SetLogger(logr.Discard())
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                 scheme.Scheme,

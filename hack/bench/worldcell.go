@@ -73,6 +73,11 @@ type WorldResult struct {
 	Err  string
 }
 
+// worldEndpointEvents is how many endpoint moves a world cell measures:
+// their median is the figure, since a collection of the whole heap, which
+// at S=100,000 takes a good part of a second, may fall into any one.
+const worldEndpointEvents = 5
+
 // worldTimeout bounds each phase of a world cell; a start at S=100,000
 // lists two hundred thousand objects first.
 const worldTimeout = 10 * time.Minute
@@ -198,7 +203,7 @@ func runWorldCellErr(c WorldCell, o RunOptions, res *WorldResult) error {
 	}
 
 	events := []worldEvent{}
-	for m := range 3 {
+	for m := range worldEndpointEvents {
 		events = append(events, aw.moveEndpoint(env, m+1))
 	}
 	events = append(events, aw.addService(env, c.S))
