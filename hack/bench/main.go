@@ -160,6 +160,12 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 		}
 		defer func() { pprof.StopCPUProfile(); _ = f.Close() }()
 	}
+	if *profile != "" {
+		if err := os.MkdirAll(*profile, 0o755); err != nil {
+			fmt.Fprintln(stderr, err)
+			return 1
+		}
+	}
 	if wp, ok := WorldPresets[*preset]; ok {
 		if *only != "" {
 			var n int
@@ -200,12 +206,6 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 	}
 	cells := p.Cells(strings.Split(*impls, ","), protos)
 	cells = filterCells(cells, *layouts, *kinds)
-	if *profile != "" {
-		if err := os.MkdirAll(*profile, 0o755); err != nil {
-			fmt.Fprintln(stderr, err)
-			return 1
-		}
-	}
 	results, header := run(cells, RunOptions{EndpointEvents: p.EndpointEvents, ProfileDir: *profile, Timeout: p.Timeout, GoMemLimit: *goMemLimit, Log: stderr},
 		"go run ./hack/bench "+strings.Join(args, " "))
 	var buf bytes.Buffer

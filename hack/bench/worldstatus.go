@@ -171,6 +171,7 @@ var heapLayerFrames = []struct{ layer, prefix string }{
 	{"streams", "google.golang.org/grpc."},
 	{"snapshots", "github.com/scopeplane/scopeplane/xds/snapshot."},
 	{"snapshots", "github.com/scopeplane/scopeplane/xds/pipeline."},
+	{"informer caches", "github.com/scopeplane/scopeplane/controllers/convert.Strip"},
 	{"catalog", "github.com/scopeplane/scopeplane/xds/translate."},
 	{"catalog", "github.com/scopeplane/scopeplane/xds/catalog."},
 	{"catalog", "github.com/scopeplane/scopeplane/controllers/convert."},
