@@ -44,13 +44,14 @@ type ColdStart struct {
 
 // StatusWrites is how the leader brought every scope's status up to date.
 type StatusWrites struct {
-	// Current is from the process's start to the last status change seen,
-	// once every scope's status counted all its proxies in sync at its
-	// generation and no status had changed for statusQuiet.
+	// Current is from the process's start until the last scope's status
+	// became current (counted all its proxies connected and in sync, at its
+	// generation), every status then staying current for statusQuiet; 0
+	// when every status stayed current throughout.
 	Current time.Duration
 	// Writes are the status writes (PATCH, PUT) of ProxyScopes the API
-	// server served meanwhile; Rate is Writes over the time between the
-	// first and the last status change.
+	// server served from the start until then, statusQuiet included;
+	// Rate is Writes per second over that time.
 	Writes int64
 	Rate   float64
 	// Stale counts the scopes whose status was not current at the deadline.

@@ -30,13 +30,13 @@ type statusWatch struct {
 
 	mu      sync.Mutex
 	current map[model.Key]bool
-	// first and last are the first and the last status change seen since
-	// reset.
-	first, last time.Time
+	// turned is when the last scope became current or stopped being so,
+	// and last when the last status changed at all, since reset.
+	turned, last time.Time
 }
 
-// statusQuiet is how long no status may change before the statuses count
-// as settled.
+// statusQuiet is how long every status must stay current before the
+// statuses count as current.
 const statusQuiet = 3 * time.Second
 
 func watchStatuses(env *worldEnv, want func(model.Key) int32) (*statusWatch, error) {
@@ -69,6 +69,8 @@ func watchStatuses(env *worldEnv, want func(model.Key) int32) (*statusWatch, err
 	return s, nil
 }
 
+// see records whether a scope's status is current: it counts every proxy
+// of the scope connected and in sync, at the scope's generation.
 func (s *statusWatch) see(old, ps *xdsv1alpha1.ProxyScope) {
 	k := model.Key{Namespace: ps.Namespace, Name: ps.Name}
 	n := s.want(k)
@@ -76,12 +78,12 @@ func (s *statusWatch) see(old, ps *xdsv1alpha1.ProxyScope) {
 	cur := st.ObservedGeneration == ps.Generation && st.SyncedProxies == n && st.ConnectedProxies != nil && *st.ConnectedProxies == n
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	now := time.Now()
+	if was, seen := s.current[k]; seen && was != cur {
+		s.turned = now
+	}
 	s.current[k] = cur
 	if old != nil && !equality.Semantic.DeepEqual(old.Status, ps.Status) {
-		now := time.Now()
-		if s.first.IsZero() {
-			s.first = now
-		}
 		s.last = now
 	}
 }
@@ -89,14 +91,16 @@ func (s *statusWatch) see(old, ps *xdsv1alpha1.ProxyScope) {
 func (s *statusWatch) reset() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.first, s.last = time.Time{}, time.Time{}
+	s.turned, s.last = time.Time{}, time.Time{}
 }
 
 func (s *statusWatch) stop() { s.cancel() }
 
-// wait waits until every scope's status is current and none changed for
+// wait waits until every scope's status is current and has stayed so for
 // statusQuiet, or the deadline, and says how the statuses got there since
 // start; writes0 is the API server's count of status writes at start.
+// Status changes that keep a status current (the cost window moving on)
+// do not hold it up, and are counted among the writes.
 func (s *statusWatch) wait(start time.Time, env *worldEnv, writes0 int64, timeout time.Duration) StatusWrites {
 	var out StatusWrites
 	deadline := time.Now().Add(timeout)
@@ -108,23 +112,20 @@ func (s *statusWatch) wait(start time.Time, env *worldEnv, writes0 int64, timeou
 				stale++
 			}
 		}
-		first, last := s.first, s.last
+		turned := s.turned
 		s.mu.Unlock()
-		quietSince := start
-		if last.After(start) {
-			quietSince = last
+		since := start
+		if turned.After(start) {
+			since = turned
 		}
-		settled := stale == 0 && time.Since(quietSince) >= statusQuiet
-		if settled || time.Now().After(deadline) {
+		if stale == 0 && time.Since(since) >= statusQuiet || time.Now().After(deadline) {
 			out.Stale = stale
-			if !last.IsZero() {
-				out.Current = last.Sub(start)
-			}
+			out.Current = since.Sub(start)
 			if w, err := env.statusWrites(); err == nil {
 				out.Writes = w - writes0
 			}
-			if d := last.Sub(first); d > 0 {
-				out.Rate = float64(out.Writes) / d.Seconds()
+			if elapsed := time.Since(start); elapsed > 0 {
+				out.Rate = float64(out.Writes) / elapsed.Seconds()
 			}
 			return out
 		}
