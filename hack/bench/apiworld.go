@@ -147,6 +147,11 @@ func worldScopes(l Layout) int {
 // against.
 type apiWorld struct {
 	*World
+	// byNS indexes the Services by namespace, which is where every scope
+	// of a world cell selects: at 10,000 scopes over 100,000 Services,
+	// World.Selected's scan of every Service for every scope would take the
+	// driver minutes per event.
+	byNS     map[string]map[model.Key]struct{}
 	services map[model.Key]*corev1.Service
 	slices   map[model.Key]*discoveryv1.EndpointSlice
 	scopes   map[model.Key]*xdsv1alpha1.ProxyScope
@@ -155,6 +160,7 @@ type apiWorld struct {
 func newAPIWorld(p WorldParams) *apiWorld {
 	return &apiWorld{
 		World:    &World{P: p, Services: map[model.Key]*model.Service{}},
+		byNS:     map[string]map[model.Key]struct{}{},
 		services: map[model.Key]*corev1.Service{}, slices: map[model.Key]*discoveryv1.EndpointSlice{},
 		scopes: map[model.Key]*xdsv1alpha1.ProxyScope{},
 	}
@@ -165,6 +171,55 @@ func (a *apiWorld) setService(svc *corev1.Service, slice *discoveryv1.EndpointSl
 	k := model.Key{Namespace: svc.Namespace, Name: svc.Name}
 	a.services[k], a.slices[k] = svc, slice
 	a.Services[k] = convert.Service(svc, []*discoveryv1.EndpointSlice{slice})
+	if a.byNS[k.Namespace] == nil {
+		a.byNS[k.Namespace] = map[model.Key]struct{}{}
+	}
+	a.byNS[k.Namespace][k] = struct{}{}
+}
+
+// selected is World.Selected through the namespace index.
+func (a *apiWorld) selected(sc *model.Scope) []*model.Service {
+	var out []*model.Service
+	seen := map[string]bool{}
+	for _, sel := range sc.Selections {
+		if sel.NamespaceSelector != nil {
+			return a.Selected(sc) // no world cell selects so
+		}
+		if seen[sel.Namespace] {
+			continue
+		}
+		seen[sel.Namespace] = true
+		for k := range a.byNS[sel.Namespace] {
+			if svc := a.Services[k]; sc.Selects(svc, nil, false) {
+				out = append(out, svc)
+			}
+		}
+	}
+	slices.SortFunc(out, func(x, y *model.Service) int { return x.Key.Compare(y.Key) })
+	return out
+}
+
+// truths is truthsOf for a world cell: the truth of each of the views n
+// proxies hold, translating again, from prev, only the views of the scopes
+// redo names (all of them when prev is nil).
+func (a *apiWorld) truths(n int, prev map[int]*Truth, redo func(*model.Scope) bool) (map[int]*Truth, error) {
+	out := map[int]*Truth{}
+	for i, v := range a.Views() {
+		if i >= n {
+			break
+		}
+		sc := a.Scopes[v.Scope]
+		if prev != nil && !redo(sc) {
+			out[i] = prev[i]
+			continue
+		}
+		tr, err := truthOf(sc, a.selected(sc), v.Loc)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = tr
+	}
+	return out, nil
 }
 
 // setScope records a scope as the API server holds it; the World's scopes

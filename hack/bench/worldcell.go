@@ -104,7 +104,7 @@ func runWorldCellErr(c WorldCell, o RunOptions, res *WorldResult) error {
 	if err != nil {
 		return fmt.Errorf("reading the world back: %w (the servers said: %s)", err, env.logTail())
 	}
-	truths, err := truthsOf(aw.World, c.N)
+	truths, err := aw.truths(c.N, nil, nil)
 	if err != nil {
 		return err
 	}
@@ -216,7 +216,7 @@ func runWorldCellErr(c WorldCell, o RunOptions, res *WorldResult) error {
 		if err := ev.model(); err != nil {
 			return err
 		}
-		next, err := truthsOf(aw.World, c.N)
+		next, err := aw.truths(c.N, truths, ev.touches)
 		if err != nil {
 			return err
 		}
@@ -364,10 +364,18 @@ func (s StatusWrites) String() string {
 }
 
 // worldEvent is one change of a world cell: model updates the model (and
-// so the truth) to what write then makes the API server hold.
+// so the truth) to what write then makes the API server hold; touches
+// names the scopes whose truth it can change.
 type worldEvent struct {
 	name         string
 	model, write func() error
+	touches      func(*model.Scope) bool
+}
+
+// selecting is touches for a change of the Service k: the scopes that
+// select it (its labels do not change).
+func (a *apiWorld) selecting(k model.Key) func(*model.Scope) bool {
+	return func(sc *model.Scope) bool { return sc.Selects(a.Services[k], nil, false) }
 }
 
 // moveEndpoint moves the first endpoint of svc-0 (in team-0 and tenant-0)
@@ -375,7 +383,7 @@ type worldEvent struct {
 func (a *apiWorld) moveEndpoint(env *worldEnv, m int) worldEvent {
 	k := model.Key{Namespace: worldNamespace(0), Name: "svc-0"}
 	var next *discoveryv1.EndpointSlice
-	return worldEvent{name: EvEndpoint,
+	return worldEvent{name: EvEndpoint, touches: a.selecting(k),
 		model: func() error {
 			next = a.slices[k].DeepCopy()
 			next.Endpoints[0] = worldEndpoint(0, 0, m)
@@ -396,7 +404,7 @@ func (a *apiWorld) moveEndpoint(env *worldEnv, m int) worldEvent {
 // addService creates Service i, of team-0 and tenant-0, with its slice.
 func (a *apiWorld) addService(env *worldEnv, i int) worldEvent {
 	svc, slice := worldService(i)
-	return worldEvent{name: "addservice",
+	return worldEvent{name: "addservice", touches: a.selecting(model.Key{Namespace: svc.Namespace, Name: svc.Name}),
 		model: func() error { a.setService(svc, slice); return nil },
 		write: func() error {
 			ctx := context.Background()
@@ -413,7 +421,7 @@ func (a *apiWorld) addService(env *worldEnv, i int) worldEvent {
 func (a *apiWorld) moveSelector(env *worldEnv) worldEvent {
 	k := model.Key{Namespace: worldNamespace(0), Name: "team-0"}
 	var next *xdsv1alpha1.ProxyScope
-	return worldEvent{name: "selector",
+	return worldEvent{name: "selector", touches: func(sc *model.Scope) bool { return sc.Key == k },
 		model: func() error {
 			next = a.scopes[k].DeepCopy()
 			next.Spec.Services = []xdsv1alpha1.ServiceSelection{{
