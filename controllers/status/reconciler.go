@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -24,6 +25,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -77,6 +79,37 @@ type Reconciler struct {
 	// when zero): enough that the write limiter, not the API server's
 	// round trip, bounds the rate.
 	Workers int
+
+	// written holds, per scope (by UID), the status this leader last
+	// patched, until the cache shows that write (see onServer).
+	written sync.Map
+}
+
+// writtenStatus is a status patched, and the resource version it made.
+type writtenStatus struct {
+	name            types.NamespacedName
+	resourceVersion string
+	status          *xdsv1alpha1.ProxyScopeStatus
+}
+
+// onServer makes ps, read from the cache, carry the status the API server
+// holds: the one this leader patched last, while the cache has not caught
+// up with that write. Only the leader writes status, so the server holds
+// its last write. Compared with the cache's older copy instead, a status
+// changed and changed back before the cache caught up (0 proxies
+// connected, then every proxy again, while they reconnect to a new
+// leader) would look unchanged, and the server keep the one in between.
+func (r *Reconciler) onServer(ps *xdsv1alpha1.ProxyScope) {
+	v, ok := r.written.Load(ps.UID)
+	if !ok {
+		return
+	}
+	w := v.(writtenStatus)
+	if ps.ResourceVersion == w.resourceVersion {
+		r.written.Delete(ps.UID) // the cache has caught up
+		return
+	}
+	w.status.DeepCopyInto(&ps.Status)
 }
 
 // Default status write pace: with 10,000 scopes every status is written
@@ -102,15 +135,13 @@ func NewWriteLimiter(perSecond float64, burst int) (*rate.Limiter, error) {
 }
 
 // writesPerWorker is the status patches one worker is counted on for per
-// second: a 200 ms round trip (computing the status, the patch, the API
-// server's answer). An idle API server answers in 5 ms, but one busy with
-// a leader's start does not: with a worker per 20 writes a second, 13
-// workers wrote 10,000 statuses at 126 a second, not 250, on the world
-// benchmark's API server (100 ms a round trip). Idle workers cost nothing.
-const writesPerWorker = 5
+// second: a 50 ms round trip (computing the status, the patch, the API
+// server's answer), ten times what an idle API server takes, so that a
+// loaded one still lets the limiter bound the rate.
+const writesPerWorker = 20
 
 // Workers is the number of status workers that sustains perSecond writes
-// with a 200 ms round trip each: at least 2, at most 256.
+// with a 50 ms round trip each: at least 2, at most 256.
 func Workers(perSecond float64) int {
 	return int(min(max(math.Ceil(perSecond/writesPerWorker), 2), 256))
 }
@@ -128,11 +159,13 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	ps := &xdsv1alpha1.ProxyScope{}
 	if err := r.Client.Get(ctx, req.NamespacedName, ps); err != nil {
 		if apierrors.IsNotFound(err) {
+			r.forget(req.NamespacedName)
 			metrics.ScopeCondition.DeletePartialMatch(prometheus.Labels{"scope": req.String()})
 			metrics.StatusWriteFailures.DeletePartialMatch(prometheus.Labels{"scope": req.String()})
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
+	r.onServer(ps)
 	next, recheck := r.compute(ps)
 	if equality.Semantic.DeepEqual(ps.Status, next) {
 		return ctrl.Result{RequeueAfter: recheck}, nil
@@ -146,6 +179,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		if err := r.Client.Get(ctx, req.NamespacedName, ps); err != nil {
 			return ctrl.Result{}, client.IgnoreNotFound(err)
 		}
+		r.onServer(ps)
 		if next, recheck = r.compute(ps); equality.Semantic.DeepEqual(ps.Status, next) {
 			return ctrl.Result{RequeueAfter: recheck}, nil
 		}
@@ -159,9 +193,23 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		metrics.StatusWriteFailures.WithLabelValues(req.String()).Inc()
 		return ctrl.Result{}, fmt.Errorf("patching the status of ProxyScope %s: %w", req, err)
 	}
+	r.written.Store(ps.UID, writtenStatus{name: req.NamespacedName, resourceVersion: ps.ResourceVersion, status: ps.Status.DeepCopy()})
 	r.recordTransitions(ps, before.Status.Conditions)
 	r.recordAdvice(ps, before.Status.Cost)
 	return ctrl.Result{RequeueAfter: recheck}, nil
+}
+
+// forget drops what was written for a deleted scope. Entries are by UID,
+// which the deleted object no longer gives: the deleted scope's are found
+// by what they wrote (written is empty but for writes the cache has not
+// shown yet, a handful at a time).
+func (r *Reconciler) forget(name types.NamespacedName) {
+	r.written.Range(func(uid, v any) bool {
+		if w := v.(writtenStatus); w.name == name {
+			r.written.Delete(uid)
+		}
+		return true
+	})
 }
 
 // compute is the scope's status now, and when to compute it again; it
