@@ -251,7 +251,7 @@ func (e *worldEnv) read(p WorldParams) (*apiWorld, error) {
 		s := &svcs.Items[i]
 		k := model.Key{Namespace: s.Namespace, Name: s.Name}
 		if bySvc[k] == nil {
-			return nil, fmt.Errorf("Service %s has no EndpointSlice", k)
+			return nil, fmt.Errorf("no EndpointSlice for Service %s", k)
 		}
 		w.setService(s, bySvc[k])
 	}
