@@ -161,36 +161,20 @@ func buildWorld(cache string, services int, o RunOptions) error {
 			return err
 		}
 	}
-	var next, done atomic.Int64
-	var wg sync.WaitGroup
-	errs := make(chan error, loaders)
-	for range loaders {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				i := int(next.Add(1) - 1)
-				if i >= services {
-					return
-				}
-				svc, slice := worldService(i)
-				if err := e.fast.Create(ctx, svc, client.FieldOwner("kubectl-client-side-apply")); err != nil {
-					errs <- err
-					return
-				}
-				if err := e.fast.Create(ctx, slice, client.FieldOwner("endpointslice-controller")); err != nil {
-					errs <- err
-					return
-				}
-				if d := done.Add(1); d%10000 == 0 {
-					logf(o, "  loading the world: %d of %d Services in %s", d, services, time.Since(t0).Round(time.Second))
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	if err := <-errs; err != nil {
+	var done atomic.Int64
+	if err := inParallel(services, func(i int) error {
+		svc, slice := worldService(i)
+		if err := e.fast.Create(ctx, svc, client.FieldOwner("kubectl-client-side-apply")); err != nil {
+			return err
+		}
+		if err := e.fast.Create(ctx, slice, client.FieldOwner("endpointslice-controller")); err != nil {
+			return err
+		}
+		if d := done.Add(1); d%10000 == 0 {
+			logf(o, "  loading the world: %d of %d Services in %s", d, services, time.Since(t0).Round(time.Second))
+		}
+		return nil
+	}); err != nil {
 		return err
 	}
 	logf(o, "  loaded %d Services and their EndpointSlices in %s", services, time.Since(t0).Round(time.Second))
@@ -206,10 +190,9 @@ func buildWorld(cache string, services int, o RunOptions) error {
 // loaders is how many objects the loader creates at once.
 const loaders = 32
 
-// createScopes creates a layout's scopes, all of one protocol.
-func (e *worldEnv) createScopes(l Layout, p model.Protocol) error {
-	ctx := context.Background()
-	n := worldScopes(l)
+// inParallel calls fn for 0 ≤ i < n, loaders at a time, and returns the
+// first error; after one, no new call starts.
+func inParallel(n int, fn func(i int) error) error {
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	errs := make(chan error, loaders)
@@ -217,8 +200,8 @@ func (e *worldEnv) createScopes(l Layout, p model.Protocol) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for k := int(next.Add(1) - 1); k < n; k = int(next.Add(1) - 1) {
-				if err := e.Client.Create(ctx, worldScope(l, k, p)); err != nil {
+			for i := int(next.Add(1) - 1); i < n && len(errs) == 0; i = int(next.Add(1) - 1) {
+				if err := fn(i); err != nil {
 					errs <- err
 					return
 				}
@@ -228,6 +211,13 @@ func (e *worldEnv) createScopes(l Layout, p model.Protocol) error {
 	wg.Wait()
 	close(errs)
 	return <-errs
+}
+
+// createScopes creates a layout's scopes, all of one protocol.
+func (e *worldEnv) createScopes(l Layout, p model.Protocol) error {
+	return inParallel(worldScopes(l), func(k int) error {
+		return e.Client.Create(context.Background(), worldScope(l, k, p))
+	})
 }
 
 // read builds the model of what the API server holds.

@@ -220,20 +220,7 @@ func runWorldCellErr(c WorldCell, o RunOptions, res *WorldResult) error {
 		if err != nil {
 			return err
 		}
-		for _, p := range l.proxies {
-			d := Diff(truths[p.view], next[p.view])
-			if len(d) == 0 {
-				p.arm(nil, 0, false)
-				continue
-			}
-			pending := make(map[resKey]want, len(d))
-			for _, ch := range d {
-				pending[resKey{ch.T, ch.Name}] = want{present: ch.Present, digest: ch.Digest}
-			}
-			p.arm(pending, 0, true)
-			ph.Affected++
-			ph.Limit += int64(limitBytes(c.Protocol, next[p.view], d))
-		}
+		armChanges(l, ph, c.Protocol, truths, next)
 		truths = next
 		if err := measure(cp, l, ph, RunOptions{Timeout: worldTimeout}, ev.write, truths); err != nil {
 			return err
