@@ -201,8 +201,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 
 // forget drops what was written for a deleted scope. Entries are by UID,
 // which the deleted object no longer gives: the deleted scope's are found
-// by what they wrote (written is empty but for writes the cache has not
-// shown yet, a handful at a time).
+// by name (written holds at most one entry per scope, and mostly only
+// writes the cache has not shown yet).
 func (r *Reconciler) forget(name types.NamespacedName) {
 	r.written.Range(func(uid, v any) bool {
 		if w := v.(writtenStatus); w.name == name {
