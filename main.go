@@ -16,12 +16,14 @@ import (
 
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	clientconfig "sigs.k8s.io/controller-runtime/pkg/client/config"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/scopeplane/scopeplane/controllers/replicafeedback"
+	"github.com/scopeplane/scopeplane/controllers/status"
 	"github.com/scopeplane/scopeplane/internal/controlplane"
 	"github.com/scopeplane/scopeplane/internal/scheme"
 	"github.com/scopeplane/scopeplane/xds/auth"
@@ -56,6 +58,9 @@ type config struct {
 	xdsTLSSecret  string
 	xdsTLSNS      string
 	crossNS       catalog.CrossNamespace
+	statusWrites  controlplane.StatusWrites
+	kubeQPS       float64
+	kubeBurst     int
 	limits        server.Options
 	auth          auth.Config
 	zap           zap.Options
@@ -98,6 +103,10 @@ func bindFlags(fs *flag.FlagSet) *config {
 	fs.StringVar(&c.adminAddr, "admin-bind-address", "127.0.0.1:18001", "Loopback address of the admin gRPC service: Envoy's Client Status Discovery Service (proxy status and config dumps, what kubectl scopeplane reads through port-forward); empty disables it.")
 	fs.StringVar(&c.pprofAddr, "pprof-bind-address", "", "Address net/http/pprof binds to; empty (the default) disables it.")
 	fs.Var(&c.crossNS, "cross-namespace", "How a ProxyScope may select Services of other namespaces: grant serves them only where that namespace holds a Gateway API ReferenceGrant from ProxyScopes of the scope's namespace to Services; allow serves every selection (for single-tenant clusters).")
+	fs.Float64Var(&c.statusWrites.PerSecond, "status-writes-per-second", status.DefaultWritesPerSecond, "ProxyScope status patches the leader sends per second, at most: after a leader starts, every scope whose status is not current is written at this pace (10,000 scopes in under 40 s at the default, with the burst). The status controller runs a worker per 20 writes a second, so that the API server's round trip does not hold the rate lower.")
+	fs.IntVar(&c.statusWrites.Burst, "status-writes-burst", status.DefaultWritesBurst, "ProxyScope status patches the leader sends at once above the per-second pace.")
+	fs.Float64Var(&c.kubeQPS, "kube-api-qps", defaultKubeQPS, "Requests per second to the API server that each of scopeplane's API clients may send (client-go's limiter: controller-runtime builds a client per resource type, so the ProxyScope status patches have one to themselves); at least --status-writes-per-second, which it would otherwise undercut. A negative value turns client-side limiting off and leaves the pace to the API server's priority and fairness.")
+	fs.IntVar(&c.kubeBurst, "kube-api-burst", defaultKubeBurst, "Requests to the API server each API client may send at once above --kube-api-qps; at least --status-writes-burst.")
 	fs.BoolVar(&c.showVersion, "version", false, "Print the version and exit.")
 	bindLimits(fs, &c.limits)
 	bindAuth(fs, &c.auth)
@@ -149,6 +158,34 @@ func bindLimits(fs *flag.FlagSet, o *server.Options) {
 	fs.IntVar(&o.NACKBurst, "xds-nack-burst", d.NACKBurst, "Rejections one stream gets reported at once above the per-second pace.")
 	fs.DurationVar(&o.MaxConnectionAge, "xds-max-connection-age", d.MaxConnectionAge, "How long an xDS connection lives (±10% jitter) before the server sends GOAWAY, so proxies reconnect and spread over the replicas.")
 	fs.DurationVar(&o.MaxConnectionAgeGrace, "xds-max-connection-age-grace", d.MaxConnectionAgeGrace, "How long ADS streams may go on after that GOAWAY (long enough to finish a push in flight); then the connection is closed and the proxy reconnects.")
+}
+
+// Default client-side limits of scopeplane's API clients. client-go gives
+// each REST client its own token bucket, and controller-runtime builds one
+// client per resource type, so the ProxyScope status patches (status.DefaultWritesPerSecond, status.DefaultWritesBurst)
+// have this bucket to themselves: twice their pace and burst leaves room
+// for their retries, and lets the other clients (bootstrap ConfigMaps, a
+// fresh install's one per scope; Events; the Lease; TokenReviews) write as
+// fast, while a writer gone wrong is still bounded.
+const (
+	defaultKubeQPS   = 2 * status.DefaultWritesPerSecond
+	defaultKubeBurst = 2 * status.DefaultWritesBurst
+)
+
+// limitAPI sets cfg's client-side rate limit from the flags, and refuses
+// one that would pace status writes below --status-writes-per-second or
+// --status-writes-burst.
+func (c *config) limitAPI(cfg *rest.Config) error {
+	switch {
+	case c.kubeQPS == 0:
+		return errors.New("--kube-api-qps=0: client-go would take it for its default of 5 requests a second; give a pace, or a negative value to turn client-side limiting off")
+	case c.kubeQPS > 0 && c.kubeQPS < c.statusWrites.PerSecond:
+		return fmt.Errorf("--kube-api-qps=%v is below --status-writes-per-second=%v: the client would hold status writes below their pace; raise it, or lower the status pace", c.kubeQPS, c.statusWrites.PerSecond)
+	case c.kubeQPS > 0 && c.kubeBurst < c.statusWrites.Burst:
+		return fmt.Errorf("--kube-api-burst=%d is below --status-writes-burst=%d: the client would hold a burst of status writes back; raise it, or lower the status burst", c.kubeBurst, c.statusWrites.Burst)
+	}
+	cfg.QPS, cfg.Burst = float32(c.kubeQPS), c.kubeBurst
+	return nil
 }
 
 // serviceAccountNamespace is the file that holds the pod's namespace.
@@ -229,7 +266,12 @@ func main() {
 	// The manager runs no leader election of its own: controlplane.Setup
 	// runs only the writing under the Lease, so that losing it never ends
 	// the manager and the ADS streams it serves.
-	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
+	cfg := ctrl.GetConfigOrDie()
+	if err := c.limitAPI(cfg); err != nil {
+		log.Error(err, "API client limits")
+		os.Exit(2)
+	}
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                 scheme.Scheme,
 		Cache:                  controlplane.CacheOptions(c.bootstrapNS...),
 		Metrics:                controlplane.MetricsOptions(c.metricsAddr, c.metricsSecure),
@@ -267,7 +309,7 @@ func main() {
 		XDSAddress: c.xdsAddr, XDSServerAddress: c.xdsServer, CoalesceWindow: c.window, AdminAddress: c.adminAddr,
 		CostBucket: c.costBucket, NoBootstrapConfigMaps: !c.bootstrapCMs, BootstrapNamespaces: c.bootstrapNS, Server: c.limits,
 		LeaderElection: controlplane.LeaderElection{Enabled: c.leaderElect, Namespace: c.leaderNS}, Replica: replica, TLS: xdsTLS,
-		CrossNamespace: c.crossNS,
+		CrossNamespace: c.crossNS, StatusWrites: c.statusWrites,
 	}); err != nil {
 		log.Error(err, "setting up the control plane")
 		os.Exit(1)

@@ -24,6 +24,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -285,7 +286,8 @@ The Helm chart ([install.md](install.md)) sets these from its values: the addres
 (` + "`--metrics-bind-address`, `--health-probe-bind-address`, `--xds-bind-address`," + `
 ` + "`--xds-server-address`, `--admin-bind-address`, `--pprof-bind-address`" + `), ` + "`--leader-elect`" + `,
 ` + "`--metrics-secure`, `--bootstrap-configmaps`, `--bootstrap-configmap-namespaces`," + `
-` + "`--cross-namespace`" + `; TLS (` + "`--xds-insecure`" + `,
+` + "`--cross-namespace`, `--status-writes-per-second`, `--status-writes-burst`, `--kube-api-qps`," + `
+` + "`--kube-api-burst`" + `; TLS (` + "`--xds-insecure`" + `,
 ` + "`--xds-tls-dir`, `--xds-tls-secret`, `--xds-tls-secret-namespace`" + `); authentication
 (` + "`--xds-auth`, `--xds-token-audience`, `--xds-spiffe-trust-domain`," + `
 ` + "`--xds-spiffe-trust-bundle`, `--xds-allow-anonymous`" + `); and the per-client limits
@@ -326,5 +328,44 @@ func TestReplicaName(t *testing.T) {
 	host, _ := os.Hostname()
 	if r, err := c.replica(func(string) string { return "" }); err != nil || r.Name != strings.ToLower(host) {
 		t.Errorf("outside a pod: %+v, %v; want the host name %q", r, err, host)
+	}
+}
+
+// TestAPILimits checks the API client limits the flags set: by default a
+// pace above the status writes' (where controller-runtime's GetConfig
+// leaves client-side limiting off), a negative pace turning it off, and a
+// clear refusal of a pace that would undercut the status writes or that
+// client-go would read as its default of 5 a second.
+func TestAPILimits(t *testing.T) {
+	for _, tc := range []struct {
+		args      []string
+		qps       float32
+		burst     int
+		wantError string
+	}{
+		{nil, 500, 1000, ""},
+		{[]string{"--kube-api-qps=-1"}, -1, 1000, ""},
+		{[]string{"--status-writes-per-second=1000", "--status-writes-burst=1000", "--kube-api-qps=1200", "--kube-api-burst=1500"}, 1200, 1500, ""},
+		{[]string{"--kube-api-qps=0"}, 0, 0, "--kube-api-qps=0"},
+		{[]string{"--kube-api-qps=100"}, 0, 0, "--kube-api-qps=100 is below --status-writes-per-second=250"},
+		{[]string{"--kube-api-burst=100"}, 0, 0, "--kube-api-burst=100 is below --status-writes-burst=500"},
+	} {
+		fs := flag.NewFlagSet("scopeplane", flag.ContinueOnError)
+		c := bindFlags(fs)
+		if err := fs.Parse(tc.args); err != nil {
+			t.Fatal(err)
+		}
+		cfg := &rest.Config{QPS: -1}
+		err := c.limitAPI(cfg)
+		switch {
+		case tc.wantError != "":
+			if err == nil || !strings.Contains(err.Error(), tc.wantError) {
+				t.Errorf("%v: error %v, want one saying %q", tc.args, err, tc.wantError)
+			}
+		case err != nil:
+			t.Errorf("%v: %v", tc.args, err)
+		case cfg.QPS != tc.qps || cfg.Burst != tc.burst:
+			t.Errorf("%v: QPS %v burst %d, want %v and %d", tc.args, cfg.QPS, cfg.Burst, tc.qps, tc.burst)
+		}
 	}
 }

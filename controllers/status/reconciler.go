@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -24,6 +25,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -68,6 +70,80 @@ type Reconciler struct {
 	Recorder            events.EventRecorder
 	// Window coalesces bursts of changes into one write per scope.
 	Window time.Duration
+	// Writes, when set, paces the status patches: each waits for a token
+	// first, so that a new leader with thousands of scopes to write does
+	// not flood the API server, and the rate is one the operator chose
+	// (NewWriteLimiter).
+	Writes *rate.Limiter
+	// Workers is how many scopes are reconciled at once (Workers(rate)
+	// when zero): enough that the write limiter, not the API server's
+	// round trip, bounds the rate.
+	Workers int
+
+	// written holds, per scope (by UID), the status this leader last
+	// patched, until the cache shows that write (see onServer).
+	written sync.Map
+}
+
+// writtenStatus is a status patched, and the resource version it made.
+type writtenStatus struct {
+	name            types.NamespacedName
+	resourceVersion string
+	status          *xdsv1alpha1.ProxyScopeStatus
+}
+
+// onServer makes ps, read from the cache, carry the status the API server
+// holds: the one this leader patched last, while the cache has not caught
+// up with that write. Only the leader writes status, so the server holds
+// its last write. Compared with the cache's older copy instead, a status
+// changed and changed back before the cache caught up (0 proxies
+// connected, then every proxy again, while they reconnect to a new
+// leader) would look unchanged, and the server keep the one in between.
+func (r *Reconciler) onServer(ps *xdsv1alpha1.ProxyScope) {
+	v, ok := r.written.Load(ps.UID)
+	if !ok {
+		return
+	}
+	w := v.(writtenStatus)
+	if ps.ResourceVersion == w.resourceVersion {
+		r.written.Delete(ps.UID) // the cache has caught up
+		return
+	}
+	w.status.DeepCopyInto(&ps.Status)
+}
+
+// Default status write pace: with 10,000 scopes every status is written
+// within (10,000 - burst) / rate = 38 s of a leader's start, inside a
+// minute with room for the first build and a slow API server, while a
+// burst of edits of a few hundred scopes is written at once.
+const (
+	DefaultWritesPerSecond = 250
+	DefaultWritesBurst     = 500
+)
+
+// NewWriteLimiter is the status write pace: perSecond patches a second,
+// burst at once. It refuses a rate or burst below what lets any write
+// through.
+func NewWriteLimiter(perSecond float64, burst int) (*rate.Limiter, error) {
+	if !(perSecond > 0) || math.IsInf(perSecond, 1) {
+		return nil, fmt.Errorf("status writes per second %v: it must be a positive number", perSecond)
+	}
+	if burst < 1 {
+		return nil, fmt.Errorf("status writes burst %d: it must be at least 1", burst)
+	}
+	return rate.NewLimiter(rate.Limit(perSecond), burst), nil
+}
+
+// writesPerWorker is the status patches one worker is counted on for per
+// second: a 50 ms round trip (computing the status, the patch, the API
+// server's answer), ten times what an idle API server takes, so that a
+// loaded one still lets the limiter bound the rate.
+const writesPerWorker = 20
+
+// Workers is the number of status workers that sustains perSecond writes
+// with a 50 ms round trip each: at least 2, at most 256.
+func Workers(perSecond float64) int {
+	return int(min(max(math.Ceil(perSecond/writesPerWorker), 2), 256))
 }
 
 // Replicas reports what the proxies of the other replicas said.
@@ -83,33 +159,71 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	ps := &xdsv1alpha1.ProxyScope{}
 	if err := r.Client.Get(ctx, req.NamespacedName, ps); err != nil {
 		if apierrors.IsNotFound(err) {
+			r.forget(req.NamespacedName)
 			metrics.ScopeCondition.DeletePartialMatch(prometheus.Labels{"scope": req.String()})
 			metrics.StatusWriteFailures.DeletePartialMatch(prometheus.Labels{"scope": req.String()})
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
+	r.onServer(ps)
+	next, recheck := r.compute(ps)
+	if equality.Semantic.DeepEqual(ps.Status, next) {
+		return ctrl.Result{RequeueAfter: recheck}, nil
+	}
+	if r.Writes != nil {
+		if err := r.Writes.Wait(ctx); err != nil {
+			return ctrl.Result{}, fmt.Errorf("waiting to write the status of ProxyScope %s: %w", req, err)
+		}
+		// The wait can be long (a new leader writing thousands of
+		// scopes): what is written is what is true after it.
+		if err := r.Client.Get(ctx, req.NamespacedName, ps); err != nil {
+			return ctrl.Result{}, client.IgnoreNotFound(err)
+		}
+		r.onServer(ps)
+		if next, recheck = r.compute(ps); equality.Semantic.DeepEqual(ps.Status, next) {
+			return ctrl.Result{RequeueAfter: recheck}, nil
+		}
+	}
+	before := ps.DeepCopy()
+	ps.Status = next
+	if err := r.Client.Status().Patch(ctx, ps, client.MergeFrom(before)); err != nil {
+		// The controller logs the error and retries with backoff
+		// (retryLimiter); a change of the scope meanwhile retries it
+		// at once.
+		metrics.StatusWriteFailures.WithLabelValues(req.String()).Inc()
+		return ctrl.Result{}, fmt.Errorf("patching the status of ProxyScope %s: %w", req, err)
+	}
+	r.written.Store(ps.UID, writtenStatus{name: req.NamespacedName, resourceVersion: ps.ResourceVersion, status: ps.Status.DeepCopy()})
+	r.recordTransitions(ps, before.Status.Conditions)
+	r.recordAdvice(ps, before.Status.Cost)
+	return ctrl.Result{RequeueAfter: recheck}, nil
+}
+
+// forget drops what was written for a deleted scope. Entries are by UID,
+// which the deleted object no longer gives: the deleted scope's are found
+// by name (written holds at most one entry per scope, and mostly only
+// writes the cache has not shown yet).
+func (r *Reconciler) forget(name types.NamespacedName) {
+	r.written.Range(func(uid, v any) bool {
+		if w := v.(writtenStatus); w.name == name {
+			r.written.Delete(uid)
+		}
+		return true
+	})
+}
+
+// compute is the scope's status now, and when to compute it again; it
+// sets the condition metrics.
+func (r *Reconciler) compute(ps *xdsv1alpha1.ProxyScope) (xdsv1alpha1.ProxyScopeStatus, time.Duration) {
 	next, recheck := compute(&ps.Status, r.inputs(ps))
 	for _, c := range next.Conditions {
 		v := 0.0
 		if c.Status == metav1.ConditionTrue {
 			v = 1
 		}
-		metrics.ScopeCondition.WithLabelValues(req.String(), c.Type).Set(v)
+		metrics.ScopeCondition.WithLabelValues(client.ObjectKeyFromObject(ps).String(), c.Type).Set(v)
 	}
-	if !equality.Semantic.DeepEqual(ps.Status, next) {
-		before := ps.DeepCopy()
-		ps.Status = next
-		if err := r.Client.Status().Patch(ctx, ps, client.MergeFrom(before)); err != nil {
-			// The controller logs the error and retries with backoff
-			// (retryLimiter); a change of the scope meanwhile retries it
-			// at once.
-			metrics.StatusWriteFailures.WithLabelValues(req.String()).Inc()
-			return ctrl.Result{}, fmt.Errorf("patching the status of ProxyScope %s: %w", req, err)
-		}
-		r.recordTransitions(ps, before.Status.Conditions)
-		r.recordAdvice(ps, before.Status.Cost)
-	}
-	return ctrl.Result{RequeueAfter: recheck}, nil
+	return next, recheck
 }
 
 // inputs reads what the pipeline serves for the scope and what its proxies said.
@@ -232,6 +346,18 @@ func retryLimiter() workqueue.TypedRateLimiter[reconcile.Request] {
 	)
 }
 
+// workers is Workers, or the number the write limiter's rate calls for,
+// or one without a limiter.
+func (r *Reconciler) workers() int {
+	switch {
+	case r.Workers > 0:
+		return r.Workers
+	case r.Writes != nil:
+		return Workers(float64(r.Writes.Limit()))
+	}
+	return 1
+}
+
 // SetupWithManager runs the reconciler on the leader for every ProxyScope
 // whose spec changed, and for every scope the store or the feedback says
 // changed: the workqueue dedups them and retries failed patches with backoff.
@@ -246,7 +372,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("status").
-		WithOptions(controller.Options{RateLimiter: retryLimiter()}).
+		WithOptions(controller.Options{RateLimiter: retryLimiter(), MaxConcurrentReconciles: r.workers()}).
 		For(&xdsv1alpha1.ProxyScope{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		WatchesRawSource(source.Channel(changes, &handler.TypedEnqueueRequestForObject[*xdsv1alpha1.ProxyScope]{})).
 		Complete(r)

@@ -406,3 +406,49 @@ func TestPlotWithoutEndpointEvents(t *testing.T) {
 		t.Error("the endpoint panels do not say they have no data")
 	}
 }
+
+// TestWorldCorrectness runs bench-world's cells on a small world (the teams
+// layout over 300 Services, 200 proxies, both protocols): it builds the
+// world into a real API server, runs scopeplane's operator against it and
+// checks every proxy against the truth after the start, every event written
+// to the API server and a restart, and every scope's status counting all
+// its proxies in sync after each start. It asserts no timing.
+func TestWorldCorrectness(t *testing.T) {
+	if testing.Short() {
+		t.Skip("spawns the operator against a real API server")
+	}
+	t.Setenv("XDG_CACHE_HOME", t.TempDir()) // build the world, as a first run does
+	p := WorldPresets["world-tiny"]
+	var log strings.Builder
+	for _, c := range p.Cells([]model.Protocol{model.SotW, model.Delta}, "") {
+		r := runWorldCell(c, RunOptions{Log: &log})
+		if r.Err != "" {
+			t.Errorf("%s: %s", c, r.Err)
+			continue
+		}
+		var names []string
+		for _, ph := range r.Phases {
+			names = append(names, ph.Name)
+			if ph.Failed > 0 {
+				t.Errorf("%s %s: %d proxies late or wrong: %s", c, ph.Name, ph.Failed, strings.Join(ph.Errors, "; "))
+			}
+			if ph.Affected == 0 {
+				t.Errorf("%s %s: no proxy was affected", c, ph.Name)
+			}
+		}
+		if got, want := strings.Join(names, ","), "sync,endpoint,endpoint,endpoint,endpoint,endpoint,addservice,selector,restart"; got != want {
+			t.Errorf("%s: phases %s, want %s", c, got, want)
+		}
+		for what, s := range map[string]StatusWrites{"first start": r.StatusStart, "restart": r.StatusRestart} {
+			if s.Stale > 0 || s.Writes == 0 {
+				t.Errorf("%s: statuses after the %s: %s", c, what, s)
+			}
+		}
+		if r.Start.Built == 0 || r.Restart.Built == 0 || r.Heap["informer caches"] == 0 || r.Heap["snapshots"] == 0 {
+			t.Errorf("%s: start %s, restart %s, heap %v", c, r.Start, r.Restart, r.Heap)
+		}
+	}
+	if t.Failed() {
+		t.Log(log.String())
+	}
+}

@@ -216,6 +216,11 @@ func spawn(c Cell, addr, replay, goMemLimit string) (*cpProc, error) {
 	if c.Churn.On() {
 		args = append(args, "-coalesce-window", c.Churn.Window.String())
 	}
+	return spawnArgs(self, args, goMemLimit)
+}
+
+// spawnArgs starts `bench serve` with args and waits for it to serve.
+func spawnArgs(self string, args []string, goMemLimit string) (*cpProc, error) {
 	cmd := exec.Command(self, args...)
 	cmd.Env = append(os.Environ(), serveEnv+"=1")
 	if goMemLimit != "" {
@@ -464,28 +469,7 @@ func runCellErr(c Cell, o RunOptions, res *Result) error {
 		if err != nil {
 			return err
 		}
-		diffs := map[int][]ResChange{}
-		for s := range nextTruths {
-			diffs[s] = Diff(truths[s], nextTruths[s])
-		}
-		limits := map[int]int{}
-		for _, p := range l.proxies {
-			d := diffs[p.view]
-			if len(d) == 0 {
-				p.arm(nil, 0, false)
-				continue
-			}
-			pending := make(map[resKey]want, len(d))
-			for _, ch := range d {
-				pending[resKey{ch.T, ch.Name}] = want{present: ch.Present, digest: ch.Digest}
-			}
-			p.arm(pending, 0, true)
-			ph.Affected++
-			if _, ok := limits[p.view]; !ok {
-				limits[p.view] = limitBytes(c.Protocol, nextTruths[p.view], d)
-			}
-			ph.Limit += int64(limits[p.view])
-		}
+		armChanges(l, ph, c.Protocol, truths, nextTruths)
 		truths = nextTruths
 		if err := profiled(cp, profBase, fmt.Sprintf("%d-%s", len(res.Phases), ev), func() error {
 			return measure(cp, l, ph, o, func() error { _, err := cp.do("event " + ev); return err }, truths)
@@ -549,6 +533,32 @@ func runCellErr(c Cell, o RunOptions, res *Result) error {
 	res.Phases = append(res.Phases, ph)
 	logf(o, "  %s: %s", c, phaseLine(ph))
 	return nil
+}
+
+// armChanges arms every proxy for what changed between the truths of its
+// view, and adds to the phase the proxies affected and the least a stream
+// of the protocol could carry to them.
+func armChanges(l *load, ph *Phase, p model.Protocol, prev, next map[int]*Truth) {
+	diffs, limits := map[int][]ResChange{}, map[int]int{}
+	for v := range next {
+		if d := Diff(prev[v], next[v]); len(d) > 0 {
+			diffs[v], limits[v] = d, limitBytes(p, next[v], d)
+		}
+	}
+	for _, px := range l.proxies {
+		d := diffs[px.view]
+		if len(d) == 0 {
+			px.arm(nil, 0, false)
+			continue
+		}
+		pending := make(map[resKey]want, len(d))
+		for _, ch := range d {
+			pending[resKey{ch.T, ch.Name}] = want{present: ch.Present, digest: ch.Digest}
+		}
+		px.arm(pending, 0, true)
+		ph.Affected++
+		ph.Limit += int64(limits[px.view])
+	}
 }
 
 // profiled runs one phase under a CPU profile of the control plane, written

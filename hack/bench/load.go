@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -574,7 +575,8 @@ func newLoad(addr string, n int, p model.Protocol, w *World) (*load, error) {
 }
 
 // start runs every proxy, reconnecting whenever its stream ends, until stop.
-// A stream the control plane refused for pacing (ResourceExhausted) is
+// A stream the control plane refused for pacing (ResourceExhausted), or
+// because it is not ready yet (a replica starting), is
 // retried with a jittered exponential backoff, as Envoy retries a failed
 // xDS stream (500 ms doubling to 30 s; here 50 ms to 1 s, so the sync is
 // not lengthened by much): retrying every 20 ms, 10,000 proxies opened over
@@ -592,7 +594,7 @@ func (l *load) start() {
 			refusedWait := time.Duration(0)
 			for ctx.Err() == nil {
 				wait := 20 * time.Millisecond
-				if err := p.c.Run(ctx, conn); status.Code(err) == codes.ResourceExhausted {
+				if err := p.c.Run(ctx, conn); refused(err) {
 					refusedWait = min(max(2*refusedWait, 50*time.Millisecond), time.Second)
 					wait = refusedWait/2 + rand.N(refusedWait/2)
 				} else {
@@ -605,6 +607,14 @@ func (l *load) start() {
 			}
 		}()
 	}
+}
+
+// refused reports whether the control plane refused the stream for now: over
+// its pace (ResourceExhausted), or not ready yet (a replica starting, which
+// refuses streams until its first build from the whole cluster).
+func refused(err error) bool {
+	st := status.Convert(err)
+	return st.Code() == codes.ResourceExhausted || st.Code() == codes.Unavailable && strings.HasPrefix(st.Message(), "not ready")
 }
 
 func (l *load) close() {

@@ -14,6 +14,8 @@
 //	go run ./hack/bench -preset full -kind churn   # only its sustained churn
 //	go run ./hack/bench -preset quick   # make bench-quick: S=500, N=50, every cell
 //	go run ./hack/bench serve -impl scopeplane -services 1000 -cpuprofile cp.pprof
+//	go run ./hack/bench -preset world   # make bench-world: 100,000 Services in a real API server
+//	go run ./hack/bench load-world -services 100000   # only build and cache that world
 //
 // Timings are reported, never asserted; correctness is: the run exits 1 when
 // any proxy did not converge or held something other than the truth, or when
@@ -43,6 +45,9 @@ func main() {
 	}
 	if os.Getenv(serveEnv) == "1" {
 		os.Exit(serveMain(args))
+	}
+	if len(args) > 0 && args[0] == "load-world" {
+		os.Exit(loadWorldMain(args[1:]))
 	}
 	if len(args) > 0 && args[0] == "run" {
 		args = args[1:]
@@ -128,13 +133,13 @@ func (p Preset) Cells(impls []string, protocols []model.Protocol) []Cell {
 func runMain(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	preset := fs.String("preset", "quick", "full, quick, tiny or sweep (one dimension at a time, for -plots)")
+	preset := fs.String("preset", "quick", "full, quick, tiny, sweep (one dimension at a time, for -plots), or world (the operator against a real API server at S=10,000 and S=100,000) and world-tiny")
 	impls := fs.String("impl", "baseline,scopeplane", "implementations to measure")
 	protocols := fs.String("protocol", "SotW,Delta", "protocols to measure")
 	layouts := fs.String("layout", "", "only these layouts (default: the preset's)")
 	window := fs.Duration("coalesce-window", churnWindow, "the churn cells' coalescing window (scopeplane's --coalesce-window)")
 	kinds := fs.String("kind", "events,churn", "only these kinds of cells: events (sync, the events, a restart), churn (sync, then the preset's sustained churn)")
-	only := fs.String("size", "", "measure this size instead of the preset's, as SxN (e.g. 1000x1000)")
+	only := fs.String("size", "", "measure this size instead of the preset's, as SxN (e.g. 1000x1000); with a world preset, S alone")
 	out := fs.String("out", "", "also write the markdown report to this file")
 	plots := fs.String("plots", "", "also write SVG charts of the unscoped cells' cost vs Services and vs proxies into this directory")
 	profile := fs.String("profile", "", "write into this directory a CPU profile of each control plane per phase (sync, each event), and a heap profile after the initial sync")
@@ -154,6 +159,28 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 			return 1
 		}
 		defer func() { pprof.StopCPUProfile(); _ = f.Close() }()
+	}
+	if *profile != "" {
+		if err := os.MkdirAll(*profile, 0o755); err != nil {
+			fmt.Fprintln(stderr, err)
+			return 1
+		}
+	}
+	if wp, ok := WorldPresets[*preset]; ok {
+		if *only != "" {
+			var n int
+			if _, err := fmt.Sscanf(*only, "%d", &n); err != nil || n < worldTeams {
+				fmt.Fprintf(stderr, "-size %q: with -preset %s, want a number of Services of at least %d\n", *only, *preset, worldTeams)
+				return 2
+			}
+			wp.Sizes = []int{n}
+		}
+		var protos []model.Protocol
+		for _, s := range strings.Split(*protocols, ",") {
+			protos = append(protos, model.Protocol(s))
+		}
+		return runWorld(wp.Cells(protos, *layouts), RunOptions{ProfileDir: *profile, GoMemLimit: *goMemLimit, Log: stderr},
+			"go run ./hack/bench "+strings.Join(args, " "), *out, stdout, stderr)
 	}
 	p, ok := Presets[*preset]
 	if !ok {
@@ -179,12 +206,6 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 	}
 	cells := p.Cells(strings.Split(*impls, ","), protos)
 	cells = filterCells(cells, *layouts, *kinds)
-	if *profile != "" {
-		if err := os.MkdirAll(*profile, 0o755); err != nil {
-			fmt.Fprintln(stderr, err)
-			return 1
-		}
-	}
 	results, header := run(cells, RunOptions{EndpointEvents: p.EndpointEvents, ProfileDir: *profile, Timeout: p.Timeout, GoMemLimit: *goMemLimit, Log: stderr},
 		"go run ./hack/bench "+strings.Join(args, " "))
 	var buf bytes.Buffer

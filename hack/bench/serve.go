@@ -72,16 +72,24 @@ type controlPlane interface {
 //	quit           exits (so does the end of stdin)
 func serveMain(args []string) int {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	impl := fs.String("impl", "scopeplane", "control plane: scopeplane or baseline (stock go-control-plane SnapshotCache)")
+	impl := fs.String("impl", "scopeplane", "control plane: scopeplane, baseline (stock go-control-plane SnapshotCache), or operator (scopeplane's whole operator, against -kubeconfig)")
 	services := fs.Int("services", 1000, "number of Services")
 	layout := fs.String("layout", string(Unscoped), "unscoped, scoped or zoned")
 	protocol := fs.String("protocol", string(model.SotW), "SotW or Delta (the scopes' protocol)")
 	addr := fs.String("addr", "127.0.0.1:0", "ADS listen address (loopback only)")
 	replay := fs.String("replay", "", "comma-separated events applied before serving (a restart)")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of this process's whole life to this file")
+	kubeconfig := fs.String("kubeconfig", "", "with -impl operator: the API server to run scopeplane's operator against")
 	window := fs.Duration("coalesce-window", 0, "build changes in the background as they arrive, coalescing those within this window, as scopeplane's --coalesce-window (0: build each event as one batch before answering it)")
 	if err := fs.Parse(args); err != nil {
 		return 2
+	}
+	if *impl == "operator" {
+		if err := serveOperator(*kubeconfig, *addr, model.Protocol(*protocol), *cpuprofile); err != nil {
+			fmt.Fprintln(os.Stderr, "bench serve:", err)
+			return 1
+		}
+		return 0
 	}
 	if l := Layout(*layout); l != Unscoped && l != Scoped && l != Zoned {
 		fmt.Fprintf(os.Stderr, "bench serve: -layout %q: want unscoped, scoped or zoned\n", *layout)
@@ -99,34 +107,10 @@ func serve(impl string, p WorldParams, addr string, replay, cpuprofile string, w
 	if host, _, err := net.SplitHostPort(addr); err != nil || !net.ParseIP(host).IsLoopback() {
 		return fmt.Errorf("-addr %q: the benchmark serves on loopback only", addr)
 	}
-	var prof *os.File
-	startProfile := func(path string) error {
-		if prof != nil {
-			return errors.New("a profile is already running")
-		}
-		f, err := os.Create(path)
-		if err != nil {
-			return err
-		}
-		if err := pprof.StartCPUProfile(f); err != nil {
-			_ = f.Close()
-			return err
-		}
-		prof = f
-		return nil
-	}
-	stopProfile := func() error {
-		if prof == nil {
-			return nil
-		}
-		pprof.StopCPUProfile()
-		err := prof.Close()
-		prof = nil
-		return err
-	}
-	defer func() { _ = stopProfile() }()
+	cmd := &commander{}
+	defer func() { _ = cmd.stopProfile() }()
 	if cpuprofile != "" {
-		if err := startProfile(cpuprofile); err != nil {
+		if err := cmd.startProfile(cpuprofile); err != nil {
 			return err
 		}
 	}
@@ -157,17 +141,73 @@ func serve(impl string, p WorldParams, addr string, replay, cpuprofile string, w
 	served := make(chan error, 1)
 	go func() { served <- cp.Serve(ctx, lis) }()
 	out := bufio.NewWriter(os.Stdout)
+	fmt.Fprintf(out, "ready %s\n", lis.Addr())
+	_ = out.Flush()
+	return cmd.loop(cp, w, out, served, func() error { return shutdown(cancel, served) })
+}
+
+// commander answers the driver's commands (see serveMain) for one
+// control-plane process.
+type commander struct {
+	prof *os.File
+}
+
+func (c *commander) startProfile(path string) error {
+	if c.prof != nil {
+		return errors.New("a profile is already running")
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		_ = f.Close()
+		return err
+	}
+	c.prof = f
+	return nil
+}
+
+func (c *commander) stopProfile() error {
+	if c.prof == nil {
+		return nil
+	}
+	pprof.StopCPUProfile()
+	err := c.prof.Close()
+	c.prof = nil
+	return err
+}
+
+// answerer is a control plane with commands of its own.
+type answerer interface {
+	answer(cmd string) (string, bool)
+}
+
+// loop answers one command per stdin line until "quit" or the end of
+// stdin, then stops the control plane. w is nil when the control plane
+// takes no events from the driver.
+func (c *commander) loop(cp controlPlane, w *World, out *bufio.Writer, served <-chan error, stop func() error) error {
 	reply := func(format string, a ...any) {
 		fmt.Fprintf(out, format+"\n", a...)
 		_ = out.Flush()
 	}
-	reply("ready %s", lis.Addr())
-
+	defer func() { _ = c.stopProfile() }()
 	in := bufio.NewScanner(os.Stdin)
 	for in.Scan() {
-		cmd, arg, _ := strings.Cut(strings.TrimSpace(in.Text()), " ")
+		line := strings.TrimSpace(in.Text())
+		cmd, arg, _ := strings.Cut(line, " ")
+		if a, ok := cp.(answerer); ok {
+			if answer, ok := a.answer(line); ok {
+				reply("%s", answer)
+				continue
+			}
+		}
 		switch cmd {
 		case "event":
+			if w == nil {
+				reply("error this control plane takes its events from the API server")
+				continue
+			}
 			ch, err := w.Apply(arg)
 			if err != nil {
 				reply("error %v", err)
@@ -196,33 +236,33 @@ func serve(impl string, p WorldParams, addr string, replay, cpuprofile string, w
 			}
 			reply("ok")
 		case "profile":
-			if err := startProfile(arg); err != nil {
+			if err := c.startProfile(arg); err != nil {
 				reply("error %v", err)
 				continue
 			}
 			reply("ok")
 		case "profile-stop":
-			if err := stopProfile(); err != nil {
+			if err := c.stopProfile(); err != nil {
 				reply("error %v", err)
 				continue
 			}
 			reply("ok")
 		case "quit":
-			return shutdown(cancel, served, stopProfile)
+			return stop()
 		default:
 			reply("error unknown command %q", cmd)
 		}
 		select {
 		case err := <-served:
-			return fmt.Errorf("ADS server stopped: %w", err)
+			return fmt.Errorf("the control plane stopped: %w", err)
 		default:
 		}
 	}
-	return shutdown(cancel, served, stopProfile)
+	return stop()
 }
 
 // shutdown stops serving, waiting a bounded time for the streams to drain.
-func shutdown(cancel context.CancelFunc, served <-chan error, stopProfile func() error) error {
+func shutdown(cancel context.CancelFunc, served <-chan error) error {
 	cancel()
 	select {
 	case err := <-served:
@@ -231,7 +271,7 @@ func shutdown(cancel context.CancelFunc, served <-chan error, stopProfile func()
 		}
 	case <-time.After(3 * time.Second):
 	}
-	return stopProfile()
+	return nil
 }
 
 func writeHeapProfile(path string) error {

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -55,6 +56,8 @@ type Options struct {
 	XDSServerAddress string
 	// StatusWindow coalesces changes into status writes, per burst.
 	StatusWindow time.Duration
+	// StatusWrites paces the leader's status patches.
+	StatusWrites StatusWrites
 	// CostBucket is the width of one of the 60 buckets of status.cost's
 	// rolling window (a minute when zero).
 	CostBucket time.Duration
@@ -94,6 +97,15 @@ type Options struct {
 	// CrossNamespace says whether selections of other namespaces' Services
 	// need their consent (ReferenceGrants; the zero value) or not.
 	CrossNamespace catalog.CrossNamespace
+}
+
+// StatusWrites is the pace of the leader's status patches: PerSecond a
+// second (status.DefaultWritesPerSecond when zero), Burst at once
+// (status.DefaultWritesBurst when zero). One pace serves every term, so a
+// quick change of leaders does not restart the burst.
+type StatusWrites struct {
+	PerSecond float64
+	Burst     int
 }
 
 // TLS configures the xDS port's TLS, on unless Insecure. The serving
@@ -150,10 +162,14 @@ func CheckAdminAddress(addr string) error {
 // CacheOptions restricts the manager's cache to what the control plane
 // reads: of ConfigMaps, only those it writes, and with bootstrapNamespaces
 // (Options.BootstrapNamespaces) only those of these namespaces, so that it
-// watches ConfigMaps with namespaced rights alone. Its informers ride out
-// API server outages and report their data's age (package apiwatch).
+// watches ConfigMaps with namespaced rights alone. Of each object it keeps
+// only what is read: no managed fields and no last-applied annotation
+// (trimMeta), Services and EndpointSlices as the converter reads them
+// (stripService, stripEndpointSlice), Pods as the peer-address method
+// reads them (stripPod). Its informers ride out API server outages and
+// report their data's age (package apiwatch).
 func CacheOptions(bootstrapNamespaces ...string) cache.Options {
-	configMaps := cache.ByObject{Label: labels.SelectorFromSet(labels.Set{bootstrapconfig.ManagedByLabel: bootstrapconfig.ManagedBy})}
+	configMaps := cache.ByObject{Label: labels.SelectorFromSet(labels.Set{bootstrapconfig.ManagedByLabel: bootstrapconfig.ManagedBy}), Transform: trimMeta}
 	if len(bootstrapNamespaces) > 0 {
 		configMaps.Namespaces = map[string]cache.Config{}
 		for _, ns := range bootstrapNamespaces {
@@ -164,8 +180,15 @@ func CacheOptions(bootstrapNamespaces ...string) cache.Options {
 		// Pods are cached, with their address indexes, only for the
 		// peer-address method (newPodIndex), and then only the fields it
 		// reads.
-		ByObject:    map[client.Object]cache.ByObject{&corev1.ConfigMap{}: configMaps, &corev1.Pod{}: {Transform: stripPod}},
-		NewInformer: apiwatch.NewInformer(scheme.Scheme),
+		// A transform of ByObject replaces DefaultTransform for its kind.
+		ByObject: map[client.Object]cache.ByObject{
+			&corev1.ConfigMap{}:          configMaps,
+			&corev1.Pod{}:                {Transform: stripPod},
+			&corev1.Service{}:            {Transform: stripService},
+			&discoveryv1.EndpointSlice{}: {Transform: stripEndpointSlice},
+		},
+		DefaultTransform: trimMeta,
+		NewInformer:      apiwatch.NewInformer(scheme.Scheme),
 	}
 }
 
@@ -234,6 +257,10 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) (*ControlPlane, 
 			return nil, err
 		}
 	}
+	writes, err := status.NewWriteLimiter(cmp.Or(opts.StatusWrites.PerSecond, status.DefaultWritesPerSecond), cmp.Or(opts.StatusWrites.Burst, status.DefaultWritesBurst))
+	if err != nil {
+		return nil, err
+	}
 	conflicts := bootstrapconfig.NewConflicts()
 	if opts.StatusWindow <= 0 {
 		opts.StatusWindow = 200 * time.Millisecond
@@ -266,7 +293,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) (*ControlPlane, 
 		}
 		return (&status.Reconciler{
 			Client: m.GetClient(), Store: cp.Store, Feedback: cp.Feedback, Replicas: replicas, Bootstrap: conflicts, NoBootstrapConfigMaps: opts.NoBootstrapConfigMaps,
-			BootstrapNamespaces: opts.BootstrapNamespaces, Recorder: recorder, Window: opts.StatusWindow,
+			BootstrapNamespaces: opts.BootstrapNamespaces, Recorder: recorder, Window: opts.StatusWindow, Writes: writes,
 		}).SetupWithManager(m)
 	}
 	if cp.elector, err = newElector(mgr, opts.LeaderElection, leaderOnly); err != nil {

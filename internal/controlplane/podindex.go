@@ -28,12 +28,13 @@ const (
 // stripPod is the Pod cache's transform: it keeps only what the
 // peer-address method reads (identity, phase, deletion, host network and
 // addresses), so that a cluster's Pods cost the control plane a few
-// hundred bytes each rather than their whole spec and status. It leaves
-// other objects (the metadata-only Pods of token bindings) alone.
+// hundred bytes each rather than their whole spec and status. Other
+// objects (the metadata-only Pods of token bindings) get the default
+// transform, trimMeta.
 func stripPod(obj any) (any, error) {
 	p, ok := obj.(*corev1.Pod)
 	if !ok {
-		return obj, nil
+		return trimMeta(obj)
 	}
 	return &corev1.Pod{
 		TypeMeta: p.TypeMeta,

@@ -223,9 +223,13 @@ func TestStreamMemory(t *testing.T) {
 		// each), which the server does not see before it is whole: bounded
 		// by the client's streams (it was ~400 MiB for 300 of them). The
 		// server keeps no more than 4 KiB of any error_detail once decoded
-		// (checked above and in the codec's tests).
-		if bound := int64(admitted) * 4 * nackBytes; growth > bound {
-			t.Errorf("the flood grew the live heap by %.1f MiB, more than %.1f MiB (4× the bytes of the admitted streams' NACKs)", float64(growth)/(1<<20), float64(bound)/(1<<20))
+		// (checked above and in the codec's tests). The refused streams'
+		// DATA frames in flight when they are reset add to it by timing:
+		// 6 to 142 MiB over eight runs of the same flood on one machine,
+		// so the bound is 6× the admitted streams' NACKs, well under the
+		// unbounded 400 MiB.
+		if bound := int64(admitted) * 6 * nackBytes; growth > bound {
+			t.Errorf("the flood grew the live heap by %.1f MiB, more than %.1f MiB (6× the bytes of the admitted streams' NACKs)", float64(growth)/(1<<20), float64(bound)/(1<<20))
 		}
 		start := time.Now()
 		p.converge()

@@ -2,6 +2,7 @@ package catalog
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 
 	"k8s.io/apimachinery/pkg/labels"
@@ -39,6 +40,48 @@ func BenchmarkEndpointChange(b *testing.B) {
 						b.Fatalf("one endpoint change reached %d scopes", len(us))
 					}
 				}
+			})
+		}
+	}
+}
+
+// BenchmarkStart measures what a replica's start hands the catalog: every
+// scope, then every Service one by one (as the reconcilers do after the
+// caches list), then one Take. Envoy-mode scopes select their team's
+// Services (100 teams, one per namespace) or their tenant's (S/10 tenants
+// of 10 Services, in the team's namespace). Its cost per Service must not
+// grow with the world: neither with the scopes (a Service visits only the
+// scopes that can select in its namespace) nor with the scope (routes are
+// assembled once per Take, not once per Service added).
+func BenchmarkStart(b *testing.B) {
+	for _, layout := range []string{"teams", "tenants"} {
+		for _, n := range []int{2000, 8000} {
+			b.Run(fmt.Sprintf("%s/services=%d", layout, n), func(b *testing.B) {
+				scopes := 100
+				if layout == "tenants" {
+					scopes = n / 10
+				}
+				svcs := make([]*model.Service, n)
+				for i := range svcs {
+					svcs[i] = service(fmt.Sprint("ns", i%100), fmt.Sprint("svc", i),
+						map[string]string{"team": fmt.Sprint("t", i%100), "tenant": fmt.Sprint("t", i%scopes)}, "10.0.0.1", "10.0.0.2")
+				}
+				b.ReportAllocs()
+				b.ResetTimer()
+				for range b.N {
+					c := New()
+					for k := range scopes {
+						c.UpsertScope(scope(fmt.Sprint("ns", k%100), fmt.Sprint("s", k), model.ListenerEnvoy,
+							model.Selection{Namespace: fmt.Sprint("ns", k%100), Selector: labels.SelectorFromSet(labels.Set{strings.TrimSuffix(layout, "s"): fmt.Sprint("t", k)})}))
+					}
+					for _, svc := range svcs {
+						c.UpsertService(svc)
+					}
+					if us := c.Take(); len(us) != scopes {
+						b.Fatalf("%d scopes taken, want %d", len(us), scopes)
+					}
+				}
+				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/service")
 			})
 		}
 	}

@@ -133,6 +133,8 @@ type Catalog struct {
 	byNS       map[string]map[model.Key]*serviceEntry
 	namespaces map[string]map[string]string
 	scopes     map[model.Key]*scopeEntry
+	// reach indexes scopes by the namespaces they can select in.
+	reach reach
 	// grants holds each namespace's consent to scopes of other namespaces.
 	grants map[string]model.Grants
 	// crossNS is the cross-namespace policy; grantsUnavailable records that
@@ -192,6 +194,7 @@ func New() *Catalog {
 		byNS:       map[string]map[model.Key]*serviceEntry{},
 		namespaces: map[string]map[string]string{},
 		scopes:     map[model.Key]*scopeEntry{},
+		reach:      newReach(),
 		grants:     map[string]model.Grants{},
 		deleted:    map[model.Key]Resolution{},
 		rejected:   map[model.Key]struct{}{},
@@ -236,7 +239,9 @@ func (c *Catalog) UpsertService(svc *model.Service) {
 	e.svc = svc
 	e.frags = make(map[translate.Profile]*translate.Fragment, len(old))
 	nsLabels, nsKnown := c.namespaces[svc.Key.Namespace]
-	for key, sc := range c.scopes {
+	// A scope selects the Service, or did, only where it can reach the
+	// Service's namespace.
+	c.reach.each(svc.Key.Namespace, func(key model.Key, sc *scopeEntry) {
 		_, was := sc.services[svc.Key]
 		is, refusal := c.admits(sc, svc, nsLabels, nsKnown)
 		switch {
@@ -250,7 +255,7 @@ func (c *Catalog) UpsertService(svc *model.Service) {
 		if sc.settle() || refusal {
 			c.markDirty(key)
 		}
-	}
+	})
 }
 
 // DeleteService removes the Service from every scope that selected it.
@@ -273,12 +278,12 @@ func (c *Catalog) DeleteService(key model.Key) {
 			c.markDirty(sk)
 		}
 	}
-	for sk, sc := range c.scopes {
+	c.reach.each(key.Namespace, func(sk model.Key, sc *scopeEntry) {
 		if _, ok := sc.refused[key]; ok {
 			delete(sc.refused, key)
 			c.markDirty(sk)
 		}
-	}
+	})
 }
 
 // UpsertNamespace records a namespace's labels and re-evaluates, for the
@@ -310,17 +315,14 @@ func (c *Catalog) DeleteNamespace(name string) {
 // resolution of scopes that name it.
 func (c *Catalog) reselectNamespace(name string, existenceChanged bool) {
 	nsLabels, nsKnown := c.namespaces[name]
-	for key, sc := range c.scopes {
+	c.reach.each(name, func(key model.Key, sc *scopeEntry) {
 		if existenceChanged && namesNamespace(sc.scope, name) {
 			c.markDirty(key)
 		}
-		if !selectsByNamespaceLabels(sc.scope) {
-			continue
-		}
-		if c.reselect(sc, name, nsLabels, nsKnown) {
+		if selectsByNamespaceLabels(sc.scope) && c.reselect(sc, name, nsLabels, nsKnown) {
 			c.markDirty(key)
 		}
-	}
+	})
 }
 
 // reselect re-evaluates the scope's selection of the Services of namespace
@@ -391,14 +393,14 @@ func (c *Catalog) SetGrants(ns string, g model.Grants) {
 		c.grants[ns] = g
 	}
 	nsLabels, nsKnown := c.namespaces[ns]
-	for key, sc := range c.scopes {
+	c.reach.each(ns, func(key model.Key, sc *scopeEntry) {
 		if sc.scope.Key.Namespace == ns {
-			continue
+			return
 		}
 		if c.reselect(sc, ns, nsLabels, nsKnown) || namesNamespace(sc.scope, ns) {
 			c.markDirty(key)
 		}
-	}
+	})
 }
 
 // UpsertScope records a scope's spec and recomputes that scope alone: which
@@ -440,24 +442,51 @@ func (c *Catalog) UpsertScope(scope *model.Scope) {
 	for _, e := range sc.services {
 		delete(e.scopes, scope.Key)
 	}
+	if ok {
+		c.reach.remove(sc)
+	}
 	sc.scope = scope
+	c.reach.add(sc)
 	if sc.places == nil {
 		sc.places = Placed{}
 	}
 	sc.services = map[model.Key]*serviceEntry{}
 	sc.refused = map[model.Key]struct{}{}
-	for _, e := range c.services {
+	c.eachReachable(scope, func(e *serviceEntry) {
 		nsLabels, nsKnown := c.namespaces[e.svc.Key.Namespace]
 		if is, _ := c.admits(sc, e.svc, nsLabels, nsKnown); is {
 			sc.services[e.svc.Key] = e
 			e.scopes[scope.Key] = struct{}{}
 		}
-	}
+	})
 	sc.rebuild()
 	sc.takeTouched()
 	// Reported even when no resource changed: downstream serves the spec too
 	// (protocol, generation), and must learn a new scope exists.
 	c.markDirty(scope.Key)
+}
+
+// eachReachable calls fn for every Service of the namespaces the scope's
+// selections can reach: those they name, or every namespace when one
+// selects namespaces by labels.
+func (c *Catalog) eachReachable(scope *model.Scope, fn func(*serviceEntry)) {
+	if selectsByNamespaceLabels(scope) {
+		for _, e := range c.services {
+			fn(e)
+		}
+		return
+	}
+	seen := map[string]bool{}
+	for i := range scope.Selections {
+		ns := scope.Selections[i].Namespace
+		if seen[ns] {
+			continue
+		}
+		seen[ns] = true
+		for _, e := range c.byNS[ns] {
+			fn(e)
+		}
+	}
 }
 
 // DeleteScope forgets a scope; the next Take reports it deleted.
@@ -473,6 +502,7 @@ func (c *Catalog) DeleteScope(key model.Key) {
 		for _, e := range sc.services {
 			delete(e.scopes, key)
 		}
+		c.reach.remove(sc)
 		delete(c.scopes, key)
 	}
 	delete(c.rejected, key)
@@ -491,6 +521,7 @@ func (c *Catalog) RejectScope(key model.Key, generation int64, reason string) {
 		for _, e := range sc.services {
 			delete(e.scopes, key)
 		}
+		c.reach.remove(sc)
 		delete(c.scopes, key)
 	}
 	c.rejected[key] = struct{}{}
@@ -512,6 +543,7 @@ func (c *Catalog) Take() []Update {
 			continue
 		}
 		sc := c.scopes[key]
+		sc.fresh()
 		u := Update{Key: key, Scope: sc.scope, Reset: sc.created, Resolution: c.resolution(sc)}
 		sc.created = false
 		for t, names := range sc.changed {
@@ -568,6 +600,7 @@ func (c *Catalog) Resources(key model.Key) (Set, bool) {
 	if !ok {
 		return Set{}, false
 	}
+	sc.fresh()
 	var out Set
 	for t, byName := range sc.res {
 		if byName == nil {

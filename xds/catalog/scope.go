@@ -328,9 +328,18 @@ func (sc *scopeEntry) replacePlaces(places []translate.PlaceEndpoints) {
 	}
 }
 
-// settle re-assembles what the scope's changes made stale and reports
-// whether anything in the scope changed since the previous settle.
+// settle reports whether anything in the scope changed since the previous
+// settle, or its routes must be re-assembled. That is left to Take (see
+// fresh), once per build: re-assembling at every Service added would make
+// loading a scope of n Services one by one, as the reconcilers do at each
+// start, cost n² virtual hosts.
 func (sc *scopeEntry) settle() bool {
+	return sc.takeTouched() || sc.routesStale
+}
+
+// fresh re-assembles what the scope's changes made stale, before its
+// resources are read.
+func (sc *scopeEntry) fresh() {
 	sc.reassembleRoutes()
-	return sc.takeTouched()
+	sc.takeTouched()
 }

@@ -76,17 +76,25 @@ func NewBuilder(cat *catalog.Catalog, store *Store, window time.Duration) *Build
 func (b *Builder) Built() <-chan struct{} { return b.built }
 
 // Run applies changes until ctx ends. synced is closed when the catalog
-// holds the whole cluster; the first build after it closes Built.
+// holds the whole cluster; the first build after it closes Built. Nothing
+// is built before: nothing is served before (the server waits for Built),
+// and building each batch of the initial listing as it arrived would build
+// every scope again and again while a start fills the catalog, at a hundred
+// thousand Services for minutes.
 func (b *Builder) Run(ctx context.Context, synced <-chan struct{}) error {
 	var (
 		wait time.Duration
 		last time.Time // when the last build ended
 	)
 	for {
+		changed := b.cat.Changed()
+		if synced != nil {
+			changed = nil
+		}
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-b.cat.Changed():
+		case <-changed:
 		case <-synced:
 			synced = nil
 			b.ApplyWhole(b.cat.Take())

@@ -1,9 +1,48 @@
 package snapshot
 
 import (
+	"context"
+	"fmt"
 	"testing"
 	"time"
+
+	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/scopeplane/scopeplane/internal/testkit"
+	"github.com/scopeplane/scopeplane/xds/catalog"
+	"github.com/scopeplane/scopeplane/xds/model"
+	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
+
+// TestNothingIsBuiltBeforeTheCatalogIsWhole fills the catalog while the
+// builder runs and the initial sync is not over, as a start does: nothing
+// may be built until it is (nothing is served before), and then the whole
+// scope is built once.
+func TestNothingIsBuiltBeforeTheCatalogIsWhole(t *testing.T) {
+	cat, store := catalog.New(), NewStore()
+	b := NewBuilder(cat, store, 0)
+	synced := make(chan struct{})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _ = b.Run(ctx, synced) }()
+	cat.UpsertScope(&model.Scope{Key: key, Protocol: model.SotW, Listener: model.Listener{Mode: model.ListenerProxylessGRPC},
+		Selections: []model.Selection{{Namespace: "shop", Selector: labels.Everything()}}})
+	for i := range 20 {
+		cat.UpsertService(testkit.Service("shop", fmt.Sprint("svc", i), "10.0.0.1"))
+	}
+	// A builder that takes the catalog's changes as they come has built
+	// the scope long before this ends; one that waits never does.
+	if built, _ := testkit.Poll(time.Second, func() (bool, string) { return store.Get(key) != nil, "" }); built {
+		t.Fatal("the builder built the scope before the catalog held the whole cluster")
+	}
+	close(synced)
+	<-b.Built()
+	rev, clusters := 0, 0
+	store.Get(key).Read(func(v View) { rev, clusters = int(v.Rev()), v.Len(xdstype.Cluster) })
+	if rev != 1 || clusters != 20 {
+		t.Errorf("after the sync the scope is at revision %d with %d clusters, want revision 1 with 20", rev, clusters)
+	}
+}
 
 func TestNextWaitWidensUnderChurnOnly(t *testing.T) {
 	const base = 10 * time.Millisecond

@@ -1,0 +1,149 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"runtime"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-logr/logr"
+	"k8s.io/client-go/tools/clientcmd"
+	ctrl "sigs.k8s.io/controller-runtime"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/scopeplane/scopeplane/controllers/status"
+	"github.com/scopeplane/scopeplane/internal/controlplane"
+	"github.com/scopeplane/scopeplane/internal/scheme"
+	"github.com/scopeplane/scopeplane/xds/auth"
+	"github.com/scopeplane/scopeplane/xds/model"
+	"github.com/scopeplane/scopeplane/xds/server"
+)
+
+// serveOperator is the control-plane process of a world cell: scopeplane as
+// main.go runs it (a controller-runtime manager with the control plane's
+// cache options, reconcilers, builder, ADS server and status writer) against
+// the API server of kubeconfig, with plaintext xDS and anonymous proxies, as
+// the bench's proxies are. It prints "ready <addr>" once ADS listens and
+// answers the commands of serveMain (no events: the driver writes those to
+// the API server) and
+//
+//	phases   answers "phases <listed> <reconciled> <built>": nanoseconds
+//	         from this process's start until the informer caches had listed
+//	         every kind, every listed object was reconciled, and the first
+//	         snapshots were built (0: not yet)
+func serveOperator(kubeconfig, addr string, protocol model.Protocol, cpuprofile string) error {
+	start := time.Now()
+	// A heap sample every 64 KiB rather than 512 KiB, so that the heap
+	// profile splits even a small world into its layers.
+	runtime.MemProfileRate = 64 << 10
+	cmd := &commander{}
+	if cpuprofile != "" {
+		if err := cmd.startProfile(cpuprofile); err != nil {
+			return err
+		}
+	}
+	if host, _, err := net.SplitHostPort(addr); err != nil || !net.ParseIP(host).IsLoopback() {
+		return fmt.Errorf("-addr %q: the benchmark serves on loopback only", addr)
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return err
+	}
+	// main.go's defaults (--kube-api-qps, --kube-api-burst); the status
+	// writes keep theirs (--status-writes-per-second, -burst).
+	cfg.QPS, cfg.Burst = 2*status.DefaultWritesPerSecond, 2*status.DefaultWritesBurst
+	ctrl.SetLogger(logr.Discard())
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme:                 scheme.Scheme,
+		Cache:                  controlplane.CacheOptions(),
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+	})
+	if err != nil {
+		return err
+	}
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cp, err := controlplane.Setup(ctx, mgr, controlplane.Options{
+		XDSListener:      lis,
+		XDSServerAddress: lis.Addr().String(),
+		CoalesceWindow:   churnWindow,
+		Server: server.Options{
+			Authenticator:  &auth.Authenticator{AllowAnonymous: true},
+			MaxConnections: 1 << 20, MaxConnectionsPerPeer: 1 << 20, MaxStreamsPerClient: 1 << 20,
+			NewConnectionsPerPeerPerSecond: server.DefaultOptions.NewConnectionsPerSecond, NewConnectionsPerPeerBurst: server.DefaultOptions.NewConnectionsBurst,
+		},
+		TLS: controlplane.TLS{Insecure: true},
+	})
+	if err != nil {
+		return err
+	}
+	var listed, reconciled, built atomic.Int64
+	since := func(v *atomic.Int64) { v.Store(int64(time.Since(start))) }
+	go func() {
+		if mgr.GetCache().WaitForCacheSync(ctx) {
+			since(&listed)
+		}
+	}()
+	go func() {
+		select {
+		case <-cp.Sync.Synced():
+			since(&reconciled)
+		case <-ctx.Done():
+			return
+		}
+		select {
+		case <-cp.Builder.Built():
+			since(&built)
+		case <-ctx.Done():
+		}
+	}()
+	managed := make(chan error, 1)
+	go func() { managed <- mgr.Start(ctx) }()
+
+	_, types := typesOf(protocol)
+	sp := &scopeplaneCP{Pipeline: cp.Pipeline, types: types}
+	out := bufio.NewWriter(os.Stdout)
+	fmt.Fprintf(out, "ready %s\n", lis.Addr())
+	_ = out.Flush()
+	phases := func() string {
+		return fmt.Sprintf("phases %d %d %d", listed.Load(), reconciled.Load(), built.Load())
+	}
+	return cmd.loop(operatorCP{sp, phases}, nil, out, managed, func() error {
+		cancel()
+		select {
+		case err := <-managed:
+			return err
+		case <-time.After(5 * time.Second):
+			return errors.New("the manager did not stop within 5s")
+		}
+	})
+}
+
+// operatorCP is the operator seen as the bench's control plane: its
+// pipeline's counts, and the phases of its start.
+type operatorCP struct {
+	*scopeplaneCP
+	phases func() string
+}
+
+// Apply is never called: the driver changes the world through the API server.
+func (operatorCP) Apply(Change) {}
+
+// answer answers the commands only the operator knows.
+func (o operatorCP) answer(cmd string) (string, bool) {
+	if strings.TrimSpace(cmd) == "phases" {
+		return o.phases(), true
+	}
+	return "", false
+}
