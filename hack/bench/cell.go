@@ -16,7 +16,6 @@ import (
 
 	"github.com/scopeplane/scopeplane/xds/adsclient"
 	"github.com/scopeplane/scopeplane/xds/model"
-	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
 // serveEnv marks a re-executed copy of the harness (or of its test binary)
@@ -407,24 +406,10 @@ func runCellErr(c Cell, o RunOptions, res *Result) error {
 
 	// Initial sync: every proxy connects at once and must receive its scope.
 	ph := &Phase{Name: "sync"}
-	limits := map[int]int{}
-	for _, p := range l.proxies {
-		pending := map[resKey]want{}
-		for t := range xdstype.Count {
-			for name, r := range truths[p.view][t] {
-				pending[resKey{t, name}] = want{present: true, digest: r.Digest}
-			}
-		}
-		p.arm(pending, 0, true)
-		if _, ok := limits[p.view]; !ok {
-			limits[p.view] = limitBytes(c.Protocol, truths[p.view], Diff(nil, truths[p.view]))
-		}
-		ph.Limit += int64(limits[p.view])
-	}
-	ph.Affected = c.N
+	armChanges(l, ph, c.Protocol, nil, truths)
 	profBase := ""
 	if o.ProfileDir != "" {
-		profBase, _ = filepath.Abs(filepath.Join(o.ProfileDir, strings.NewReplacer("/", "-", "=", "", " ", "_", ",", "").Replace(c.String())))
+		profBase, _ = filepath.Abs(filepath.Join(o.ProfileDir, fileName(c.String())))
 	}
 	if err := profiled(cp, profBase, "0-sync", func() error {
 		return measure(cp, l, ph, o, func() error { l.start(); return nil }, truths)
@@ -536,8 +521,9 @@ func runCellErr(c Cell, o RunOptions, res *Result) error {
 }
 
 // armChanges arms every proxy for what changed between the truths of its
-// view, and adds to the phase the proxies affected and the least a stream
-// of the protocol could carry to them.
+// view (from nothing when prev is nil: a sync), and adds to the phase the
+// proxies affected and the least a stream of the protocol could carry to
+// them.
 func armChanges(l *load, ph *Phase, p model.Protocol, prev, next map[int]*Truth) {
 	diffs, limits := map[int][]ResChange{}, map[int]int{}
 	for v := range next {

@@ -15,7 +15,6 @@ import (
 
 	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
 	"github.com/scopeplane/scopeplane/xds/model"
-	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
 // WorldCell is one world-scale cell: scopeplane's whole operator against a
@@ -108,8 +107,7 @@ func runWorldCellErr(c WorldCell, o RunOptions, res *WorldResult) error {
 	if err != nil {
 		return err
 	}
-	views := len(aw.Views())
-	statuses, err := watchStatuses(env, func(k model.Key) int32 { return int32(proxiesOf(aw.World, k, c.N, views)) })
+	statuses, err := watchStatuses(env, proxiesOf(aw.World, c.N))
 	if err != nil {
 		return err
 	}
@@ -160,17 +158,8 @@ func runWorldCellErr(c WorldCell, o RunOptions, res *WorldResult) error {
 	if err := waitBuilt(cp, time.Now().Add(worldTimeout)); err != nil {
 		return err
 	}
-	ph := &Phase{Name: "sync", Affected: c.N}
-	for _, p := range l.proxies {
-		pending := map[resKey]want{}
-		for t := range xdstype.Count {
-			for name, r := range truths[p.view][t] {
-				pending[resKey{t, name}] = want{present: true, digest: r.Digest}
-			}
-		}
-		p.arm(pending, 0, true)
-		ph.Limit += int64(limitBytes(c.Protocol, truths[p.view], Diff(nil, truths[p.view])))
-	}
+	ph := &Phase{Name: "sync"}
+	armChanges(l, ph, c.Protocol, nil, truths)
 	armed := time.Now()
 	if err := measure(cp, l, ph, RunOptions{Timeout: worldTimeout}, func() error { l.start(); return nil }, truths); err != nil {
 		return err
@@ -305,22 +294,15 @@ func waitBuilt(cp *cpProc, deadline time.Time) error {
 	}
 }
 
-// proxiesOf is how many of n proxies hold scope k: proxy i holds view i
-// modulo the views, one view per scope here.
-func proxiesOf(w *World, k model.Key, n, views int) int {
-	for i, sc := range w.Scopes {
-		if sc.Key == k {
-			return n/views + btoi(i < n%views)
-		}
+// proxiesOf counts, per scope, how many of n proxies hold it: proxy i holds
+// view i modulo the views, one view per scope here.
+func proxiesOf(w *World, n int) map[model.Key]int32 {
+	views := w.Views()
+	out := make(map[model.Key]int32, len(views))
+	for i := range n {
+		out[w.Scopes[views[i%len(views)].Scope].Key]++
 	}
-	return 0
-}
-
-func btoi(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
+	return out
 }
 
 // coldStart reads the process's start phases and, from the phase, when

@@ -25,7 +25,7 @@ import (
 // statusWatch follows every scope's status through an informer of the
 // driver's own.
 type statusWatch struct {
-	want   func(model.Key) int32
+	want   map[model.Key]int32
 	cancel context.CancelFunc
 
 	mu      sync.Mutex
@@ -39,7 +39,7 @@ type statusWatch struct {
 // statuses count as current.
 const statusQuiet = 3 * time.Second
 
-func watchStatuses(env *worldEnv, want func(model.Key) int32) (*statusWatch, error) {
+func watchStatuses(env *worldEnv, want map[model.Key]int32) (*statusWatch, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &statusWatch{want: want, cancel: cancel, current: map[model.Key]bool{}}
 	c, err := cache.New(env.Config, cache.Options{Scheme: scheme.Scheme})
@@ -73,7 +73,7 @@ func watchStatuses(env *worldEnv, want func(model.Key) int32) (*statusWatch, err
 // of the scope connected and in sync, at the scope's generation.
 func (s *statusWatch) see(old, ps *xdsv1alpha1.ProxyScope) {
 	k := model.Key{Namespace: ps.Namespace, Name: ps.Name}
-	n := s.want(k)
+	n := s.want[k]
 	st := ps.Status
 	cur := st.ObservedGeneration == ps.Generation && st.SyncedProxies == n && st.ConnectedProxies != nil && *st.ConnectedProxies == n
 	s.mu.Lock()
