@@ -1,0 +1,205 @@
+// Package buildcache checks that the scripts that build tools into the cache
+// shared by every checkout on a machine (hack/envtest.sh) never take a
+// complete build away from under a test that uses it, with a stand-in for
+// `go` on PATH that writes stub binaries, so that it runs in a second.
+package buildcache
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// repoRoot is the checkout, two levels above this package.
+const repoRoot = "../.."
+
+// fakeGo stands in for `go build -o <out> ...`: after $FAKE_GO_DELAY seconds
+// it writes at <out> an executable stub that prints $FAKE_GO_TAG (which
+// build made it), and logs the build.
+const fakeGo = `#!/usr/bin/env bash
+set -eu
+out=
+while [[ $# -gt 0 ]]; do
+  if [[ $1 == -o ]]; then out=$2; shift; fi
+  shift
+done
+sleep "${FAKE_GO_DELAY:-0}"
+printf '#!/bin/sh\necho %s\n' "${FAKE_GO_TAG}" > "${out}"
+chmod +x "${out}"
+echo "${FAKE_GO_TAG} ${out}" >> "${FAKE_GO_LOG}"
+`
+
+type cache struct {
+	t         *testing.T
+	dir, path string
+	log       string
+}
+
+func newCache(t *testing.T) *cache {
+	if runtime.GOOS != "linux" {
+		t.Skip("hack/envtest.sh places its build with GNU mv -T")
+	}
+	bin := t.TempDir()
+	if err := os.WriteFile(filepath.Join(bin, "go"), []byte(fakeGo), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return &cache{t: t, dir: t.TempDir(), path: bin + string(os.PathListSeparator) + os.Getenv("PATH"), log: filepath.Join(t.TempDir(), "builds")}
+}
+
+// envtest runs hack/envtest.sh as the build tag, each build taking delay,
+// and returns the directory it printed.
+func (c *cache) envtest(tag string, delay time.Duration) (string, error) {
+	cmd := exec.Command("bash", filepath.Join(repoRoot, "hack", "envtest.sh"))
+	var env []string
+	for _, e := range os.Environ() {
+		if !strings.HasPrefix(e, "KUBEBUILDER_ASSETS=") && !strings.HasPrefix(e, "PATH=") {
+			env = append(env, e)
+		}
+	}
+	cmd.Env = append(env, "PATH="+c.path, "SCOPEPLANE_CACHE="+c.dir, "FAKE_GO_LOG="+c.log,
+		"FAKE_GO_TAG="+tag, fmt.Sprintf("FAKE_GO_DELAY=%.3f", delay.Seconds()))
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("hack/envtest.sh (%s): %w\n%s", tag, err, stderr.String())
+	}
+	return strings.TrimSpace(string(out)), nil
+}
+
+// builds counts the binaries built so far.
+func (c *cache) builds() int {
+	b, err := os.ReadFile(c.log)
+	if os.IsNotExist(err) {
+		return 0
+	}
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return strings.Count(string(b), "\n")
+}
+
+// built returns the directory's binaries' stubs (what each prints), or
+// false when one is missing.
+func built(dir string) (map[string]string, bool) {
+	out := map[string]string{}
+	for _, b := range []string{"kube-apiserver", "etcd"} {
+		stub, err := os.ReadFile(filepath.Join(dir, b))
+		if err != nil {
+			return nil, false
+		}
+		out[b] = string(stub)
+	}
+	return out, true
+}
+
+// Two checkouts build the envtest binaries at once; the second ends after
+// the first has placed its directory and tests have started from it. From
+// the moment the directory is complete to the end, both binaries are there
+// at every look and are the first build's: the second build is thrown away,
+// not swapped in (the old recipe removed the directory and renamed its own
+// in its place).
+func TestEnvtestNeverReplacesACompleteBuild(t *testing.T) {
+	c := newCache(t)
+	var (
+		wg       sync.WaitGroup
+		finished atomic.Int32
+		dirs     [2]string
+		errs     [2]error
+	)
+	for i, run := range []struct {
+		tag   string
+		delay time.Duration
+	}{{"first", 100 * time.Millisecond}, {"second", time.Second}} {
+		wg.Go(func() {
+			defer finished.Add(1)
+			dirs[i], errs[i] = c.envtest(run.tag, run.delay)
+		})
+	}
+	var (
+		first   map[string]string
+		looks   int
+		problem string
+	)
+	for finished.Load() < 2 && problem == "" {
+		matches, _ := filepath.Glob(filepath.Join(c.dir, "envtest", "kube-apiserver-*"))
+		if len(matches) > 1 {
+			problem = fmt.Sprintf("more than one build directory: %v", matches)
+		}
+		for _, m := range matches {
+			stubs, ok := built(m)
+			switch {
+			case first == nil && ok:
+				first = stubs
+			case first != nil && !ok:
+				problem = "a binary of the complete directory went missing"
+			case first != nil && (stubs["kube-apiserver"] != first["kube-apiserver"] || stubs["etcd"] != first["etcd"]):
+				problem = fmt.Sprintf("the complete directory was replaced: %q, then %q", first, stubs)
+			}
+		}
+		if first != nil {
+			looks++
+		}
+		time.Sleep(time.Millisecond)
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if problem != "" {
+		t.Fatalf("after %d looks at the complete directory: %s", looks, problem)
+	}
+	if dirs[0] != dirs[1] {
+		t.Fatalf("the builds print %q and %q, want one directory", dirs[0], dirs[1])
+	}
+	stubs, ok := built(dirs[0])
+	if !ok || !strings.Contains(stubs["kube-apiserver"], "first") || !strings.Contains(stubs["etcd"], "first") {
+		t.Fatalf("the directory holds %q, want the first build's binaries", stubs)
+	}
+	if looks < 100 {
+		t.Errorf("the complete directory was looked at only %d times while the second build ran", looks)
+	}
+	if left, _ := filepath.Glob(filepath.Join(c.dir, "envtest", ".*")); len(left) != 0 {
+		t.Errorf("the builds left behind %v", left)
+	}
+
+	// A complete directory is used as it is: nothing is built.
+	n := c.builds()
+	if dir, err := c.envtest("third", 0); err != nil || dir != dirs[0] {
+		t.Fatalf("a run with the cache complete prints %q, %v", dir, err)
+	}
+	if c.builds() != n {
+		t.Errorf("a run with the cache complete built %d binaries", c.builds()-n)
+	}
+}
+
+// A directory the old recipe left incomplete (it removed the directory, then
+// renamed the build in its place, and could be cut short between the two)
+// is completed: the binaries are renamed into it.
+func TestEnvtestCompletesAnIncompleteDirectory(t *testing.T) {
+	c := newCache(t)
+	dir, err := c.envtest("whole", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(dir, "kube-apiserver")); err != nil {
+		t.Fatal(err)
+	}
+	again, err := c.envtest("again", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stubs, ok := built(again); again != dir || !ok || !strings.Contains(stubs["kube-apiserver"], "again") {
+		t.Errorf("after a run over an incomplete %s: %s holds %q", dir, again, stubs)
+	}
+}
