@@ -37,12 +37,15 @@ type options struct {
 	typ       string
 	namesOnly bool
 	stdout    io.Writer
+	// stderr takes what is said beside the output: the replicas that did
+	// not answer.
+	stderr io.Writer
 }
 
 // Main runs the plugin and returns its exit code: 0, 1 when the command
 // failed, 2 for a command line that cannot run.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	cmd := newCommand(&options{stdout: stdout})
+	cmd := newCommand(&options{stdout: stdout, stderr: stderr})
 	cmd.SetArgs(args)
 	cmd.SetOut(stdout)
 	cmd.SetErr(stderr)
@@ -70,7 +73,8 @@ func newCommand(o *options) *cobra.Command {
 		Long: `kubectl scopeplane shows what scopeplane's proxies hold, from the CSDS of every
 control-plane replica (through port-forwards to their loopback admin port, or at the
 addresses of --address) and, for explain, the ProxyScope and Service from the API server.
-A <scope> is <namespace>/<name>, or <name> with -n <namespace>.`,
+A <scope> is <namespace>/<name>, or a <name> in the namespace of -n or, without it, of
+the kubeconfig's context (default when it names none), as kubectl does.`,
 		Annotations:   map[string]string{cobra.CommandDisplayNameAnnotation: "kubectl scopeplane"},
 		SilenceUsage:  true,
 		SilenceErrors: true,
@@ -103,7 +107,11 @@ A <scope> is <namespace>/<name>, or <name> with -n <namespace>.`,
 		Short:             "Which proxies each replica serves, and whether they are at the current version",
 		ValidArgsFunction: o.completeScopes(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return o.proxyStatus(cmd.Context(), o.qualify(args, 0))
+			args, err := o.qualify(args, 0)
+			if err != nil {
+				return err
+			}
+			return o.proxyStatus(cmd.Context(), args)
 		},
 	}
 	ps.Flags().StringVarP(&o.output, "output", "o", "", "Output: wide (versions too) or json (the CSDS responses).")
@@ -112,7 +120,11 @@ A <scope> is <namespace>/<name>, or <name> with -n <namespace>.`,
 		Short:             "What a scope serves: every resource with its version and contents",
 		ValidArgsFunction: o.completeScopes(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return o.configDump(cmd.Context(), o.qualify(args, 0))
+			args, err := o.qualify(args, 0)
+			if err != nil {
+				return err
+			}
+			return o.configDump(cmd.Context(), args)
 		},
 	}
 	dump.Flags().StringVar(&o.typ, "type", "", "Only this type (clusters, endpoints, listeners, routes, or CDS, EDS, LDS, RDS).")
@@ -121,7 +133,11 @@ A <scope> is <namespace>/<name>, or <name> with -n <namespace>.`,
 		Use:   "explain <proxy node id> <namespace>/<service>",
 		Short: "Why a proxy holds, or lacks, what it does for a Service",
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return o.explain(cmd.Context(), o.qualify(args, 1))
+			args, err := o.qualify(args, 1)
+			if err != nil {
+				return err
+			}
+			return o.explain(cmd.Context(), args)
 		},
 	}
 	// The flags' completions cannot fail: a failed registration is a
@@ -135,16 +151,21 @@ A <scope> is <namespace>/<name>, or <name> with -n <namespace>.`,
 	return root
 }
 
-// qualify gives the argument at i a namespace when it has none and -n was
-// given, so that "proxy-status edge -n shop" names shop/edge. Without -n a
-// bare name stays as it is, and the command refuses it.
-func (o *options) qualify(args []string, i int) []string {
-	if i >= len(args) || strings.Contains(args[i], "/") || o.kube.Namespace == nil || *o.kube.Namespace == "" {
-		return args
+// qualify gives the argument at i a namespace when it names none, as
+// kubectl does: the one of -n, or else the kubeconfig's current context's
+// (default when the context names none), so that "proxy-status edge -n shop"
+// names shop/edge. The kubeconfig is read only for a bare name.
+func (o *options) qualify(args []string, i int) ([]string, error) {
+	if i >= len(args) || strings.Contains(args[i], "/") {
+		return args, nil
+	}
+	ns, _, err := o.kube.ToRawKubeConfigLoader().Namespace()
+	if err != nil {
+		return nil, fmt.Errorf("the namespace of %q (give <namespace>/%s or -n): kubeconfig: %w", args[i], args[i], err)
 	}
 	out := slices.Clone(args)
-	out[i] = *o.kube.Namespace + "/" + args[i]
-	return out
+	out[i] = ns + "/" + args[i]
+	return out, nil
 }
 
 // completeScopes completes the first argument with the ProxyScopes the
@@ -202,4 +223,8 @@ func (o *options) restConfig() (*rest.Config, error) {
 
 func (o *options) printf(format string, args ...any) {
 	_, _ = fmt.Fprintf(o.stdout, format, args...)
+}
+
+func (o *options) warnf(format string, args ...any) {
+	_, _ = fmt.Fprintf(o.stderr, "warning: "+format, args...)
 }
