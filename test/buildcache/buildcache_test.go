@@ -1,7 +1,8 @@
 // Package buildcache checks that the scripts that build tools into the cache
-// shared by every checkout on a machine (hack/envtest.sh) never take a
-// complete build away from under a test that uses it, with a stand-in for
-// `go` on PATH that writes stub binaries, so that it runs in a second.
+// shared by every checkout on a machine (hack/envtest.sh,
+// hack/cluster/build.sh) never take a complete build away from under a test
+// that uses it, with a stand-in for `go` on PATH that writes stub binaries,
+// so that it runs in seconds.
 package buildcache
 
 import (
@@ -57,7 +58,13 @@ func newCache(t *testing.T) *cache {
 // envtest runs hack/envtest.sh as the build tag, each build taking delay,
 // and returns the directory it printed.
 func (c *cache) envtest(tag string, delay time.Duration) (string, error) {
-	cmd := exec.Command("bash", filepath.Join(repoRoot, "hack", "envtest.sh"))
+	return c.run(filepath.Join("hack", "envtest.sh"), tag, delay)
+}
+
+// run runs a script of hack/ as the build tag, each build taking delay,
+// and returns the directory it printed.
+func (c *cache) run(script, tag string, delay time.Duration) (string, error) {
+	cmd := exec.Command("bash", filepath.Join(repoRoot, script))
 	var env []string
 	for _, e := range os.Environ() {
 		if !strings.HasPrefix(e, "KUBEBUILDER_ASSETS=") && !strings.HasPrefix(e, "PATH=") {
@@ -70,7 +77,7 @@ func (c *cache) envtest(tag string, delay time.Duration) (string, error) {
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		return "", fmt.Errorf("hack/envtest.sh (%s): %w\n%s", tag, err, stderr.String())
+		return "", fmt.Errorf("%s (%s): %w\n%s", script, tag, err, stderr.String())
 	}
 	return strings.TrimSpace(string(out)), nil
 }
@@ -201,5 +208,71 @@ func TestEnvtestCompletesAnIncompleteDirectory(t *testing.T) {
 	}
 	if stubs, ok := built(again); again != dir || !ok || !strings.Contains(stubs["kube-apiserver"], "again") {
 		t.Errorf("after a run over an incomplete %s: %s holds %q", dir, again, stubs)
+	}
+}
+
+// Two checkouts build the binaries of make e2e's node at once
+// (hack/cluster/build.sh, one binary after another into one directory).
+// Both succeed and print the same directory, and a binary or link there,
+// once present, is there at every look after (the old recipe built every
+// binary into one shared <name>.tmp, which the two builds wrote and renamed
+// away from under each other).
+func TestClusterBuildsShareTheirDirectory(t *testing.T) {
+	c := newCache(t)
+	var (
+		wg       sync.WaitGroup
+		finished atomic.Int32
+		dirs     [2]string
+		errs     [2]error
+	)
+	for i, run := range []struct {
+		tag   string
+		delay time.Duration
+	}{{"first", 50 * time.Millisecond}, {"second", 70 * time.Millisecond}} {
+		wg.Go(func() {
+			defer finished.Add(1)
+			dirs[i], errs[i] = c.run(filepath.Join("hack", "cluster", "build.sh"), run.tag, run.delay)
+		})
+	}
+	seen := map[string]bool{}
+	var problem string
+	for finished.Load() < 2 && problem == "" {
+		matches, _ := filepath.Glob(filepath.Join(c.dir, "cluster", "*", "*"))
+		present := map[string]bool{}
+		for _, m := range matches {
+			if _, err := os.Stat(m); err == nil && !strings.Contains(filepath.Base(m), ".") {
+				present[m] = true
+			}
+		}
+		for m := range seen {
+			if !present[m] {
+				problem = filepath.Base(m) + " went missing"
+			}
+		}
+		for m := range present {
+			seen[m] = true
+		}
+		time.Sleep(time.Millisecond)
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if problem != "" {
+		t.Fatal(problem)
+	}
+	if dirs[0] != dirs[1] {
+		t.Fatalf("the builds print %q and %q, want one directory", dirs[0], dirs[1])
+	}
+	for _, b := range []string{"kube-apiserver", "etcd", "kubelet", "kube-controller-manager", "kube-scheduler", "kube-proxy", "kubectl", "containerd", "containerd-shim-runc-v2", "ctr", "coredns"} {
+		if out, err := exec.Command(filepath.Join(dirs[0], b)).Output(); err != nil || len(out) == 0 {
+			t.Errorf("%s does not run: %v", b, err)
+		}
+	}
+	hidden, _ := filepath.Glob(filepath.Join(dirs[0], ".*"))
+	if temps, _ := filepath.Glob(filepath.Join(dirs[0], "*.*")); len(hidden)+len(temps) != 0 {
+		t.Errorf("the builds left behind %v", append(hidden, temps...))
 	}
 }
