@@ -106,39 +106,21 @@ the kubeconfig's context (default when it names none), as kubectl does.`,
 		Aliases:           []string{"ps"},
 		Short:             "Which proxies each replica serves, and whether they are at the current version",
 		ValidArgsFunction: o.completeScopes(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			args, err := o.qualify(args, 0)
-			if err != nil {
-				return err
-			}
-			return o.proxyStatus(cmd.Context(), args)
-		},
+		RunE:              o.qualified(0, o.proxyStatus),
 	}
 	ps.Flags().StringVarP(&o.output, "output", "o", "", "Output: wide (versions too) or json (the CSDS responses).")
 	dump := &cobra.Command{
 		Use:               "config-dump <scope>",
 		Short:             "What a scope serves: every resource with its version and contents",
 		ValidArgsFunction: o.completeScopes(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			args, err := o.qualify(args, 0)
-			if err != nil {
-				return err
-			}
-			return o.configDump(cmd.Context(), args)
-		},
+		RunE:              o.qualified(0, o.configDump),
 	}
 	dump.Flags().StringVar(&o.typ, "type", "", "Only this type (clusters, endpoints, listeners, routes, or CDS, EDS, LDS, RDS).")
 	dump.Flags().BoolVar(&o.namesOnly, "names-only", false, "Names and versions, without the resources' contents.")
 	explain := &cobra.Command{
 		Use:   "explain <proxy node id> <namespace>/<service>",
 		Short: "Why a proxy holds, or lacks, what it does for a Service",
-		RunE: func(cmd *cobra.Command, args []string) error {
-			args, err := o.qualify(args, 1)
-			if err != nil {
-				return err
-			}
-			return o.explain(cmd.Context(), args)
-		},
+		RunE:  o.qualified(1, o.explain),
 	}
 	// The flags' completions cannot fail: a failed registration is a
 	// programming error that the completion test shows.
@@ -166,6 +148,17 @@ func (o *options) qualify(args []string, i int) ([]string, error) {
 	out := slices.Clone(args)
 	out[i] = ns + "/" + args[i]
 	return out, nil
+}
+
+// qualified runs a command with its argument at i qualified (qualify).
+func (o *options) qualified(i int, run func(context.Context, []string) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		args, err := o.qualify(args, i)
+		if err != nil {
+			return err
+		}
+		return run(cmd.Context(), args)
+	}
 }
 
 // completeScopes completes the first argument with the ProxyScopes the
