@@ -71,8 +71,9 @@ func (c *cache) run(script, tag string, delay time.Duration) (string, error) {
 			env = append(env, e)
 		}
 	}
-	cmd.Env = append(env, "PATH="+c.path, "SCOPEPLANE_CACHE="+c.dir, "FAKE_GO_LOG="+c.log,
+	env = append(env, "PATH="+c.path, "SCOPEPLANE_CACHE="+c.dir, "FAKE_GO_LOG="+c.log,
 		"FAKE_GO_TAG="+tag, fmt.Sprintf("FAKE_GO_DELAY=%.3f", delay.Seconds()))
+	cmd.Env = env
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
