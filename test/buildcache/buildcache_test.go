@@ -109,6 +109,44 @@ func built(dir string) (map[string]string, bool) {
 	return out, true
 }
 
+// twice runs a script of hack/ as the builds "first" and "second" at once,
+// each of its builds taking that run's delay, and calls look every
+// millisecond until both end; look names a problem, or returns "". It
+// fails the test on a run's error or a problem, and returns the directory
+// both runs printed.
+func (c *cache) twice(script string, delays [2]time.Duration, look func() string) string {
+	var (
+		wg       sync.WaitGroup
+		finished atomic.Int32
+		dirs     [2]string
+		errs     [2]error
+	)
+	for i, tag := range []string{"first", "second"} {
+		wg.Go(func() {
+			defer finished.Add(1)
+			dirs[i], errs[i] = c.run(script, tag, delays[i])
+		})
+	}
+	problem := ""
+	for finished.Load() < 2 && problem == "" {
+		problem = look()
+		time.Sleep(time.Millisecond)
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			c.t.Fatal(err)
+		}
+	}
+	if problem != "" {
+		c.t.Fatal(problem)
+	}
+	if dirs[0] != dirs[1] {
+		c.t.Fatalf("the builds print %q and %q, want one directory", dirs[0], dirs[1])
+	}
+	return dirs[0]
+}
+
 // Two checkouts build the envtest binaries at once; the second ends after
 // the first has placed its directory and tests have started from it. From
 // the moment the directory is complete to the end, both binaries are there
@@ -118,29 +156,13 @@ func built(dir string) (map[string]string, bool) {
 func TestEnvtestNeverReplacesACompleteBuild(t *testing.T) {
 	c := newCache(t)
 	var (
-		wg       sync.WaitGroup
-		finished atomic.Int32
-		dirs     [2]string
-		errs     [2]error
+		first map[string]string
+		looks int
 	)
-	for i, run := range []struct {
-		tag   string
-		delay time.Duration
-	}{{"first", 100 * time.Millisecond}, {"second", time.Second}} {
-		wg.Go(func() {
-			defer finished.Add(1)
-			dirs[i], errs[i] = c.envtest(run.tag, run.delay)
-		})
-	}
-	var (
-		first   map[string]string
-		looks   int
-		problem string
-	)
-	for finished.Load() < 2 && problem == "" {
+	dir := c.twice(filepath.Join("hack", "envtest.sh"), [2]time.Duration{100 * time.Millisecond, time.Second}, func() string {
 		matches, _ := filepath.Glob(filepath.Join(c.dir, "envtest", "kube-apiserver-*"))
 		if len(matches) > 1 {
-			problem = fmt.Sprintf("more than one build directory: %v", matches)
+			return fmt.Sprintf("more than one build directory: %v", matches)
 		}
 		for _, m := range matches {
 			stubs, ok := built(m)
@@ -148,29 +170,17 @@ func TestEnvtestNeverReplacesACompleteBuild(t *testing.T) {
 			case first == nil && ok:
 				first = stubs
 			case first != nil && !ok:
-				problem = "a binary of the complete directory went missing"
+				return fmt.Sprintf("after %d looks at the complete directory, a binary of it went missing", looks)
 			case first != nil && (stubs["kube-apiserver"] != first["kube-apiserver"] || stubs["etcd"] != first["etcd"]):
-				problem = fmt.Sprintf("the complete directory was replaced: %q, then %q", first, stubs)
+				return fmt.Sprintf("after %d looks at the complete directory, it was replaced: %q, then %q", looks, first, stubs)
 			}
 		}
 		if first != nil {
 			looks++
 		}
-		time.Sleep(time.Millisecond)
-	}
-	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	if problem != "" {
-		t.Fatalf("after %d looks at the complete directory: %s", looks, problem)
-	}
-	if dirs[0] != dirs[1] {
-		t.Fatalf("the builds print %q and %q, want one directory", dirs[0], dirs[1])
-	}
-	stubs, ok := built(dirs[0])
+		return ""
+	})
+	stubs, ok := built(dir)
 	if !ok || !strings.Contains(stubs["kube-apiserver"], "first") || !strings.Contains(stubs["etcd"], "first") {
 		t.Fatalf("the directory holds %q, want the first build's binaries", stubs)
 	}
@@ -183,8 +193,8 @@ func TestEnvtestNeverReplacesACompleteBuild(t *testing.T) {
 
 	// A complete directory is used as it is: nothing is built.
 	n := c.builds()
-	if dir, err := c.envtest("third", 0); err != nil || dir != dirs[0] {
-		t.Fatalf("a run with the cache complete prints %q, %v", dir, err)
+	if again, err := c.envtest("third", 0); err != nil || again != dir {
+		t.Fatalf("a run with the cache complete prints %q, %v", again, err)
 	}
 	if c.builds() != n {
 		t.Errorf("a run with the cache complete built %d binaries", c.builds()-n)
@@ -220,24 +230,8 @@ func TestEnvtestCompletesAnIncompleteDirectory(t *testing.T) {
 // away from under each other).
 func TestClusterBuildsShareTheirDirectory(t *testing.T) {
 	c := newCache(t)
-	var (
-		wg       sync.WaitGroup
-		finished atomic.Int32
-		dirs     [2]string
-		errs     [2]error
-	)
-	for i, run := range []struct {
-		tag   string
-		delay time.Duration
-	}{{"first", 50 * time.Millisecond}, {"second", 70 * time.Millisecond}} {
-		wg.Go(func() {
-			defer finished.Add(1)
-			dirs[i], errs[i] = c.run(filepath.Join("hack", "cluster", "build.sh"), run.tag, run.delay)
-		})
-	}
 	seen := map[string]bool{}
-	var problem string
-	for finished.Load() < 2 && problem == "" {
+	dir := c.twice(filepath.Join("hack", "cluster", "build.sh"), [2]time.Duration{50 * time.Millisecond, 70 * time.Millisecond}, func() string {
 		matches, _ := filepath.Glob(filepath.Join(c.dir, "cluster", "*", "*"))
 		present := map[string]bool{}
 		for _, m := range matches {
@@ -247,33 +241,21 @@ func TestClusterBuildsShareTheirDirectory(t *testing.T) {
 		}
 		for m := range seen {
 			if !present[m] {
-				problem = filepath.Base(m) + " went missing"
+				return filepath.Base(m) + " went missing"
 			}
 		}
 		for m := range present {
 			seen[m] = true
 		}
-		time.Sleep(time.Millisecond)
-	}
-	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	if problem != "" {
-		t.Fatal(problem)
-	}
-	if dirs[0] != dirs[1] {
-		t.Fatalf("the builds print %q and %q, want one directory", dirs[0], dirs[1])
-	}
+		return ""
+	})
 	for _, b := range []string{"kube-apiserver", "etcd", "kubelet", "kube-controller-manager", "kube-scheduler", "kube-proxy", "kubectl", "containerd", "containerd-shim-runc-v2", "ctr", "coredns"} {
-		if out, err := exec.Command(filepath.Join(dirs[0], b)).Output(); err != nil || len(out) == 0 {
+		if out, err := exec.Command(filepath.Join(dir, b)).Output(); err != nil || len(out) == 0 {
 			t.Errorf("%s does not run: %v", b, err)
 		}
 	}
-	hidden, _ := filepath.Glob(filepath.Join(dirs[0], ".*"))
-	if temps, _ := filepath.Glob(filepath.Join(dirs[0], "*.*")); len(hidden)+len(temps) != 0 {
+	hidden, _ := filepath.Glob(filepath.Join(dir, ".*"))
+	if temps, _ := filepath.Glob(filepath.Join(dir, "*.*")); len(hidden)+len(temps) != 0 {
 		t.Errorf("the builds left behind %v", append(hidden, temps...))
 	}
 }
