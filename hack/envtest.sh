@@ -5,6 +5,14 @@
 # through the Go module proxy and caches them outside the checkout, keyed by
 # version, so that every clone on the machine reuses them. An existing
 # KUBEBUILDER_ASSETS that holds both binaries is honoured as it is.
+#
+# Clones build and test at once, so the cached directory, once complete, is
+# never replaced or removed: tests of one clone may be starting a
+# kube-apiserver from it while another clone's build ends. A build goes into
+# a directory of its own and is renamed into place in one step (rename(2),
+# `mv -T`, which fails rather than replace a directory that is not empty); a
+# build that ends after another one has put a complete directory there is
+# thrown away, and that directory used.
 set -euo pipefail
 
 if [[ -n "${KUBEBUILDER_ASSETS:-}" && -x "${KUBEBUILDER_ASSETS}/kube-apiserver" && -x "${KUBEBUILDER_ASSETS}/etcd" ]]; then
@@ -24,14 +32,22 @@ build() { # build <module dir> <package> <output>
   (cd "$1" && CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o "$3" "$2")
 }
 
-if [[ ! -x "${dir}/kube-apiserver" || ! -x "${dir}/etcd" ]]; then
+complete() { [[ -x "$1/kube-apiserver" && -x "$1/etcd" ]]; }
+
+if ! complete "${dir}"; then
   mkdir -p "${cache}/envtest"
   tmp=$(mktemp -d "${cache}/envtest/.build.XXXXXX")
   trap 'rm -rf "${tmp}"' EXIT
   build "${here}/tools/etcd" . "${tmp}/etcd"
   build "${here}/tools/apiserver" k8s.io/kubernetes/cmd/kube-apiserver "${tmp}/kube-apiserver"
-  rm -rf "${dir}"
-  mv "${tmp}" "${dir}"
+  # The rename fails while ${dir} is not empty: another build placed it
+  # (keep it), or a build of the old recipe, which removed the directory
+  # before renaming, was cut short there: then each binary is renamed in,
+  # so that none that is there ever goes missing.
+  if ! mv -T "${tmp}" "${dir}" 2>/dev/null && ! complete "${dir}"; then
+    for b in etcd kube-apiserver; do mv -f "${tmp}/${b}" "${dir}/${b}"; done
+  fi
   trap - EXIT
+  rm -rf "${tmp}"
 fi
 echo "${dir}"

@@ -309,8 +309,15 @@ type ProxyScopeStatus struct {
 	// +optional
 	SyncedProxies int32 `json:"syncedProxies,omitempty"`
 
-	// refusedStreams counts the streams refused for this scope since the
-	// control plane started (wrong protocol).
+	// refusedStreams counts the streams refused for this scope (clients of
+	// the other protocol), summed over the replicas running now, each since
+	// it started. It grows while they run and drops when one stops or
+	// restarts (a rollout starts it again from 0): like connectedProxies,
+	// it is what the running replicas see, read from their feedback, and a
+	// total kept across replicas would need a store that status is not.
+	// The count that survives restarts is the metric
+	// scopeplane_xds_refusals_total{reason="WrongProtocol"}; whether
+	// refusals go on now is the Degraded condition (WrongProtocol).
 	// +optional
 	RefusedStreams int64 `json:"refusedStreams,omitempty"`
 

@@ -393,3 +393,45 @@ func refuse(key model.Key, node *corev3.Node) func(*feedback.Tracker) {
 func admit(key model.Key, node *corev3.Node) func(*feedback.Tracker) {
 	return func(tr *feedback.Tracker) { tr.Connect(key, node, model.SotW, "", "", model.Location{}) }
 }
+
+// status.refusedStreams is what its doc comment says: the refusals of the
+// replicas running now, each counted since it started, summed as the
+// leader merges their feedback. It grows while they run, and drops when a
+// replica goes (its feedback expires or is deleted) or restarts; it is
+// not a total kept across them.
+func TestRefusedStreamsAreTheRunningReplicas(t *testing.T) {
+	key := model.Key{Namespace: "ns", Name: "web"}
+	grpcNode := &corev3.Node{Id: "g", UserAgentName: "gRPC Go"}
+	replica := func(refusals int) *feedback.Tracker {
+		tr := feedback.New(time.Minute)
+		for range refusals {
+			refuse(key, grpcNode)(tr)
+		}
+		return tr
+	}
+	a, b := replica(3), replica(2)
+	step := func(prev *xdsv1alpha1.ProxyScopeStatus, replicas ...*feedback.Tracker) xdsv1alpha1.ProxyScopeStatus {
+		in := served()
+		var parts []feedback.Summary
+		for _, r := range replicas {
+			parts = append(parts, r.Summary(key))
+		}
+		in.Feedback = feedback.Merge(parts...)
+		st, _ := compute(prev, in)
+		return st
+	}
+	st := step(&xdsv1alpha1.ProxyScopeStatus{}, a, b)
+	if st.RefusedStreams != 5 {
+		t.Fatalf("two replicas that refused 3 and 2 streams: refusedStreams %d, want 5", st.RefusedStreams)
+	}
+	refuse(key, grpcNode)(b)
+	if st = step(&st, a, b); st.RefusedStreams != 6 {
+		t.Fatalf("one more refusal: refusedStreams %d, want 6", st.RefusedStreams)
+	}
+	if st = step(&st, a); st.RefusedStreams != 3 {
+		t.Fatalf("the replica that refused 3 streams gone: refusedStreams %d, want the other's 3", st.RefusedStreams)
+	}
+	if st = step(&st, replica(1)); st.RefusedStreams != 1 {
+		t.Fatalf("the last replica restarted and refused 1 stream: refusedStreams %d, want 1", st.RefusedStreams)
+	}
+}

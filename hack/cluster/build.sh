@@ -38,13 +38,24 @@ build() {
   [[ -x "${out}" ]] && return 0
   echo "cluster: building $2 from $3" >&2
   local start=${SECONDS}
-  (cd "${here}/tools/$1" && CGO_ENABLED=0 nice -n 10 go build -trimpath -ldflags="-s -w ${4:-}" -o "${out}.tmp" "$3")
-  mv "${out}.tmp" "${out}"
+  # Into a file of its own, then renamed over: a binary in the cache is
+  # never missing or half written, even while another checkout builds it.
+  local tmp
+  tmp=$(mktemp "${out}.XXXXXX")
+  (cd "${here}/tools/$1" && CGO_ENABLED=0 nice -n 10 go build -trimpath -ldflags="-s -w ${4:-}" -o "${tmp}" "$3")
+  mv -f "${tmp}" "${out}"
   echo "cluster: built $2 in $((SECONDS - start))s" >&2
 }
 
 mkdir -p "${dir}"
-for b in kube-apiserver etcd; do ln -sf "${envtest}/${b}" "${dir}/${b}"; done
+# The links are made beside and renamed over (ln -sf removes the old one
+# first), and only when they point elsewhere.
+for b in kube-apiserver etcd; do
+  if [[ "$(readlink "${dir}/${b}" || true)" != "${envtest}/${b}" ]]; then
+    ln -sfn "${envtest}/${b}" "${dir}/.${b}.$$"
+    mv -fT "${dir}/.${b}.$$" "${dir}/${b}"
+  fi
+done
 for b in kubelet kube-controller-manager kube-scheduler kube-proxy kubectl; do
   build apiserver "${b}" "k8s.io/kubernetes/cmd/${b}" "${k8s_version}"
 done

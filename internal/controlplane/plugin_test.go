@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -86,6 +87,23 @@ func TestKubectlPlugin(t *testing.T) {
 	out := plugin("proxy-status", "shelf/gw")
 	if !regexp.MustCompile(`(?m)^shelf-edge\s+127\.0\.0\.1:\d+\s+-\s+-\s+shelf/gw\s+SotW\s+SYNCED\s+SYNCED\s+SYNCED\s+SYNCED\s`).MatchString(out) {
 		t.Errorf("proxy-status does not show shelf-edge (anonymous, no zone) in sync:\n%s", out)
+	}
+	// With a second replica down (an address that refuses connections, as a
+	// killed leader's port-forward does), the live replica's rows stay, the
+	// one down is named on stderr, and the command succeeds.
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	down := lis.Addr().String()
+	_ = lis.Close()
+	cmd := exec.Command("kubectl", "scopeplane", "proxy-status", "shelf/gw", "--address", adminAddr+","+down, "--kubeconfig", kubeconfig)
+	cmd.Env = append(os.Environ(), "PATH="+bin+string(os.PathListSeparator)+os.Getenv("PATH"))
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil || !strings.Contains(stdout.String(), "shelf-edge") ||
+		!strings.Contains(stderr.String(), "replica "+down+" did not answer, so its proxies are missing") {
+		t.Errorf("proxy-status with replica %s down: %v\nstdout:\n%s\nstderr:\n%s", down, err, stdout.String(), stderr.String())
 	}
 	out = plugin("explain", "shelf-edge", "shelf/books")
 	for _, want := range []string{

@@ -62,7 +62,7 @@ func (o *options) configDump(ctx context.Context, args []string) error {
 		return err
 	}
 	// Every replica serves the same content-hash versions once it has seen
-	// the same objects, so the first one's answer stands for all.
+	// the same objects, so the first answer stands for all.
 	r := replicas[0]
 	var scope *statusv3.ClientConfig
 	for _, cc := range r.resp.GetConfig() {

@@ -1,6 +1,7 @@
 package plugin
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -9,6 +10,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	statusv3 "github.com/envoyproxy/go-control-plane/envoy/service/status/v3"
@@ -23,55 +25,88 @@ import (
 	"k8s.io/streaming/pkg/httpstream"
 )
 
-// replica is one control-plane replica's CSDS answer.
+// replica is one control-plane replica's CSDS answer, or why it gave none.
 type replica struct {
 	name string
 	resp *statusv3.ClientStatusResponse
+	err  error
 }
 
-// query asks every replica the same question: at the addresses given with
-// --address, or else through a port-forward to the admin port of every
-// running control-plane pod (each replica serves only its own proxies).
+// query asks every replica the same question and returns the answers of
+// those that gave one. Each replica serves only its own proxies, so one
+// that does not answer (a replica restarting, a leader just killed) takes
+// only its proxies out of the view: query names it on stderr, a line per
+// replica, and fails only when no replica answered.
 func (o *options) query(ctx context.Context, req *statusv3.ClientStatusRequest) ([]replica, error) {
-	if len(o.addresses) > 0 {
-		var out []replica
-		for _, addr := range o.addresses {
-			resp, err := fetch(ctx, addr, req)
-			if err != nil {
-				return nil, err
-			}
-			out = append(out, replica{name: addr, resp: resp})
-		}
-		return out, nil
-	}
-	cfg, err := o.restConfig()
+	all, err := o.ask(ctx, req)
 	if err != nil {
 		return nil, err
 	}
-	cs, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return nil, err
-	}
-	pods, err := cs.CoreV1().Pods(o.namespace).List(ctx, metav1.ListOptions{LabelSelector: o.selector})
-	if err != nil {
-		return nil, fmt.Errorf("listing the control plane's pods in namespace %q: %w", o.namespace, err)
-	}
-	slices.SortFunc(pods.Items, func(a, b corev1.Pod) int { return strings.Compare(a.Name, b.Name) })
-	var out []replica
-	for i := range pods.Items {
-		pod := &pods.Items[i]
-		if pod.Status.Phase != corev1.PodRunning || pod.DeletionTimestamp != nil {
+	var answered []replica
+	for _, r := range all {
+		if r.err != nil {
+			o.warnf("replica %s did not answer, so its proxies are missing: %v\n", r.name, r.err)
 			continue
 		}
-		resp, err := o.fetchPod(ctx, cfg, cs, pod, req)
-		if err != nil {
-			return nil, fmt.Errorf("pod %s/%s: %w", pod.Namespace, pod.Name, err)
+		answered = append(answered, r)
+	}
+	if len(answered) == 0 {
+		return nil, fmt.Errorf("none of the %d replica(s) answered", len(all))
+	}
+	return answered, nil
+}
+
+// ask queries every replica at once: at the addresses given with
+// --address, or else through a port-forward to the admin port of every
+// control-plane pod. A pod that is not running yet (Pending, or Unknown) is
+// a replica that cannot answer; a finished one (Succeeded, Failed: an
+// evicted pod left behind) is none. The replicas come back in a stable
+// order: as given, or by pod name.
+func (o *options) ask(ctx context.Context, req *statusv3.ClientStatusRequest) ([]replica, error) {
+	var out []replica
+	var askers []func() (*statusv3.ClientStatusResponse, error)
+	if len(o.addresses) > 0 {
+		for _, addr := range o.addresses {
+			out = append(out, replica{name: addr})
+			askers = append(askers, func() (*statusv3.ClientStatusResponse, error) { return fetch(ctx, addr, req) })
 		}
-		out = append(out, replica{name: pod.Name, resp: resp})
+	} else {
+		cfg, err := o.restConfig()
+		if err != nil {
+			return nil, err
+		}
+		cs, err := kubernetes.NewForConfig(cfg)
+		if err != nil {
+			return nil, err
+		}
+		pods, err := cs.CoreV1().Pods(o.namespace).List(ctx, metav1.ListOptions{LabelSelector: o.selector})
+		if err != nil {
+			return nil, fmt.Errorf("listing the control plane's pods in namespace %q: %w", o.namespace, err)
+		}
+		slices.SortFunc(pods.Items, func(a, b corev1.Pod) int { return strings.Compare(a.Name, b.Name) })
+		for i := range pods.Items {
+			pod := &pods.Items[i]
+			switch pod.Status.Phase {
+			case corev1.PodSucceeded, corev1.PodFailed:
+				continue
+			case corev1.PodRunning:
+				askers = append(askers, func() (*statusv3.ClientStatusResponse, error) { return o.fetchPod(ctx, cfg, cs, pod, req) })
+			default:
+				askers = append(askers, func() (*statusv3.ClientStatusResponse, error) {
+					return nil, fmt.Errorf("pod %s/%s is %s", pod.Namespace, pod.Name, cmp.Or(string(pod.Status.Phase), "without a phase"))
+				})
+			}
+			out = append(out, replica{name: pod.Name})
+		}
+		if len(out) == 0 {
+			return nil, fmt.Errorf("no pod in namespace %q matches %q: set --control-plane-namespace and --selector, or --address", o.namespace, o.selector)
+		}
 	}
-	if len(out) == 0 {
-		return nil, fmt.Errorf("no running pod in namespace %q matches %q: set --control-plane-namespace and --selector, or --address", o.namespace, o.selector)
+	var wg sync.WaitGroup
+	for i, ask := range askers {
+		wg.Go(func() { out[i].resp, out[i].err = ask() })
 	}
+	wg.Wait()
 	return out, nil
 }
 

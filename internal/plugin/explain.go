@@ -61,7 +61,7 @@ func (o *options) explain(ctx context.Context, args []string) error {
 		}
 	}
 	if proxy == nil {
-		return fmt.Errorf("no proxy with node id %q is connected to any of %d replica(s): kubectl scopeplane proxy-status lists those that are", nodeID, len(replicas))
+		return fmt.Errorf("no proxy with node id %q is connected to any of the %d replica(s) that answered: kubectl scopeplane proxy-status lists those that are", nodeID, len(replicas))
 	}
 	scopeKey := proxy.GetClientScope()
 	o.printf("Proxy %q speaks %s to replica %s and joins ProxyScope %s.\n", nodeID,

@@ -37,12 +37,15 @@ type options struct {
 	typ       string
 	namesOnly bool
 	stdout    io.Writer
+	// stderr takes what is said beside the output: the replicas that did
+	// not answer.
+	stderr io.Writer
 }
 
 // Main runs the plugin and returns its exit code: 0, 1 when the command
 // failed, 2 for a command line that cannot run.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	cmd := newCommand(&options{stdout: stdout})
+	cmd := newCommand(&options{stdout: stdout, stderr: stderr})
 	cmd.SetArgs(args)
 	cmd.SetOut(stdout)
 	cmd.SetErr(stderr)
@@ -70,7 +73,8 @@ func newCommand(o *options) *cobra.Command {
 		Long: `kubectl scopeplane shows what scopeplane's proxies hold, from the CSDS of every
 control-plane replica (through port-forwards to their loopback admin port, or at the
 addresses of --address) and, for explain, the ProxyScope and Service from the API server.
-A <scope> is <namespace>/<name>, or <name> with -n <namespace>.`,
+A <scope> is <namespace>/<name>, or a <name> in the namespace of -n or, without it, of
+the kubeconfig's context (default when it names none), as kubectl does.`,
 		Annotations:   map[string]string{cobra.CommandDisplayNameAnnotation: "kubectl scopeplane"},
 		SilenceUsage:  true,
 		SilenceErrors: true,
@@ -102,27 +106,21 @@ A <scope> is <namespace>/<name>, or <name> with -n <namespace>.`,
 		Aliases:           []string{"ps"},
 		Short:             "Which proxies each replica serves, and whether they are at the current version",
 		ValidArgsFunction: o.completeScopes(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			return o.proxyStatus(cmd.Context(), o.qualify(args, 0))
-		},
+		RunE:              o.qualified(0, o.proxyStatus),
 	}
 	ps.Flags().StringVarP(&o.output, "output", "o", "", "Output: wide (versions too) or json (the CSDS responses).")
 	dump := &cobra.Command{
 		Use:               "config-dump <scope>",
 		Short:             "What a scope serves: every resource with its version and contents",
 		ValidArgsFunction: o.completeScopes(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			return o.configDump(cmd.Context(), o.qualify(args, 0))
-		},
+		RunE:              o.qualified(0, o.configDump),
 	}
 	dump.Flags().StringVar(&o.typ, "type", "", "Only this type (clusters, endpoints, listeners, routes, or CDS, EDS, LDS, RDS).")
 	dump.Flags().BoolVar(&o.namesOnly, "names-only", false, "Names and versions, without the resources' contents.")
 	explain := &cobra.Command{
 		Use:   "explain <proxy node id> <namespace>/<service>",
 		Short: "Why a proxy holds, or lacks, what it does for a Service",
-		RunE: func(cmd *cobra.Command, args []string) error {
-			return o.explain(cmd.Context(), o.qualify(args, 1))
-		},
+		RunE:  o.qualified(1, o.explain),
 	}
 	// The flags' completions cannot fail: a failed registration is a
 	// programming error that the completion test shows.
@@ -135,16 +133,32 @@ A <scope> is <namespace>/<name>, or <name> with -n <namespace>.`,
 	return root
 }
 
-// qualify gives the argument at i a namespace when it has none and -n was
-// given, so that "proxy-status edge -n shop" names shop/edge. Without -n a
-// bare name stays as it is, and the command refuses it.
-func (o *options) qualify(args []string, i int) []string {
-	if i >= len(args) || strings.Contains(args[i], "/") || o.kube.Namespace == nil || *o.kube.Namespace == "" {
-		return args
+// qualify gives the argument at i a namespace when it names none, as
+// kubectl does: the one of -n, or else the kubeconfig's current context's
+// (default when the context names none), so that "proxy-status edge -n shop"
+// names shop/edge. The kubeconfig is read only for a bare name.
+func (o *options) qualify(args []string, i int) ([]string, error) {
+	if i >= len(args) || strings.Contains(args[i], "/") {
+		return args, nil
+	}
+	ns, _, err := o.kube.ToRawKubeConfigLoader().Namespace()
+	if err != nil {
+		return nil, fmt.Errorf("the namespace of %q (give <namespace>/%s or -n): kubeconfig: %w", args[i], args[i], err)
 	}
 	out := slices.Clone(args)
-	out[i] = *o.kube.Namespace + "/" + args[i]
-	return out
+	out[i] = ns + "/" + args[i]
+	return out, nil
+}
+
+// qualified runs a command with its argument at i qualified (qualify).
+func (o *options) qualified(i int, run func(context.Context, []string) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		args, err := o.qualify(args, i)
+		if err != nil {
+			return err
+		}
+		return run(cmd.Context(), args)
+	}
 }
 
 // completeScopes completes the first argument with the ProxyScopes the
@@ -202,4 +216,8 @@ func (o *options) restConfig() (*rest.Config, error) {
 
 func (o *options) printf(format string, args ...any) {
 	_, _ = fmt.Fprintf(o.stdout, format, args...)
+}
+
+func (o *options) warnf(format string, args ...any) {
+	_, _ = fmt.Fprintf(o.stderr, "warning: "+format, args...)
 }

@@ -18,13 +18,14 @@ func TestUsageErrors(t *testing.T) {
 		says string
 	}{
 		{[]string{"frobnicate"}, `unknown command "frobnicate"`},
-		{[]string{"proxy-status", "no-slash"}, `"no-slash" is not <namespace>/<scope>`},
+		{[]string{"proxy-status", "a/b/c"}, `"a/b/c" is not <namespace>/<scope>`},
+		{[]string{"proxy-status", "/edge"}, `"/edge" is not <namespace>/<scope>`},
 		{[]string{"proxy-status", "a/b", "c/d"}, "at most one"},
 		{[]string{"proxy-status", "-o", "yaml"}, `-o "yaml": want wide or json`},
 		{[]string{"config-dump"}, "config-dump takes one <namespace>/<scope>"},
 		{[]string{"config-dump", "a/b", "--type", "secrets"}, `--type "secrets"`},
 		{[]string{"explain", "node-1"}, "explain takes <proxy node id> <namespace>/<service>"},
-		{[]string{"explain", "node-1", "svc"}, `"svc" is not <namespace>/<service>`},
+		{[]string{"explain", "node-1", "/svc"}, `"/svc" is not <namespace>/<service>`},
 	}
 	for _, c := range cases {
 		var out, errOut bytes.Buffer
@@ -80,8 +81,8 @@ current-context: first
 	if cfg.Impersonate.UserName != "alice" || len(cfg.Impersonate.Groups) != 1 || cfg.Impersonate.Groups[0] != "ops" {
 		t.Errorf("--as alice --as-group ops impersonates %+v", cfg.Impersonate)
 	}
-	if got := o.qualify(cmd.Flags().Args(), 0); len(got) != 1 || got[0] != "shop/edge" {
-		t.Errorf("-n shop with scope edge names %q, want shop/edge", got)
+	if got, err := o.qualify(cmd.Flags().Args(), 0); err != nil || len(got) != 1 || got[0] != "shop/edge" {
+		t.Errorf("-n shop with scope edge names %q (%v), want shop/edge", got, err)
 	}
 	if o.output != "wide" {
 		t.Errorf("-o wide parsed as %q", o.output)

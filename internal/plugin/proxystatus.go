@@ -34,8 +34,10 @@ func checkScope(arg string) error {
 	return nil
 }
 
-// proxyStatus prints one row per connected proxy: its scope, protocol and,
-// per type, whether it holds what its scope serves now.
+// proxyStatus prints one row per proxy connected to a replica that
+// answered: its scope, protocol and, per type, whether it holds what its
+// scope serves now. The replicas that did not answer are named on stderr
+// (query), and the command succeeds when any replica answered.
 func (o *options) proxyStatus(ctx context.Context, args []string) error {
 	req := &statusv3.ClientStatusRequest{ExcludeResourceContents: true}
 	switch len(args) {
@@ -106,7 +108,7 @@ func (o *options) proxyStatus(ctx context.Context, args []string) error {
 		return err
 	}
 	if rows == 0 {
-		o.printf("no proxies connected to %d replica(s)\n", len(replicas))
+		o.printf("no proxies connected to the %d replica(s) that answered\n", len(replicas))
 	}
 	for _, n := range nacks {
 		o.printf("NACK: %s\n", n)

@@ -30,7 +30,7 @@ import (
 	"github.com/scopeplane/scopeplane/internal/localapi"
 )
 
-var update = flag.Bool("update", false, "rewrite testdata/*.golden.yaml from helm template and the values reference of docs/install.md from values.yaml")
+var update = flag.Bool("update", false, "rewrite testdata/*.golden.yaml from helm template and the values reference of docs/install.md and the chart README from values.yaml")
 
 // chartDir is the chart under test.
 var chartDir = filepath.Join(localapi.RepoRoot(), "charts", "scopeplane")

@@ -18,16 +18,25 @@ import (
 	"github.com/scopeplane/scopeplane/internal/localapi"
 )
 
-// The values reference in docs/install.md sits between these markers.
+// The values reference sits between these markers in each of
+// referencePages.
 const (
 	referenceBegin = "<!-- values reference: generated from charts/scopeplane/values.yaml by `go test ./test/chart -run TestValuesReference -update`; do not edit -->"
 	referenceEnd   = "<!-- end of the values reference -->"
 )
 
+// referencePages hold the values reference: the install guide, and the
+// chart's README, which `helm show readme` and chart registries show.
+var referencePages = []string{
+	filepath.Join("docs", "install.md"),
+	filepath.Join("charts", "scopeplane", "README.md"),
+}
+
 // TestValuesReference generates the values reference from the `# --`
 // comments of values.yaml and the types of values.schema.json, and fails
-// when docs/install.md does not hold it (-update rewrites it), when a value
-// is undocumented, or when the schema and values.yaml disagree on the keys.
+// when a page of referencePages does not hold it (-update rewrites them),
+// when a value is undocumented, or when the schema and values.yaml disagree
+// on the keys.
 func TestValuesReference(t *testing.T) {
 	table, err := valuesReference(
 		mustRead(t, filepath.Join(chartDir, "values.yaml")),
@@ -35,22 +44,25 @@ func TestValuesReference(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	path := filepath.Join(localapi.RepoRoot(), "docs", "install.md")
-	doc := string(mustRead(t, path))
-	before, rest, ok1 := strings.Cut(doc, referenceBegin+"\n")
-	current, after, ok2 := strings.Cut(rest, referenceEnd)
-	if !ok1 || !ok2 {
-		t.Fatalf("docs/install.md lacks the markers of the values reference:\n%s\n%s", referenceBegin, referenceEnd)
-	}
-	if *update {
-		doc = before + referenceBegin + "\n" + table + referenceEnd + after
-		if err := os.WriteFile(path, []byte(doc), 0o644); err != nil {
-			t.Fatal(err)
+	for _, page := range referencePages {
+		path := filepath.Join(localapi.RepoRoot(), page)
+		doc := string(mustRead(t, path))
+		before, rest, ok1 := strings.Cut(doc, referenceBegin+"\n")
+		current, after, ok2 := strings.Cut(rest, referenceEnd)
+		if !ok1 || !ok2 {
+			t.Errorf("%s lacks the markers of the values reference:\n%s\n%s", page, referenceBegin, referenceEnd)
+			continue
 		}
-		current = table
-	}
-	if diff := cmp.Diff(current, table); diff != "" {
-		t.Errorf("the values reference in docs/install.md is stale (-docs +values.yaml); run `go test ./test/chart -run TestValuesReference -update`:\n%s", diff)
+		if *update {
+			doc = before + referenceBegin + "\n" + table + referenceEnd + after
+			if err := os.WriteFile(path, []byte(doc), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			current = table
+		}
+		if diff := cmp.Diff(current, table); diff != "" {
+			t.Errorf("the values reference in %s is stale (-page +values.yaml); run `go test ./test/chart -run TestValuesReference -update`:\n%s", page, diff)
+		}
 	}
 }
 
