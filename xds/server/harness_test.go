@@ -550,13 +550,12 @@ func (p *proxy) start(conn *grpc.ClientConn) {
 }
 
 // claims returns, for a SotW proxy about to open a stream to a scope that
-// serves sc, the full-state types (listeners, clusters) whose version_info
-// is the version the scope's current state has for the proxy's
-// subscription, and how many of the types it will request name some other
-// version. A wildcard subscription's version is the type's; a by-name
-// one's covers the subscribed names too. An assignment or route
-// configuration claimed at the served version is sent again all the same
-// (sotw.adopt says why), so it is neither.
+// serves sc, the types whose version_info is the version the scope's
+// current state has for the proxy's subscription, and how many of the
+// types it will request name some other version. A wildcard
+// subscription's version is the type's; a by-name one's covers the
+// subscribed names too. The proxies here are not gRPC clients, so their
+// assignments and route configurations are adopted too (sotw.adopt).
 func (p *proxy) claims(sc *snapshot.Snapshot) (adopted map[string]bool, stale int) {
 	adopted = map[string]bool{}
 	if !p.sotw() || sc == nil {
@@ -577,11 +576,9 @@ func (p *proxy) claims(sc *snapshot.Snapshot) (adopted map[string]bool, stale in
 				}
 				served = snapshot.SubsetVersion(served, names)
 			}
-			switch {
-			case claimed == served && wildcard:
+			if claimed == served {
 				adopted[t] = true
-			case claimed == served:
-			default:
+			} else {
 				stale++
 			}
 		}

@@ -463,10 +463,18 @@ func priceSotW(v snapshot.View, ts *subscription, r *response, all, pending bool
 		return o
 	}
 	if !ts.wildcard {
-		o.version = snapshot.SubsetVersion(v.TypeVersion(ts.t), ts.namesDigest)
+		digest := ts.namesDigest
+		if len(r.removed) > 0 {
+			// SotW's response to a removal is versioned over the names
+			// the proxy keeps (sotw.versionWithout).
+			for _, name := range r.removed {
+				digest ^= snapshot.NameDigest(name)
+			}
+		}
+		o.version = snapshot.SubsetVersion(v.TypeVersion(ts.t), digest)
 	}
-	// A by-name proxy's empty response after a removal answers its
-	// unsubscription, sent once it took the responses before.
+	// A by-name proxy's empty response after a removal ends a push, which
+	// SotW sends only once the proxy took the responses before.
 	o.pipelined = pending && !ts.t.FullState() && (o.resources > 0 || ts.wildcard)
 	return o
 }
@@ -474,9 +482,11 @@ func priceSotW(v snapshot.View, ts *subscription, r *response, all, pending bool
 // sotwChange is the SotW responses of priceSotW, headed by delta's type
 // and version.
 func sotwChange(v snapshot.View, ts *subscription, r *response, all bool) otherResponse {
-	if all && ts.t.FullState() && len(r.res) == 0 && len(r.removed) == 0 && ts.heldCount() > 0 {
+	if all && len(r.res) == 0 && len(r.removed) == 0 && ts.heldCount() > 0 {
 		// A reconnect declaring exactly what is served: a SotW proxy
-		// holding the same names the served version and is sent nothing.
+		// holding the same names the served version and is sent nothing
+		// (a delta proxy is no gRPC client, whose by-name claims SotW
+		// does not adopt: see sotw.adopt).
 		return otherResponse{}
 	}
 	if _, vhds := envoyMode(v); vhds {
@@ -545,13 +555,13 @@ func sotwChange(v snapshot.View, ts *subscription, r *response, all bool) otherR
 	if o.resources > 0 {
 		o.responses = 1
 	}
-	if len(r.removed) > 0 {
-		// SotW sends no removal, but a by-name proxy (as Envoy subscribes
-		// to assignments and routes) unsubscribes from what its clusters
-		// or listeners stopped naming, and is then sent an empty response
-		// that moves its version to the new names. (A wildcard SotW proxy
-		// gets that empty response only when nothing else changed.)
-		o.responses++
+	if len(r.removed) > 0 && o.responses == 0 {
+		// SotW sends no removal, but when nothing else of the type
+		// changed, ends the push with an empty response that moves the
+		// proxy's version (for a by-name proxy, as Envoy subscribes to
+		// assignments and routes, to the names it keeps once it dropped
+		// these with their clusters or listeners; see sotw.adopt).
+		o.responses = 1
 	}
 	return o
 }

@@ -26,6 +26,9 @@ type rawSotW struct {
 	t      *testing.T
 	stream discoveryv3.AggregatedDiscoveryService_StreamAggregatedResourcesClient
 	cancel context.CancelFunc
+	// userAgent is the node's user_agent_name: "" plays Envoy's part (any
+	// client that is not gRPC's).
+	userAgent string
 	// bytes is what the stream received, by type URL.
 	bytes map[string]int
 }
@@ -48,6 +51,7 @@ func (r *rawSotW) close() { r.cancel() }
 func (r *rawSotW) send(req *discoveryv3.DiscoveryRequest) {
 	r.t.Helper()
 	req.Node = testkit.Node("raw-proxy", "default/sotw")
+	req.Node.UserAgentName = r.userAgent
 	if err := r.stream.Send(req); err != nil {
 		r.t.Fatal(err)
 	}
@@ -100,15 +104,14 @@ func stringFieldOne(b []byte) string {
 }
 
 // TestSotWReconnectAtServedVersionIsSentNothing checks the free SotW
-// reconnect over real gRPC: a new stream whose first request of a
-// full-state type names the version the scope serves for that
-// subscription (the type's version by wildcard, the type's and the names'
-// by name) is sent nothing of it, is counted in sync and answered, costs
-// nothing in the scope's figures, and gets the next change as if it had
-// been sent the set; assignments named at their served version are sent
-// again (TestSotWReconnectAfterAClusterCameBackIsSentItsAssignment says
-// why), at that version; one naming another version, or another name set,
-// or repeating a rejection, is sent the full set.
+// reconnect over real gRPC: a new stream whose first request of a type
+// names the version the scope serves for that subscription (the type's
+// version by wildcard, the type's and the names' by name) is sent nothing
+// of it, is counted in sync and answered, costs nothing in the scope's
+// figures, and gets the next change as if it had been sent the set. One
+// naming another version, or another name set, or repeating a rejection,
+// is sent the full set; a gRPC client naming its assignments' served
+// version is sent them again (sotw.adopt says why).
 func TestSotWReconnectAtServedVersionIsSentNothing(t *testing.T) {
 	svcA := testkit.Service("default", "a", "10.0.0.1", "10.0.0.2")
 	cp, key := startEnvoySotW(t, svcA, testkit.Service("default", "b", "10.0.0.3"))
@@ -147,22 +150,14 @@ func TestSotWReconnectAtServedVersionIsSentNothing(t *testing.T) {
 	})
 	before := cp.Feedback.Get(key).Total
 
-	// Reconnect at the served versions: nothing is sent of the clusters,
-	// the assignments again at the version named. The listener request
-	// that follows is a barrier: the stream handles requests in order, so
-	// the assignments come first only if the clusters were sent nothing.
+	// Reconnect at the served versions: nothing is sent of the clusters
+	// or the assignments. The listener request that follows is a barrier:
+	// the stream handles requests in order, so the listeners come first
+	// only if the others were sent nothing.
 	second := openSotW(t, cp)
 	second.send(&discoveryv3.DiscoveryRequest{TypeUrl: cds, VersionInfo: clusters.GetVersionInfo()})
 	second.send(&discoveryv3.DiscoveryRequest{TypeUrl: eds, VersionInfo: endpoints.GetVersionInfo(), ResourceNames: []string{edsNames[1], edsNames[0]}})
 	second.send(&discoveryv3.DiscoveryRequest{TypeUrl: lds})
-	again := second.recv()
-	if again.GetTypeUrl() != eds {
-		t.Fatalf("the reconnect at the served versions was sent %s (version %s) first, want the assignments", again.GetTypeUrl(), again.GetVersionInfo())
-	}
-	if !slices.Equal(namesOf(again), edsNames) || again.GetVersionInfo() != endpoints.GetVersionInfo() {
-		t.Errorf("the reconnect was sent the assignments %v at %s, want %v at %s", namesOf(again), again.GetVersionInfo(), edsNames, endpoints.GetVersionInfo())
-	}
-	second.ack(again, edsNames)
 	listeners := second.recv()
 	if listeners.GetTypeUrl() != lds {
 		t.Fatalf("the reconnect at the served versions was then sent %s (version %s), want the listeners", listeners.GetTypeUrl(), listeners.GetVersionInfo())
@@ -184,8 +179,8 @@ func TestSotWReconnectAtServedVersionIsSentNothing(t *testing.T) {
 	if got, want := after.Connects-before.Connects, int64(3); got != want {
 		t.Errorf("the reconnect counted %d connects, want %d (one per type, sent or not)", got, want)
 	}
-	if got, want := after.ConnectBytes-before.ConnectBytes, int64(second.bytes[lds]+second.bytes[eds]); got != want {
-		t.Errorf("the reconnect's connect bytes %d, want %d: only the listeners and assignments were sent", got, want)
+	if got, want := after.ConnectBytes-before.ConnectBytes, int64(second.bytes[lds]); got != want {
+		t.Errorf("the reconnect's connect bytes %d, want %d: only the listeners were sent", got, want)
 	}
 
 	// The next change reaches the stream as a difference from the set it
@@ -231,20 +226,35 @@ func TestSotWReconnectAtServedVersionIsSentNothing(t *testing.T) {
 		}
 		s.close()
 	}
+
+	// A gRPC client drops an assignment its channel stops watching with no
+	// response of the type, so its claim is answered with the set again,
+	// at the version it named.
+	g := openSotW(t, cp)
+	g.userAgent = "gRPC Go"
+	g.send(&discoveryv3.DiscoveryRequest{TypeUrl: eds, VersionInfo: current, ResourceNames: edsNames})
+	if resp := g.recv(); resp.GetTypeUrl() != eds || !slices.Equal(namesOf(resp), edsNames) || resp.GetVersionInfo() != current {
+		t.Errorf("a gRPC client's reconnect at the served endpoint version was sent %s %v at %s, want %v again at %s",
+			shortType(resp.GetTypeUrl()), namesOf(resp), resp.GetVersionInfo(), edsNames, current)
+	}
+	g.close()
 }
 
 // TestSotWReconnectAfterAClusterCameBackIsSentItsAssignment checks that a
-// SotW claim of assignments at the served version is not taken as proof
-// that the proxy holds them. The proxy's cluster b goes and comes back
-// unchanged; it dropped b's assignment with the cluster (as Envoy does),
-// and its stream breaks after the cluster's return but before the
-// assignment's. On the new stream it names the served versions of both
-// types over the same names, and lacks b's assignment all the same: it is
-// sent the assignments again, while the clusters, whose every response
-// is the whole set, are sent nothing.
+// SotW claim of assignments is taken as proof that the proxy holds them
+// only because a proxy that drops one (with its cluster) is first sent a
+// response that moves its version. The proxy's cluster b goes: the push
+// ends with an empty assignments response versioned over the names the
+// proxy keeps, which its unsubscription then states. b comes back
+// unchanged before the server reads that unsubscription, and the stream
+// breaks after the cluster's return but before b's assignment reached the
+// proxy. On the new stream the proxy names the versions it last accepted:
+// the clusters' is the served one (sent nothing), the assignments' is an
+// empty response's over a's name alone, not the served one over both, so
+// it is sent b's assignment.
 func TestSotWReconnectAfterAClusterCameBackIsSentItsAssignment(t *testing.T) {
 	b := testkit.Service("default", "b", "10.0.0.2")
-	cp, _ := startEnvoySotW(t, testkit.Service("default", "a", "10.0.0.1"), b)
+	cp, key := startEnvoySotW(t, testkit.Service("default", "a", "10.0.0.1"), b)
 	cds, eds, lds := xdstype.Cluster.URL(), xdstype.Endpoint.URL(), xdstype.Listener.URL()
 	both, onlyA := []string{"default/a:80", "default/b:80"}, []string{"default/a:80"}
 
@@ -256,38 +266,58 @@ func TestSotWReconnectAfterAClusterCameBackIsSentItsAssignment(t *testing.T) {
 	endpoints := first.recv()
 	first.ack(endpoints, both)
 
-	// b goes: the clusters lose it, and the proxy drops its assignment.
+	// b goes: the clusters lose it, and the assignments' version moves to
+	// the names the proxy keeps.
 	cp.Catalog.DeleteService(b.Key)
 	cp.Sync()
 	without := first.recv()
-	if without.GetTypeUrl() != cds || !slices.Equal(namesOf(without), []string{"default/a:80"}) {
+	if without.GetTypeUrl() != cds || !slices.Equal(namesOf(without), onlyA) {
 		t.Fatalf("after b left, the stream was sent %s %v, want the clusters without b", shortType(without.GetTypeUrl()), namesOf(without))
 	}
-	first.ack(without, nil)
+	gone := first.recv()
+	var keeps string
+	cp.Store.Get(key).Read(func(v snapshot.View) {
+		keeps = snapshot.SubsetVersion(v.TypeVersion(xdstype.Endpoint), snapshot.NameDigest(onlyA[0]))
+	})
+	if gone.GetTypeUrl() != eds || len(gone.GetResources()) != 0 || gone.GetVersionInfo() != keeps {
+		t.Fatalf("after the clusters without b, the stream was sent %s %v at %s, want no assignment at %s (the version over the names the proxy keeps)",
+			shortType(gone.GetTypeUrl()), namesOf(gone), gone.GetVersionInfo(), keeps)
+	}
 	// b comes back unchanged before the server reads the proxy's
-	// unsubscription: the clusters with b, then b's assignment, are sent,
-	// which makes the unsubscription (and the subscription that follows
-	// the clusters) answer a superseded response.
+	// unsubscription, which Envoy sends on dropping the cluster, before it
+	// reads the empty response (so with the superseded nonce), and states
+	// again in its ACK of that response.
 	cp.Catalog.UpsertService(b)
 	cp.Sync()
+	first.ack(without, nil)
 	first.send(&discoveryv3.DiscoveryRequest{TypeUrl: eds, VersionInfo: endpoints.GetVersionInfo(), ResponseNonce: endpoints.GetNonce(), ResourceNames: onlyA})
+	first.ack(gone, onlyA)
+	// b's return moved the assignments' type version, so the
+	// unsubscription is answered with an empty response at the version
+	// over a's name alone.
+	moved := first.recv()
+	if moved.GetTypeUrl() != eds || len(moved.GetResources()) != 0 || moved.GetVersionInfo() == gone.GetVersionInfo() {
+		t.Fatalf("the unsubscription after b's return was answered with %s %v at %s, want no assignment at a version other than %s",
+			shortType(moved.GetTypeUrl()), namesOf(moved), moved.GetVersionInfo(), gone.GetVersionInfo())
+	}
+	first.ack(moved, onlyA)
 	back := first.recv()
 	if back.GetTypeUrl() != cds || !slices.Equal(namesOf(back), both) || back.GetVersionInfo() != clusters.GetVersionInfo() {
 		t.Fatalf("after b came back, the stream was sent %s %v at %s, want the first clusters again at %s",
 			shortType(back.GetTypeUrl()), namesOf(back), back.GetVersionInfo(), clusters.GetVersionInfo())
 	}
 	first.ack(back, nil)
-	first.send(&discoveryv3.DiscoveryRequest{TypeUrl: eds, VersionInfo: endpoints.GetVersionInfo(), ResponseNonce: endpoints.GetNonce(), ResourceNames: both})
+	first.send(&discoveryv3.DiscoveryRequest{TypeUrl: eds, VersionInfo: moved.GetVersionInfo(), ResponseNonce: moved.GetNonce(), ResourceNames: both})
 	// The stream breaks before b's assignment reaches the proxy.
 	first.close()
 
 	second := openSotW(t, cp)
 	second.send(&discoveryv3.DiscoveryRequest{TypeUrl: cds, VersionInfo: back.GetVersionInfo()})
-	second.send(&discoveryv3.DiscoveryRequest{TypeUrl: eds, VersionInfo: endpoints.GetVersionInfo(), ResourceNames: both})
+	second.send(&discoveryv3.DiscoveryRequest{TypeUrl: eds, VersionInfo: moved.GetVersionInfo(), ResourceNames: both})
 	second.send(&discoveryv3.DiscoveryRequest{TypeUrl: lds})
 	got := second.recv()
 	if got.GetTypeUrl() != eds {
-		t.Fatalf("the reconnect naming the served assignments' version was sent %s (version %s) first, and no assignment: b's cluster would wait for one",
+		t.Fatalf("the reconnect naming the empty response's version was sent %s (version %s) first, and no assignment: b's cluster would wait for one",
 			shortType(got.GetTypeUrl()), got.GetVersionInfo())
 	}
 	if !slices.Equal(namesOf(got), both) || got.GetVersionInfo() != endpoints.GetVersionInfo() {

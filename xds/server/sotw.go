@@ -118,11 +118,12 @@ func (st *sotw) handle(req *sotwRequest) error {
 	)
 	st.read(func(v snapshot.View) {
 		served := awaiting && clean && !ts.pending && claimed != "" && claimed == st.version(v, ts)
-		if served && t.FullState() {
+		if served && (t.FullState() || !st.stream.grpc) {
 			resp, adopted = st.adopt(v, ts, claimed), true
 		} else if resp = st.respond(v, ts, awaiting); resp != nil {
-			// An assignment or route configuration claimed at the
-			// served version is sent all the same (see adopt).
+			// A gRPC client's assignment or route configuration
+			// claimed at the served version is sent all the same (see
+			// adopt).
 			resp.connect, resp.claimed = awaiting, served
 			for _, name := range added {
 				if v.Get(t, name) == nil {
@@ -150,24 +151,30 @@ func (st *sotw) handle(req *sotwRequest) error {
 	return nil
 }
 
-// adopt takes a proxy's claim, on its first request of a full-state type
-// (Listeners, Clusters) on this stream, to hold the version the stream
-// would send it now: versions are content hashes over the type (and, by
-// name, over the subscribed names), and every response of a full-state
-// type replaces all the proxy holds of it, so the claim proves it holds
-// exactly what that response would carry. The stream records that set as
-// held and the version as answered, as if it had sent and the proxy had
-// ACKed it, and returns the response it stands for, which is not sent.
+// adopt takes a proxy's claim, on its first request of a type on this
+// stream, to hold the version the stream would send it now, and returns
+// the response it stands for, which is not sent. The stream records the
+// served set as held and the version as answered, as if it had sent and
+// the proxy had ACKed it.
 //
-// A claim of an assignment or route configuration proves no such thing,
-// and is answered with every subscribed resource: those responses carry
-// only what changed, and the proxy drops an assignment with its cluster
-// (a route configuration with its listener) without any response of the
-// type, so its version_info outlives what it held. A proxy that saw a
-// cluster go and come back unchanged, and whose stream broke after the
-// cluster returned but before its assignment did, names the served version
-// over the same names and lacks the assignment; sent nothing, its cluster
-// would wait for it until the assignment next changed.
+// Versions are content hashes over the type (and, by name, over the
+// subscribed names), and a proxy names the version of the last response
+// it accepted. For a full-state type (Listeners, Clusters) that proves
+// what it holds: every response replaces all it holds of the type.
+//
+// For an assignment or a route configuration it proves so only if the
+// proxy drops one of them (with its cluster or listener) never without a
+// response of the type that moves its version. changes sends one: the
+// push that removes a parent ends with an empty response of the child's
+// type, versioned over the names the proxy keeps, before anything could
+// bring the parent back (a stream pushes only once its proxy answered
+// everything). So a proxy that saw a cluster go and come back, and whose
+// stream broke after the cluster returned but before its assignment did,
+// names the version of that empty response, not the served one, and is
+// sent its assignments. Envoy drops a child only so. A gRPC client drops
+// one also when its own channel stops watching it, which no response
+// follows: its claims of assignments and route configurations are
+// answered with every subscribed resource.
 func (st *sotw) adopt(v snapshot.View, ts *sotwType, version string) *response {
 	t := ts.t
 	ts.holdSet(v.Set(t))
@@ -194,6 +201,23 @@ func (st *sotw) version(v snapshot.View, ts *sotwType) string {
 		version = snapshot.SubsetVersion(version, ts.namesDigest)
 	}
 	if ts.pending && !ts.t.FullState() {
+		version += pipelined
+	}
+	return version
+}
+
+// versionWithout is version for ts's subscription without the names gone:
+// a by-name proxy's version once it dropped them with their parents.
+func (st *sotw) versionWithout(v snapshot.View, ts *sotwType, gone []string) string {
+	if ts.wildcard {
+		return st.version(v, ts)
+	}
+	digest := ts.namesDigest
+	for _, name := range gone {
+		digest ^= snapshot.NameDigest(name)
+	}
+	version := snapshot.SubsetVersion(v.TypeVersion(ts.t), digest)
+	if ts.pending {
 		version += pipelined
 	}
 	return version
@@ -414,7 +438,7 @@ func (st *sotw) plan(v snapshot.View) []*response {
 		if r == nil {
 			continue
 		}
-		if !r.full && !st.unsent(r) && len(r.res) == 0 {
+		if !r.full && len(r.res) == 0 {
 			moves = append(moves, r) // only a version move: after the rest
 			continue
 		}
@@ -468,12 +492,11 @@ func (st *sotw) changes(v snapshot.View, ts *sotwType) *response {
 	if len(res) == 0 {
 		if len(gone) > 0 {
 			// The proxy drops these with their cluster or listener, and
-			// is sent nothing for them (unsent). A by-name proxy
-			// unsubscribes from them next, and that moves its version
-			// (respond); a wildcard one is sent an empty response that
-			// moves it, so that it names the served version when it
-			// reconnects.
-			return &response{t: t, version: st.version(v, ts), typeVersion: v.TypeVersion(t), set: v.Set(t), removed: gone}
+			// is sent an empty response that moves its version (see
+			// adopt): a by-name one's over the names it keeps, which it
+			// states next, so that unsubscribing is answered by nothing
+			// (as with the response below when something else changed).
+			return &response{t: t, version: st.versionWithout(v, ts, gone), typeVersion: v.TypeVersion(t), set: v.Set(t), removed: gone}
 		}
 		return nil
 	}
@@ -481,7 +504,7 @@ func (st *sotw) changes(v snapshot.View, ts *sotwType) *response {
 		return nil
 	}
 	ts.sendOwed(once)
-	return &response{t: t, version: st.version(v, ts), typeVersion: v.TypeVersion(t), set: v.Set(t), res: res, removed: gone}
+	return &response{t: t, version: st.versionWithout(v, ts, gone), typeVersion: v.TypeVersion(t), set: v.Set(t), res: res, removed: gone}
 }
 
 // makeBeforeBreak returns a full-state response that keeps the held
@@ -503,13 +526,6 @@ func makeBeforeBreak(final *response, s *subscription) *response {
 	return &response{t: final.t, version: final.version + draining, typeVersion: final.typeVersion, set: final.set, res: union, full: true}
 }
 
-// unsent reports whether SotW frames r as nothing: a by-name type's
-// removals, which the proxy makes itself when it drops the cluster or
-// listener that named them.
-func (st *sotw) unsent(r *response) bool {
-	return r.removesOnly() && !st.types[r.t].wildcard
-}
-
 // subscriptions is every type's subscription, nil where none.
 func (st *sotw) subscriptions() (subs [xdstype.Count]*subscription) {
 	for t, ts := range st.types {
@@ -523,11 +539,6 @@ func (st *sotw) subscriptions() (subs [xdstype.Count]*subscription) {
 func (st *sotw) send(r *response) error {
 	ts := st.types[r.t]
 	st.price.sending(&ts.subscription, r)
-	if st.unsent(r) {
-		ts.settle(r.set)
-		st.sent(r, "", 0)
-		return nil
-	}
 	st.nonce++
 	nonce := strconv.FormatUint(st.nonce, 10)
 	resp := sotwResponse(r.version, r.t.URL(), nonce, r.res)

@@ -45,7 +45,8 @@ type stream struct {
 	spec *model.Scope
 	ends <-chan time.Time
 	// grpc is set for a gRPC client (see isGRPC), which is told a different
-	// fix when its scope stops serving its protocol.
+	// fix when its scope stops serving its protocol, and whose SotW claims
+	// of assignments and route configurations are not adopted (sotw.adopt).
 	grpc bool
 	// answers counts the responses the proxy answered (ACK or NACK), and
 	// waiting is set while one is unanswered: serve's send timeout runs
