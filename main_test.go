@@ -296,7 +296,8 @@ The Helm chart ([install.md](install.md)) sets these from its values: the addres
 ` + "`--xds-max-node-id-bytes`, `--xds-new-streams-per-second`, `--xds-new-streams-burst`," + `
 ` + "`--xds-new-connections-per-second`, `--xds-new-connections-burst`," + `
 ` + "`--xds-new-connections-per-peer-per-second`, `--xds-new-connections-per-peer-burst`," + `
-` + "`--xds-max-connections`, `--xds-max-connections-per-peer`, `--xds-max-connection-idle`," + `
+` + "`--xds-max-connections`, `--xds-max-connections-per-peer`, `--xds-ipv6-prefix-length`," + `
+` + "`--xds-max-connection-idle`," + `
 ` + "`--xds-handshake-timeout`, `--xds-max-header-list-bytes`," + `
 ` + "`--xds-unauthenticated-streams-per-peer-per-second`," + `
 ` + "`--xds-unauthenticated-streams-per-peer-burst`, `--xds-send-timeout`," + `
