@@ -30,6 +30,7 @@ import (
 
 	"github.com/scopeplane/scopeplane/internal/localapi"
 	"github.com/scopeplane/scopeplane/internal/testkit"
+	"github.com/scopeplane/scopeplane/xds/server"
 )
 
 func freePort(t *testing.T) string {
@@ -367,6 +368,26 @@ func TestAPILimits(t *testing.T) {
 			t.Errorf("%v: %v", tc.args, err)
 		case cfg.QPS != tc.qps || cfg.Burst != tc.burst:
 			t.Errorf("%v: QPS %v burst %d, want %v and %d", tc.args, cfg.QPS, cfg.Burst, tc.qps, tc.burst)
+		}
+	}
+}
+
+// --xds-ipv6-prefix-length defaults to 64 and takes 1 to 128 bits; any
+// other value is refused with the range.
+func TestIPv6PrefixLengthFlag(t *testing.T) {
+	fs := flag.NewFlagSet("scopeplane", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	var o server.Options
+	bindLimits(fs, &o)
+	if o.IPv6PrefixLength != 64 {
+		t.Errorf("the default is %d, want 64", o.IPv6PrefixLength)
+	}
+	if err := fs.Parse([]string{"--xds-ipv6-prefix-length=56"}); err != nil || o.IPv6PrefixLength != 56 {
+		t.Errorf("56: %d, %v", o.IPv6PrefixLength, err)
+	}
+	for _, bad := range []string{"0", "129", "-1", "sixty-four"} {
+		if err := fs.Parse([]string{"--xds-ipv6-prefix-length=" + bad}); err == nil || !strings.Contains(err.Error(), "1 to 128") {
+			t.Errorf("%s was not refused with the range: %v", bad, err)
 		}
 	}
 }
