@@ -92,27 +92,13 @@ func holdHTTP2(ip, addr string, req []byte, h *heldConns) bool {
 		_ = c.Close()
 		return false
 	}
-	answer := func(f http2.Frame) {
-		switch f := f.(type) {
-		case *http2.SettingsFrame:
-			if !f.IsAck() {
-				_ = fr.WriteSettingsAck()
-				_ = w.Flush()
-			}
-		case *http2.PingFrame:
-			if !f.IsAck() {
-				_ = fr.WritePing(true, f.Data)
-				_ = w.Flush()
-			}
-		}
-	}
 	for served := false; !served; {
 		f, err := fr.ReadFrame()
 		if err != nil {
 			_ = c.Close()
 			return false
 		}
-		answer(f)
+		acknowledge(fr, w, f)
 		switch f := f.(type) {
 		case *http2.SettingsFrame:
 			served = req == nil
@@ -135,7 +121,7 @@ func holdHTTP2(ip, addr string, req []byte, h *heldConns) bool {
 			if err != nil {
 				return
 			}
-			answer(f)
+			acknowledge(fr, w, f)
 		}
 	}()
 	return true

@@ -64,6 +64,20 @@ func (p *podTable) remove(addr netip.Addr) {
 	delete(p.pods, addr)
 }
 
+// peerPlane is a pipeline whose server authenticates tokens and, for a
+// stream without a credential, the peer address by pods, serving one
+// Service in scope default/opted, which admits by peer address.
+func peerPlane(t *testing.T, pods auth.PodIndex) *pipeline.Pipeline {
+	a := &auth.Authenticator{Tokens: auth.NewTokenVerifier("scopeplane", authtest.NewIssuer(t, "k1"), nil), PeerAddress: true, Pods: pods}
+	p := pipeline.New(pipeline.Options{Server: server.Options{Authenticator: a}})
+	p.Catalog.UpsertService(testkit.Service("default", "one", "10.0.0.1"))
+	opted := scope("opted", model.SotW)
+	opted.AdmitByPeerAddress = true
+	p.Catalog.UpsertScope(opted)
+	p.Sync()
+	return p
+}
+
 // TestPeerAddressAttacks is the peer-address method's hostile rows: a
 // client without credentials from an address no Pod holds (a spoofed or
 // foreign source), from an address two Pods claim, from a Node's address,
@@ -90,12 +104,7 @@ func TestPeerAddressAttacks(t *testing.T) {
 		nodes: map[netip.Addr]bool{netip.MustParseAddr(node): true},
 		gone:  map[string]chan struct{}{},
 	}
-	a := &auth.Authenticator{Tokens: auth.NewTokenVerifier("scopeplane", authtest.NewIssuer(t, "k1"), nil), PeerAddress: true, Pods: pods}
-	p := pipeline.New(pipeline.Options{Server: server.Options{Authenticator: a}})
-	p.Catalog.UpsertService(testkit.Service("default", "one", "10.0.0.1"))
-	opted := scope("opted", model.SotW)
-	opted.AdmitByPeerAddress = true
-	p.Catalog.UpsertScope(opted)
+	p := peerPlane(t, pods)
 	p.Catalog.UpsertScope(scope("closed", model.SotW))
 	p.Sync()
 	addr := serve(t, p)
@@ -190,13 +199,7 @@ func TestPeerAddressAfterJobs(t *testing.T) {
 		}},
 		gone: map[string]chan struct{}{},
 	}
-	a := &auth.Authenticator{Tokens: auth.NewTokenVerifier("scopeplane", authtest.NewIssuer(t, "k1"), nil), PeerAddress: true, Pods: pods}
-	p := pipeline.New(pipeline.Options{Server: server.Options{Authenticator: a}})
-	p.Catalog.UpsertService(testkit.Service("default", "one", "10.0.0.1"))
-	opted := scope("opted", model.SotW)
-	opted.AdmitByPeerAddress = true
-	p.Catalog.UpsertScope(opted)
-	p.Sync()
+	p := peerPlane(t, pods)
 	addr := serve(t, p)
 	joined, slowest := joins(t, "a reused address", 5, func() (time.Duration, error) {
 		start := time.Now()
