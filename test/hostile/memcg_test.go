@@ -263,7 +263,7 @@ func (c *confined) joinWithin(bound time.Duration) (time.Duration, error) {
 			return time.Since(start), nil
 		}
 		if ctx.Err() != nil {
-			return 0, fmt.Errorf("a legitimate proxy did not join: %v (stream: %v)", err, px.Err())
+			return 0, fmt.Errorf("a legitimate proxy did not join: %w (stream: %w)", err, px.Err())
 		}
 		time.Sleep(time.Second) // gRPC's first reconnect backoff
 	}
