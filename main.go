@@ -11,6 +11,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -148,16 +149,37 @@ func bindLimits(fs *flag.FlagSet, o *server.Options) {
 	fs.IntVar(&o.NewConnectionsPerPeerBurst, "xds-new-connections-per-peer-burst", d.NewConnectionsPerPeerBurst, "New TCP connections the xDS server accepts at once from one client IP address above its per-second pace.")
 	fs.IntVar(&o.MaxConnections, "xds-max-connections", d.MaxConnections, "Most xDS connections open at once on this replica (each holds ~37 KiB of transport buffers); beyond it new ones are closed as they are accepted.")
 	fs.IntVar(&o.MaxConnectionsPerPeer, "xds-max-connections-per-peer", d.MaxConnectionsPerPeer, "Most xDS connections open at once from one client IP address (a proxy needs one; raise it when many proxies reach the server through one NAT address).")
+	o.IPv6PrefixLength = d.IPv6PrefixLength
+	fs.Var(prefixLength{&o.IPv6PrefixLength}, "xds-ipv6-prefix-length", "How many leading bits of a client's IPv6 address name one client for the per-address limits (connections, their pace, failed streams, streams per client): a host is commonly given a whole /64. 128 keys each address; IPv4 addresses are always keyed whole.")
 	fs.DurationVar(&o.MaxConnectionIdle, "xds-max-connection-idle", d.MaxConnectionIdle, "How long an xDS connection may have no open stream before the server closes it (HTTP/2 GOAWAY); a proxy always holds its ADS stream.")
 	fs.DurationVar(&o.HandshakeTimeout, "xds-handshake-timeout", d.HandshakeTimeout, "How long a new xDS connection may take for its TLS handshake and HTTP/2 preface; then it is closed.")
 	fs.IntVar(&o.MaxHeaderListBytes, "xds-max-header-list-bytes", d.MaxHeaderListBytes, "Largest request header list (HTTP/2 SETTINGS_MAX_HEADER_LIST_SIZE) of an xDS stream, in bytes, read before authentication; a ServiceAccount token is 1-2 KiB. A larger one resets the stream.")
-	fs.Float64Var(&o.UnauthenticatedStreamsPerPeerPerSecond, "xds-unauthenticated-streams-per-peer-per-second", d.UnauthenticatedStreamsPerPeerPerSecond, "Streams per second one client IP address may open that fail authentication; beyond it (and the burst) its streams are refused with ResourceExhausted before their credentials are checked. Authenticated streams never spend it.")
+	fs.Float64Var(&o.UnauthenticatedStreamsPerPeerPerSecond, "xds-unauthenticated-streams-per-peer-per-second", d.UnauthenticatedStreamsPerPeerPerSecond, "Streams per second one client IP address may open that fail authentication; beyond it (and the burst) its streams are refused with ResourceExhausted before their credentials are checked. Authenticated streams never spend it; a connection that closes without carrying a stream admitted to a scope does, and once it is spent the address's new connections are closed before their handshake.")
 	fs.IntVar(&o.UnauthenticatedStreamsPerPeerBurst, "xds-unauthenticated-streams-per-peer-burst", d.UnauthenticatedStreamsPerPeerBurst, "Streams failing authentication one client IP address may open at once above that pace.")
 	fs.DurationVar(&o.SendTimeout, "xds-send-timeout", d.SendTimeout, "How long one ADS response may wait for the proxy to read the ones before it, or the proxy may leave what it was sent unanswered (counted from the first unanswered response or the last answer since, whether or not a change waits); then the stream ends with DeadlineExceeded and its connection is closed.")
 	fs.Float64Var(&o.NACKsPerSecond, "xds-nacks-per-second", d.NACKsPerSecond, "Rejections (NACKs) per second one stream gets reported to status, Events and metrics; the rest are answered but only counted.")
 	fs.IntVar(&o.NACKBurst, "xds-nack-burst", d.NACKBurst, "Rejections one stream gets reported at once above the per-second pace.")
 	fs.DurationVar(&o.MaxConnectionAge, "xds-max-connection-age", d.MaxConnectionAge, "How long an xDS connection lives (±10% jitter) before the server sends GOAWAY, so proxies reconnect and spread over the replicas.")
 	fs.DurationVar(&o.MaxConnectionAgeGrace, "xds-max-connection-age-grace", d.MaxConnectionAgeGrace, "How long ADS streams may go on after that GOAWAY (long enough to finish a push in flight); then the connection is closed and the proxy reconnects.")
+}
+
+// prefixLength is a flag of an IPv6 prefix length, 1 to 128.
+type prefixLength struct{ n *int }
+
+func (p prefixLength) String() string {
+	if p.n == nil {
+		return ""
+	}
+	return strconv.Itoa(*p.n)
+}
+
+func (p prefixLength) Set(s string) error {
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 || n > 128 {
+		return fmt.Errorf("%q is no IPv6 prefix length: give 1 to 128 bits (64 keys a client by its /64, 128 by its whole address)", s)
+	}
+	*p.n = n
+	return nil
 }
 
 // Default client-side limits of scopeplane's API clients. client-go gives

@@ -30,6 +30,7 @@ import (
 
 	"github.com/scopeplane/scopeplane/internal/localapi"
 	"github.com/scopeplane/scopeplane/internal/testkit"
+	"github.com/scopeplane/scopeplane/xds/server"
 )
 
 func freePort(t *testing.T) string {
@@ -296,7 +297,8 @@ The Helm chart ([install.md](install.md)) sets these from its values: the addres
 ` + "`--xds-max-node-id-bytes`, `--xds-new-streams-per-second`, `--xds-new-streams-burst`," + `
 ` + "`--xds-new-connections-per-second`, `--xds-new-connections-burst`," + `
 ` + "`--xds-new-connections-per-peer-per-second`, `--xds-new-connections-per-peer-burst`," + `
-` + "`--xds-max-connections`, `--xds-max-connections-per-peer`, `--xds-max-connection-idle`," + `
+` + "`--xds-max-connections`, `--xds-max-connections-per-peer`, `--xds-ipv6-prefix-length`," + `
+` + "`--xds-max-connection-idle`," + `
 ` + "`--xds-handshake-timeout`, `--xds-max-header-list-bytes`," + `
 ` + "`--xds-unauthenticated-streams-per-peer-per-second`," + `
 ` + "`--xds-unauthenticated-streams-per-peer-burst`, `--xds-send-timeout`," + `
@@ -366,6 +368,26 @@ func TestAPILimits(t *testing.T) {
 			t.Errorf("%v: %v", tc.args, err)
 		case cfg.QPS != tc.qps || cfg.Burst != tc.burst:
 			t.Errorf("%v: QPS %v burst %d, want %v and %d", tc.args, cfg.QPS, cfg.Burst, tc.qps, tc.burst)
+		}
+	}
+}
+
+// --xds-ipv6-prefix-length defaults to 64 and takes 1 to 128 bits; any
+// other value is refused with the range.
+func TestIPv6PrefixLengthFlag(t *testing.T) {
+	fs := flag.NewFlagSet("scopeplane", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	var o server.Options
+	bindLimits(fs, &o)
+	if o.IPv6PrefixLength != 64 {
+		t.Errorf("the default is %d, want 64", o.IPv6PrefixLength)
+	}
+	if err := fs.Parse([]string{"--xds-ipv6-prefix-length=56"}); err != nil || o.IPv6PrefixLength != 56 {
+		t.Errorf("56: %d, %v", o.IPv6PrefixLength, err)
+	}
+	for _, bad := range []string{"0", "129", "-1", "sixty-four"} {
+		if err := fs.Parse([]string{"--xds-ipv6-prefix-length=" + bad}); err == nil || !strings.Contains(err.Error(), "1 to 128") {
+			t.Errorf("%s was not refused with the range: %v", bad, err)
 		}
 	}
 }

@@ -84,13 +84,16 @@ type podIndex struct {
 	synced func() bool
 
 	mu sync.Mutex
-	// watchers are the streams admitted as a Pod, by its UID.
+	// watchers are the streams admitted as a Pod, by its UID, and by the
+	// address they were admitted from.
 	watchers map[types.UID]map[*podWatcher]struct{}
+	byAddr   map[string]map[*podWatcher]struct{}
 }
 
-// podWatcher is one stream's: its channel closes when the Pod no longer
-// holds addr.
+// podWatcher is one stream's: its channel closes when the Pod of uid no
+// longer holds addr, or another Pod does too.
 type podWatcher struct {
+	uid  types.UID
 	addr string
 	ch   chan struct{}
 	once sync.Once
@@ -112,8 +115,9 @@ func newPodIndex(ctx context.Context, c cache.Cache) (*podIndex, error) {
 	if err != nil {
 		return nil, fmt.Errorf("watching Pods: %w", err)
 	}
-	x := &podIndex{reader: c, synced: inf.HasSynced, watchers: map[types.UID]map[*podWatcher]struct{}{}}
+	x := &podIndex{reader: c, synced: inf.HasSynced, watchers: map[types.UID]map[*podWatcher]struct{}{}, byAddr: map[string]map[*podWatcher]struct{}{}}
 	if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { x.changed(obj, false) },
 		UpdateFunc: func(_, obj any) { x.changed(obj, false) },
 		DeleteFunc: func(obj any) { x.changed(obj, true) },
 	}); err != nil {
@@ -127,6 +131,16 @@ func holds(p *corev1.Pod, addr string) bool {
 	return p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp == nil && !p.Spec.HostNetwork && slices.Contains(podIPs(p), addr)
 }
 
+// terminal reports whether p's phase is one it never leaves, in which it
+// holds no address: Succeeded or Failed.
+func terminal(p *corev1.Pod) bool {
+	return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
+}
+
+// changed ends the watches of streams admitted as p that it no longer
+// stands for, and, when p is not in a terminal phase, those of streams
+// admitted as another Pod from an address p lists: the address has two
+// holders now, and names neither.
 func (x *podIndex) changed(obj any, deleted bool) {
 	if t, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
 		obj = t.Obj
@@ -140,11 +154,32 @@ func (x *podIndex) changed(obj any, deleted bool) {
 	for w := range x.watchers[p.UID] {
 		if deleted || !holds(p, w.addr) {
 			w.end()
-			delete(x.watchers[p.UID], w)
+			x.unwatch(w)
 		}
 	}
-	if len(x.watchers[p.UID]) == 0 {
-		delete(x.watchers, p.UID)
+	if deleted || terminal(p) {
+		return
+	}
+	for _, addr := range podIPs(p) {
+		for w := range x.byAddr[addr] {
+			if w.uid != p.UID {
+				w.end()
+				x.unwatch(w)
+			}
+		}
+	}
+}
+
+// unwatch forgets w; x.mu is held.
+func (x *podIndex) unwatch(w *podWatcher) {
+	for _, m := range []map[*podWatcher]struct{}{x.watchers[w.uid], x.byAddr[w.addr]} {
+		delete(m, w)
+	}
+	if len(x.watchers[w.uid]) == 0 {
+		delete(x.watchers, w.uid)
+	}
+	if len(x.byAddr[w.addr]) == 0 {
+		delete(x.byAddr, w.addr)
 	}
 }
 
@@ -170,35 +205,33 @@ func (x *podIndex) Holders(addr netip.Addr) ([]auth.Pod, bool, error) {
 		p := &list.Items[i]
 		out = append(out, auth.Pod{
 			Namespace: p.Namespace, Name: p.Name, UID: string(p.UID), ServiceAccount: p.Spec.ServiceAccountName, NodeName: p.Spec.NodeName,
-			Running: p.Status.Phase == corev1.PodRunning, Deleting: p.DeletionTimestamp != nil, HostNetwork: p.Spec.HostNetwork,
+			Running: p.Status.Phase == corev1.PodRunning, Terminal: terminal(p), Deleting: p.DeletionTimestamp != nil, HostNetwork: p.Spec.HostNetwork,
 		})
 	}
 	return out, len(hosts.Items) > 0, nil
 }
 
-// Changed implements auth.PodIndex. The Pod is checked again once the
-// watch is in place, so that a change between the stream's admission and
-// the watch is not missed.
+// Changed implements auth.PodIndex. The address is looked up again once
+// the watch is in place, so that a change between the stream's admission
+// and the watch is not missed.
 func (x *podIndex) Changed(uid string, addr netip.Addr) (<-chan struct{}, func()) {
-	w := &podWatcher{addr: addr.Unmap().String(), ch: make(chan struct{})}
-	id := types.UID(uid)
+	w := &podWatcher{uid: types.UID(uid), addr: addr.Unmap().String(), ch: make(chan struct{})}
 	x.mu.Lock()
-	if x.watchers[id] == nil {
-		x.watchers[id] = map[*podWatcher]struct{}{}
+	if x.watchers[w.uid] == nil {
+		x.watchers[w.uid] = map[*podWatcher]struct{}{}
 	}
-	x.watchers[id][w] = struct{}{}
+	x.watchers[w.uid][w] = struct{}{}
+	if x.byAddr[w.addr] == nil {
+		x.byAddr[w.addr] = map[*podWatcher]struct{}{}
+	}
+	x.byAddr[w.addr][w] = struct{}{}
 	x.mu.Unlock()
-	if pods, node, err := x.Holders(addr); err != nil || node || len(pods) != 1 || pods[0].UID != uid || !pods[0].Running || pods[0].Deleting || pods[0].HostNetwork {
+	if id, err := auth.PeerIdentity(x, addr); err != nil || id.PodUID != uid {
 		w.end()
 	}
 	return w.ch, func() {
 		x.mu.Lock()
 		defer x.mu.Unlock()
-		if ws := x.watchers[id]; ws != nil {
-			delete(ws, w)
-			if len(ws) == 0 {
-				delete(x.watchers, id)
-			}
-		}
+		x.unwatch(w)
 	}
 }

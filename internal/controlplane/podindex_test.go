@@ -23,8 +23,10 @@ import (
 // TestPodIndex runs the peer-address Pod index on a manager's cache against
 // a real API server: an address names its one Running Pod, as stripped by
 // the cache's transform; a second holder, a Node's address or a Pod that is
-// not Running names none; and a stream's watch ends when its Pod stops
-// holding the address or is deleted.
+// not Running names none, while a Pod in a terminal phase (Succeeded,
+// Failed) holds no address at all; and a stream's watch ends when its Pod
+// stops holding the address, is deleted, or another Pod not in a terminal
+// phase lists the address too.
 func TestPodIndex(t *testing.T) {
 	env, err := localapi.Start()
 	if err != nil {
@@ -54,11 +56,11 @@ func TestPodIndex(t *testing.T) {
 	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop"}}); err != nil {
 		t.Fatal(err)
 	}
-	// pod creates a Pod and gives it the status a kubelet would.
-	pod := func(name, sa, ip, hostIP string, phase corev1.PodPhase, hostNetwork bool) *corev1.Pod {
+	// podIn creates a Pod in ns and gives it the status a kubelet would.
+	podIn := func(ns, name, sa, ip, hostIP string, phase corev1.PodPhase, hostNetwork bool) *corev1.Pod {
 		t.Helper()
 		p := &corev1.Pod{
-			ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: name, Labels: map[string]string{"big": "label"}},
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{"big": "label"}},
 			Spec: corev1.PodSpec{ServiceAccountName: sa, NodeName: "node-1", HostNetwork: hostNetwork,
 				Containers: []corev1.Container{{Name: "c", Image: "client", Args: []string{"a long argument list the index does not keep"}}}},
 		}
@@ -70,6 +72,10 @@ func TestPodIndex(t *testing.T) {
 			t.Fatal(err)
 		}
 		return p
+	}
+	pod := func(name, sa, ip, hostIP string, phase corev1.PodPhase, hostNetwork bool) *corev1.Pod {
+		t.Helper()
+		return podIn("shop", name, sa, ip, hostIP, phase, hostNetwork)
 	}
 	client1 := pod("client", "grpc", "10.1.0.5", "192.168.1.1", corev1.PodRunning, false)
 	pod("twin-a", "grpc", "10.1.0.6", "192.168.1.1", corev1.PodRunning, false)
@@ -139,6 +145,39 @@ func TestPodIndex(t *testing.T) {
 	stale, stop3 := x.Changed(string(pending.UID), netip.MustParseAddr("10.1.0.7"))
 	defer stop3()
 	expectClosed(t, "a watch of a Pod that is gone", stale)
+
+	// A Pod in a terminal phase holds no address: one that a completed
+	// and a failed Job's Pods of another namespace still list names the
+	// Running Pod it was given to.
+	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "batch"}}); err != nil {
+		t.Fatal(err)
+	}
+	podIn("batch", "job-done", "job", "10.1.0.9", "192.168.1.1", corev1.PodSucceeded, false)
+	podIn("batch", "job-failed", "job", "10.1.0.9", "192.168.1.1", corev1.PodFailed, false)
+	reuser := pod("reuser", "grpc", "10.1.0.9", "192.168.1.1", corev1.PodRunning, false)
+	testkit.Eventually(t, "10.1.0.9 names Pod reuser, not the Jobs' Pods done with it", func() (bool, string) {
+		id, err := identity("10.1.0.9")
+		return err == nil && id.PodName == "reuser" && id.PodUID == string(reuser.UID), fmt.Sprintf("%+v %v", id, err)
+	})
+	// Its stream goes on while another terminal Pod lists the address,
+	// and ends once a Pod that may hold it does: two holders name neither.
+	shared, stop4 := x.Changed(string(reuser.UID), netip.MustParseAddr("10.1.0.9"))
+	defer stop4()
+	podIn("batch", "job-later", "job", "10.1.0.9", "192.168.1.1", corev1.PodSucceeded, false)
+	testkit.Eventually(t, "the index lists the third Job's Pod", func() (bool, string) {
+		pods, _, err := x.Holders(netip.MustParseAddr("10.1.0.9"))
+		return err == nil && len(pods) == 4, fmt.Sprintf("%d Pods list it (%v)", len(pods), err)
+	})
+	select {
+	case <-shared:
+		t.Fatal("the watch ended when a Pod in a terminal phase listed the address")
+	default:
+	}
+	podIn("batch", "newcomer", "job", "10.1.0.9", "192.168.1.1", corev1.PodPending, false)
+	expectClosed(t, "the watch, once a second Pod holds the address", shared)
+	if id, err := identity("10.1.0.9"); err == nil {
+		t.Errorf("10.1.0.9, held by two Pods, names %+v", id)
+	}
 }
 
 func expectClosed(t *testing.T, what string, ch <-chan struct{}) {

@@ -33,6 +33,7 @@ func TestLimitsAreTheServerDefaults(t *testing.T) {
 				NewConnPerPeerBurst     int     `json:"newConnectionsPerPeerBurst"`
 				MaxConnections          int     `json:"maxConnections"`
 				MaxConnectionsPerPeer   int     `json:"maxConnectionsPerPeer"`
+				IPv6PrefixLength        int     `json:"ipv6PrefixLength"`
 				MaxConnectionIdle       string  `json:"maxConnectionIdle"`
 				HandshakeTimeout        string  `json:"handshakeTimeout"`
 				MaxHeaderListBytes      int     `json:"maxHeaderListBytes"`
@@ -69,7 +70,7 @@ func TestLimitsAreTheServerDefaults(t *testing.T) {
 		NewStreamsPerSecond: l.NewStreamsPerSecond, NewStreamsBurst: l.NewStreamsBurst,
 		NewConnectionsPerSecond: l.NewConnectionsPerSecond, NewConnectionsBurst: l.NewConnectionsBurst,
 		NewConnectionsPerPeerPerSecond: l.NewConnPerPeerPerSecond, NewConnectionsPerPeerBurst: l.NewConnPerPeerBurst,
-		MaxConnections: l.MaxConnections, MaxConnectionsPerPeer: l.MaxConnectionsPerPeer,
+		MaxConnections: l.MaxConnections, MaxConnectionsPerPeer: l.MaxConnectionsPerPeer, IPv6PrefixLength: l.IPv6PrefixLength,
 		MaxConnectionIdle: duration("maxConnectionIdle", l.MaxConnectionIdle), HandshakeTimeout: duration("handshakeTimeout", l.HandshakeTimeout),
 		MaxHeaderListBytes:                     l.MaxHeaderListBytes,
 		UnauthenticatedStreamsPerPeerPerSecond: l.UnauthPerPeerPerSecond, UnauthenticatedStreamsPerPeerBurst: l.UnauthPerPeerBurst,

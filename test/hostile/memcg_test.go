@@ -224,13 +224,24 @@ func (c *confined) alive(row string) {
 	}
 }
 
-// join connects a new wildcard SotW proxy from the legitimate address, as
-// a proxy does, reconnecting when its connection is closed (a full
-// replica closes new connections until an idle one can be evicted), and
-// returns how long it took to hold every cluster.
+// join connects a new wildcard SotW proxy from the legitimate address
+// (joinWithin), and fails the test unless it joined within testkit.Timeout.
 func (c *confined) join(row string) time.Duration {
 	c.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), testkit.Timeout)
+	took, err := c.joinWithin(testkit.Timeout)
+	if err != nil {
+		c.t.Fatalf("%s: %v", row, err)
+	}
+	return took
+}
+
+// joinWithin connects a new wildcard SotW proxy from the legitimate
+// address, as a proxy does, reconnecting when its connection is closed (a
+// full replica closes new connections it cannot make room for), and
+// returns how long it took to hold every cluster, or why it did not within
+// bound.
+func (c *confined) joinWithin(bound time.Duration) (time.Duration, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), bound)
 	defer cancel()
 	start := time.Now()
 	for {
@@ -249,10 +260,10 @@ func (c *confined) join(row string) time.Duration {
 		<-ended
 		_ = conn.Close()
 		if joined {
-			return time.Since(start)
+			return time.Since(start), nil
 		}
 		if ctx.Err() != nil {
-			c.t.Fatalf("%s: a legitimate proxy did not join: %v (stream: %v)", row, err, px.Err())
+			return 0, fmt.Errorf("a legitimate proxy did not join: %w (stream: %w)", err, px.Err())
 		}
 		time.Sleep(time.Second) // gRPC's first reconnect backoff
 	}

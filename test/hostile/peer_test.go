@@ -3,6 +3,7 @@ package hostile
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/netip"
 	"sync"
@@ -63,6 +64,20 @@ func (p *podTable) remove(addr netip.Addr) {
 	delete(p.pods, addr)
 }
 
+// peerPlane is a pipeline whose server authenticates tokens and, for a
+// stream without a credential, the peer address by pods, serving one
+// Service in scope default/opted, which admits by peer address.
+func peerPlane(t *testing.T, pods auth.PodIndex) *pipeline.Pipeline {
+	a := &auth.Authenticator{Tokens: auth.NewTokenVerifier("scopeplane", authtest.NewIssuer(t, "k1"), nil), PeerAddress: true, Pods: pods}
+	p := pipeline.New(pipeline.Options{Server: server.Options{Authenticator: a}})
+	p.Catalog.UpsertService(testkit.Service("default", "one", "10.0.0.1"))
+	opted := scope("opted", model.SotW)
+	opted.AdmitByPeerAddress = true
+	p.Catalog.UpsertScope(opted)
+	p.Sync()
+	return p
+}
+
 // TestPeerAddressAttacks is the peer-address method's hostile rows: a
 // client without credentials from an address no Pod holds (a spoofed or
 // foreign source), from an address two Pods claim, from a Node's address,
@@ -89,12 +104,7 @@ func TestPeerAddressAttacks(t *testing.T) {
 		nodes: map[netip.Addr]bool{netip.MustParseAddr(node): true},
 		gone:  map[string]chan struct{}{},
 	}
-	a := &auth.Authenticator{Tokens: auth.NewTokenVerifier("scopeplane", authtest.NewIssuer(t, "k1"), nil), PeerAddress: true, Pods: pods}
-	p := pipeline.New(pipeline.Options{Server: server.Options{Authenticator: a}})
-	p.Catalog.UpsertService(testkit.Service("default", "one", "10.0.0.1"))
-	opted := scope("opted", model.SotW)
-	opted.AdmitByPeerAddress = true
-	p.Catalog.UpsertScope(opted)
+	p := peerPlane(t, pods)
 	p.Catalog.UpsertScope(scope("closed", model.SotW))
 	p.Sync()
 	addr := serve(t, p)
@@ -169,5 +179,55 @@ func TestPeerAddressAttacks(t *testing.T) {
 	}
 	if _, err := open(ctx, client, "default/opted", false); status.Code(err) != codes.PermissionDenied {
 		t.Fatalf("a new stream from the deleted Pod's address: %v, want PermissionDenied", err)
+	}
+}
+
+// TestPeerAddressAfterJobs has a tenant's completed and failed Job Pods,
+// in a namespace of their own, still list the address the kubelet has
+// since given a Running Pod of namespace default (a Job's Pods stay until
+// deleted): they hold no address, and that Pod's proxy, presenting no
+// credential, must join its scope as the Pod, every time it tries.
+func TestPeerAddressAfterJobs(t *testing.T) {
+	const reused = "127.0.0.8"
+	job := func(name string) auth.Pod {
+		return auth.Pod{Namespace: "batch", Name: name, UID: name + "-uid", ServiceAccount: "job", Terminal: true}
+	}
+	pods := &podTable{
+		pods: map[netip.Addr][]auth.Pod{netip.MustParseAddr(reused): {
+			job("job-done"), job("job-failed"),
+			{Namespace: "default", Name: "client", UID: "client-uid", ServiceAccount: "grpc", Running: true},
+		}},
+		gone: map[string]chan struct{}{},
+	}
+	p := peerPlane(t, pods)
+	addr := serve(t, p)
+	joined, slowest := joins(t, "a reused address", 5, func() (time.Duration, error) {
+		start := time.Now()
+		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithContextDialer(from(reused)))
+		if err != nil {
+			return 0, err
+		}
+		defer func() { _ = conn.Close() }()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		s, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
+		if err != nil {
+			return 0, err
+		}
+		if err := s.Send(&discoveryv3.DiscoveryRequest{Node: testkit.Node("client", "default/opted"), TypeUrl: xdstype.Cluster.URL()}); err != nil && !errors.Is(err, io.EOF) {
+			return 0, err
+		}
+		r, err := s.Recv()
+		if err != nil {
+			return 0, err
+		}
+		if len(r.GetResources()) != 1 {
+			return 0, fmt.Errorf("%d clusters, want 1", len(r.GetResources()))
+		}
+		return time.Since(start), nil
+	})
+	t.Logf("\n| a Running Pod's address still listed by a Succeeded and a Failed Pod of another namespace | %d of 5 joined, slowest %s |", joined, slowest.Round(time.Millisecond))
+	if r := p.Feedback.Get(model.Key{}).Refused[server.RefusedNotAdmitted]; r != 0 {
+		t.Errorf("%v NotAdmitted refusals counted, want none", r)
 	}
 }

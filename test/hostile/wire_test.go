@@ -164,19 +164,25 @@ func slowReaderOn(t *testing.T, c net.Conn, addr string, reqs [][]byte, deadline
 				ended <- err
 				return
 			}
-			switch f := f.(type) {
-			case *http2.SettingsFrame:
-				if !f.IsAck() {
-					_ = fr.WriteSettingsAck()
-					_ = w.Flush()
-				}
-			case *http2.PingFrame:
-				if !f.IsAck() {
-					_ = fr.WritePing(true, f.Data)
-					_ = w.Flush()
-				}
-			}
+			acknowledge(fr, w, f)
 		}
 	}()
 	return ended
+}
+
+// acknowledge answers the server's SETTINGS and PING on fr, as a client
+// must to keep its connection, and flushes w.
+func acknowledge(fr *http2.Framer, w *bufio.Writer, f http2.Frame) {
+	switch f := f.(type) {
+	case *http2.SettingsFrame:
+		if !f.IsAck() {
+			_ = fr.WriteSettingsAck()
+			_ = w.Flush()
+		}
+	case *http2.PingFrame:
+		if !f.IsAck() {
+			_ = fr.WritePing(true, f.Data)
+			_ = w.Flush()
+		}
+	}
 }

@@ -35,9 +35,11 @@ type Pod struct {
 	Namespace, Name, UID string
 	ServiceAccount       string
 	NodeName             string
-	// Running is status.phase Running; Deleting is a set
-	// deletionTimestamp; HostNetwork is spec.hostNetwork.
+	// Running is status.phase Running; Terminal is status.phase Succeeded
+	// or Failed; Deleting is a set deletionTimestamp; HostNetwork is
+	// spec.hostNetwork.
 	Running     bool
+	Terminal    bool
 	Deleting    bool
 	HostNetwork bool
 }
@@ -50,7 +52,8 @@ type PodIndex interface {
 	Holders(addr netip.Addr) (pods []Pod, nodeAddress bool, err error)
 	// Changed returns a channel closed when the Pod of uid no longer
 	// holds addr (deleted, its address changed, or it stopped Running),
-	// and the function that stops watching.
+	// or when another Pod not in a terminal phase lists addr too, and the
+	// function that stops watching.
 	Changed(uid string, addr netip.Addr) (<-chan struct{}, func())
 }
 
@@ -83,7 +86,10 @@ var errNoHolder = errors.New("the address is held by no single Running Pod")
 
 // byPeerAddress derives the identity of a stream that presented no
 // credential from its source address: exactly one Running, not deleting,
-// not host-network Pod holds it, and it is no Node's address. Otherwise it
+// not host-network Pod holds it, and it is no Node's address. A Pod in a
+// terminal phase (Succeeded, Failed) holds no address: its sandbox is gone
+// and the address may already be another Pod's, while the Pod object stays
+// until it is deleted (a Job's Pods, kept for their logs, for days). Otherwise it
 // returns an identity that names only the address, which every scope
 // refuses (Admits), so that the refusal reads as any other.
 func (a *Authenticator) byPeerAddress(ctx context.Context) *Identity {
@@ -103,7 +109,13 @@ func PeerIdentity(pods PodIndex, addr netip.Addr) (*Identity, error) {
 	if pods == nil {
 		return id, errors.New("no Pod index")
 	}
-	holders, node, err := pods.Holders(addr)
+	all, node, err := pods.Holders(addr)
+	var holders []Pod
+	for _, p := range all {
+		if !p.Terminal {
+			holders = append(holders, p)
+		}
+	}
 	switch {
 	case err != nil:
 		return id, err

@@ -1,5 +1,5 @@
-// Package peerrate paces what each network peer (a client IP address) may
-// spend, under an optional ceiling shared by all of them. A budget shared by
+// Package peerrate paces what each network peer (a client IPv4 address, or
+// IPv6 prefix: Key) may spend, under an optional ceiling shared by all of them. A budget shared by
 // everyone alone lets one client spend it for all the others; a budget per
 // peer keeps a client without credentials from exhausting what the proxies
 // that have them need.
@@ -7,6 +7,7 @@ package peerrate
 
 import (
 	"net"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -106,21 +107,57 @@ func (l *Limiter) sweep(now time.Time) {
 	l.sweepAt = max(1024, 2*len(l.peers))
 }
 
-// Of is the peer an address names: its IP, without the port, so that the
+// DefaultIPv6PrefixLength is how many leading bits of an IPv6 address name
+// its peer unless told otherwise: a host is commonly given a whole /64 (by
+// SLAAC, or a cloud's prefix delegation), so one client may send from 2^64
+// addresses of it, and a budget kept per address would be one per packet.
+const DefaultIPv6PrefixLength = 64
+
+// Of is Key with DefaultIPv6PrefixLength.
+func Of(addr net.Addr) string { return Key(addr, DefaultIPv6PrefixLength) }
+
+// Key is the peer an address names: its IPv4 address, or the network of
+// the first ipv6Prefix bits of its IPv6 address (ipv6Prefix outside 1–128
+// takes 128: the whole address), without the port, so that the
 // connections of one client share a budget; the whole address when it has
-// no IP (a Unix socket).
-func Of(addr net.Addr) string {
+// no IP (a Unix socket). An IPv4 address carried in IPv6 (::ffff:a.b.c.d,
+// how a dual-stack listener reports it) is the IPv4 address.
+func Key(addr net.Addr, ipv6Prefix int) string {
 	if addr == nil {
 		return ""
 	}
+	var ip net.IP
 	switch a := addr.(type) {
 	case *net.TCPAddr:
-		return a.IP.String()
+		ip = a.IP
 	case *net.UDPAddr:
-		return a.IP.String()
+		ip = a.IP
+	default:
+		host, _, err := net.SplitHostPort(addr.String())
+		if err != nil {
+			return addr.String()
+		}
+		ipa, err := netip.ParseAddr(host)
+		if err != nil {
+			return host
+		}
+		ip = ipa.AsSlice()
 	}
-	if host, _, err := net.SplitHostPort(addr.String()); err == nil {
-		return host
+	a, ok := netip.AddrFromSlice(ip)
+	if !ok {
+		return ip.String()
 	}
-	return addr.String()
+	return KeyOf(a, ipv6Prefix)
+}
+
+// KeyOf is Key of an IP address.
+func KeyOf(a netip.Addr, ipv6Prefix int) string {
+	a = a.Unmap().WithZone("")
+	if a.Is4() {
+		return a.String()
+	}
+	if ipv6Prefix <= 0 || ipv6Prefix >= 128 {
+		return a.String()
+	}
+	return netip.PrefixFrom(a, ipv6Prefix).Masked().String()
 }

@@ -35,7 +35,9 @@ const (
 	RefusedMalformed       = "Malformed"
 	RefusedTooManyNames    = "TooManyNames"
 	// RefusedConnectionPaced counts connections closed beyond the pace of
-	// new connections, before any stream; RefusedSlowReader streams ended
+	// new connections, or from a peer that used up its budget of failures
+	// (Options.UnauthenticatedStreamsPerPeerPerSecond), before any stream;
+	// RefusedSlowReader streams ended
 	// because their proxy did not read (Options.SendTimeout).
 	RefusedConnectionPaced = "ConnectionPaced"
 	RefusedSlowReader      = "SlowReader"
@@ -44,8 +46,8 @@ const (
 	// (Options.MaxConnections, MaxConnectionsPerPeer).
 	RefusedConnectionLimit = "ConnectionLimit"
 	// RefusedConnectionEvicted counts connections closed to make room for
-	// a new one where the bounds were reached: each had carried no
-	// authenticated stream for the handshake timeout (conns.evict).
+	// a new one where the bounds were reached: each had carried no stream
+	// admitted to a scope (conns.take).
 	RefusedConnectionEvicted = "ConnectionEvicted"
 	// RefusedClientStreamLimit counts authenticated streams refused
 	// because their client (identity and address) holds as many as it may
@@ -73,7 +75,7 @@ func (s *Server) admit(ctx context.Context) error {
 		return status.Error(codes.Unavailable,
 			"not ready: this control plane replica has not finished its initial sync of the cluster, and what it would serve now lacks what is not reconciled yet; retry (Envoy's ADS retry does), or reach a ready replica")
 	}
-	if !s.unauthenticated.Has(peerIP(ctx)) {
+	if !s.unauthenticated.Has(s.peerIP(ctx)) {
 		s.fb.Refuse(model.Key{}, RefusedPeerPaced)
 		return status.Errorf(codes.ResourceExhausted,
 			"this client address opened more streams that failed authentication than this replica accepts (%g a second, burst %d): fix the proxy's credentials and reconnect with backoff (--xds-unauthenticated-streams-per-peer-per-second / --xds-unauthenticated-streams-per-peer-burst)",
@@ -134,17 +136,17 @@ func (s *Server) authenticate(ctx context.Context) (*auth.Identity, error) {
 	id, err := s.opts.Authenticator.Authenticate(ctx)
 	if err != nil {
 		s.fb.Refuse(model.Key{}, RefusedUnauthenticated)
-		s.unauthenticated.Spend(peerIP(ctx))
+		s.unauthenticated.Spend(s.peerIP(ctx))
 		return nil, err
 	}
 	return id, nil
 }
 
-// peerIP is the client IP address of the stream of ctx: what per-peer
-// budgets are kept by.
-func peerIP(ctx context.Context) string {
+// peerIP is the peer of the stream of ctx (its client IPv4 address, or
+// IPv6 prefix: peerrate.Key): what per-peer budgets are kept by.
+func (s *Server) peerIP(ctx context.Context) string {
 	if p, ok := peer.FromContext(ctx); ok {
-		return peerrate.Of(p.Addr)
+		return peerrate.Key(p.Addr, s.opts.IPv6PrefixLength)
 	}
 	return ""
 }

@@ -14,17 +14,18 @@ import (
 )
 
 // listener bounds and paces the connections the server accepts and
-// registers the ones it serves. A connection beyond the bounds (open
-// connections of the replica and of the peer) or the paces (of the peer,
-// then of the replica) is closed at once, before gRPC spends a transport
-// (buffers, goroutines, the HTTP/2 handshake) on it: the client sees the
-// connection closed and reconnects with backoff. No gRPC status can be sent
-// without that handshake.
+// registers the ones it serves. A connection beyond the paces (of the
+// peer's failures, of the peer, then of the replica) or the bounds (open
+// connections of the replica and of the peer) is closed at once,
+// before gRPC spends a transport (buffers, goroutines, the TLS and HTTP/2
+// handshakes) on it: the client sees the connection closed and reconnects
+// with backoff. No gRPC status can be sent without that handshake.
 //
-// Where the bounds are reached by connections that never opened an
-// authenticated stream, one of them makes room instead (conns.evict): a
-// replica filled with idle connections would otherwise refuse every new
-// proxy until they time out.
+// Where the bounds are reached, a connection that has carried no stream
+// admitted to a scope makes room instead (conns.take): a replica filled
+// with connections that serve no proxy would otherwise refuse every new
+// proxy until they time out. A peer is a client IPv4 address or IPv6
+// prefix (Options.IPv6PrefixLength).
 type listener struct {
 	net.Listener
 	s *Server
@@ -36,20 +37,28 @@ func (l listener) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
-		peer := peerrate.Of(c.RemoteAddr())
-		if !l.s.conns.reserve(peer) {
-			if !l.s.conns.evict(peer, time.Now().Add(-l.s.opts.HandshakeTimeout)) || !l.s.conns.reserve(peer) {
-				l.s.fb.Refuse(model.Key{}, RefusedConnectionLimit)
-				_ = c.Close()
-				continue
-			}
-			l.s.fb.Refuse(model.Key{}, RefusedConnectionEvicted)
-		}
-		if !l.s.connPace.Allow(peer) {
-			l.s.conns.release(peer)
+		peer := peerrate.Key(c.RemoteAddr(), l.s.opts.IPv6PrefixLength)
+		if !l.s.unauthenticated.Has(peer) {
 			l.s.fb.Refuse(model.Key{}, RefusedConnectionPaced)
 			_ = c.Close()
 			continue
+		}
+		// Paced before any room is made: a connection the pace refuses
+		// evicts nobody.
+		if !l.s.connPace.Allow(peer) {
+			l.s.fb.Refuse(model.Key{}, RefusedConnectionPaced)
+			_ = c.Close()
+			continue
+		}
+		victim, ok := l.s.conns.take(peer)
+		if !ok {
+			l.s.fb.Refuse(model.Key{}, RefusedConnectionLimit)
+			_ = c.Close()
+			continue
+		}
+		if victim != nil {
+			_ = victim.Close()
+			l.s.fb.Refuse(model.Key{}, RefusedConnectionEvicted)
 		}
 		return l.s.conns.add(c, peer), nil
 	}
@@ -61,40 +70,91 @@ func (l listener) Accept() (net.Conn, error) {
 // stream whose proxy does not read. Ending the stream is not enough: its
 // final status queues behind the unread data.
 // They are also counted, in all and by peer, against the bounds of open
-// connections, and those that have not yet carried an authenticated
-// stream are kept by peer, oldest first, as the ones to evict.
+// connections, and those that have not yet carried a stream admitted to a
+// scope are kept by peer, oldest first, as the ones to evict; when one of
+// them closes, failed spends a failure of its peer's.
 type conns struct {
 	max, maxPerPeer int
+	failed          func(peer string)
 
-	mu       sync.Mutex
-	by       map[string]*conn
-	open     int
-	byPeer   map[string]int
-	unproven map[string]*list.List // of *conn, by peer, oldest first
+	mu     sync.Mutex
+	by     map[string]*conn
+	open   int
+	byPeer map[string]int
+	// waiting are the connections not admitted yet, by peer, oldest
+	// first: in their TLS or HTTP/2 handshake, without a stream, or whose
+	// streams were all refused.
+	waiting map[string]*list.List // of *conn
 }
 
-func newConns(max, maxPerPeer int) *conns {
-	return &conns{max: max, maxPerPeer: maxPerPeer, by: map[string]*conn{}, byPeer: map[string]int{}, unproven: map[string]*list.List{}}
+func newConns(max, maxPerPeer int, failed func(peer string)) *conns {
+	return &conns{max: max, maxPerPeer: maxPerPeer, failed: failed, by: map[string]*conn{}, byPeer: map[string]int{}, waiting: map[string]*list.List{}}
 }
 
-// reserve counts a new connection of peer, or reports false when the
-// replica or the peer holds as many as it may.
-func (cs *conns) reserve(peer string) bool {
+// take counts a new connection of peer, making room when the replica or
+// the peer holds as many as it may by uncounting a connection not
+// admitted yet (the victim, for the caller to close), or reports false
+// when there is none it may take:
+//   - when peer holds as many as it may, its own oldest;
+//   - when the replica does, the oldest of the peer holding the most
+//     connections not admitted, if it holds more of them than peer: a peer
+//     with few takes from one with many, never the reverse, so that once
+//     the replica is full the connections not admitted are shared out
+//     evenly between the peers that want them, however many there are.
+//
+// Connections in their handshake are taken as well: a proxy's handshake
+// lasts milliseconds and its stream is admitted at once, while the oldest
+// connection of the fullest peer is one that serves nobody.
+func (cs *conns) take(peer string) (victim *conn, ok bool) {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
-	if cs.open >= cs.max || cs.byPeer[peer] >= cs.maxPerPeer {
-		return false
+	switch {
+	case cs.open < cs.max && cs.byPeer[peer] < cs.maxPerPeer:
+	case cs.byPeer[peer] >= cs.maxPerPeer:
+		if victim = cs.oldest(peer); victim == nil {
+			return nil, false
+		}
+	default:
+		if victim = cs.oldest(cs.fullest(peer)); victim == nil {
+			return nil, false
+		}
+	}
+	if victim != nil {
+		cs.forget(victim)
 	}
 	cs.open++
 	cs.byPeer[peer]++
-	return true
+	return victim, true
 }
 
-// release uncounts a connection of peer.
-func (cs *conns) release(peer string) {
-	cs.mu.Lock()
-	defer cs.mu.Unlock()
-	cs.release1(peer)
+// fullest is the peer other than peer holding the most connections not
+// admitted, more than peer holds (the one whose oldest is oldest among
+// equals), or "" when none does.
+func (cs *conns) fullest(peer string) string {
+	most, victim := cs.waitingOf(peer), ""
+	var since time.Time
+	for p, l := range cs.waiting {
+		n, at := l.Len(), l.Front().Value.(*conn).accepted
+		if p != peer && (n > most || n == most && victim != "" && at.Before(since)) {
+			most, victim, since = n, p, at
+		}
+	}
+	return victim
+}
+
+func (cs *conns) waitingOf(peer string) int {
+	if l := cs.waiting[peer]; l != nil {
+		return l.Len()
+	}
+	return 0
+}
+
+// oldest is peer's oldest connection not admitted, nil when it has none.
+func (cs *conns) oldest(peer string) *conn {
+	if l := cs.waiting[peer]; l != nil {
+		return l.Front().Value.(*conn)
+	}
+	return nil
 }
 
 func (cs *conns) release1(peer string) {
@@ -117,50 +177,69 @@ type conn struct {
 	peer     string
 	register bool
 	accepted time.Time
-	// unproven is the connection's element in its peer's list of
-	// unproven connections, nil once a stream on it was authenticated
-	// (or for one that is not registered).
-	unproven *list.Element
+	// waiting is the connection's element in its peer's list of
+	// connections not admitted, nil once a stream on it was admitted to a
+	// scope, once it is uncounted, or for one that is not registered;
+	// admitted is set once a stream on it was; counted is set until the
+	// connection is uncounted, by its Close or by take.
+	waiting  *list.Element
+	admitted bool
+	counted  bool
 	once     sync.Once
 }
 
-// add wraps c (reserved for peer) so that closing it uncounts it, and
-// registers it when its remote address names it alone, as a TCP address
-// does (a Unix socket's peers may all be unnamed); a connection it cannot
-// register is served, but neither closed for a slow stream nor evicted.
+// add wraps c (counted for peer by take) so that closing it uncounts it,
+// and registers it when its remote address names it alone, as a TCP
+// address does (a Unix socket's peers may all be unnamed); a connection it
+// cannot register is served, but neither closed for a slow stream nor
+// evicted.
 func (cs *conns) add(c net.Conn, peer string) net.Conn {
 	_, tcp := c.RemoteAddr().(*net.TCPAddr)
-	w := &conn{Conn: c, cs: cs, peer: peer, register: tcp, accepted: time.Now()}
+	w := &conn{Conn: c, cs: cs, peer: peer, register: tcp, accepted: time.Now(), counted: true}
 	if tcp {
 		cs.mu.Lock()
 		cs.by[c.RemoteAddr().String()] = w
-		l := cs.unproven[peer]
+		l := cs.waiting[peer]
 		if l == nil {
 			l = list.New()
-			cs.unproven[peer] = l
+			cs.waiting[peer] = l
 		}
-		w.unproven = l.PushBack(w)
+		w.waiting = l.PushBack(w)
 		cs.mu.Unlock()
 	}
 	return w
 }
 
+// Close closes the connection and uncounts it; a registered one that never
+// carried an admitted stream spends a failure of its peer's.
 func (c *conn) Close() error {
 	c.once.Do(func() {
 		c.cs.mu.Lock()
-		if c.register && c.cs.by[c.RemoteAddr().String()] == c {
-			delete(c.cs.by, c.RemoteAddr().String())
+		failed := c.register && !c.admitted
+		if c.counted {
+			c.cs.forget(c)
 		}
-		c.cs.proven1(c)
-		c.cs.release1(c.peer)
 		c.cs.mu.Unlock()
+		if failed && c.cs.failed != nil {
+			c.cs.failed(c.peer)
+		}
 	})
 	return c.Conn.Close()
 }
 
-// prove marks the connection of the stream whose context is ctx as one
-// that carried an authenticated stream: it is no longer evicted.
-func (cs *conns) prove(ctx context.Context) {
+// forget uncounts c and unregisters it; cs.mu is held.
+func (cs *conns) forget(c *conn) {
+	if c.register && cs.by[c.RemoteAddr().String()] == c {
+		delete(cs.by, c.RemoteAddr().String())
+	}
+	cs.admitted1(c)
+	cs.release1(c.peer)
+	c.counted = false
+}
+
+// admitted marks the connection of the stream whose context is ctx as one
+// that carried a stream admitted to a scope: it is no longer evicted.
+func (cs *conns) admitted(ctx context.Context) {
 	p, ok := peer.FromContext(ctx)
 	if !ok || p.Addr == nil {
 		return
@@ -168,56 +247,22 @@ func (cs *conns) prove(ctx context.Context) {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	if c := cs.by[p.Addr.String()]; c != nil {
-		cs.proven1(c)
+		c.admitted = true
+		cs.admitted1(c)
 	}
 }
 
-// proven1 takes c off its peer's list of unproven connections.
-func (cs *conns) proven1(c *conn) {
-	if c.unproven == nil {
+// admitted1 takes c off its peer's list of connections not admitted.
+func (cs *conns) admitted1(c *conn) {
+	if c.waiting == nil {
 		return
 	}
-	l := cs.unproven[c.peer]
-	l.Remove(c.unproven)
-	c.unproven = nil
+	l := cs.waiting[c.peer]
+	l.Remove(c.waiting)
+	c.waiting = nil
 	if l.Len() == 0 {
-		delete(cs.unproven, c.peer)
+		delete(cs.waiting, c.peer)
 	}
-}
-
-// evict closes one connection to make room for a new one of peer, and
-// reports whether it did. Only a connection accepted before cutoff (the
-// handshake timeout ago) that has carried no authenticated stream is
-// evicted: a proxy opens its stream as soon as the handshake is done, so
-// such a connection serves nobody. When peer holds as many connections as
-// it may, its own oldest such connection goes; when the replica does, the
-// oldest such connection of the peer holding the most connections, if it
-// holds more than peer: a client that opened many idle connections loses
-// them to one that has few, never the reverse.
-func (cs *conns) evict(peer string, cutoff time.Time) bool {
-	cs.mu.Lock()
-	victim := peer
-	if cs.byPeer[peer] < cs.maxPerPeer {
-		victim = ""
-		for p, l := range cs.unproven {
-			if cs.byPeer[p] > cs.byPeer[victim] && l.Front().Value.(*conn).accepted.Before(cutoff) {
-				victim = p
-			}
-		}
-		if victim == "" || cs.byPeer[victim] <= cs.byPeer[peer]+1 {
-			victim = ""
-		}
-	}
-	var c *conn
-	if l := cs.unproven[victim]; victim != "" && l != nil && l.Front().Value.(*conn).accepted.Before(cutoff) {
-		c = l.Front().Value.(*conn)
-	}
-	cs.mu.Unlock()
-	if c == nil {
-		return false
-	}
-	_ = c.Close()
-	return true
 }
 
 // close closes the connection of the stream whose context is ctx, when the

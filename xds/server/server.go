@@ -60,11 +60,13 @@ type Options struct {
 	NewStreamsPerSecond float64
 	NewStreamsBurst     int
 	// UnauthenticatedStreamsPerPeerPerSecond and UnauthenticatedStreamsPerPeerBurst
-	// pace the streams of one client IP address that fail authentication:
-	// a peer that spent its budget is refused before its credentials are
-	// looked at, and the shared pace above is spent only by authenticated
-	// streams, so a client without credentials cannot use it up for the
-	// proxies that have them.
+	// pace the streams of one client IP address that fail authentication,
+	// and its connections that close without carrying a stream admitted to
+	// a scope: a peer that spent its budget is refused before its
+	// credentials are looked at, its new connections before their
+	// handshake, and the shared paces are spent only by the others, so a
+	// client without credentials cannot use them up for the proxies that
+	// have them.
 	UnauthenticatedStreamsPerPeerPerSecond float64
 	UnauthenticatedStreamsPerPeerBurst     int
 	// NewConnectionsPerSecond and NewConnectionsBurst pace the TCP
@@ -83,6 +85,11 @@ type Options struct {
 	// gRPC's transport buffers (~37 KiB) whether or not it opens a stream.
 	MaxConnections        int
 	MaxConnectionsPerPeer int
+	// IPv6PrefixLength is how many leading bits of a client's IPv6 address
+	// name it for every per-address budget above (an IPv4 address is
+	// always one client): a host is commonly given a whole /64, and a
+	// budget per address would give it 2^64 budgets.
+	IPv6PrefixLength int
 	// MaxConnectionIdle closes a connection that has had no open stream
 	// for that long (HTTP/2 GOAWAY): a proxy always holds its ADS stream,
 	// so an idle connection holds a slot for nothing.
@@ -148,6 +155,7 @@ var DefaultOptions = Options{
 	NewConnectionsPerPeerBurst:             500,
 	MaxConnections:                         5000,
 	MaxConnectionsPerPeer:                  500,
+	IPv6PrefixLength:                       peerrate.DefaultIPv6PrefixLength,
 	MaxConnectionIdle:                      time.Minute,
 	HandshakeTimeout:                       10 * time.Second,
 	MaxHeaderListBytes:                     16 << 10,
@@ -183,6 +191,7 @@ func (o Options) withDefaults() Options {
 	o.NewConnectionsPerPeerBurst = orDefault(o.NewConnectionsPerPeerBurst, d.NewConnectionsPerPeerBurst)
 	o.MaxConnections = orDefault(o.MaxConnections, d.MaxConnections)
 	o.MaxConnectionsPerPeer = orDefault(o.MaxConnectionsPerPeer, d.MaxConnectionsPerPeer)
+	o.IPv6PrefixLength = orDefault(o.IPv6PrefixLength, d.IPv6PrefixLength)
 	o.MaxConnectionIdle = orDefault(o.MaxConnectionIdle, d.MaxConnectionIdle)
 	o.HandshakeTimeout = orDefault(o.HandshakeTimeout, d.HandshakeTimeout)
 	o.MaxHeaderListBytes = orDefault(o.MaxHeaderListBytes, d.MaxHeaderListBytes)
@@ -226,13 +235,14 @@ var _ discoveryv3.AggregatedDiscoveryServiceServer = (*Server)(nil)
 // an omission for a deletion.
 func New(store *snapshot.Store, fb *feedback.Tracker, ready <-chan struct{}, opts Options) *Server {
 	opts = opts.withDefaults()
+	unauthenticated := peerrate.New(opts.UnauthenticatedStreamsPerPeerPerSecond, opts.UnauthenticatedStreamsPerPeerBurst, nil)
 	return &Server{
 		store: store, fb: fb, opts: opts, ready: ready, drain: make(chan struct{}),
 		pace: rate.NewLimiter(rate.Limit(opts.NewStreamsPerSecond), opts.NewStreamsBurst),
 		connPace: peerrate.New(opts.NewConnectionsPerPeerPerSecond, opts.NewConnectionsPerPeerBurst,
 			rate.NewLimiter(rate.Limit(opts.NewConnectionsPerSecond), opts.NewConnectionsBurst)),
-		unauthenticated: peerrate.New(opts.UnauthenticatedStreamsPerPeerPerSecond, opts.UnauthenticatedStreamsPerPeerBurst, nil),
-		conns:           newConns(opts.MaxConnections, opts.MaxConnectionsPerPeer),
+		unauthenticated: unauthenticated,
+		conns:           newConns(opts.MaxConnections, opts.MaxConnectionsPerPeer, unauthenticated.Spend),
 		clients:         newClientStreams(opts.MaxStreamsPerClient),
 	}
 }

@@ -138,7 +138,7 @@ func serve[Req request](s *Server, p model.Protocol, srv interface {
 	if err != nil {
 		return err
 	}
-	client := clientKey(id, peerIP(ctx))
+	client := clientKey(id, s.peerIP(ctx))
 	if !s.clients.take(client) {
 		s.fb.Refuse(model.Key{}, RefusedClientStreamLimit)
 		who := "an anonymous client"
@@ -147,10 +147,9 @@ func serve[Req request](s *Server, p model.Protocol, srv interface {
 		}
 		return status.Errorf(codes.ResourceExhausted,
 			"%s at %s has %d ADS streams open on this replica, the most one client may (--xds-max-streams-per-client): a proxy needs one stream, a gRPC process one per xDS target; close the others, or raise the limit when many proxies share one identity and one address",
-			who, peerIP(ctx), s.opts.MaxStreamsPerClient)
+			who, s.peerIP(ctx), s.opts.MaxStreamsPerClient)
 	}
 	defer s.clients.release(client)
-	s.conns.prove(ctx)
 	if err := s.paced(); err != nil {
 		return err
 	}
@@ -178,6 +177,7 @@ func serve[Req request](s *Server, p model.Protocol, srv interface {
 	if err != nil {
 		return err
 	}
+	s.conns.admitted(ctx)
 	loc := s.locate(id, first.GetNode())
 	st := &stream{srv: s, key: key, sc: sc, at: loc, id: s.fb.Connect(key, kept(first.GetNode()), p, peerOf(ctx), id.String(), loc), grpc: isGRPC(first.GetNode()),
 		nacks: rate.NewLimiter(rate.Limit(s.opts.NACKsPerSecond), s.opts.NACKBurst), protocol: p, price: newPricer(p)}
