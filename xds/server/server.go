@@ -100,6 +100,14 @@ type Options struct {
 	// waits for the proxy to answer the last response longer: the proxy
 	// does not read what it was sent before.
 	SendTimeout time.Duration
+	// MemoryBudget is the live heap, in bytes, above which the replica
+	// refuses new streams and ends the least proven ones (memoryBudget):
+	// what clients make it hold (requests being received and held,
+	// responses queued but unsent, per-stream state) is bounded by it,
+	// however many clients and addresses there are. Zero derives it from
+	// the Go memory limit (memoryBudgetShare of it; none without a limit);
+	// a negative value turns it off.
+	MemoryBudget int64
 	// NACKsPerSecond and NACKBurst pace the rejections one stream gets
 	// reported (to status, Events and metrics); the rest are answered but
 	// only counted.
@@ -191,6 +199,9 @@ func (o Options) withDefaults() Options {
 	o.NACKBurst = orDefault(o.NACKBurst, d.NACKBurst)
 	o.MaxConnectionAge = orDefault(o.MaxConnectionAge, d.MaxConnectionAge)
 	o.MaxConnectionAgeGrace = orDefault(o.MaxConnectionAgeGrace, d.MaxConnectionAgeGrace)
+	if o.MemoryBudget == 0 {
+		o.MemoryBudget = defaultMemoryBudget()
+	}
 	return o
 }
 
@@ -214,6 +225,7 @@ type Server struct {
 	unauthenticated *peerrate.Limiter
 	conns           *conns
 	clients         *clientStreams
+	budget          *memoryBudget
 	drain           chan struct{}
 	drainOnce       sync.Once
 }
@@ -234,6 +246,7 @@ func New(store *snapshot.Store, fb *feedback.Tracker, ready <-chan struct{}, opt
 		unauthenticated: peerrate.New(opts.UnauthenticatedStreamsPerPeerPerSecond, opts.UnauthenticatedStreamsPerPeerBurst, nil),
 		conns:           newConns(opts.MaxConnections, opts.MaxConnectionsPerPeer),
 		clients:         newClientStreams(opts.MaxStreamsPerClient),
+		budget:          newMemoryBudget(opts.MemoryBudget, int64(opts.MaxRequestBytes)),
 	}
 }
 
