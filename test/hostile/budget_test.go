@@ -1,7 +1,6 @@
 package hostile
 
 import (
-	"bytes"
 	"context"
 	"encoding/binary"
 	"fmt"
@@ -14,7 +13,6 @@ import (
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"golang.org/x/net/http2"
-	"golang.org/x/net/http2/hpack"
 
 	"github.com/scopeplane/scopeplane/internal/testkit"
 	"github.com/scopeplane/scopeplane/xds/adsclient"
@@ -73,6 +71,41 @@ func stalled(h *h2conn, id uint32) bool {
 const stalledSize = 4 << 20
 
 var stalledBody = make([]byte, stalledSize-1000)
+
+// stallAll opens a connection from each of addrs addresses (at(i)) with
+// 32 SotW streams each, which send their first request (none when first is
+// nil) and then a message stalled 1,000 bytes short (stalled); it returns
+// once each stream stalled or was refused or ended.
+func stallAll(t *testing.T, addr string, addrs int, at func(int) string, first func(a, i int) []byte) attackRun {
+	var taken, refused atomic.Int64
+	var conns []*h2conn
+	var wg sync.WaitGroup
+	for a := range addrs {
+		h := dialH2(t, at(a), addr, false, time.Now().Add(2*testkit.Timeout))
+		conns = append(conns, h)
+		for i := range 32 {
+			id, err := h.open(sotwHeaders(addr))
+			if err != nil {
+				break
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if (first == nil || h.send(id, first(a, i)) == nil) && stalled(h, id) {
+					taken.Add(1)
+				} else {
+					refused.Add(1)
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	return attackRun{ended: fmt.Sprintf("%d stalled, %d refused or ended", taken.Load(), refused.Load()), stop: func() {
+		for _, h := range conns {
+			h.close()
+		}
+	}}
+}
 
 // attackRun is what a row's attack left running: how it ended so far and
 // the function that stops it.
@@ -170,34 +203,7 @@ func TestBudgetUnderTheChartsMemoryLimit(t *testing.T) {
 
 	t.Run("no credential, 4 MB first requests stalled", func(t *testing.T) {
 		add(budgetRow(t, peerAddressProfile, "6 addresses without a Pod × 32 streams, 4 MB first requests stalled 1,000 bytes short", func(addr string) attackRun {
-			var taken, refused atomic.Int64
-			var conns []*h2conn
-			var wg sync.WaitGroup
-			for a := range 6 {
-				h := dialH2(t, stranger(a), addr, false, time.Now().Add(2*testkit.Timeout))
-				conns = append(conns, h)
-				for range 32 {
-					id, err := h.open(sotwHeaders(addr))
-					if err != nil {
-						break
-					}
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						if stalled(h, id) {
-							taken.Add(1)
-						} else {
-							refused.Add(1)
-						}
-					}()
-				}
-			}
-			wg.Wait()
-			return attackRun{ended: fmt.Sprintf("%d stalled, %d refused", taken.Load(), refused.Load()), stop: func() {
-				for _, h := range conns {
-					h.close()
-				}
-			}}
+			return stallAll(t, addr, 6, stranger, nil)
 		}))
 	})
 
@@ -246,36 +252,10 @@ func TestBudgetUnderTheChartsMemoryLimit(t *testing.T) {
 
 	t.Run("admitted clients, 4 MB requests stalled", func(t *testing.T) {
 		add(budgetRow(t, peerAddressProfile, "20 admitted addresses × 32 streams, 4 MB requests stalled 1,000 bytes short", func(addr string) attackRun {
-			var taken, refused atomic.Int64
-			var conns []*h2conn
-			var wg sync.WaitGroup
-			for a := range tenants {
-				h := dialH2(t, tenant(a), addr, false, time.Now().Add(2*testkit.Timeout))
-				conns = append(conns, h)
-				for i := range 32 {
-					id, err := h.open(sotwHeaders(addr))
-					if err != nil {
-						break
-					}
-					first := grpcMessage(&discoveryv3.DiscoveryRequest{Node: node(fmt.Sprintf("tenant-%d-%d", a, i), "default/sotw"),
-						TypeUrl: xdstype.Cluster.URL(), ResourceNames: []string{"default/svc-0000:80"}})
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						if h.send(id, first) == nil && stalled(h, id) {
-							taken.Add(1)
-						} else {
-							refused.Add(1)
-						}
-					}()
-				}
-			}
-			wg.Wait()
-			return attackRun{ended: fmt.Sprintf("%d stalled, %d refused or ended", taken.Load(), refused.Load()), stop: func() {
-				for _, h := range conns {
-					h.close()
-				}
-			}}
+			return stallAll(t, addr, tenants, tenant, func(a, i int) []byte {
+				return grpcMessage(&discoveryv3.DiscoveryRequest{Node: node(fmt.Sprintf("tenant-%d-%d", a, i), "default/sotw"),
+					TypeUrl: xdstype.Cluster.URL(), ResourceNames: []string{"default/svc-0000:80"}})
+			})
 		}))
 	})
 
@@ -338,18 +318,4 @@ func TestBudgetUnderTheChartsMemoryLimit(t *testing.T) {
 			}}
 		}))
 	})
-}
-
-// deltaHeaders is the HPACK block that opens a delta ADS stream.
-func deltaHeaders(addr string) []byte {
-	var hb bytes.Buffer
-	enc := hpack.NewEncoder(&hb)
-	for _, f := range [][2]string{
-		{":method", "POST"}, {":scheme", "http"}, {":authority", addr},
-		{":path", "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources"},
-		{"content-type", "application/grpc"}, {"te", "trailers"},
-	} {
-		_ = enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
-	}
-	return hb.Bytes()
 }

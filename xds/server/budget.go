@@ -27,8 +27,14 @@ const RefusedMemoryBudget = "MemoryBudget"
 // has not yet reclaimed and for what arrives between two measures.
 const memoryBudgetShare = 0.5
 
-// memoryBudgetTick is how often the budget measures the live heap.
-const memoryBudgetTick = 50 * time.Millisecond
+// memoryBudgetTick is how often the budget measures the live heap, and
+// memoryBudgetSettle how long it waits after ending streams before it
+// decides again: the streams' handlers and gRPC's transport give back what
+// they held over that time, not at once.
+const (
+	memoryBudgetTick   = 50 * time.Millisecond
+	memoryBudgetSettle = time.Second
+)
 
 // memoryBudget keeps what clients make the replica hold within
 // Options.MemoryBudget of live heap. gRPC assembles a request whole before
@@ -101,17 +107,21 @@ func readHeap() (live, objects, cycles uint64) {
 // objects are read first, which costs nothing: while they are within the
 // budget, so is what is live. Above it, what is live is what counts, and
 // it is known only after a collection: one is run when none ran since the
-// last decision. After streams are ended, what they held goes back to
-// gRPC's buffer pools, which the runtime empties only over two
-// collections: the next decision waits for those, so that the same bytes
-// are not counted twice and more streams ended for them.
+// last decision. After streams are ended, what they held is given back
+// over a while (memoryBudgetSettle), into gRPC's buffer pools, which the
+// runtime empties only over two collections: the next decision waits for
+// both, so that the same bytes are not counted twice and more streams
+// ended for them. New streams stay refused meanwhile.
 func (b *memoryBudget) run(ctx context.Context) {
 	if b.limit <= 0 {
 		return
 	}
 	t := time.NewTicker(memoryBudgetTick)
 	defer t.Stop()
-	var seen, settled uint64
+	var (
+		seen, settled uint64
+		settling      time.Time
+	)
 	for {
 		select {
 		case <-ctx.Done():
@@ -123,6 +133,9 @@ func (b *memoryBudget) run(ctx context.Context) {
 			b.over.Store(false)
 			continue
 		}
+		if time.Now().Before(settling) {
+			continue
+		}
 		for cycles == seen || cycles < settled {
 			b.gc()
 			live, _, cycles = b.read()
@@ -132,7 +145,7 @@ func (b *memoryBudget) run(ctx context.Context) {
 		b.over.Store(over > 0)
 		if over > 0 {
 			b.shed(over)
-			settled = cycles + 2
+			settled, settling = cycles+2, time.Now().Add(memoryBudgetSettle)
 		}
 	}
 }
