@@ -106,8 +106,10 @@ func readHeap() (live, objects, cycles uint64) {
 // run measures the heap every memoryBudgetTick until ctx ends. The heap's
 // objects are read first, which costs nothing: while they are within the
 // budget, so is what is live. Above it, what is live is what counts, and
-// it is known only after a collection: one is run when none ran since the
-// last decision. After streams are ended, what they held is given back
+// it is known only after a collection: the runtime's own are used, and
+// one is run only when the heap grew by an eighth of the budget since the
+// last decision without one, so that a heap that only holds garbage above
+// the budget does not make the replica collect on every tick. After streams are ended, what they held is given back
 // over a while (memoryBudgetSettle), into gRPC's buffer pools, which the
 // runtime empties only over two collections: the next decision waits for
 // both, so that the same bytes are not counted twice and more streams
@@ -121,6 +123,7 @@ func (b *memoryBudget) run(ctx context.Context) {
 	var (
 		seen, settled uint64
 		settling      time.Time
+		measured      uint64 // the heap's objects at the last decision
 	)
 	for {
 		select {
@@ -136,11 +139,16 @@ func (b *memoryBudget) run(ctx context.Context) {
 		if time.Now().Before(settling) {
 			continue
 		}
+		if cycles == seen && cycles >= settled && int64(objects-min(objects, measured)) < b.limit/8 {
+			// Nothing new to decide on: no collection since the last
+			// decision, and the heap grew by little since.
+			continue
+		}
 		for cycles == seen || cycles < settled {
 			b.gc()
-			live, _, cycles = b.read()
+			live, objects, cycles = b.read()
 		}
-		seen = cycles
+		seen, measured = cycles, objects
 		over := int64(live) - b.limit
 		b.over.Store(over > 0)
 		if over > 0 {
