@@ -60,7 +60,8 @@ type Options struct {
 	NewStreamsPerSecond float64
 	NewStreamsBurst     int
 	// UnauthenticatedStreamsPerPeerPerSecond and UnauthenticatedStreamsPerPeerBurst
-	// pace the streams of one client IP address that fail authentication:
+	// pace the streams of one client IP address that fail authentication
+	// or present no credential (identified by their peer address alone):
 	// a peer that spent its budget is refused before its credentials are
 	// looked at, and the shared pace above is spent only by authenticated
 	// streams, so a client without credentials cannot use it up for the
