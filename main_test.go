@@ -301,7 +301,7 @@ The Helm chart ([install.md](install.md)) sets these from its values: the addres
 ` + "`--xds-max-connection-idle`," + `
 ` + "`--xds-handshake-timeout`, `--xds-max-header-list-bytes`," + `
 ` + "`--xds-unauthenticated-streams-per-peer-per-second`," + `
-` + "`--xds-unauthenticated-streams-per-peer-burst`, `--xds-send-timeout`," + `
+` + "`--xds-unauthenticated-streams-per-peer-burst`, `--xds-send-timeout`, `--xds-memory-budget`," + `
 ` + "`--xds-nacks-per-second`, `--xds-nack-burst`, `--xds-max-connection-age`," + `
 ` + "`--xds-max-connection-age-grace`" + `). ` + "`extraArgs`" + ` passes any other; test/docs checks this list
 against the chart's Deployment template.

@@ -171,7 +171,7 @@ func joins(t *testing.T, row string, n int, join func() (time.Duration, error)) 
 // pushed to. The table gives the cgroup's peak usage per row.
 func TestConnectionsUnderTheChartsMemoryLimit(t *testing.T) {
 	cg := memoryCgroup(t, chartMemoryLimit)
-	c := startConfined(t, cg)
+	c := startConfined(t, cg, anonymousProfile)
 	c.push("before the attacks")
 	base := cgroupRead(t, cg, "memory.usage_in_bytes")
 	var table strings.Builder

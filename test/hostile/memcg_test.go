@@ -113,11 +113,12 @@ type confined struct {
 }
 
 // startConfined starts the server in a child process, moves it into the
-// cgroup before it builds anything, and returns once it serves.
-func startConfined(t *testing.T, cgroup string) *confined {
+// cgroup before it builds anything, and returns once it serves. The
+// profile names how the server authenticates (confinedProfile).
+func startConfined(t *testing.T, cgroup, profile string) *confined {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestConfinedServer$", "-test.v")
-	cmd.Env = append(os.Environ(), serveEnv+"=1", fmt.Sprintf("GOMEMLIMIT=%d", chartGoMemLimit))
+	cmd.Env = append(os.Environ(), serveEnv+"="+profile, fmt.Sprintf("GOMEMLIMIT=%d", chartGoMemLimit))
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -281,7 +282,7 @@ func (c *confined) joinWithin(bound time.Duration) (time.Duration, error) {
 // killer weighs: resident memory and page cache) per row.
 func TestUnderTheChartsMemoryLimit(t *testing.T) {
 	cg := memoryCgroup(t, chartMemoryLimit)
-	c := startConfined(t, cg)
+	c := startConfined(t, cg, anonymousProfile)
 	c.push("before the attacks")
 	base := cgroupRead(t, cg, "memory.usage_in_bytes")
 	var table strings.Builder
@@ -325,16 +326,23 @@ func TestUnderTheChartsMemoryLimit(t *testing.T) {
 	})
 	row("300 streams of ten clients NACKing with 1 MiB", func() (string, func()) {
 		attack(t, c.addr, "nacks-spread")(false)
-		return fmt.Sprintf("OK×%d", nackAdmitted(len(spreadFrom))), func() {}
+		return fmt.Sprintf("OK×%d at most: beyond the memory budget, the newest ended", nackAdmitted(len(spreadFrom))), func() {}
 	})
 	t.Log(table.String())
 }
 
+// The profiles of the confined server: anonymous proxies admitted, as in
+// the other rows, or the chart's peer-address method (peerAddressOptions).
+const (
+	anonymousProfile   = "anonymous"
+	peerAddressProfile = "peer-address"
+)
+
 // TestConfinedServer is the server side of TestUnderTheChartsMemoryLimit,
 // run in a child process; it does nothing when run otherwise. It waits for
 // a line on its input (sent once it is in the cgroup), serves the hostile
-// suite's world with the production limits (anonymous proxies admitted,
-// as in the other rows), prints its address, and serves until its input
+// suite's world with the production limits (and the authentication of its
+// profile), prints its address, and serves until its input
 // closes, adding a Service for each "push <name>" line.
 func TestConfinedServer(t *testing.T) {
 	if os.Getenv(serveEnv) == "" {
@@ -344,12 +352,21 @@ func TestConfinedServer(t *testing.T) {
 	if _, err := in.ReadString('\n'); err != nil {
 		t.Fatal(err)
 	}
-	p := pipeline.New(pipeline.Options{Server: server.Options{Authenticator: &auth.Authenticator{AllowAnonymous: true}}})
+	opts := server.Options{Authenticator: &auth.Authenticator{AllowAnonymous: true}}
+	profile := os.Getenv(serveEnv)
+	peer := profile == peerAddressProfile || profile == fastSendProfile
+	if peer {
+		opts = peerAddressOptions(profile)
+	}
+	p := pipeline.New(pipeline.Options{Server: opts})
 	for i := range services {
 		p.Catalog.UpsertService(testkit.Service("default", fmt.Sprintf("svc-%04d", i), "10.0.0.1", "10.0.0.2"))
 	}
-	p.Catalog.UpsertScope(scope("sotw", model.SotW))
-	p.Catalog.UpsertScope(scope("delta", model.Delta))
+	for name, proto := range map[string]model.Protocol{"sotw": model.SotW, "delta": model.Delta} {
+		sc := scope(name, proto)
+		sc.AdmitByPeerAddress = peer
+		p.Catalog.UpsertScope(sc)
+	}
 	p.Sync()
 	fmt.Printf("ADDR %s\n", serve(t, p))
 	for {

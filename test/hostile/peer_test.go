@@ -138,12 +138,20 @@ func TestPeerAddressAttacks(t *testing.T) {
 		return "ProxyScope \"" + scope + "\" does not exist or does not admit the client at " + ip +
 			", which presented no credential: a scope admits the ServiceAccounts of its own namespace, narrowed by its spec.proxies; a proxy without a credential only when the scope sets spec.admitByPeerAddress and one Running Pod of that namespace holds its address"
 	}
-	for _, tc := range []struct{ name, ip, scope string }{
-		{"spoofed or foreign address, no Pod holds it", unknown, "default/opted"},
-		{"address two Pods hold", shared, "default/opted"},
-		{"a Node's address", node, "default/opted"},
-		{"a Pod the scope would admit, scope not opted in", client, "default/closed"},
-		{"a Pod the scope would admit, scope does not exist", client, "default/nope"},
+	// An address that stands for no Pod is refused before its first
+	// request is read, the same way whichever of these it is.
+	nowhere := func(_, ip string) string {
+		return "no ProxyScope admits the client at " + ip + ", which presented no credential: a proxy without a credential is admitted only by a scope of its own namespace that sets spec.admitByPeerAddress, when one Running Pod of that namespace holds its address; give the proxy a ServiceAccount token or a SPIFFE certificate otherwise"
+	}
+	for _, tc := range []struct {
+		name, ip, scope string
+		refusal         func(scope, ip string) string
+	}{
+		{"spoofed or foreign address, no Pod holds it", unknown, "default/opted", nowhere},
+		{"address two Pods hold", shared, "default/opted", nowhere},
+		{"a Node's address", node, "default/opted", nowhere},
+		{"a Pod the scope would admit, scope not opted in", client, "default/closed", refusal},
+		{"a Pod the scope would admit, scope does not exist", client, "default/nope", refusal},
 	} {
 		for _, withKey := range []bool{false, true} {
 			name := tc.name
@@ -152,8 +160,8 @@ func TestPeerAddressAttacks(t *testing.T) {
 			}
 			t.Run(name, func(t *testing.T) {
 				_, err := open(ctx, tc.ip, tc.scope, withKey)
-				if st := status.Convert(err); st.Code() != codes.PermissionDenied || st.Message() != refusal(tc.scope, tc.ip) {
-					t.Fatalf("ended with %v %q,\nwant %v %q", st.Code(), st.Message(), codes.PermissionDenied, refusal(tc.scope, tc.ip))
+				if st := status.Convert(err); st.Code() != codes.PermissionDenied || st.Message() != tc.refusal(tc.scope, tc.ip) {
+					t.Fatalf("ended with %v %q,\nwant %v %q", st.Code(), st.Message(), codes.PermissionDenied, tc.refusal(tc.scope, tc.ip))
 				}
 			})
 		}

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/scopeplane/scopeplane/internal/testkit"
@@ -385,6 +386,7 @@ func nackAttack(ctx context.Context, t *testing.T, addr string, froms ...string)
 		settled sync.WaitGroup
 	)
 	settled.Add(nackStreams)
+	var budgeted atomic.Int64
 	parallel(nackStreams, nackStreams, func(i int) {
 		ads := discoveryv3.NewAggregatedDiscoveryServiceClient(conns[i%len(conns)])
 		cluster := fmt.Sprintf("default/svc-%04d:80", i)
@@ -431,22 +433,31 @@ func nackAttack(ctx context.Context, t *testing.T, addr string, froms ...string)
 			}
 			end = func() error { _ = s.CloseSend(); _, err := s.Recv(); return err }
 		}
+		ended := func(err error) {
+			// A server with a memory budget (a Go memory limit) may end
+			// admitted streams too, once the heap is above it.
+			if status.Code(err) == codes.ResourceExhausted && strings.Contains(status.Convert(err).Message(), "--xds-memory-budget") {
+				budgeted.Add(1)
+			}
+			o.add(err)
+		}
 		nonce, err := first()
 		settled.Done()
 		if err != nil {
-			o.add(err)
+			ended(err)
 			return
 		}
 		settled.Wait()
 		for range nackRounds {
 			reject(nonce)
 		}
-		o.add(end())
+		ended(end())
 	})
 	t.Logf("NACKing streams ended: %s %q", o.String(), o.msgs)
 	admitted := nackAdmitted(len(froms))
-	if o.codes[codes.OK] != admitted || o.codes[codes.ResourceExhausted] != nackStreams-admitted || o.codes[codes.OK]+o.codes[codes.ResourceExhausted] != nackStreams {
-		t.Errorf("the NACKing streams ended with %s, want OK×%d ResourceExhausted×%d", o.String(), admitted, nackStreams-admitted)
+	ok, exhausted := o.codes[codes.OK], o.codes[codes.ResourceExhausted]
+	if ok+exhausted != nackStreams || ok > admitted || ok+int(budgeted.Load()) < admitted {
+		t.Errorf("the NACKing streams ended with %s (%d by the memory budget), want OK×%d ResourceExhausted×%d, or fewer OK for streams the memory budget ended", o.String(), budgeted.Load(), admitted, nackStreams-admitted)
 	}
 }
 

@@ -92,11 +92,19 @@ func rapidReset(t *testing.T, addr string, n int) {
 // sotwHeaders is the HPACK block that opens a SotW ADS stream, with the
 // extra header fields after gRPC's own.
 func sotwHeaders(addr string, extra ...hpack.HeaderField) []byte {
+	return adsHeaders(addr, "StreamAggregatedResources", extra...)
+}
+
+// deltaHeaders is the HPACK block that opens a delta ADS stream.
+func deltaHeaders(addr string) []byte { return adsHeaders(addr, "DeltaAggregatedResources") }
+
+// adsHeaders is the HPACK block that opens a stream of the ADS method.
+func adsHeaders(addr, method string, extra ...hpack.HeaderField) []byte {
 	var hb bytes.Buffer
 	enc := hpack.NewEncoder(&hb)
 	for _, f := range [][2]string{
 		{":method", "POST"}, {":scheme", "http"}, {":authority", addr},
-		{":path", "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources"},
+		{":path", "/envoy.service.discovery.v3.AggregatedDiscoveryService/" + method},
 		{"content-type", "application/grpc"}, {"te", "trailers"},
 	} {
 		_ = enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})

@@ -85,9 +85,16 @@ func (s *Server) admit(ctx context.Context) error {
 }
 
 // paced refuses an authenticated stream beyond the pace of new streams. It
-// is spent only after authentication: a client without credentials cannot
-// use it up for proxies that have them.
-func (s *Server) paced() error {
+// is spent only after authentication, and only by a stream that presented a
+// credential (or an anonymous one, with the insecure opt-out): a stream
+// identified by its peer address alone spends its address's budget of
+// streams that fail authentication instead (credentialless), so that a
+// client without credentials cannot use up the replica's pace for proxies
+// that have them.
+func (s *Server) paced(id *auth.Identity) error {
+	if id != nil && id.Method == auth.MethodPeerAddress {
+		return nil
+	}
 	if !s.pace.Allow() {
 		s.fb.Refuse(model.Key{}, RefusedPaced)
 		return status.Errorf(codes.ResourceExhausted,
@@ -140,6 +147,56 @@ func (s *Server) authenticate(ctx context.Context) (*auth.Identity, error) {
 		return nil, err
 	}
 	return id, nil
+}
+
+// credentialless decides a stream that presented no credential and was
+// identified by its peer address, before anything it sends is read. It
+// spends its address's budget of streams that fail authentication (admit
+// checked it before), as a stream without a credential that is refused
+// would: such a client proved nothing, and the replica's pace of new
+// streams is kept for proxies that did. A stream that no scope can admit
+// (no single Running Pod holds its address, or no scope of that Pod's
+// namespace opts in and admits its ServiceAccount) is refused here, with
+// the same status and message whichever it is: reading its first request
+// (up to --xds-max-request-bytes) first would let any client that reaches
+// the port make the replica hold that much per stream for nothing.
+func (s *Server) credentialless(ctx context.Context, id *auth.Identity) error {
+	if id == nil || id.Method != auth.MethodPeerAddress {
+		return nil
+	}
+	s.unauthenticated.Spend(s.peerIP(ctx))
+	if s.anyScopeAdmits(id) {
+		return nil
+	}
+	s.fb.Refuse(model.Key{}, RefusedNotAdmitted)
+	return status.Errorf(codes.PermissionDenied,
+		"no ProxyScope admits %s: a proxy without a credential is admitted only by a scope of its own namespace that sets spec.admitByPeerAddress, when one Running Pod of that namespace holds its address; give the proxy a ServiceAccount token or a SPIFFE certificate otherwise",
+		id.Refused())
+}
+
+// anyScopeAdmits reports whether some scope of id's namespace admits id.
+func (s *Server) anyScopeAdmits(id *auth.Identity) bool {
+	if id.Namespace == "" {
+		return false
+	}
+	for _, key := range s.store.Keys() {
+		if key.Namespace != id.Namespace {
+			continue
+		}
+		sc := s.store.Get(key)
+		if sc == nil {
+			continue
+		}
+		admits := false
+		sc.Read(func(v snapshot.View) {
+			spec := v.Spec()
+			admits = spec != nil && auth.Admits(id, key.Namespace, spec.Proxies, spec.AdmitByPeerAddress)
+		})
+		if admits {
+			return true
+		}
+	}
+	return false
 }
 
 // peerIP is the peer of the stream of ctx (its client IPv4 address, or

@@ -2,7 +2,6 @@ package server
 
 import (
 	"slices"
-	"strconv"
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/grpc"
@@ -329,8 +328,7 @@ func (st *delta) subscriptions() (subs [xdstype.Count]*subscription) {
 func (st *delta) send(r *response) error {
 	ts := st.types[r.t]
 	st.price.sending(&ts.subscription, r)
-	st.nonce++
-	nonce := strconv.FormatUint(st.nonce, 10)
+	nonce := st.nextNonce()
 	slices.Sort(r.removed)
 	resp := deltaResponse(r.version, r.t.URL(), nonce, r.res, r.removed)
 	if err := st.sendWithin(st.grpc, resp); err != nil {

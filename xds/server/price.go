@@ -294,7 +294,8 @@ func (o otherResponse) price(version, typeURL string, nonces *uint64) int {
 	n := o.entries
 	header := func(version, typeURL string) int {
 		*nonces++
-		return cost.Header(version, typeURL, strconv.FormatUint(*nonces, 10))
+		// The random part of a nonce (nextNonce) has a fixed length.
+		return cost.Header(version, typeURL, strconv.FormatUint(*nonces, 10)+"."+strings.Repeat("0", nonceRandom))
 	}
 	for i := range o.responses {
 		switch {

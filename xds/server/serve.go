@@ -37,7 +37,13 @@ func (s *Server) GRPCServer(extra ...grpc.ServerOption) *grpc.Server {
 // settings or saved bookkeeping. Before any stream is authenticated, what a
 // connection may make the server hold is bounded too: the request headers
 // (Options.MaxHeaderListBytes), the handshake's time (HandshakeTimeout),
-// and a connection with no stream is closed after MaxConnectionIdle.
+// and a connection with no stream is closed after MaxConnectionIdle. The
+// HTTP/2 receive windows are static (streamWindow, connWindow): grpc-go
+// otherwise grows them with its bandwidth estimate up to 16 MiB a stream,
+// and what a client can push to a stream the handler is not reading is
+// its window. A request being read gets the window of its whole size all
+// the same (gRPC opens it for the message), so only what was never asked
+// for is bounded by these.
 func GRPCOptions(opts Options) []grpc.ServerOption {
 	opts = opts.withDefaults()
 	return []grpc.ServerOption{
@@ -46,6 +52,8 @@ func GRPCOptions(opts Options) []grpc.ServerOption {
 		grpc.MaxConcurrentStreams(uint32(min(opts.MaxStreamsPerConnection, math.MaxUint32))),
 		grpc.MaxHeaderListSize(uint32(min(opts.MaxHeaderListBytes, math.MaxUint32))),
 		grpc.ConnectionTimeout(opts.HandshakeTimeout),
+		grpc.InitialWindowSize(streamWindow),
+		grpc.InitialConnWindowSize(connWindow),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{
 			Time: 30 * time.Second, Timeout: 10 * time.Second,
@@ -54,6 +62,15 @@ func GRPCOptions(opts Options) []grpc.ServerOption {
 		}),
 	}
 }
+
+// streamWindow and connWindow are the HTTP/2 receive windows of a stream
+// and of a connection: HTTP/2's default for a stream (an ADS request
+// beyond it gets its own window as it is read), and sixteen of them for a
+// connection, which is credited back as its bytes arrive.
+const (
+	streamWindow = 64 << 10
+	connWindow   = 16 * streamWindow
+)
 
 // Drain ends every open stream with Unavailable, so proxies reconnect (to
 // another replica, or to this one when it comes back), and refuses new ones.
@@ -81,6 +98,9 @@ func (s *Server) Serve(ctx context.Context, addr string, extra ...grpc.ServerOpt
 // connection of a stream whose proxy does not read (Options.SendTimeout).
 func (s *Server) ServeListener(ctx context.Context, lis net.Listener, extra ...grpc.ServerOption) error {
 	g := s.GRPCServer(extra...)
+	budget, stop := context.WithCancel(ctx)
+	defer stop()
+	go s.budget.run(budget)
 	return ServeUntil(ctx, g, listener{Listener: lis, s: s}, func() {
 		s.Drain()
 		stopped := make(chan struct{})

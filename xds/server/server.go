@@ -60,7 +60,8 @@ type Options struct {
 	NewStreamsPerSecond float64
 	NewStreamsBurst     int
 	// UnauthenticatedStreamsPerPeerPerSecond and UnauthenticatedStreamsPerPeerBurst
-	// pace the streams of one client IP address that fail authentication,
+	// pace the streams of one client IP address that fail authentication
+	// or present no credential (identified by their peer address alone),
 	// and its connections that close without carrying a stream admitted to
 	// a scope: a peer that spent its budget is refused before its
 	// credentials are looked at, its new connections before their
@@ -107,6 +108,14 @@ type Options struct {
 	// waits for the proxy to answer the last response longer: the proxy
 	// does not read what it was sent before.
 	SendTimeout time.Duration
+	// MemoryBudget is the live heap, in bytes, above which the replica
+	// refuses new streams and ends the least proven ones (memoryBudget):
+	// what clients make it hold (requests being received and held,
+	// responses queued but unsent, per-stream state) is bounded by it,
+	// however many clients and addresses there are. Zero derives it from
+	// the Go memory limit (memoryBudgetShare of it; none without a limit);
+	// a negative value turns it off.
+	MemoryBudget int64
 	// NACKsPerSecond and NACKBurst pace the rejections one stream gets
 	// reported (to status, Events and metrics); the rest are answered but
 	// only counted.
@@ -200,6 +209,9 @@ func (o Options) withDefaults() Options {
 	o.NACKBurst = orDefault(o.NACKBurst, d.NACKBurst)
 	o.MaxConnectionAge = orDefault(o.MaxConnectionAge, d.MaxConnectionAge)
 	o.MaxConnectionAgeGrace = orDefault(o.MaxConnectionAgeGrace, d.MaxConnectionAgeGrace)
+	if o.MemoryBudget == 0 {
+		o.MemoryBudget = defaultMemoryBudget()
+	}
 	return o
 }
 
@@ -223,6 +235,7 @@ type Server struct {
 	unauthenticated *peerrate.Limiter
 	conns           *conns
 	clients         *clientStreams
+	budget          *memoryBudget
 	drain           chan struct{}
 	drainOnce       sync.Once
 }
@@ -244,6 +257,7 @@ func New(store *snapshot.Store, fb *feedback.Tracker, ready <-chan struct{}, opt
 		unauthenticated: unauthenticated,
 		conns:           newConns(opts.MaxConnections, opts.MaxConnectionsPerPeer, unauthenticated.Spend),
 		clients:         newClientStreams(opts.MaxStreamsPerClient),
+		budget:          newMemoryBudget(opts.MemoryBudget, int64(opts.MaxRequestBytes)),
 	}
 }
 

@@ -1,8 +1,6 @@
 package server
 
 import (
-	"strconv"
-
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -539,8 +537,7 @@ func (st *sotw) subscriptions() (subs [xdstype.Count]*subscription) {
 func (st *sotw) send(r *response) error {
 	ts := st.types[r.t]
 	st.price.sending(&ts.subscription, r)
-	st.nonce++
-	nonce := strconv.FormatUint(st.nonce, 10)
+	nonce := st.nextNonce()
 	resp := sotwResponse(r.version, r.t.URL(), nonce, r.res)
 	if r.connect {
 		// Other types may have counted the stream in sync already.

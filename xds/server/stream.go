@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"io"
+	"math/rand/v2"
+	"strconv"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -54,6 +56,28 @@ type stream struct {
 	answers uint64
 	waiting bool
 }
+
+// nextNonce is the nonce of the stream's next response: its count, and
+// nonceRandom random characters that a proxy learns only by reading the
+// response. An answer (ACK or NACK) restarts the send timeout, so it must
+// prove that the proxy read what it answers: with counted nonces alone, a
+// client that grants no HTTP/2 window (and so reads nothing) could answer
+// nonces it guessed and keep its stream, and everything queued for it, for
+// as long as it liked.
+func (st *stream) nextNonce() string {
+	st.nonce++
+	const digits = "0123456789abcdefghijklmnopqrstuv"
+	b := strconv.AppendUint(make([]byte, 0, 21+nonceRandom), st.nonce, 10)
+	b = append(b, '.')
+	for r, i := rand.Uint64(), 0; i < nonceRandom; i++ {
+		b = append(b, digits[r&31])
+		r >>= 5
+	}
+	return string(b)
+}
+
+// nonceRandom is how many random characters a nonce carries (5 bits each).
+const nonceRandom = 8
 
 // peerOf is the remote address of the stream of ctx, "" when gRPC knows
 // none: what tells apart the proxies of one node id in reports.
@@ -138,6 +162,9 @@ func serve[Req request](s *Server, p model.Protocol, srv interface {
 	if err != nil {
 		return err
 	}
+	if err := s.credentialless(ctx, id); err != nil {
+		return err
+	}
 	client := clientKey(id, s.peerIP(ctx))
 	if !s.clients.take(client) {
 		s.fb.Refuse(model.Key{}, RefusedClientStreamLimit)
@@ -150,9 +177,15 @@ func serve[Req request](s *Server, p model.Protocol, srv interface {
 			who, s.peerIP(ctx), s.opts.MaxStreamsPerClient)
 	}
 	defer s.clients.release(client)
-	if err := s.paced(); err != nil {
+	if err := s.paced(id); err != nil {
 		return err
 	}
+	charged, err := s.budget.take(client)
+	if err != nil {
+		s.fb.Refuse(model.Key{}, RefusedMemoryBudget)
+		return err
+	}
+	defer s.budget.release(charged)
 	revoked, expired, stop := s.credentialEnds(id)
 	defer stop()
 	reqs, errc := recv(ctx, srv, s.countRecvError)
@@ -171,6 +204,9 @@ func serve[Req request](s *Server, p model.Protocol, srv interface {
 	case <-ctx.Done():
 		silent.Stop()
 		return nil
+	case <-charged.shed:
+		silent.Stop()
+		return s.shedError()
 	}
 	// The node is on the first request (the only one, in delta).
 	key, sc, err := s.resolve(first.GetNode(), p, id)
@@ -178,6 +214,7 @@ func serve[Req request](s *Server, p model.Protocol, srv interface {
 		return err
 	}
 	s.conns.admitted(ctx)
+	s.budget.admit(charged)
 	loc := s.locate(id, first.GetNode())
 	st := &stream{srv: s, key: key, sc: sc, at: loc, id: s.fb.Connect(key, kept(first.GetNode()), p, peerOf(ctx), id.String(), loc), grpc: isGRPC(first.GetNode()),
 		nacks: rate.NewLimiter(rate.Limit(s.opts.NACKsPerSecond), s.opts.NACKBurst), protocol: p, price: newPricer(p)}
@@ -246,6 +283,8 @@ func serve[Req request](s *Server, p model.Protocol, srv interface {
 			return nil
 		case <-s.drain:
 			return s.draining()
+		case <-charged.shed:
+			return s.shedError()
 		case <-revoked:
 			s.fb.Refuse(model.Key{}, RefusedUnauthenticated)
 			if id.Method == auth.MethodPeerAddress {

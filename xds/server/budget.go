@@ -1,0 +1,238 @@
+package server
+
+import (
+	"context"
+	"math"
+	"runtime"
+	"runtime/debug"
+	"runtime/metrics"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/scopeplane/scopeplane/xds/model"
+)
+
+// RefusedMemoryBudget counts streams refused, or ended, because the
+// replica's live heap was above its memory budget (Options.MemoryBudget).
+const RefusedMemoryBudget = "MemoryBudget"
+
+// memoryBudgetShare is the part of the Go memory limit (GOMEMLIMIT, which
+// the binary derives from the container's limit) that Options.MemoryBudget
+// takes when it is not set: the rest is room for the garbage the collector
+// has not yet reclaimed and for what arrives between two measures.
+const memoryBudgetShare = 0.5
+
+// memoryBudgetTick is how often the budget measures the live heap, and
+// memoryBudgetSettle how long it waits after ending streams before it
+// decides again: the streams' handlers and gRPC's transport give back what
+// they held over that time, not at once.
+const (
+	memoryBudgetTick   = 50 * time.Millisecond
+	memoryBudgetSettle = time.Second
+)
+
+// memoryBudget keeps what clients make the replica hold within
+// Options.MemoryBudget of live heap. gRPC assembles a request whole before
+// the handler sees any of it, and offers no way to refuse the bytes of one
+// stream before they are allocated, so what the budget measures is the
+// live heap itself (every byte the replica holds, whoever made it), and
+// what it controls is which streams may go on holding it:
+//
+//   - while the live heap is above the budget, a new stream is refused
+//     before anything it sends is read (take): the newest work goes first;
+//   - and streams are ended, the least proven first (shed): every stream
+//     not yet admitted to a scope (still waiting for or reading its first
+//     request); then every stream but the oldest of each client (identity
+//     at one address) holding more than one. A proxy holding one
+//     stream is ended only when no client holds more, the newest first.
+//     Ending a stream frees its request in assembly and what the transport
+//     queued for it.
+//
+// An admitted proxy's push is never refused: the budget only ends streams
+// and refuses new ones.
+type memoryBudget struct {
+	limit, perStream int64
+	read             func() (live, objects, cycles uint64)
+	gc               func()
+
+	over atomic.Bool
+
+	mu      sync.Mutex
+	streams map[*holder]struct{}
+}
+
+// holder is one stream as the budget sees it; shed is closed to end it.
+type holder struct {
+	client   string
+	opened   time.Time
+	admitted bool // guarded by memoryBudget.mu
+	shed     chan struct{}
+}
+
+// newMemoryBudget returns the budget of limit bytes of live heap (none
+// when limit is zero or less), shedding streams as perStream bytes each.
+func newMemoryBudget(limit, perStream int64) *memoryBudget {
+	return &memoryBudget{limit: limit, perStream: perStream, read: readHeap, gc: runtime.GC, streams: map[*holder]struct{}{}}
+}
+
+// defaultMemoryBudget is memoryBudgetShare of the Go memory limit, or zero
+// (no budget) when the process has none.
+func defaultMemoryBudget() int64 {
+	limit := debug.SetMemoryLimit(-1)
+	if limit <= 0 || limit == math.MaxInt64 {
+		return 0
+	}
+	return int64(float64(limit) * memoryBudgetShare)
+}
+
+var heapSamples = []string{"/gc/heap/live:bytes", "/memory/classes/heap/objects:bytes", "/gc/cycles/total:gc-cycles"}
+
+// readHeap is the live heap as of the last collection, the heap's objects
+// now (live and not yet collected), and how many collections ran.
+func readHeap() (live, objects, cycles uint64) {
+	s := make([]metrics.Sample, len(heapSamples))
+	for i, name := range heapSamples {
+		s[i].Name = name
+	}
+	metrics.Read(s)
+	return s[0].Value.Uint64(), s[1].Value.Uint64(), s[2].Value.Uint64()
+}
+
+// run measures the heap every memoryBudgetTick until ctx ends. The heap's
+// objects are read first, which costs nothing: while they are within the
+// budget, so is what is live. Above it, what is live is what counts, and
+// it is known only after a collection: the runtime's own are used, and
+// one is run only when the heap grew by an eighth of the budget since the
+// last decision without one, so that a heap that only holds garbage above
+// the budget does not make the replica collect on every tick. After streams are ended, what they held is given back
+// over a while (memoryBudgetSettle), into gRPC's buffer pools, which the
+// runtime empties only over two collections: the next decision waits for
+// both, so that the same bytes are not counted twice and more streams
+// ended for them. New streams stay refused meanwhile.
+func (b *memoryBudget) run(ctx context.Context) {
+	if b.limit <= 0 {
+		return
+	}
+	t := time.NewTicker(memoryBudgetTick)
+	defer t.Stop()
+	var (
+		seen, settled uint64
+		settling      time.Time
+		measured      uint64 // the heap's objects at the last decision
+	)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		live, objects, cycles := b.read()
+		if int64(objects) <= b.limit {
+			b.over.Store(false)
+			continue
+		}
+		if time.Now().Before(settling) {
+			continue
+		}
+		if cycles == seen && cycles >= settled && int64(objects-min(objects, measured)) < b.limit/8 {
+			// Nothing new to decide on: no collection since the last
+			// decision, and the heap grew by little since.
+			continue
+		}
+		for cycles == seen || cycles < settled {
+			b.gc()
+			live, objects, cycles = b.read()
+		}
+		seen, measured = cycles, objects
+		over := int64(live) - b.limit
+		b.over.Store(over > 0)
+		if over > 0 {
+			b.shed(over)
+			settled, settling = cycles+2, time.Now().Add(memoryBudgetSettle)
+		}
+	}
+}
+
+// take registers a new stream of client, or refuses it while the heap is
+// above the budget.
+func (b *memoryBudget) take(client string) (*holder, error) {
+	if b.limit > 0 && b.over.Load() {
+		return nil, b.refusal()
+	}
+	h := &holder{client: client, opened: time.Now(), shed: make(chan struct{})}
+	b.mu.Lock()
+	b.streams[h] = struct{}{}
+	b.mu.Unlock()
+	return h, nil
+}
+
+// admit records that h's stream was admitted to a scope.
+func (b *memoryBudget) admit(h *holder) {
+	b.mu.Lock()
+	h.admitted = true
+	b.mu.Unlock()
+}
+
+// release forgets h's stream.
+func (b *memoryBudget) release(h *holder) {
+	b.mu.Lock()
+	delete(b.streams, h)
+	b.mu.Unlock()
+}
+
+// shed ends streams, the least proven first (see memoryBudget): every
+// stream not yet admitted; then the streams of each
+// client holding more than one, all but its oldest; and only when no
+// client holds more than one, the newest streams, each counted as
+// perStream bytes, until over bytes are covered. Cutting whole clients
+// down rather than counting what each stream holds (which gRPC does not
+// tell) is what keeps up with streams that all fill at once: the next
+// measure decides whether more must go.
+func (b *memoryBudget) shed(over int64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	byClient := map[string][]*holder{}
+	var victims []*holder
+	for h := range b.streams {
+		if !h.admitted {
+			victims = append(victims, h)
+			continue
+		}
+		byClient[h.client] = append(byClient[h.client], h)
+	}
+	var single []*holder
+	for _, hs := range byClient {
+		if len(hs) == 1 {
+			single = append(single, hs[0])
+			continue
+		}
+		slices.SortFunc(hs, func(x, y *holder) int { return y.opened.Compare(x.opened) })
+		victims = append(victims, hs[:len(hs)-1]...)
+	}
+	if len(victims) == 0 {
+		slices.SortFunc(single, func(x, y *holder) int { return y.opened.Compare(x.opened) })
+		victims = single[:min(len(single), int((over+b.perStream-1)/b.perStream))]
+	}
+	for _, h := range victims {
+		delete(b.streams, h)
+		close(h.shed)
+	}
+}
+
+// refusal is the status of a stream refused or ended by the budget.
+func (b *memoryBudget) refusal() error {
+	return status.Errorf(codes.ResourceExhausted,
+		"this replica holds as much memory as it may for its clients (%d MiB of live heap, --xds-memory-budget): the newest streams and those of the clients holding the most are refused or ended first; reconnect with backoff, or give the replica more memory",
+		b.limit>>20)
+}
+
+// shedError counts and returns the status of a stream the budget ended.
+func (s *Server) shedError() error {
+	s.fb.Refuse(model.Key{}, RefusedMemoryBudget)
+	return s.budget.refusal()
+}
