@@ -174,21 +174,12 @@ func (c *Collector) observe(obj any) {
 	switch {
 	case cm.Name == ConfigMapName(name):
 		r.seen = c.now()
-		var err error
-		if m, ok := cm.Data[ManifestKey]; ok {
-			r.manifest, err = decodeManifest(m)
-		} else {
-			// A replica of the release before parts: its one report.
-			var scopes map[model.Key]feedback.Summary
-			if scopes, err = decode(cm.Data[DataKey]); err == nil {
-				r.manifest = &manifest{Parts: []manifestPart{{Digest: DataKey}}}
-				r.parts = map[int]readPart{0: {digest: DataKey, scopes: scopes}}
-			}
-		}
+		m, err := decodeManifest(cm.Data[ManifestKey])
 		if err != nil {
 			c.damagedLocked(r, cm, err)
 			return
 		}
+		r.manifest = m
 	default:
 		i, err := strconv.Atoi(cm.Labels[PartLabel])
 		if err != nil || i < 0 || i >= maxParts || cm.Name != PartName(name, i) {
@@ -317,9 +308,9 @@ func (c *Collector) Start(ctx context.Context) error {
 	}
 }
 
-// expire drops the replicas whose manifest was not renewed within expiry,
-// and the counts of those whose parts have not matched their manifest for
-// as long (a part deleted, or never written after its manifest).
+// expire drops the counts of the replicas whose manifest was not renewed
+// within expiry, and of those whose parts have not matched their manifest
+// for as long (a part deleted, or never written after its manifest).
 func (c *Collector) expire(expiry time.Duration) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -329,8 +320,14 @@ func (c *Collector) expire(expiry time.Duration) {
 			if r.view != nil {
 				c.log.Info("a replica's feedback expired: its proxies leave the counts", "replica", name, "lastSeen", r.seen)
 			}
+			// The parts stay, while their ConfigMaps do: a manifest
+			// written again names them, and parts that did not change
+			// are not delivered again.
 			c.markLocked(r.view)
-			delete(c.others, name)
+			r.view, r.manifest = nil, nil
+			if len(r.parts) == 0 {
+				delete(c.others, name)
+			}
 			continue
 		}
 		if !r.broken.IsZero() && now.Sub(r.broken) >= expiry && r.view != nil {

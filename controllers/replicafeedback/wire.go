@@ -32,11 +32,6 @@ const Label = "xds.scopeplane.dev/replica-feedback"
 // a no-op and nobody sees it.
 const RenewedAnnotation = "xds.scopeplane.dev/renewed"
 
-// DataKey held the whole report in the replica's ConfigMap, uncompressed,
-// before reports were split into parts: a replica of that release still
-// writes it during a rolling update, and is read as a report of one part.
-const DataKey = "report.json"
-
 // ConfigMapName is the feedback ConfigMap of replica: its manifest.
 func ConfigMapName(replica string) string { return "scopeplane-feedback-" + replica }
 
