@@ -90,7 +90,7 @@ func TestStatusWritesAtStartAndAsTheCostWindowRolls(t *testing.T) {
 	cat.UpsertService(&model.Service{Key: model.Key{Namespace: ns, Name: "web"}, Ports: []model.ServicePort{{Port: 80, Protocol: model.ProtocolTCP, TargetPort: 80}}})
 
 	var patches atomic.Int64
-	built := make(chan struct{})
+	firstBuild := make(chan struct{})
 	tracker := feedback.New(bucket)
 	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{Scheme: scheme.Scheme, Metrics: metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0", Controller: config.Controller{SkipNameValidation: ptr.To(true)}})
@@ -98,7 +98,7 @@ func TestStatusWritesAtStartAndAsTheCostWindowRolls(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := &Reconciler{Client: countingClient{mgr.GetClient(), &patches}, Store: store, Feedback: tracker, Bootstrap: bootstrapconfig.NewConflicts(),
-		Recorder: mgr.GetEventRecorder("scopeplane"), Window: 10 * time.Millisecond, Workers: 8, Built: built}
+		Recorder: mgr.GetEventRecorder("scopeplane"), Window: 10 * time.Millisecond, Workers: 8, Built: firstBuild}
 	if err := r.SetupWithManager(mgr); err != nil {
 		t.Fatal(err)
 	}
@@ -116,23 +116,23 @@ func TestStatusWritesAtStartAndAsTheCostWindowRolls(t *testing.T) {
 	// to have listed every scope (a start at scale takes many).
 	time.Sleep(2 * time.Second)
 	snapshot.NewBuilder(cat, store, 0).Apply(cat.Take())
-	close(built)
-	accepted := func() (int, error) {
+	close(firstBuild)
+	built := func() (int, error) {
 		var l xdsv1alpha1.ProxyScopeList
 		if err := env.Client.List(ctx, &l, client.InNamespace(ns)); err != nil {
 			return 0, err
 		}
 		n := 0
 		for _, ps := range l.Items {
-			if meta.IsStatusConditionTrue(ps.Status.Conditions, xdsv1alpha1.ConditionAccepted) {
+			if ps.Status.ObservedGeneration == ps.Generation && meta.FindStatusCondition(ps.Status.Conditions, xdsv1alpha1.ConditionAccepted) != nil {
 				n++
 			}
 		}
 		return n, nil
 	}
 	testkit.Eventually(t, "every status written after the build", func() (bool, string) {
-		n, err := accepted()
-		return err == nil && n == scopes, fmt.Sprintf("%d of %d accepted (%v), %d patches", n, scopes, err, patches.Load())
+		n, err := built()
+		return err == nil && n == scopes, fmt.Sprintf("%d of %d written at their generation (%v), %d patches", n, scopes, err, patches.Load())
 	})
 	time.Sleep(time.Second) // room for writes that should not come
 	start := patches.Load()
@@ -141,7 +141,10 @@ func TestStatusWritesAtStartAndAsTheCostWindowRolls(t *testing.T) {
 		t.Errorf("start: %d status patches for %d scopes, more than one each", start, scopes)
 	}
 
-	// Every scope's proxies are sent a response every 20 ms.
+	// A proxy of every scope connects, and is sent a response every 20 ms.
+	for _, key := range keys {
+		tracker.Connect(key, testkit.Node("p", key.String()), model.SotW, "", "", model.Location{})
+	}
 	feed, stopFeed := context.WithCancel(ctx)
 	fed := make(chan struct{})
 	go func() {
