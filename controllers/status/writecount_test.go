@@ -57,9 +57,9 @@ func (w countingWriter) Patch(ctx context.Context, obj client.Object, patch clie
 // saying SnapshotNotBuilt and again when built.
 //
 // The cost window: every scope's proxies are sent something all the time,
-// with buckets of 100 ms, so the window's figures move every bucket; the
+// with buckets of 200 ms, so the window's figures move every bucket; the
 // statuses change at most once per CostRefreshBuckets buckets each (one
-// write per scope per second here), not once per bucket.
+// write per scope per 2 s here), not once per bucket.
 func TestStatusWritesAtStartAndAsTheCostWindowRolls(t *testing.T) {
 	env, err := localapi.Start()
 	if err != nil {
@@ -67,7 +67,7 @@ func TestStatusWritesAtStartAndAsTheCostWindowRolls(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = env.Stop() })
 	ctx := context.Background()
-	const ns, scopes, bucket = "writes", 100, 100 * time.Millisecond
+	const ns, scopes, bucket = "writes", 100, 200 * time.Millisecond
 	cat := catalog.New()
 	store := snapshot.NewStore()
 	keys := make([]model.Key, scopes)
@@ -143,6 +143,7 @@ func TestStatusWritesAtStartAndAsTheCostWindowRolls(t *testing.T) {
 
 	// A proxy of every scope connects, and is sent a response every 20 ms.
 	for _, key := range keys {
+		tracker.Sent(key, model.SotW, xdstype.Cluster.URL(), feedback.Push{Resources: 1, Bytes: 100, OtherBytes: 120, Connect: true})
 		tracker.Connect(key, testkit.Node("p", key.String()), model.SotW, "", "", model.Location{})
 	}
 	feed, stopFeed := context.WithCancel(ctx)
@@ -162,7 +163,7 @@ func TestStatusWritesAtStartAndAsTheCostWindowRolls(t *testing.T) {
 			}
 		}
 	}()
-	testkit.Eventually(t, "every scope's first cost figures written", func() (bool, string) {
+	testkit.EventuallyWithin(t, 2*time.Minute, "every scope's first cost figures written", func() (bool, string) {
 		var l xdsv1alpha1.ProxyScopeList
 		if err := env.Client.List(ctx, &l, client.InNamespace(ns)); err != nil {
 			return false, err.Error()
@@ -177,7 +178,7 @@ func TestStatusWritesAtStartAndAsTheCostWindowRolls(t *testing.T) {
 	})
 	rolling := patches.Load()
 	began := time.Now()
-	time.Sleep(6 * time.Second) // 60 buckets: 6 refresh periods
+	time.Sleep(12 * time.Second) // 60 buckets: 6 refresh periods
 	stopFeed()
 	<-fed
 	elapsed := time.Since(began)
