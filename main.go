@@ -51,6 +51,7 @@ type config struct {
 	xdsServer     string
 	window        time.Duration
 	costBucket    time.Duration
+	metricsScopes string
 	adminAddr     string
 	pprofAddr     string
 	showVersion   bool
@@ -72,6 +73,7 @@ type config struct {
 func bindFlags(fs *flag.FlagSet) *config {
 	c := &config{}
 	fs.StringVar(&c.metricsAddr, "metrics-bind-address", ":8080", "Address the Prometheus metrics endpoint binds to; 0 disables it.")
+	fs.StringVar(&c.metricsScopes, "metrics-scope-labels", string(metrics.ScopeLabelsAll), "What the scope label of the per-scope series holds: all (each series labelled with its ProxyScope, about 35 series per scope served) or none (every scope folded into one series per type and protocol, labelled scope=\"*\", and scopeplane_scope_condition kept only for unhealthy conditions). none is the setting past a few hundred scopes: 10,000 scopes take 350,000 series with all (docs/metrics.md).")
 	fs.BoolVar(&c.metricsSecure, "metrics-secure", true, "Serve metrics over HTTPS (a self-signed certificate) to callers whose bearer token the API server authenticates and authorizes for get on the non-resource URL /metrics (TokenReview, SubjectAccessReview); false serves plain, unauthenticated HTTP.")
 	fs.BoolVar(&c.bootstrapCMs, "bootstrap-configmaps", true, "Write each ProxyScope's bootstrap ConfigMap (an Envoy and a gRPC xDS bootstrap) in its namespace; false writes none and reads no ConfigMaps of the scopes' namespaces, so no cluster-wide ConfigMap access is needed (with --leader-elect, replicas still publish their proxies' feedback in ConfigMaps of the pod's namespace).")
 	fs.Func("bootstrap-configmap-namespaces", "Comma-separated namespaces whose ProxyScopes get a bootstrap ConfigMap; empty (the default) means every namespace. With a list, scopeplane reads and writes ConfigMaps of these namespaces only, so it needs ConfigMap access there (namespaced Roles) and none cluster-wide; scopes of other namespaces are served but get no ConfigMap (status.bootstrapConfigMap stays empty).", func(v string) error {
@@ -268,6 +270,10 @@ func main() {
 	log := ctrl.Log.WithName("setup")
 	if len(c.bootstrapNS) > 0 && !c.bootstrapCMs {
 		log.Error(errors.New("--bootstrap-configmap-namespaces names where to write bootstrap ConfigMaps, and --bootstrap-configmaps=false writes none: drop one of them"), "bootstrap ConfigMaps")
+		os.Exit(2)
+	}
+	if err := metrics.SetScopeLabels(metrics.ScopeLabels(c.metricsScopes)); err != nil {
+		log.Error(err, "--metrics-scope-labels")
 		os.Exit(2)
 	}
 	limit, why, err := goMemoryLimit(os.Getenv)

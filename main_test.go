@@ -286,7 +286,7 @@ flag definitions by ` + "`go test . -run TestFlagsReference -update`" + `; the t
 The Helm chart ([install.md](install.md)) sets these from its values: the addresses
 (` + "`--metrics-bind-address`, `--health-probe-bind-address`, `--xds-bind-address`," + `
 ` + "`--xds-server-address`, `--admin-bind-address`, `--pprof-bind-address`" + `), ` + "`--leader-elect`" + `,
-` + "`--metrics-secure`, `--bootstrap-configmaps`, `--bootstrap-configmap-namespaces`," + `
+` + "`--metrics-secure`, `--metrics-scope-labels`, `--bootstrap-configmaps`, `--bootstrap-configmap-namespaces`," + `
 ` + "`--cross-namespace`, `--status-writes-per-second`, `--status-writes-burst`, `--kube-api-qps`," + `
 ` + "`--kube-api-burst`" + `; TLS (` + "`--xds-insecure`" + `,
 ` + "`--xds-tls-dir`, `--xds-tls-secret`, `--xds-tls-secret-namespace`" + `); authentication

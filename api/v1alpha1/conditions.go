@@ -117,6 +117,13 @@ const (
 	// (status.bootstrapConfigMap is empty); the scope itself is served. A
 	// labelled one whose controlling ProxyScope no longer exists is adopted.
 	ReasonBootstrapConfigMapConflict = "BootstrapConfigMapConflict"
+	// ReasonFeedbackNotReported (Degraded=True): a replica could not write
+	// the part of its proxy-feedback report that holds this scope (the
+	// message names the replica and the API server's answer), so the
+	// leader counts that replica's proxies of the scope as it last
+	// reported them, or not at all: the proxy counts and Ready may be
+	// stale. It clears when the replica writes the part again.
+	ReasonFeedbackNotReported = "FeedbackNotReported"
 )
 
 // The Stalled condition is True with ReasonInvalidSelector (the spec must

@@ -2,8 +2,11 @@ package replicafeedback
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,6 +16,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/scopeplane/scopeplane/internal/localapi"
@@ -137,8 +141,9 @@ func TestReplicasReachTheLeader(t *testing.T) {
 	})
 }
 
-// A ConfigMap that does not hold a report is refused, and the replica's
-// previous report goes with it: stale counts would be wrong counts.
+// A manifest that cannot be read (three parts: not a count the writer
+// makes) is refused, and the replica's previous report goes with it:
+// stale counts would be wrong counts.
 func TestDamagedReportIsLeftOut(t *testing.T) {
 	ns := namespace(t, "damaged")
 	leader := collector(t, Replica{Name: "leader", Namespace: ns})
@@ -153,7 +158,7 @@ func TestDamagedReportIsLeftOut(t *testing.T) {
 		return all == 1, fmt.Sprint(all)
 	})
 	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: ConfigMapName("damaged"), Labels: map[string]string{Label: "damaged"}},
-		Data: map[string]string{DataKey: `{"scopes":{"no-slash":{}}}`}}
+		Data: map[string]string{ManifestKey: `{"parts":[{"digest":"x"},{"digest":"y"},{"digest":"z"}]}`}}
 	if err := env.Client.Update(context.Background(), cm); err != nil {
 		t.Fatal(err)
 	}
@@ -204,4 +209,62 @@ func TestWritesAreBoundedUnderChurn(t *testing.T) {
 	if writes < 2 {
 		t.Errorf("%.0f writes: the changing feedback was not published", writes)
 	}
+}
+
+// refusingParts refuses every write of a part while refuse is set, as a
+// quota or a webhook would.
+type refusingParts struct {
+	client.Client
+	refuse *atomic.Bool
+}
+
+func (c refusingParts) Update(ctx context.Context, obj client.Object, opts ...client.UpdateOption) error {
+	if _, part := obj.GetLabels()[PartLabel]; part && c.refuse.Load() {
+		return errors.New("exceeded quota: count/configmaps")
+	}
+	return c.Client.Update(ctx, obj, opts...)
+}
+
+// A part that cannot be written is named in the manifest: the leader keeps
+// counting what the part last said, and says why for each of its scopes;
+// once the part is written again, the counts are current and nothing is
+// said.
+func TestUnwrittenPartIsReported(t *testing.T) {
+	ns := namespace(t, "unwritten")
+	leader := collector(t, Replica{Name: "leader", Namespace: ns})
+	tr := feedback.New(0)
+	id := tr.Connect(web, &corev3.Node{Id: "p"}, model.Delta, "", "", model.Location{})
+	tr.AtVersion(web, id, "v1", time.Time{})
+	var refuse atomic.Bool
+	p := &Publisher{Client: refusingParts{env.Client, &refuse}, Feedback: tr, Replica: Replica{Name: "w", Namespace: ns}, Log: logr.Discard()}
+	if err := p.publish(context.Background(), time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Eventually(t, "the report counted", func() (bool, string) {
+		_, synced := connected(leader, "v1")
+		return synced == 1, fmt.Sprint(synced)
+	})
+
+	refuse.Store(true)
+	tr.AtVersion(web, id, "v2", time.Time{})
+	if err := p.publish(context.Background(), time.Now()); err == nil {
+		t.Fatal("a refused part published without an error")
+	}
+	testkit.Eventually(t, "the unwritten part said", func() (bool, string) {
+		u := leader.Unreported(web)
+		return len(u) == 1 && strings.Contains(u[0], "replica w:") && strings.Contains(u[0], "exceeded quota"), fmt.Sprint(u)
+	})
+	if _, synced := connected(leader, "v1"); synced != 1 {
+		t.Errorf("%d proxies at v1: what the part last said is not counted", synced)
+	}
+
+	refuse.Store(false)
+	if err := p.publish(context.Background(), time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Eventually(t, "the part written again", func() (bool, string) {
+		_, synced := connected(leader, "v2")
+		u := leader.Unreported(web)
+		return synced == 1 && len(u) == 0, fmt.Sprintf("%d at v2, %v", synced, u)
+	})
 }

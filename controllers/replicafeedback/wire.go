@@ -1,16 +1,16 @@
 // Package replicafeedback carries every replica's proxy feedback to the
 // leader, which alone writes ProxyScope status: each replica publishes
-// what its proxies said, counted per scope (feedback.Summary), in one
-// ConfigMap of its own namespace, and the leader merges those of the live
-// replicas with its own.
+// what its proxies said, counted per scope (feedback.Summary), in
+// ConfigMaps of its own namespace (a manifest and the parts it names, see
+// parts.go), and the leader merges those of the live replicas with its own.
 //
-// One small object per replica, written at most once a second and only
-// when it changed (or to say the replica is alive), keeps the API writes
-// bounded by the number of replicas, not of proxies or pushes: under
-// endpoint churn a replica writes once a second, idle once a heartbeat.
-// A replica that stops deletes its ConfigMap; one that dies without a word
-// drops out when its heartbeat is not seen for Expiry, and its ConfigMap
-// goes with its Pod, which owns it.
+// A few objects per replica, written at most once a second and only when
+// they changed (or, the manifest alone, to say the replica is alive), keep
+// the API writes bounded by the number of replicas, not of proxies or
+// pushes: under endpoint churn a replica writes once a second, idle once a
+// heartbeat. A replica that stops deletes its ConfigMaps; one that dies
+// without a word drops out when its heartbeat is not seen for Expiry, and
+// its ConfigMaps go with its Pod, which owns them.
 package replicafeedback
 
 import (
@@ -32,15 +32,7 @@ const Label = "xds.scopeplane.dev/replica-feedback"
 // a no-op and nobody sees it.
 const RenewedAnnotation = "xds.scopeplane.dev/renewed"
 
-// DataKey holds the encoded report in the ConfigMap.
-const DataKey = "report.json"
-
-// maxReportBytes keeps a report under the API server's limit on a
-// ConfigMap (1 MiB, with its metadata); a larger one is thinned (see
-// encode).
-const maxReportBytes = 900 << 10
-
-// ConfigMapName is the feedback ConfigMap of replica.
+// ConfigMapName is the feedback ConfigMap of replica: its manifest.
 func ConfigMapName(replica string) string { return "scopeplane-feedback-" + replica }
 
 // report is the encoded form of a replica's Summaries: its own, stable
@@ -193,11 +185,11 @@ func (w *scope) summary() feedback.Summary {
 	return s
 }
 
-// encode renders the Summaries of a replica's scopes. Past maxReportBytes
-// it drops, in turn, the Services asked for (so no Service is called
-// unused) and all but each scope's newest NACK: counts, versions and
-// costs always stay whole.
-func encode(scopes map[model.Key]feedback.Summary) ([]byte, error) {
+// encode renders the Summaries of a replica's scopes. Past limit bytes
+// (none when 0) it drops, in turn, the Services asked for (so no Service
+// is called unused) and all but each scope's newest NACK: counts, versions
+// and costs always stay whole.
+func encode(scopes map[model.Key]feedback.Summary, limit int) ([]byte, error) {
 	var out []byte
 	for _, thin := range []struct {
 		services bool
@@ -211,11 +203,11 @@ func encode(scopes map[model.Key]feedback.Summary) ([]byte, error) {
 		if out, err = json.Marshal(&r); err != nil {
 			return nil, err
 		}
-		if len(out) <= maxReportBytes {
+		if limit == 0 || len(out) <= limit {
 			return out, nil
 		}
 	}
-	return nil, fmt.Errorf("the feedback of %d scopes takes %d bytes even without Services and older NACKs, more than a ConfigMap holds (%d)", len(scopes), len(out), maxReportBytes)
+	return nil, fmt.Errorf("the feedback of %d scopes takes %d bytes even without Services and older NACKs, more than a part holds (%d)", len(scopes), len(out), limit)
 }
 
 // decode reads a report; a scope name it cannot read is an error, as is

@@ -1,6 +1,8 @@
 package replicafeedback
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"reflect"
 	"strings"
@@ -42,11 +44,11 @@ func sample(services, nacks int) feedback.Summary {
 // changed.
 func TestReportRoundTrip(t *testing.T) {
 	in := map[model.Key]feedback.Summary{{Namespace: "shop", Name: "web"}: sample(3, 2)}
-	data, err := encode(in)
+	data, err := encode(in, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	again, _ := encode(in)
+	again, _ := encode(in, 0)
 	if string(again) != string(data) {
 		t.Error("the same Summaries encode differently")
 	}
@@ -59,19 +61,20 @@ func TestReportRoundTrip(t *testing.T) {
 	}
 }
 
-// A report too large for a ConfigMap drops the Services asked for (then no
-// Service counts as unused), then older NACKs; counts and costs stay.
+// A report over its limit drops the Services asked for (then no Service
+// counts as unused), then older NACKs; counts and costs stay.
 func TestLargeReportIsThinned(t *testing.T) {
 	scopes := map[model.Key]feedback.Summary{}
 	for i := range 60 {
 		scopes[model.Key{Namespace: "shop", Name: fmt.Sprint("scope-", i)}] = sample(1000, feedback.MaxNACKs)
 	}
-	data, err := encode(scopes)
+	const limit = 900 << 10
+	data, err := encode(scopes, limit)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(data) > maxReportBytes {
-		t.Fatalf("%d bytes, over %d", len(data), maxReportBytes)
+	if len(data) > limit {
+		t.Fatalf("%d bytes, over %d", len(data), limit)
 	}
 	out, err := decode(string(data))
 	if err != nil {
@@ -91,6 +94,83 @@ func TestDamagedReport(t *testing.T) {
 	for _, data := range []string{"", "{", `{"scopes":{"web":{}}}`, `{"scopes":{"/web":{}}}`, `{"scopes":{"shop/web":null}}`} {
 		if _, err := decode(data); err == nil {
 			t.Errorf("%q decoded", data)
+		}
+	}
+}
+
+// contentVersion is scope i's version at step v, as random as the content
+// hashes versions are.
+func contentVersion(i, v int) string {
+	h := sha256.Sum256(fmt.Appendf(nil, "%d/%d", i, v))
+	return hex.EncodeToString(h[:8])
+}
+
+// scopesOf is a replica's feedback of n scopes with a proxy each, as the
+// tenants layout has it: every scope at a version of its own (content
+// hashes do not compress), with a cost window.
+func scopesOf(n, proxies int) map[model.Key]feedback.Summary {
+	out := make(map[model.Key]feedback.Summary, n)
+	for i := range n {
+		out[model.Key{Namespace: fmt.Sprintf("tenant-%04d", i%1000), Name: fmt.Sprintf("scope-%05d", i)}] = feedback.Summary{
+			Proxies: []feedback.ProxyCount{{AtVersion: contentVersion(i, 0), Protocol: model.Delta, Count: proxies}},
+			Refused: map[string]int64{}, LastRefused: map[string]time.Time{},
+			Cost: feedback.CostWindow{Cost: feedback.Cost{Pushes: int64(i % 97), Bytes: int64(i * 131), OtherBytes: int64(i * 71), Connects: 1, ConnectBytes: 900, ConnectOtherBytes: 950}, Span: time.Hour, Bucket: time.Minute},
+		}
+	}
+	return out
+}
+
+// A replica's report of 10,000 and 50,000 scopes splits into parts that
+// each fit a ConfigMap, and reads back whole; a change of one scope
+// encodes its part alone again.
+func TestReportSplitsToFit(t *testing.T) {
+	for _, n := range []int{10_000, 50_000} {
+		scopes := scopesOf(n, 1)
+		report, err := splitReport(scopes, nil)
+		if err != nil {
+			t.Fatalf("%d scopes: %v", n, err)
+		}
+		parts := report.parts
+		got := map[model.Key]feedback.Summary{}
+		total := 0
+		for i, p := range parts {
+			if len(p.gz) > maxPartBytes {
+				t.Errorf("%d scopes: part %d takes %d bytes, over %d", n, i, len(p.gz), maxPartBytes)
+			}
+			total += len(p.gz)
+			s, d, err := decodePart(p.gz)
+			if err != nil || d != p.digest {
+				t.Fatalf("%d scopes: part %d: %v (digest %s, want %s)", n, i, err, d, p.digest)
+			}
+			for k, v := range s {
+				if partOf(k, len(parts)) != i {
+					t.Fatalf("%s in part %d, not %d", k, i, partOf(k, len(parts)))
+				}
+				got[k] = v
+			}
+		}
+		if !reflect.DeepEqual(got, scopes) {
+			t.Fatalf("%d scopes: %d read back, not the same", n, len(got))
+		}
+		t.Logf("%d scopes: %d parts, %d bytes compressed (%.0f per scope)", n, len(parts), total, float64(total)/float64(n))
+		// A scope changes: its part alone is encoded again, to what
+		// encoding it from scratch gives.
+		changed := model.Key{Namespace: "tenant-0007", Name: "scope-00007"}
+		s := scopes[changed]
+		s.Proxies = []feedback.ProxyCount{{AtVersion: contentVersion(7, 1), Protocol: model.Delta, Count: 1}}
+		scopes[changed] = s
+		again, err := splitReport(scopes, report)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fresh, _ := splitReport(scopes, nil)
+		for i := range parts {
+			if moved := again.parts[i].digest != parts[i].digest; moved != (i == partOf(changed, len(parts))) {
+				t.Errorf("%d scopes: part %d encoded again: %v", n, i, moved)
+			}
+			if again.parts[i].digest != fresh.parts[i].digest {
+				t.Errorf("%d scopes: part %d kept an encoding other than its scopes'", n, i)
+			}
 		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -25,7 +26,8 @@ const wrongProtocolMemory = 2 * time.Minute
 // Inputs is everything a scope's status is computed from: the pipeline's
 // record of what it serves for the scope, joined with the proxies' feedback.
 type Inputs struct {
-	// Name, Generation and Protocol are the ProxyScope's.
+	// Namespace, Name, Generation and Protocol are the ProxyScope's.
+	Namespace  string
 	Name       string
 	Generation int64
 	Protocol   model.Protocol
@@ -47,6 +49,12 @@ type Inputs struct {
 	// BootstrapConflict says why the scope's bootstrap ConfigMap cannot be
 	// written ("" when it is).
 	BootstrapConflict string
+	// CostWritten is when this leader last wrote a change of the scope's
+	// status.cost (zero when it has not): see costDue.
+	CostWritten time.Time
+	// Unreported says, per replica whose feedback of this scope could not
+	// be written, why (none when every replica's was).
+	Unreported []string
 	// NoBootstrapConfigMap says no bootstrap ConfigMap is written for this
 	// scope (--bootstrap-configmaps=false, or its namespace is not one of
 	// --bootstrap-configmap-namespaces).
@@ -141,7 +149,8 @@ func ready(in *Inputs) condition {
 
 // degraded says whether a proxy rejects the configuration, a resource of
 // a selected Service cannot be served, the bootstrap ConfigMap's name is
-// taken, or proxies keep knocking with the other protocol, in that order; the second value is how long until a
+// taken, a replica's feedback of the scope cannot be written, or proxies
+// keep knocking with the other protocol, in that order; the second value is how long until a
 // WrongProtocol verdict expires (0 when none applies), for a re-check.
 func degraded(in *Inputs) (condition, time.Duration) {
 	if f := &in.Feedback; f.NackingCount > 0 {
@@ -155,6 +164,10 @@ func degraded(in *Inputs) (condition, time.Duration) {
 	}
 	if in.BootstrapConflict != "" {
 		return condition{metav1.ConditionTrue, xdsv1alpha1.ReasonBootstrapConfigMapConflict, in.BootstrapConflict}, 0
+	}
+	if len(in.Unreported) > 0 {
+		return condition{metav1.ConditionTrue, xdsv1alpha1.ReasonFeedbackNotReported,
+			"the proxies' feedback of some replicas cannot be written, so their proxies are counted as last reported: " + strings.Join(in.Unreported, "; ")}, 0
 	}
 	if advice, left := wrongProtocol(in); advice != "" {
 		return condition{metav1.ConditionTrue, xdsv1alpha1.ReasonWrongProtocol,
@@ -324,8 +337,22 @@ func compute(prev *xdsv1alpha1.ProxyScopeStatus, in *Inputs) (xdsv1alpha1.ProxyS
 	set(xdsv1alpha1.ConditionDegraded, d)
 	set(xdsv1alpha1.ConditionStalled, stalled(in, d))
 	var roll, ends time.Duration
+	held := st.Cost
 	st.Cost, roll = cost(prev.Cost, in)
 	st.ProtocolTransition, ends = transition(in)
+	if held != nil && st.Cost != nil {
+		// The cost alone may change the status once per refresh; any
+		// other change brings it up to date in the same write.
+		if due, next := costDue(in); !due {
+			fresh := st.Cost
+			st.Cost = held
+			if equality.Semantic.DeepEqual(&st, prev) {
+				roll = next
+			} else {
+				st.Cost = fresh
+			}
+		}
+	}
 	for _, d := range []time.Duration{roll, ends} {
 		if d > 0 && (recheck == 0 || d < recheck) {
 			recheck = d

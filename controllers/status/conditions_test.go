@@ -154,6 +154,11 @@ func TestConditions(t *testing.T) {
 			in.BootstrapConflict = "ConfigMap ns/web-xds-bootstrap already exists"
 			return in
 		}(), first(degraded), metav1.ConditionTrue, xdsv1alpha1.ReasonBootstrapConfigMapConflict, "web-xds-bootstrap already exists"},
+		{"a replica's feedback unwritten", func() *Inputs {
+			in := served(at("v1"))
+			in.Unreported = []string{"replica r2: writing ConfigMap ops/scopeplane-feedback-r2-0: exceeded quota"}
+			return in
+		}(), first(degraded), metav1.ConditionTrue, xdsv1alpha1.ReasonFeedbackNotReported, "replica r2: writing ConfigMap ops/scopeplane-feedback-r2-0: exceeded quota"},
 		{"wrong protocol forgotten", func() *Inputs {
 			in := served()
 			in.Feedback.LastRefused[feedback.RefusedWrongProto] = now.Add(-wrongProtocolMemory)

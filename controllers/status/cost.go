@@ -2,6 +2,7 @@ package status
 
 import (
 	"fmt"
+	"hash/fnv"
 	"slices"
 	"strings"
 	"time"
@@ -19,6 +20,34 @@ const (
 	minAdviceBuckets = 5
 	minAdvicePushes  = 10
 )
+
+// CostRefreshBuckets paces status.cost: once a scope's figures are written,
+// a change of them alone is written again at most once every
+// CostRefreshBuckets buckets (ten minutes with the default minute), at a
+// moment of its own within them (a hash of the scope's key), so that
+// 10,000 scopes' windows rolling together cost 10,000 writes per ten
+// minutes, evenly spread (17 a second), not 10,000 per bucket (167 a
+// second). A status written for another reason carries its figures up to
+// date; the first figures of a scope are written when its first bucket
+// completes.
+const CostRefreshBuckets = 10
+
+// costDue says whether the scope's cost figures may be written on their
+// own now (the refresh period they were last written in is over, or
+// this leader never wrote them), and how long until the next period.
+func costDue(in *Inputs) (bool, time.Duration) {
+	period := int64(CostRefreshBuckets * in.Feedback.Cost.Bucket)
+	if period <= 0 {
+		return true, 0
+	}
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(in.Namespace + "/" + in.Name))
+	offset := int64(h.Sum64() % uint64(period))
+	slot := func(t time.Time) int64 { return (t.UnixNano() - offset) / period }
+	now := slot(in.Now)
+	next := time.Duration((now+1)*period + offset - in.Now.UnixNano())
+	return in.CostWritten.IsZero() || slot(in.CostWritten) < now, next
+}
 
 // maxAdvice is status.cost.advice's length limit in the CRD.
 const maxAdvice = 1024

@@ -1,13 +1,19 @@
 package status
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/equality"
+
 	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
+	"github.com/scopeplane/scopeplane/xds/catalog"
 	"github.com/scopeplane/scopeplane/xds/feedback"
 	"github.com/scopeplane/scopeplane/xds/model"
+	"github.com/scopeplane/scopeplane/xds/snapshot"
+	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
 func window(span time.Duration, pushes, sent, other int64) feedback.CostWindow {
@@ -175,5 +181,58 @@ func TestUnusedServices(t *testing.T) {
 				t.Errorf("advice %q names unused Services", c.Advice)
 			}
 		})
+	}
+}
+
+// The cost figures change a status on their own at most once per
+// CostRefreshBuckets buckets per scope, spread over the period by the
+// scope's key; any other change carries them up to date.
+func TestCostFiguresPaced(t *testing.T) {
+	const scopes, bucket = 200, time.Minute
+	start := time.Date(2026, 12, 6, 9, 0, 0, 0, time.UTC)
+	clock := start
+	tr := feedback.NewWithClock(bucket, func() time.Time { return clock })
+	type scope struct {
+		st      xdsv1alpha1.ProxyScopeStatus
+		written time.Time
+	}
+	all := make([]scope, scopes)
+	keys := make([]model.Key, scopes)
+	for i := range keys {
+		keys[i] = model.Key{Namespace: "shop", Name: fmt.Sprint("scope-", i)}
+	}
+	perBucket := map[int64]int{}
+	writes := 0
+	// Two hours, a push to every scope each 10 s, a look every 10 s.
+	for ; clock.Before(start.Add(2 * time.Hour)); clock = clock.Add(10 * time.Second) {
+		for i, key := range keys {
+			tr.Sent(key, model.SotW, xdstype.Cluster.URL(), feedback.Push{Resources: 1, Bytes: 100 + i, OtherBytes: 50})
+			in := &Inputs{Namespace: key.Namespace, Name: key.Name, Generation: 1, Built: true, Version: "v1", Now: clock,
+				Resolution: snapshot.Resolution{Resolution: catalog.Resolution{Generation: 1, SelectedServices: 1}}, Feedback: tr.Summary(key), CostWritten: all[i].written}
+			next, _ := compute(&all[i].st, in)
+			if equality.Semantic.DeepEqual(next, all[i].st) {
+				continue
+			}
+			if !equality.Semantic.DeepEqual(next.Cost, all[i].st.Cost) {
+				all[i].written = clock
+			}
+			all[i].st = next
+			writes++
+			perBucket[clock.Sub(start).Nanoseconds()/int64(bucket)]++
+		}
+	}
+	periods := int(2 * time.Hour / (CostRefreshBuckets * bucket))
+	t.Logf("%d scopes over 2 h of 1-minute buckets: %d status changes (at most %d per scope per %d buckets, %d)", scopes, writes, 1, CostRefreshBuckets, scopes*(periods+2))
+	if writes > scopes*(periods+2) {
+		t.Errorf("%d status changes for %d scopes in %d refresh periods: more than one per scope per period", writes, scopes, periods)
+	}
+	busiest := 0
+	for b, n := range perBucket {
+		if b > 1 && n > busiest {
+			busiest = n
+		}
+	}
+	if busiest > 2*scopes/CostRefreshBuckets {
+		t.Errorf("%d status changes in one bucket: the refreshes are not spread (%d scopes, a refresh each per %d buckets)", busiest, scopes, CostRefreshBuckets)
 	}
 }

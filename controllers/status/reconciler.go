@@ -18,7 +18,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/time/rate"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -80,9 +79,18 @@ type Reconciler struct {
 	// round trip, bounds the rate.
 	Workers int
 
+	// Built, when set, is closed once the pipeline's first build is done:
+	// no status is written before it, since every scope's would say
+	// SnapshotNotBuilt and be written again moments later (a leader's
+	// start would write each scope twice).
+	Built <-chan struct{}
+
 	// written holds, per scope (by UID), the status this leader last
 	// patched, until the cache shows that write (see onServer).
 	written sync.Map
+	// costWritten holds, per scope (by UID), when this leader last wrote
+	// a change of its status.cost (see costPace).
+	costWritten sync.Map
 }
 
 // writtenStatus is a status patched, and the resource version it made.
@@ -152,16 +160,25 @@ type Replicas interface {
 	Get(model.Key) []feedback.Summary
 	// Changes holds the scopes whose reports changed.
 	Changes() *keyset.Set
+	// Unreported says, per other replica that could not write its
+	// feedback of a scope, why.
+	Unreported(model.Key) []string
 }
 
 // Reconcile computes the scope's status and patches it when it changed.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	if r.Built != nil {
+		select {
+		case <-r.Built:
+		case <-ctx.Done():
+			return ctrl.Result{}, nil
+		}
+	}
 	ps := &xdsv1alpha1.ProxyScope{}
 	if err := r.Client.Get(ctx, req.NamespacedName, ps); err != nil {
 		if apierrors.IsNotFound(err) {
 			r.forget(req.NamespacedName)
-			metrics.ScopeCondition.DeletePartialMatch(prometheus.Labels{"scope": req.String()})
-			metrics.StatusWriteFailures.DeletePartialMatch(prometheus.Labels{"scope": req.String()})
+			metrics.ForgetScope(req.String())
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
@@ -190,10 +207,13 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		// The controller logs the error and retries with backoff
 		// (retryLimiter); a change of the scope meanwhile retries it
 		// at once.
-		metrics.StatusWriteFailures.WithLabelValues(req.String()).Inc()
+		metrics.StatusWriteFailures.WithLabelValues(metrics.Scope(req.String())).Inc()
 		return ctrl.Result{}, fmt.Errorf("patching the status of ProxyScope %s: %w", req, err)
 	}
 	r.written.Store(ps.UID, writtenStatus{name: req.NamespacedName, resourceVersion: ps.ResourceVersion, status: ps.Status.DeepCopy()})
+	if !equality.Semantic.DeepEqual(before.Status.Cost, ps.Status.Cost) {
+		r.costWritten.Store(ps.UID, costWrite{name: req.NamespacedName, at: time.Now()})
+	}
 	r.recordTransitions(ps, before.Status.Conditions)
 	r.recordAdvice(ps, before.Status.Cost)
 	return ctrl.Result{RequeueAfter: recheck}, nil
@@ -210,6 +230,18 @@ func (r *Reconciler) forget(name types.NamespacedName) {
 		}
 		return true
 	})
+	r.costWritten.Range(func(uid, v any) bool {
+		if w := v.(costWrite); w.name == name {
+			r.costWritten.Delete(uid)
+		}
+		return true
+	})
+}
+
+// costWrite is when a scope's status.cost was last written.
+type costWrite struct {
+	name types.NamespacedName
+	at   time.Time
 }
 
 // compute is the scope's status now, and when to compute it again; it
@@ -221,7 +253,9 @@ func (r *Reconciler) compute(ps *xdsv1alpha1.ProxyScope) (xdsv1alpha1.ProxyScope
 		if c.Status == metav1.ConditionTrue {
 			v = 1
 		}
-		metrics.ScopeCondition.WithLabelValues(client.ObjectKeyFromObject(ps).String(), c.Type).Set(v)
+		// Degraded and Stalled are healthy False, the others True.
+		abnormalTrue := c.Type == xdsv1alpha1.ConditionDegraded || c.Type == xdsv1alpha1.ConditionStalled
+		metrics.SetCondition(client.ObjectKeyFromObject(ps).String(), c.Type, v, (c.Status == metav1.ConditionTrue) != abnormalTrue)
 	}
 	return next, recheck
 }
@@ -229,7 +263,7 @@ func (r *Reconciler) compute(ps *xdsv1alpha1.ProxyScope) (xdsv1alpha1.ProxyScope
 // inputs reads what the pipeline serves for the scope and what its proxies said.
 func (r *Reconciler) inputs(ps *xdsv1alpha1.ProxyScope) *Inputs {
 	key := model.Key{Namespace: ps.Namespace, Name: ps.Name}
-	in := &Inputs{Name: ps.Name, Generation: ps.Generation, Protocol: convert.Protocol(ps.Spec.Protocol),
+	in := &Inputs{Namespace: ps.Namespace, Name: ps.Name, Generation: ps.Generation, Protocol: convert.Protocol(ps.Spec.Protocol),
 		Mode: model.ListenerMode(ps.Spec.Listener.Mode), Now: time.Now()}
 	if sc := r.Store.Get(key); sc != nil {
 		sc.Read(func(v snapshot.View) {
@@ -240,8 +274,12 @@ func (r *Reconciler) inputs(ps *xdsv1alpha1.ProxyScope) *Inputs {
 		})
 	}
 	in.Feedback = r.Feedback.Summary(key)
+	if v, ok := r.costWritten.Load(ps.UID); ok {
+		in.CostWritten = v.(costWrite).at
+	}
 	if r.Replicas != nil {
 		in.Feedback = feedback.Merge(append(r.Replicas.Get(key), in.Feedback)...)
+		in.Unreported = r.Replicas.Unreported(key)
 	}
 	in.BootstrapConflict = r.Bootstrap.Get(key)
 	in.NoBootstrapConfigMap = r.NoBootstrapConfigMaps ||

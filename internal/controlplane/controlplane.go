@@ -293,7 +293,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) (*ControlPlane, 
 		}
 		return (&status.Reconciler{
 			Client: m.GetClient(), Store: cp.Store, Feedback: cp.Feedback, Replicas: replicas, Bootstrap: conflicts, NoBootstrapConfigMaps: opts.NoBootstrapConfigMaps,
-			BootstrapNamespaces: opts.BootstrapNamespaces, Recorder: recorder, Window: opts.StatusWindow, Writes: writes,
+			BootstrapNamespaces: opts.BootstrapNamespaces, Recorder: recorder, Window: opts.StatusWindow, Writes: writes, Built: cp.Builder.Built(),
 		}).SetupWithManager(m)
 	}
 	if cp.elector, err = newElector(mgr, opts.LeaderElection, leaderOnly); err != nil {

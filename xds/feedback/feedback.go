@@ -177,7 +177,7 @@ func (t *Tracker) sentLocked(key model.Key, typeURL string, p model.Protocol) *s
 	if c := t.sent[k]; c != nil {
 		return c
 	}
-	scope, proto := key.String(), string(p)
+	scope, proto := metrics.Scope(key.String()), string(p)
 	c := &sentCounters{
 		otherBytes:        metrics.OtherProtocolBytes.WithLabelValues(scope, typeURL, proto),
 		connectBytes:      metrics.ConnectBytes.WithLabelValues(scope, proto),
@@ -248,7 +248,7 @@ func (t *Tracker) Connect(key model.Key, node *corev3.Node, p model.Protocol, pe
 		ID: t.nextID, Node: node.GetId(), Protocol: p, Cluster: node.GetCluster(), UserAgent: ua, Peer: peer, Identity: identity, Location: loc, Since: t.now(),
 		Acked: map[string]string{}, Nacked: map[string]bool{}, LastNACK: map[string]NACK{},
 	}
-	metrics.ConnectedProxies.WithLabelValues(key.String(), string(p)).Inc()
+	metrics.ConnectedProxies.WithLabelValues(metrics.Scope(key.String()), string(p)).Inc()
 	t.changed.Add(key)
 	return t.nextID
 }
@@ -260,7 +260,7 @@ func (t *Tracker) Disconnect(key model.Key, id uint64) {
 	defer t.mu.Unlock()
 	if s := t.scopes[key]; s != nil {
 		if p := s.Proxies[id]; p != nil {
-			metrics.ConnectedProxies.WithLabelValues(key.String(), string(p.Protocol)).Dec()
+			metrics.ConnectedProxies.WithLabelValues(metrics.Scope(key.String()), string(p.Protocol)).Dec()
 			s.usage.forget(p, t.now())
 		}
 		delete(s.Proxies, id)
@@ -333,7 +333,7 @@ func (t *Tracker) NACKed(key model.Key, id uint64, typeURL, version, detail stri
 	}
 	p.Nacked[typeURL] = true
 	p.AtVersion = ""
-	metrics.NACKs.WithLabelValues(key.String(), typeURL).Inc()
+	metrics.NACKs.WithLabelValues(metrics.Scope(key.String()), typeURL).Inc()
 	n := NACK{
 		Node: NodeID(p.Node), Peer: p.Peer, Identity: p.Identity, Zone: p.Location.Zone, TypeURL: Cut(typeURL, MaxTypeURLChars, math.MaxInt), Version: Cut(version, MaxVersionChars, math.MaxInt),
 		Detail: Cut(detail, MaxDetailChars, math.MaxInt), Time: t.now(),
@@ -342,8 +342,9 @@ func (t *Tracker) NACKed(key model.Key, id uint64, typeURL, version, detail stri
 	c := Cost{NACKs: 1, HeldBack: int64(held.Resources), OtherHeldBack: int64(held.OtherResources)}
 	s.cost.at(n.Time).add(&c)
 	s.Total.add(&c)
-	metrics.HeldBack.WithLabelValues(key.String(), string(p.Protocol)).Add(float64(held.Resources))
-	metrics.OtherProtocolHeldBack.WithLabelValues(key.String(), string(p.Protocol)).Add(float64(held.OtherResources))
+	scope := metrics.Scope(key.String())
+	metrics.HeldBack.WithLabelValues(scope, string(p.Protocol)).Add(float64(held.Resources))
+	metrics.OtherProtocolHeldBack.WithLabelValues(scope, string(p.Protocol)).Add(float64(held.OtherResources))
 	s.NACKs = append([]NACK{n}, s.NACKs...)
 	if len(s.NACKs) > MaxNACKs {
 		s.NACKs = s.NACKs[:MaxNACKs]
@@ -373,7 +374,7 @@ func (t *Tracker) Refuse(key model.Key, reason string) {
 	if key != (model.Key{}) {
 		scope = key.String()
 	}
-	metrics.Refusals.WithLabelValues(scope, reason).Inc()
+	metrics.Refusals.WithLabelValues(metrics.Scope(scope), reason).Inc()
 	t.changed.Add(key)
 }
 

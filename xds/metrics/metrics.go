@@ -5,8 +5,10 @@
 package metrics
 
 import (
+	"fmt"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
@@ -133,13 +135,21 @@ var (
 		Help: "ProxyScope status patches that failed (each is retried with backoff), by scope.",
 	}, []string{"scope"})
 
-	// FeedbackWrites counts this replica's writes of its feedback
-	// ConfigMap (package replicafeedback): at most one a second, so the
-	// rate shows what replicas cost the API server.
+	// FeedbackWrites counts this replica's rounds of writes of its feedback
+	// ConfigMaps (package replicafeedback: the parts that changed, then
+	// the manifest): at most one a second, so the rate shows what
+	// replicas cost the API server; an error means some scopes' feedback
+	// did not reach the leader.
 	FeedbackWrites = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "scopeplane_feedback_report_writes_total",
-		Help: "Writes of this replica's proxy-feedback ConfigMap, which the leader merges into status (at most one a second), by result (ok, error).",
+		Help: "Rounds of writes of this replica's proxy-feedback ConfigMaps (the parts that changed, then the manifest), which the leader merges into status (at most one a second), by result (ok, error: some part or the manifest could not be written).",
 	}, []string{"result"})
+	// FeedbackParts is how many ConfigMaps this replica's feedback report
+	// is split into (besides its manifest).
+	FeedbackParts = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "scopeplane_feedback_report_parts",
+		Help: "How many parts (ConfigMaps of at most 900 KiB compressed, besides the manifest) this replica's proxy-feedback report is split into.",
+	})
 
 	// WatchAge says, per watched kind, how long ago this replica last heard
 	// from the API server about it (package apiwatch).
@@ -177,7 +187,7 @@ func SetBuildInfo(version string) {
 
 func init() {
 	ctrlmetrics.Registry.MustRegister(ConnectedProxies, Pushes, ResourcesSent, BytesSent, OtherProtocolBytes,
-		ConnectBytes, ConnectOtherProtocolBytes, HeldBack, OtherProtocolHeldBack, NACKs, NACKsPaced, Refusals, Convergence, Translation, SnapshotBuild, UnservableResources, ScopeCondition, StatusWriteFailures, FeedbackWrites, WatchAge, CertificateExpiry, BuildInfo, GRPC)
+		ConnectBytes, ConnectOtherProtocolBytes, HeldBack, OtherProtocolHeldBack, NACKs, NACKsPaced, Refusals, Convergence, Translation, SnapshotBuild, UnservableResources, ScopeCondition, StatusWriteFailures, FeedbackWrites, FeedbackParts, WatchAge, CertificateExpiry, BuildInfo, GRPC)
 	// Both series exist from the start, so that their absence says the
 	// replica is not scraped rather than that it has no certificate yet.
 	for _, c := range []string{CertificateServing, CertificateCA} {
@@ -187,6 +197,72 @@ func init() {
 	// scopeplane_build_info exists from the first scrape and an alert can
 	// read its absence as the operator being down.
 	SetBuildInfo("dev")
+}
+
+// ScopeLabels says what the scope label of the per-scope series holds.
+type ScopeLabels string
+
+// The values of --metrics-scope-labels.
+const (
+	// ScopeLabelsAll labels every per-scope series with its scope: about
+	// 35 series per scope served (proxies, pushes, resources and bytes per
+	// type and protocol, conditions), what a few hundred scopes afford.
+	ScopeLabelsAll ScopeLabels = "all"
+	// ScopeLabelsNone folds every scope's series into one whose scope
+	// label is FoldedScope (sums, which the alerts' and dashboard's
+	// queries read alike), and keeps scopeplane_scope_condition only for
+	// the conditions a scope is unhealthy by: the series no longer grow
+	// with the scopes, and ScopeplaneScopeNotReady still names the scope.
+	ScopeLabelsNone ScopeLabels = "none"
+)
+
+// FoldedScope is the scope label of every series under ScopeLabelsNone.
+const FoldedScope = "*"
+
+var scopeLabels atomic.Value // ScopeLabels; ScopeLabelsAll until set
+
+// SetScopeLabels chooses what the scope label holds, before anything is
+// counted. It refuses a value it does not know.
+func SetScopeLabels(l ScopeLabels) error {
+	switch l {
+	case ScopeLabelsAll, ScopeLabelsNone:
+		scopeLabels.Store(l)
+		return nil
+	}
+	return fmt.Errorf("metrics scope labels %q: want %s or %s", l, ScopeLabelsAll, ScopeLabelsNone)
+}
+
+// folded reports whether every scope's series are folded into one.
+func folded() bool { return scopeLabels.Load() == ScopeLabelsNone }
+
+// Scope is the scope label value of a series of scope: the scope itself,
+// or FoldedScope when the series are folded. The empty scope (a refusal
+// that names none) stays empty.
+func Scope(scope string) string {
+	if scope != "" && folded() {
+		return FoldedScope
+	}
+	return scope
+}
+
+// SetCondition records that scope's condition is true (1) or not (0);
+// healthy says whether that is the condition's healthy state. Folded, only
+// an unhealthy condition is exported, so that alerts can name the scope.
+func SetCondition(scope, condition string, value float64, healthy bool) {
+	if folded() && healthy {
+		ScopeCondition.DeleteLabelValues(scope, condition)
+		return
+	}
+	ScopeCondition.WithLabelValues(scope, condition).Set(value)
+}
+
+// ForgetScope drops a deleted scope's own series. Folded series are sums
+// over every scope and stay.
+func ForgetScope(scope string) {
+	ScopeCondition.DeletePartialMatch(prometheus.Labels{"scope": scope})
+	if !folded() {
+		StatusWriteFailures.DeletePartialMatch(prometheus.Labels{"scope": scope})
+	}
 }
 
 // Values of CertificateExpiry's certificate label.

@@ -65,7 +65,7 @@ func (st *stream) rejected(s *subscription, nonce, version, detail string, owed 
 	maps.Copy(s.owed, owed)
 	s.rejecting = true
 	if !st.nacks.Allow() {
-		metrics.NACKsPaced.WithLabelValues(st.key.String()).Inc()
+		metrics.NACKsPaced.WithLabelValues(metrics.Scope(st.key.String())).Inc()
 		return
 	}
 	st.srv.fb.NACKed(st.key, st.id, s.t.URL(), version, detail, held)
