@@ -3,11 +3,13 @@ package main
 import (
 	"archive/tar"
 	"bytes"
+	"crypto/sha256"
 	"crypto/x509"
 	"debug/elf"
 	"encoding/json"
 	"encoding/pem"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -45,19 +47,29 @@ func TestImage(t *testing.T) {
 			archive := filepath.Join(dir, "image.tar")
 			o := options{artifact: artifacts[c.name], name: c.name, version: version, repository: "example.test/" + c.name,
 				out: archive, platforms: c.platforms, src: "../.."}
+			if c.name == "scopeplane" {
+				o.sbom = filepath.Join(dir, "sbom.json")
+			}
 			if err := build(o); err != nil {
 				t.Fatal(err)
 			}
-			got := check(t, o, dir, archive, c.cmd, c.probe, c.want)
-			if strings.Join(got, ",") != strings.Join(c.platforms, ",") {
-				t.Errorf("platforms %v, want %v", got, c.platforms)
+			bins := check(t, o, dir, archive, c.cmd, c.probe, c.want)
+			var got []string
+			for _, p := range c.platforms {
+				if _, ok := bins[p]; ok {
+					got = append(got, p)
+				}
+			}
+			if len(bins) != len(c.platforms) || strings.Join(got, ",") != strings.Join(c.platforms, ",") {
+				t.Errorf("platforms %v, want %v", bins, c.platforms)
 			}
 			if c.name != "scopeplane" {
 				return
 			}
+			checkSBOM(t, o, filepath.Join(dir, "unpacked"), bins)
 			// The same inputs make the same archive, byte for byte.
 			again := filepath.Join(dir, "again.tar")
-			o.out = again
+			o.out, o.sbom = again, filepath.Join(dir, "again.json")
 			if err := build(o); err != nil {
 				t.Fatal(err)
 			}
@@ -70,9 +82,9 @@ func TestImage(t *testing.T) {
 	}
 }
 
-// check unpacks the archive of o and checks it; it returns the platforms
-// the archive holds.
-func check(t *testing.T, o options, dir, archive, cmd, probe, want string) []string {
+// check unpacks the archive of o and checks it; it returns the SHA-256 of
+// the binary of each platform the archive holds.
+func check(t *testing.T, o options, dir, archive, cmd, probe, want string) map[string]string {
 	t.Helper()
 	root := filepath.Join(dir, "unpacked")
 	untar(t, archive, root)
@@ -84,7 +96,11 @@ func check(t *testing.T, o options, dir, archive, cmd, probe, want string) []str
 		} `json:"manifests"`
 	}
 	readJSON(t, filepath.Join(root, "index.json"), &index)
-	if len(index.Manifests) != 1 || index.Manifests[0].MediaType != string(types.OCIImageIndex) ||
+	entries := 1 // the image index; and its SBOM, when one is attached
+	if o.sbom != "" {
+		entries = 2
+	}
+	if len(index.Manifests) != entries || index.Manifests[0].MediaType != string(types.OCIImageIndex) ||
 		index.Manifests[0].Annotations["io.containerd.image.name"] != o.Ref() ||
 		index.Manifests[0].Annotations["org.opencontainers.image.ref.name"] != o.version {
 		t.Fatalf("index.json does not name one image index with the tag: %+v", index)
@@ -107,10 +123,9 @@ func check(t *testing.T, o options, dir, archive, cmd, probe, want string) []str
 	if err != nil {
 		t.Fatal(err)
 	}
-	var got []string
+	got := map[string]string{}
 	for _, m := range list.Manifests {
 		arch := m.Platform.Architecture
-		got = append(got, m.Platform.OS+"/"+arch)
 		img, err := idx.Image(m.Digest)
 		if err != nil {
 			t.Fatal(err)
@@ -128,6 +143,7 @@ func check(t *testing.T, o options, dir, archive, cmd, probe, want string) []str
 		files := flatten(t, img)
 		checkBase(t, arch, files)
 		bin := files[o.name]
+		got[m.Platform.OS+"/"+arch] = fmt.Sprintf("%x", sha256.Sum256(bin))
 		f, err := elf.NewFile(bytes.NewReader(bin))
 		if err != nil {
 			t.Fatalf("%s /%s: %v", arch, o.name, err)
