@@ -1,16 +1,13 @@
 package main
 
 import (
-	"archive/tar"
 	"bytes"
 	"crypto/sha256"
 	"crypto/x509"
 	"debug/elf"
 	"encoding/json"
 	"encoding/pem"
-	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,9 +15,10 @@ import (
 	"strings"
 	"testing"
 
-	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+
+	"github.com/scopeplane/scopeplane/hack/ocitest"
 )
 
 // TestImage builds each image as make image does, unpacks the archive and
@@ -87,7 +85,7 @@ func TestImage(t *testing.T) {
 func check(t *testing.T, o options, dir, archive, cmd, probe, want string) map[string]string {
 	t.Helper()
 	root := filepath.Join(dir, "unpacked")
-	untar(t, archive, root)
+	ocitest.Untar(t, archive, root)
 
 	var index struct {
 		Manifests []struct {
@@ -140,7 +138,10 @@ func check(t *testing.T, o options, dir, archive, cmd, probe, want string) map[s
 			t.Errorf("%s config: arch %s, os %s, user %q, entrypoint %q, cmd %q, labels %v", arch, cf.Architecture, cf.OS,
 				cf.Config.User, cf.Config.Entrypoint, cf.Config.Cmd, cf.Config.Labels)
 		}
-		files := flatten(t, img)
+		files := map[string][]byte{}
+		for name, f := range ocitest.Flatten(t, img) {
+			files[name] = f.Data
+		}
 		checkBase(t, arch, files)
 		bin := files[o.name]
 		got[m.Platform.OS+"/"+arch] = fmt.Sprintf("%x", sha256.Sum256(bin))
@@ -182,71 +183,6 @@ func checkBase(t *testing.T, arch string, files map[string][]byte) {
 	}
 	if n < 100 {
 		t.Errorf("%s CA bundle holds %d certificates", arch, n)
-	}
-}
-
-// flatten applies the image's layers in order and returns its regular files.
-func flatten(t *testing.T, img v1.Image) map[string][]byte {
-	t.Helper()
-	layers, err := img.Layers()
-	if err != nil {
-		t.Fatal(err)
-	}
-	files := map[string][]byte{}
-	for _, l := range layers {
-		rc, err := l.Uncompressed()
-		if err != nil {
-			t.Fatal(err)
-		}
-		tr := tar.NewReader(rc)
-		for {
-			h, err := tr.Next()
-			if errors.Is(err, io.EOF) {
-				break
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			if h.Typeflag == tar.TypeReg {
-				b, _ := io.ReadAll(tr)
-				files[h.Name] = b
-			}
-		}
-		_ = rc.Close()
-	}
-	return files
-}
-
-func untar(t *testing.T, archive, dir string) {
-	t.Helper()
-	f, err := os.Open(archive)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = f.Close() }()
-	tr := tar.NewReader(f)
-	for {
-		h, err := tr.Next()
-		if errors.Is(err, io.EOF) {
-			return
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		path := filepath.Join(dir, filepath.FromSlash(h.Name))
-		if h.Typeflag == tar.TypeDir {
-			if err := os.MkdirAll(path, 0o755); err != nil {
-				t.Fatal(err)
-			}
-			continue
-		}
-		b, _ := io.ReadAll(tr)
-		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(path, b, 0o644); err != nil {
-			t.Fatal(err)
-		}
 	}
 }
 

@@ -39,6 +39,7 @@ import (
 	"golang.org/x/crypto/x509roots/fallback/bundle"
 
 	"github.com/scopeplane/scopeplane/hack/sbom"
+	"github.com/scopeplane/scopeplane/hack/sourcedate"
 )
 
 // User is the image's non-root user and group.
@@ -120,7 +121,7 @@ type options struct {
 func (o options) Ref() string { return o.repository + ":" + o.version }
 
 func build(o options) error {
-	created, err := sourceDate()
+	created, err := sourcedate.Time()
 	if err != nil {
 		return err
 	}
@@ -368,17 +369,4 @@ func tarDir(dir, out string, created time.Time) error {
 		return err
 	}
 	return f.Close()
-}
-
-// sourceDate is SOURCE_DATE_EPOCH, or the Unix epoch.
-func sourceDate() (time.Time, error) {
-	v := os.Getenv("SOURCE_DATE_EPOCH")
-	if v == "" {
-		return time.Unix(0, 0).UTC(), nil
-	}
-	s, err := strconv.ParseInt(v, 10, 64)
-	if err != nil {
-		return time.Time{}, fmt.Errorf("SOURCE_DATE_EPOCH=%q: %w", v, err)
-	}
-	return time.Unix(s, 0).UTC(), nil
 }

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"time"
 
 	"sigs.k8s.io/yaml"
@@ -164,17 +163,4 @@ func (r release) manifest(assets []asset) ([]byte, error) {
 		p.Spec.Platforms = append(p.Spec.Platforms, pl)
 	}
 	return yaml.Marshal(p)
-}
-
-// sourceDate is SOURCE_DATE_EPOCH, or the Unix epoch.
-func sourceDate() (time.Time, error) {
-	v := os.Getenv("SOURCE_DATE_EPOCH")
-	if v == "" {
-		return time.Unix(0, 0).UTC(), nil
-	}
-	s, err := strconv.ParseInt(v, 10, 64)
-	if err != nil {
-		return time.Time{}, fmt.Errorf("SOURCE_DATE_EPOCH=%q: %w", v, err)
-	}
-	return time.Unix(s, 0).UTC(), nil
 }

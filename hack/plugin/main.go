@@ -17,6 +17,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+
+	"github.com/scopeplane/scopeplane/hack/sourcedate"
 )
 
 func main() {
@@ -42,7 +44,7 @@ func main() {
 // run builds the plugin for each platform, archives it with the licence into
 // out and writes the krew manifest there.
 func run(r release, src, out string, platforms []string) error {
-	created, err := sourceDate()
+	created, err := sourcedate.Time()
 	if err != nil {
 		return err
 	}

@@ -10,7 +10,6 @@ import (
 	"bufio"
 	"crypto/sha256"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -24,8 +23,9 @@ import (
 	"strings"
 	"testing"
 
-	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
+
+	"github.com/scopeplane/scopeplane/hack/ocitest"
 )
 
 // repoRoot is the checkout, two levels above this package.
@@ -350,7 +350,7 @@ func copyStage(t *testing.T, src, dest string, uid, gid int, files map[string]fi
 // the one platform of the OCI archive.
 func readImage(t *testing.T, archive, dir string) (map[string]file, config) {
 	t.Helper()
-	untar(t, archive, dir)
+	ocitest.Untar(t, archive, dir)
 	lp, err := layout.FromPath(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -388,75 +388,15 @@ func readImage(t *testing.T, archive, dir string) (map[string]file, config) {
 		c.Ports = append(c.Ports, p)
 	}
 	slices.Sort(c.Ports)
-	return flatten(t, img), c
-}
-
-// flatten applies the image's layers in order.
-func flatten(t *testing.T, img v1.Image) map[string]file {
-	t.Helper()
-	layers, err := img.Layers()
-	if err != nil {
-		t.Fatal(err)
-	}
 	files := map[string]file{}
-	for _, l := range layers {
-		rc, err := l.Uncompressed()
-		if err != nil {
-			t.Fatal(err)
+	for name, f := range ocitest.Flatten(t, img) {
+		h := f.Header
+		files[name] = file{dir: h.Typeflag == tar.TypeDir, mode: h.Mode & 0o7777, uid: h.Uid, gid: h.Gid}
+		if h.Typeflag == tar.TypeReg {
+			files[name] = file{mode: h.Mode & 0o7777, uid: h.Uid, gid: h.Gid, sum: sha256.Sum256(f.Data)}
 		}
-		tr := tar.NewReader(rc)
-		for {
-			h, err := tr.Next()
-			if errors.Is(err, io.EOF) {
-				break
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			f := file{dir: h.Typeflag == tar.TypeDir, mode: h.Mode & 0o7777, uid: h.Uid, gid: h.Gid}
-			if h.Typeflag == tar.TypeReg {
-				b, err := io.ReadAll(tr)
-				if err != nil {
-					t.Fatal(err)
-				}
-				f.sum = sha256.Sum256(b)
-			}
-			files[strings.TrimSuffix(strings.TrimPrefix(h.Name, "/"), "/")] = f
-		}
-		_ = rc.Close()
 	}
-	return files
-}
-
-func untar(t *testing.T, archive, dir string) {
-	t.Helper()
-	f, err := os.Open(archive)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = f.Close() }()
-	tr := tar.NewReader(f)
-	for {
-		h, err := tr.Next()
-		if errors.Is(err, io.EOF) {
-			return
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		p := filepath.Join(dir, filepath.FromSlash(h.Name))
-		if h.Typeflag == tar.TypeDir {
-			if err := os.MkdirAll(p, 0o755); err != nil {
-				t.Fatal(err)
-			}
-			continue
-		}
-		b, err := io.ReadAll(tr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		copyBytes(t, b, p)
-	}
+	return files, c
 }
 
 // copyTree copies the directory src into dst, as COPY does with a directory:
