@@ -144,5 +144,9 @@ func writeRootfs(o options, dir string) error {
 			return err
 		}
 	}
-	return goBuild(o.src, o.pkg, plat, o.version, filepath.Join(dir, "root", o.name))
+	bin := filepath.Join(dir, "root", o.name)
+	if err := goBuild(o.src, o.pkg, plat, o.version, bin); err != nil {
+		return err
+	}
+	return os.Chmod(bin, 0o755) // the image's mode, whatever the umask
 }
