@@ -74,15 +74,17 @@ func Build(img Image, version string, lic *Licenses) (*cdx.BOM, error) {
 	if version == "" {
 		return nil, errors.New("no version of the main module")
 	}
+	// The image's package URL, as purl's oci type spells it.
+	imagePURL := "pkg:oci/" + lastElem(img.Repository) + "@" + strings.ReplaceAll(img.Digest, ":", "%3A") +
+		"?repository_url=" + img.Repository + "&tag=" + img.Tag
 	root := cdx.Component{
-		BOMRef:     "pkg:oci/" + lastElem(img.Repository) + "@" + strings.ReplaceAll(img.Digest, ":", "%3A") + "?repository_url=" + img.Repository + "&tag=" + img.Tag,
+		BOMRef:     imagePURL,
 		Type:       cdx.ComponentTypeContainer,
 		Name:       img.Repository,
 		Version:    img.Tag,
 		Hashes:     digestHash(img.Digest),
-		PackageURL: "",
+		PackageURL: imagePURL,
 	}
-	root.PackageURL = root.BOMRef
 
 	var (
 		components []cdx.Component
@@ -159,8 +161,7 @@ func Build(img Image, version string, lic *Licenses) (*cdx.BOM, error) {
 		if err != nil {
 			return nil, err
 		}
-		props := append(*c.Properties, cdx.Property{Name: "oci:image:path", Value: s.Path})
-		c.Properties = &props
+		*c.Properties = append(*c.Properties, cdx.Property{Name: "oci:image:path", Value: s.Path})
 		components = append(components, c)
 		edges[root.BOMRef] = append(edges[root.BOMRef], c.BOMRef)
 	}
