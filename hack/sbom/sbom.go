@@ -111,7 +111,7 @@ func Build(img Image, version string, lic *Licenses) (*cdx.BOM, error) {
 			return nil, err
 		}
 		goos, goarch := setting(info, "GOOS"), setting(info, "GOARCH")
-		purl := purl(info.Main.Path, version) + "?goarch=" + goarch + "&goos=" + goos
+		binRef := purl(info.Main.Path, version) + "?goarch=" + goarch + "&goos=" + goos
 		licences, err := lic.Module(info.Main.Path, "")
 		if err != nil {
 			return nil, err
@@ -119,17 +119,17 @@ func Build(img Image, version string, lic *Licenses) (*cdx.BOM, error) {
 		props := buildProperties(info)
 		props = append(props, cdx.Property{Name: "oci:image:path", Value: b.Path})
 		components = append(components, cdx.Component{
-			BOMRef:     purl,
+			BOMRef:     binRef,
 			Type:       cdx.ComponentTypeApplication,
 			Name:       info.Main.Path,
 			Version:    version,
-			PackageURL: purl,
+			PackageURL: binRef,
 			Hashes:     &[]cdx.Hash{{Algorithm: cdx.HashAlgoSHA256, Value: sum}},
 			Licenses:   licences,
 			Properties: &props,
 		})
-		edges[root.BOMRef] = append(edges[root.BOMRef], purl)
-		mainRefs = append(mainRefs, purl)
+		edges[root.BOMRef] = append(edges[root.BOMRef], binRef)
+		mainRefs = append(mainRefs, binRef)
 
 		if stdRef == "" {
 			c, err := stdlib(info.GoVersion, lic)
@@ -141,7 +141,7 @@ func Build(img Image, version string, lic *Licenses) (*cdx.BOM, error) {
 		} else if want := "pkg:golang/stdlib@" + info.GoVersion; want != stdRef {
 			return nil, fmt.Errorf("%s is built with %s, the others with %s", b.File, info.GoVersion, stdRef)
 		}
-		edges[purl] = append(edges[purl], stdRef)
+		edges[binRef] = append(edges[binRef], stdRef)
 
 		for _, d := range info.Deps {
 			if _, seen := ref[d.Path]; seen {
