@@ -161,8 +161,12 @@ func Build(img Image, version string, lic *Licenses) (*cdx.BOM, error) {
 		if err != nil {
 			return nil, err
 		}
-		*c.Properties = append(*c.Properties, cdx.Property{Name: "oci:image:path", Value: s.Path})
-		components = append(components, c)
+		// A module both linked in and shipped is one component, which says both.
+		i := slices.IndexFunc(components, func(l cdx.Component) bool { return l.BOMRef == c.BOMRef })
+		if i < 0 {
+			components, i = append(components, c), len(components)
+		}
+		*components[i].Properties = append(*components[i].Properties, cdx.Property{Name: "oci:image:path", Value: s.Path})
 		edges[root.BOMRef] = append(edges[root.BOMRef], c.BOMRef)
 	}
 	if img.Graph != nil {
