@@ -86,7 +86,7 @@ func TestArchivesAndKrewManifest(t *testing.T) {
 		if !hex.MatchString(pl.SHA256) || pl.SHA256 != fmt.Sprintf("%x", sha256.Sum256(data)) {
 			t.Errorf("%s: sha256 %q is not the archive's", name, pl.SHA256)
 		}
-		files := unpack(t, name, data)
+		files := unpack(t, name, data, created)
 		bin := binName(goos)
 		if pl.Bin != bin || string(files[bin].data) != "binary for "+goos+"/"+goarch || files[bin].mode&0o111 == 0 {
 			t.Errorf("%s: bin %q, archive holds %v", name, pl.Bin, files)
@@ -122,8 +122,9 @@ func hasCopy(files []FileCopy, name string) bool {
 	return false
 }
 
-// unpack reads a tar.gz or zip archive.
-func unpack(t *testing.T, name string, data []byte) map[string]entry {
+// unpack reads a tar.gz or zip archive; a gzip header's time must be
+// created too.
+func unpack(t *testing.T, name string, data []byte, created time.Time) map[string]entry {
 	t.Helper()
 	files := map[string]entry{}
 	if strings.HasSuffix(name, ".zip") {
@@ -148,6 +149,9 @@ func unpack(t *testing.T, name string, data []byte) map[string]entry {
 	gz, err := gzip.NewReader(bytes.NewReader(data))
 	if err != nil {
 		t.Fatalf("%s: %v", name, err)
+	}
+	if !gz.ModTime.Equal(created) {
+		t.Errorf("%s: the gzip header's time is %v, want SOURCE_DATE_EPOCH %v", name, gz.ModTime, created)
 	}
 	tr := tar.NewReader(gz)
 	for {
