@@ -27,8 +27,10 @@ helm=${HELM:-$("${root}/hack/helm.sh")}
 # (and the chart's) come from the last commit unless SOURCE_DATE_EPOCH says otherwise.
 export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git -C "${root}" log -1 --format=%ct 2>/dev/null || echo 0)}
 # RELEASE_DOWNLOAD is where the release's assets are downloaded from, for the
-# krew manifest's URLs.
+# krew manifest's URLs; RELEASE_PLUGIN_PLATFORMS narrows the plugin's platforms
+# (a test's shortcut: a release publishes all six).
 download=${RELEASE_DOWNLOAD:-https://github.com/scopeplane/scopeplane/releases/download/v${version}}
+plugin_platforms=${RELEASE_PLUGIN_PLATFORMS:-linux/amd64,linux/arm64,darwin/amd64,darwin/arm64,windows/amd64,windows/arm64}
 work=$(mktemp -d)
 trap 'rm -rf "${work}"' EXIT
 
@@ -47,7 +49,8 @@ CHART="${work}/scopeplane" HELM="${helm}" "${root}/hack/dist.sh" "${out}" >/dev/
   -out "${out}/scopeplane-${version}.oci.tar" -sbom "${out}/scopeplane-${version}.cdx.json")
 
 # The kubectl plugin's archives and their krew manifest.
-(cd "${root}" && nice -n 10 go run ./hack/plugin -version "${version}" -download "${download}" -out "${out}")
+(cd "${root}" && nice -n 10 go run ./hack/plugin -version "${version}" -download "${download}" \
+  -platforms "${plugin_platforms}" -out "${out}")
 
 (cd "${out}" && sha256sum "scopeplane-${version}.oci.tar" "scopeplane-${version}.cdx.json" "scopeplane-${version}.tgz" \
   install.yaml kubectl-scopeplane_"${version}"_* kubectl-scopeplane.krew.yaml > SHA256SUMS)
