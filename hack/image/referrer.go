@@ -90,7 +90,7 @@ func sbomOf(o options, digest string, bins []sbom.Binary, created time.Time) ([]
 	if err != nil {
 		return nil, err
 	}
-	ca, err := bundleModule()
+	ca, tool, err := bundleModule()
 	if err != nil {
 		return nil, err
 	}
@@ -100,6 +100,7 @@ func sbomOf(o options, digest string, bins []sbom.Binary, created time.Time) ([]
 		Shipped:  []sbom.Shipped{{Module: ca, Path: "/etc/ssl/certs/ca-certificates.crt"}},
 		Graph:    bytes.NewReader(g),
 		Created:  created,
+		Tool:     tool,
 	}, "v"+o.version, lic)
 	if err != nil {
 		return nil, err
@@ -112,19 +113,20 @@ func sbomOf(o options, digest string, bins []sbom.Binary, created time.Time) ([]
 }
 
 // bundleModule is the module of the CA bundle the base ships, at the
-// version linked into this command (the one go.mod pins).
-func bundleModule() (debug.Module, error) {
+// version linked into this command (the one go.mod pins), and this
+// command's build information, which names it as the SBOM's tool.
+func bundleModule() (debug.Module, *debug.BuildInfo, error) {
 	const path = "golang.org/x/crypto/x509roots/fallback"
 	info, ok := debug.ReadBuildInfo()
 	if !ok {
-		return debug.Module{}, fmt.Errorf("no build information to name the version of %s", path)
+		return debug.Module{}, nil, fmt.Errorf("no build information to name the version of %s", path)
 	}
 	for _, d := range info.Deps {
 		if d.Path == path {
-			return *d, nil
+			return *d, info, nil
 		}
 	}
-	return debug.Module{}, fmt.Errorf("%s is not linked into this command", path)
+	return debug.Module{}, nil, fmt.Errorf("%s is not linked into this command", path)
 }
 
 // descriptor is the descriptor of an index, as a subject names it.

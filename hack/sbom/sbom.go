@@ -248,13 +248,13 @@ func stdlib(goVersion string, lic *Licenses) (cdx.Component, error) {
 // tools names what wrote the SBOM: the program, at its main module's
 // version, and the libraries it writes with (CycloneDX, licence scanning).
 func tools(info *debug.BuildInfo) *cdx.ToolsChoice {
-	var tools []cdx.Component
-	if info != nil {
-		tools = append(tools, cdx.Component{Type: cdx.ComponentTypeApplication, Name: info.Path, Version: info.Main.Version})
-		for _, d := range info.Deps {
-			if d.Path == "github.com/CycloneDX/cyclonedx-go" || d.Path == "github.com/google/licensecheck" {
-				tools = append(tools, cdx.Component{Type: cdx.ComponentTypeLibrary, Name: d.Path, Version: d.Version, PackageURL: purl(d.Path, d.Version)})
-			}
+	if info == nil {
+		return nil
+	}
+	tools := []cdx.Component{{Type: cdx.ComponentTypeApplication, Name: info.Path, Version: info.Main.Version}}
+	for _, d := range info.Deps {
+		if d.Path == "github.com/CycloneDX/cyclonedx-go" || d.Path == "github.com/google/licensecheck" {
+			tools = append(tools, cdx.Component{Type: cdx.ComponentTypeLibrary, Name: d.Path, Version: d.Version, PackageURL: purl(d.Path, d.Version)})
 		}
 	}
 	return &cdx.ToolsChoice{Components: &tools}
