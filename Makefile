@@ -5,11 +5,13 @@
 
 CONTROLLER_TOOLS_VERSION ?= v0.23.0
 GOLANGCI_LINT_VERSION    ?= v2.15.0
+ACTIONLINT_VERSION       ?= v1.7.12
 
 CACHE    ?= $(or $(SCOPEPLANE_CACHE),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/scopeplane)
 TOOLBIN  := $(CACHE)/bin
 CONTROLLER_GEN := $(TOOLBIN)/controller-gen-$(CONTROLLER_TOOLS_VERSION)
 GOLANGCI_LINT  := $(TOOLBIN)/golangci-lint-$(GOLANGCI_LINT_VERSION)
+ACTIONLINT     := $(TOOLBIN)/actionlint-$(ACTIONLINT_VERSION)
 
 # VERSION is the binary's version: the Helm chart's appVersion, so they agree.
 VERSION ?= $(shell awk '/^appVersion:/ { gsub(/"/, "", $$2); print $$2 }' charts/scopeplane/Chart.yaml)
@@ -45,8 +47,9 @@ help: ## Show every target with one line each.
 ##@ Development
 
 .PHONY: generate
-generate: $(CONTROLLER_GEN) ## Generate deepcopy code for the API types.
+generate: $(CONTROLLER_GEN) ## Generate deepcopy code for the API types, and the Dockerfile from the image's recipe (hack/image).
 	$(CONTROLLER_GEN) object:headerFile=hack/boilerplate.go.txt paths=./api/...
+	go run ./hack/image -dockerfile -version $(VERSION) > Dockerfile
 
 .PHONY: manifests
 manifests: $(CONTROLLER_GEN) ## Generate the CRD and RBAC manifests from the kubebuilder markers.
@@ -67,6 +70,10 @@ vet: ## Run go vet.
 lint: $(GOLANGCI_LINT) ## Run golangci-lint with .golangci.yml.
 	$(GOLANGCI_LINT) run ./...
 
+.PHONY: actionlint
+actionlint: $(ACTIONLINT) ## Check the forge's workflows (.github/workflows) with actionlint (and shellcheck, when it is on PATH).
+	$(ACTIONLINT) -color=false
+
 .PHONY: tidy
 tidy: ## Tidy go.mod and go.sum of the module and its tool modules.
 	go mod tidy
@@ -77,14 +84,14 @@ tidy: ## Tidy go.mod and go.sum of the module and its tool modules.
 	cd hack/tools/coredns && go mod tidy
 
 .PHONY: verify
-verify: ## Regenerate everything, then fail if the tree changed; gofmt, vet and lint.
+verify: ## Regenerate everything, then fail if the tree changed; gofmt, vet, lint and actionlint.
 	$(MAKE) tidy generate manifests
 	@test -z "$$(gofmt -s -l $$(git ls-files --cached --others --exclude-standard '*.go'))" || \
 	  { echo "gofmt -s would change:"; gofmt -s -l $$(git ls-files --cached --others --exclude-standard '*.go'); exit 1; }
 	@git diff --exit-code --stat || { echo "generated files, go.mod or go.sum are stale: run 'make tidy generate manifests' and commit"; exit 1; }
 	@test -z "$$(git status --porcelain --untracked-files=all)" || \
 	  { git status --porcelain --untracked-files=all; echo "generation left untracked files: commit them"; exit 1; }
-	$(MAKE) vet lint
+	$(MAKE) vet lint actionlint
 
 ##@ Test
 
@@ -173,7 +180,7 @@ dist: ## Write the packaged chart and install.yaml (the chart rendered with its 
 	HELM=$$(hack/helm.sh) hack/dist.sh dist
 
 .PHONY: release
-release: ## Write everything a release publishes into dist/ for VERSION=x.y.z: image archive, chart package, install.yaml, CycloneDX SBOM, SHA256SUMS.
+release: ## Write everything a release publishes into dist/ for VERSION=x.y.z (docs/release.md): image archive with its SBOM attached, the SBOM, chart package, install.yaml, kubectl plugin archives and their krew manifest, SHA256SUMS.
 	@test -n "$(filter command line,$(origin VERSION))" || { echo "make release needs VERSION=x.y.z (see CHANGELOG.md for the versioning policy)"; exit 2; }
 	HELM=$$(hack/helm.sh) hack/release.sh $(VERSION) dist
 
@@ -194,3 +201,8 @@ $(GOLANGCI_LINT):
 	mkdir -p $(TOOLBIN)
 	GOBIN=$(TOOLBIN) go install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
 	mv $(TOOLBIN)/golangci-lint $@
+
+$(ACTIONLINT):
+	mkdir -p $(TOOLBIN)
+	GOBIN=$(TOOLBIN) go install github.com/rhysd/actionlint/cmd/actionlint@$(ACTIONLINT_VERSION)
+	mv $(TOOLBIN)/actionlint $@

@@ -1,14 +1,13 @@
 package main
 
 import (
-	"archive/tar"
 	"bytes"
+	"crypto/sha256"
 	"crypto/x509"
 	"debug/elf"
 	"encoding/json"
 	"encoding/pem"
-	"errors"
-	"io"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,9 +15,10 @@ import (
 	"strings"
 	"testing"
 
-	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+
+	"github.com/scopeplane/scopeplane/hack/ocitest"
 )
 
 // TestImage builds each image as make image does, unpacks the archive and
@@ -45,19 +45,29 @@ func TestImage(t *testing.T) {
 			archive := filepath.Join(dir, "image.tar")
 			o := options{artifact: artifacts[c.name], name: c.name, version: version, repository: "example.test/" + c.name,
 				out: archive, platforms: c.platforms, src: "../.."}
+			if c.name == "scopeplane" {
+				o.sbom = filepath.Join(dir, "sbom.json")
+			}
 			if err := build(o); err != nil {
 				t.Fatal(err)
 			}
-			got := check(t, o, dir, archive, c.cmd, c.probe, c.want)
-			if strings.Join(got, ",") != strings.Join(c.platforms, ",") {
-				t.Errorf("platforms %v, want %v", got, c.platforms)
+			bins := check(t, o, dir, archive, c.cmd, c.probe, c.want)
+			var got []string
+			for _, p := range c.platforms {
+				if _, ok := bins[p]; ok {
+					got = append(got, p)
+				}
+			}
+			if len(bins) != len(c.platforms) || strings.Join(got, ",") != strings.Join(c.platforms, ",") {
+				t.Errorf("platforms %v, want %v", bins, c.platforms)
 			}
 			if c.name != "scopeplane" {
 				return
 			}
+			checkSBOM(t, o, filepath.Join(dir, "unpacked"), bins)
 			// The same inputs make the same archive, byte for byte.
 			again := filepath.Join(dir, "again.tar")
-			o.out = again
+			o.out, o.sbom = again, filepath.Join(dir, "again.json")
 			if err := build(o); err != nil {
 				t.Fatal(err)
 			}
@@ -70,12 +80,12 @@ func TestImage(t *testing.T) {
 	}
 }
 
-// check unpacks the archive of o and checks it; it returns the platforms
-// the archive holds.
-func check(t *testing.T, o options, dir, archive, cmd, probe, want string) []string {
+// check unpacks the archive of o and checks it; it returns the SHA-256 of
+// the binary of each platform the archive holds.
+func check(t *testing.T, o options, dir, archive, cmd, probe, want string) map[string]string {
 	t.Helper()
 	root := filepath.Join(dir, "unpacked")
-	untar(t, archive, root)
+	ocitest.Untar(t, archive, root)
 
 	var index struct {
 		Manifests []struct {
@@ -84,7 +94,11 @@ func check(t *testing.T, o options, dir, archive, cmd, probe, want string) []str
 		} `json:"manifests"`
 	}
 	readJSON(t, filepath.Join(root, "index.json"), &index)
-	if len(index.Manifests) != 1 || index.Manifests[0].MediaType != string(types.OCIImageIndex) ||
+	entries := 1 // the image index; and its SBOM, when one is attached
+	if o.sbom != "" {
+		entries = 2
+	}
+	if len(index.Manifests) != entries || index.Manifests[0].MediaType != string(types.OCIImageIndex) ||
 		index.Manifests[0].Annotations["io.containerd.image.name"] != o.Ref() ||
 		index.Manifests[0].Annotations["org.opencontainers.image.ref.name"] != o.version {
 		t.Fatalf("index.json does not name one image index with the tag: %+v", index)
@@ -107,10 +121,9 @@ func check(t *testing.T, o options, dir, archive, cmd, probe, want string) []str
 	if err != nil {
 		t.Fatal(err)
 	}
-	var got []string
+	got := map[string]string{}
 	for _, m := range list.Manifests {
 		arch := m.Platform.Architecture
-		got = append(got, m.Platform.OS+"/"+arch)
 		img, err := idx.Image(m.Digest)
 		if err != nil {
 			t.Fatal(err)
@@ -125,9 +138,13 @@ func check(t *testing.T, o options, dir, archive, cmd, probe, want string) []str
 			t.Errorf("%s config: arch %s, os %s, user %q, entrypoint %q, cmd %q, labels %v", arch, cf.Architecture, cf.OS,
 				cf.Config.User, cf.Config.Entrypoint, cf.Config.Cmd, cf.Config.Labels)
 		}
-		files := flatten(t, img)
+		files := map[string][]byte{}
+		for name, f := range ocitest.Flatten(t, img) {
+			files[name] = f.Data
+		}
 		checkBase(t, arch, files)
 		bin := files[o.name]
+		got[m.Platform.OS+"/"+arch] = fmt.Sprintf("%x", sha256.Sum256(bin))
 		f, err := elf.NewFile(bytes.NewReader(bin))
 		if err != nil {
 			t.Fatalf("%s /%s: %v", arch, o.name, err)
@@ -166,71 +183,6 @@ func checkBase(t *testing.T, arch string, files map[string][]byte) {
 	}
 	if n < 100 {
 		t.Errorf("%s CA bundle holds %d certificates", arch, n)
-	}
-}
-
-// flatten applies the image's layers in order and returns its regular files.
-func flatten(t *testing.T, img v1.Image) map[string][]byte {
-	t.Helper()
-	layers, err := img.Layers()
-	if err != nil {
-		t.Fatal(err)
-	}
-	files := map[string][]byte{}
-	for _, l := range layers {
-		rc, err := l.Uncompressed()
-		if err != nil {
-			t.Fatal(err)
-		}
-		tr := tar.NewReader(rc)
-		for {
-			h, err := tr.Next()
-			if errors.Is(err, io.EOF) {
-				break
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			if h.Typeflag == tar.TypeReg {
-				b, _ := io.ReadAll(tr)
-				files[h.Name] = b
-			}
-		}
-		_ = rc.Close()
-	}
-	return files
-}
-
-func untar(t *testing.T, archive, dir string) {
-	t.Helper()
-	f, err := os.Open(archive)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = f.Close() }()
-	tr := tar.NewReader(f)
-	for {
-		h, err := tr.Next()
-		if errors.Is(err, io.EOF) {
-			return
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		path := filepath.Join(dir, filepath.FromSlash(h.Name))
-		if h.Typeflag == tar.TypeDir {
-			if err := os.MkdirAll(path, 0o755); err != nil {
-				t.Fatal(err)
-			}
-			continue
-		}
-		b, _ := io.ReadAll(tr)
-		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(path, b, 0o644); err != nil {
-			t.Fatal(err)
-		}
 	}
 }
 

@@ -18,6 +18,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"encoding/pem"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -36,6 +37,9 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 	"golang.org/x/crypto/x509roots/fallback/bundle"
+
+	"github.com/scopeplane/scopeplane/hack/sbom"
+	"github.com/scopeplane/scopeplane/hack/sourcedate"
 )
 
 // User is the image's non-root user and group.
@@ -64,18 +68,17 @@ var artifacts = map[string]artifact{
 
 func main() {
 	var (
-		name      = flag.String("image", "scopeplane", "The image to build: scopeplane (the operator) or scopeplane-demo (the quickstart's backend and client).")
-		version   = flag.String("version", "", "The binary's version and the image tag (the chart's appVersion).")
-		repo      = flag.String("repository", "", "The image repository the archive names (default ghcr.io/scopeplane/<image>).")
-		out       = flag.String("out", "", "Path of the OCI layout archive to write.")
-		platforms = flag.String("platforms", "linux/amd64,linux/arm64", "Comma-separated platforms to build.")
-		src       = flag.String("src", ".", "The module to build (the repository root).")
+		name       = flag.String("image", "scopeplane", "The image to build: scopeplane (the operator) or scopeplane-demo (the quickstart's backend and client).")
+		version    = flag.String("version", "", "The binary's version and the image tag (the chart's appVersion).")
+		repo       = flag.String("repository", "", "The image repository the archive names (default ghcr.io/scopeplane/<image>).")
+		out        = flag.String("out", "", "Path of the OCI layout archive to write.")
+		platforms  = flag.String("platforms", "linux/amd64,linux/arm64", "Comma-separated platforms to build.")
+		src        = flag.String("src", ".", "The module to build (the repository root).")
+		sbomOut    = flag.String("sbom", "", "Also write the image's CycloneDX SBOM to this file, and attach it to the archive as a referrer of the image.")
+		rootfs     = flag.String("rootfs", "", "Instead of an archive, write the root file system of the image for the one platform of -platforms into this directory, as the Dockerfile copies it.")
+		dockerfile = flag.Bool("dockerfile", false, "Instead of building, print the Dockerfile that builds the image with a container engine.")
 	)
 	flag.Parse()
-	if *version == "" || *out == "" {
-		fmt.Fprintln(os.Stderr, "image: -version and -out are required")
-		os.Exit(2)
-	}
 	a, ok := artifacts[*name]
 	if !ok {
 		fmt.Fprintf(os.Stderr, "image: -image %q is none of scopeplane, scopeplane-demo\n", *name)
@@ -84,8 +87,25 @@ func main() {
 	if *repo == "" {
 		*repo = "ghcr.io/scopeplane/" + *name
 	}
-	o := options{name: *name, artifact: a, version: *version, repository: *repo, out: *out, platforms: strings.Split(*platforms, ","), src: *src}
-	if err := build(o); err != nil {
+	o := options{name: *name, artifact: a, version: *version, repository: *repo, out: *out, sbom: *sbomOut,
+		platforms: strings.Split(*platforms, ","), src: *src}
+	var err error
+	switch {
+	case *dockerfile:
+		var text string
+		if text, err = dockerfileOf(o); err == nil {
+			_, err = os.Stdout.WriteString(text)
+		}
+	case *version == "":
+		err = errors.New("-version is required")
+	case *rootfs != "":
+		err = writeRootfs(o, *rootfs)
+	case *out == "":
+		err = errors.New("-out or -rootfs is required")
+	default:
+		err = build(o)
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "image:", err)
 		os.Exit(1)
 	}
@@ -93,15 +113,15 @@ func main() {
 
 type options struct {
 	artifact
-	name, version, repository, out, src string
-	platforms                           []string
+	name, version, repository, out, sbom, src string
+	platforms                                 []string
 }
 
 // Ref is the image reference the archive names.
 func (o options) Ref() string { return o.repository + ":" + o.version }
 
 func build(o options) error {
-	created, err := sourceDate()
+	created, err := sourcedate.Time()
 	if err != nil {
 		return err
 	}
@@ -116,6 +136,7 @@ func build(o options) error {
 	defer func() { _ = os.RemoveAll(tmp) }()
 
 	idx := mutate.IndexMediaType(empty.Index, types.OCIImageIndex)
+	var bins []sbom.Binary
 	for _, p := range o.platforms {
 		plat, err := v1.ParsePlatform(p)
 		if err != nil {
@@ -130,6 +151,7 @@ func build(o options) error {
 			return fmt.Errorf("%s: %w", p, err)
 		}
 		idx = mutate.AppendManifests(idx, mutate.IndexAddendum{Add: img, Descriptor: v1.Descriptor{Platform: plat}})
+		bins = append(bins, sbom.Binary{File: bin, Path: "/" + o.name})
 	}
 	dir := filepath.Join(tmp, "layout")
 	lp, err := layout.Write(dir, empty.Index)
@@ -144,15 +166,23 @@ func build(o options) error {
 	})); err != nil {
 		return err
 	}
+	if o.sbom != "" {
+		if err := attachSBOM(lp, idx, o, bins, created); err != nil {
+			return fmt.Errorf("SBOM: %w", err)
+		}
+	}
 	if err := os.MkdirAll(filepath.Dir(o.out), 0o755); err != nil {
 		return err
 	}
 	return tarDir(dir, o.out, created)
 }
 
-// goBuild builds the static binary of pkg for one platform.
+// goBuild builds the static binary of pkg for one platform. Without VCS
+// stamps: the version is -X main.version, and a build from a copy of the
+// sources (the Dockerfile's, a tarball's) makes the same binary as one from
+// the checkout.
 func goBuild(src, pkg string, p *v1.Platform, version, out string) error {
-	cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w -buildid= -X main.version="+version, "-o", out, pkg)
+	cmd := exec.Command("go", "build", "-trimpath", "-buildvcs=false", "-ldflags", "-s -w -buildid= -X main.version="+version, "-o", out, pkg)
 	cmd.Dir = src
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS="+p.OS, "GOARCH="+p.Architecture)
 	if p.Variant != "" && p.Architecture == "arm" {
@@ -196,21 +226,42 @@ func image(p *v1.Platform, o options, base v1.Layer, bin string, created time.Ti
 		Entrypoint:   []string{"/" + o.name},
 		Cmd:          o.cmd,
 		WorkingDir:   "/",
-		Env:          []string{"SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt"},
+		Env:          env,
 		ExposedPorts: ports,
-		Labels: map[string]string{
-			"org.opencontainers.image.title":    o.name,
-			"org.opencontainers.image.version":  o.version,
-			"org.opencontainers.image.source":   "https://github.com/scopeplane/scopeplane",
-			"org.opencontainers.image.licenses": "Apache-2.0",
-		},
+		Labels:       labels(o.name, o.version),
 	}
 	return mutate.ConfigFile(img, cf)
 }
 
-// baseLayer is the scratch-style base: what a static Go binary needs of a
-// root file system to run as a non-root user and verify TLS peers.
+// env is the images' environment. PATH is the one a container engine sets
+// when an image names none, so that the Dockerfile's image says the same.
+var env = []string{
+	"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+	"SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt",
+}
+
+// labels are the OCI annotations of an image's config.
+func labels(name, version string) map[string]string {
+	return map[string]string{
+		"org.opencontainers.image.title":    name,
+		"org.opencontainers.image.version":  version,
+		"org.opencontainers.image.source":   "https://github.com/scopeplane/scopeplane",
+		"org.opencontainers.image.licenses": "Apache-2.0",
+	}
+}
+
+// baseLayer is the scratch-style base (baseEntries) as a layer.
 func baseLayer(created time.Time) (v1.Layer, error) {
+	entries, err := baseEntries()
+	if err != nil {
+		return nil, err
+	}
+	return layer(created, entries)
+}
+
+// baseEntries are the scratch-style base: what a static Go binary needs of a
+// root file system to run as a non-root user and verify TLS peers.
+func baseEntries() ([]entry, error) {
 	var certs bytes.Buffer
 	for r := range bundle.Roots() {
 		if r.Constraint != nil {
@@ -221,7 +272,7 @@ func baseLayer(created time.Time) (v1.Layer, error) {
 		}
 	}
 	u := strconv.Itoa(User)
-	return layer(created, []entry{
+	return []entry{
 		{name: "etc/", mode: 0o755, dir: true},
 		{name: "etc/passwd", mode: 0o644, data: []byte("root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:" + u + ":" + u + ":nonroot:/home/nonroot:/sbin/nologin\n")},
 		{name: "etc/group", mode: 0o644, data: []byte("root:x:0:\nnonroot:x:" + u + ":\n")},
@@ -231,7 +282,7 @@ func baseLayer(created time.Time) (v1.Layer, error) {
 		{name: "home/", mode: 0o755, dir: true},
 		{name: "home/nonroot/", mode: 0o700, dir: true, uid: User},
 		{name: "tmp/", mode: 0o1777, dir: true},
-	})
+	}, nil
 }
 
 type entry struct {
@@ -318,17 +369,4 @@ func tarDir(dir, out string, created time.Time) error {
 		return err
 	}
 	return f.Close()
-}
-
-// sourceDate is SOURCE_DATE_EPOCH, or the Unix epoch.
-func sourceDate() (time.Time, error) {
-	v := os.Getenv("SOURCE_DATE_EPOCH")
-	if v == "" {
-		return time.Unix(0, 0).UTC(), nil
-	}
-	s, err := strconv.ParseInt(v, 10, 64)
-	if err != nil {
-		return time.Time{}, fmt.Errorf("SOURCE_DATE_EPOCH=%q: %w", v, err)
-	}
-	return time.Unix(s, 0).UTC(), nil
 }

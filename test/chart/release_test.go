@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -21,19 +22,23 @@ import (
 
 // TestRelease runs hack/release.sh (make release) for a version the checkout
 // does not carry and checks each file a release publishes: the chart package
-// and install.yaml stamped with that version, the image archive, a CycloneDX
-// SBOM of the binary at that version, and SHA256SUMS that match them all.
+// and install.yaml stamped with that version, the image archive, the
+// CycloneDX SBOM of the image at that version, the plugin's archive (for this
+// machine only: hack/plugin's test covers the six platforms) and its krew
+// manifest, and SHA256SUMS that match them all.
 func TestRelease(t *testing.T) {
 	helm := helmPath(t)
 	const version = "0.0.7-rc.1"
 	out := t.TempDir()
+	plugin := "kubectl-scopeplane_" + version + "_linux_" + runtime.GOARCH + ".tar.gz"
 	cmd := exec.Command(filepath.Join(localapi.RepoRoot(), "hack", "release.sh"), version, out)
-	cmd.Env = append(cmd.Environ(), "HELM="+helm)
+	cmd.Env = append(cmd.Environ(), "HELM="+helm, "RELEASE_PLUGIN_PLATFORMS=linux/"+runtime.GOARCH)
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("hack/release.sh: %v\n%s", err, b)
 	}
 
-	want := []string{"scopeplane-" + version + ".oci.tar", "scopeplane-" + version + ".tgz", "install.yaml", "scopeplane-" + version + ".cdx.json"}
+	want := []string{"scopeplane-" + version + ".oci.tar", "scopeplane-" + version + ".tgz", "install.yaml", "scopeplane-" + version + ".cdx.json",
+		plugin, "kubectl-scopeplane.krew.yaml"}
 	sums := map[string]string{}
 	f, err := os.Open(filepath.Join(out, "SHA256SUMS"))
 	if err != nil {
@@ -109,12 +114,22 @@ func TestRelease(t *testing.T) {
 	if err := cdx.NewBOMDecoder(sf, cdx.BOMFileFormatJSON).Decode(&bom); err != nil {
 		t.Fatalf("the SBOM does not decode as CycloneDX: %v", err)
 	}
-	if p := bom.Metadata.Component.PackageURL; p != "pkg:golang/github.com/scopeplane/scopeplane@v"+version {
-		t.Errorf("the SBOM describes %q, want scopeplane at v%s", p, version)
+	if c := bom.Metadata.Component; c.Type != cdx.ComponentTypeContainer || c.Version != version {
+		t.Errorf("the SBOM describes %s %s at %s, want the image at %s", c.Type, c.Name, c.Version, version)
 	}
-	var names []string
+	var names, apps []string
 	for _, c := range *bom.Components {
 		names = append(names, c.Name)
+		if c.Type == cdx.ComponentTypeApplication {
+			apps = append(apps, c.PackageURL)
+		}
+	}
+	if len(apps) != 2 || !strings.HasPrefix(apps[0], "pkg:golang/github.com/scopeplane/scopeplane@v"+version+"?") {
+		t.Errorf("the SBOM's binaries %q, want scopeplane at v%s for two platforms", apps, version)
+	}
+	krew := string(mustRead(t, filepath.Join(out, "kubectl-scopeplane.krew.yaml")))
+	if !strings.Contains(krew, "sha256: "+sums[plugin]) || !strings.Contains(krew, "/v"+version+"/"+plugin) {
+		t.Errorf("the krew manifest does not name %s with its sum %s:\n%s", plugin, sums[plugin], krew)
 	}
 	for _, m := range []string{"github.com/envoyproxy/go-control-plane", "sigs.k8s.io/controller-runtime", "google.golang.org/grpc"} {
 		if !slices.Contains(names, m) {
