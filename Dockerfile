@@ -16,6 +16,7 @@ COPY internal/ internal/
 COPY xds/ xds/
 COPY hack/image/ hack/image/
 COPY hack/sbom/ hack/sbom/
+COPY hack/sourcedate/ hack/sourcedate/
 # Every Go file of package main (the _test.go files come along; go build ignores them).
 COPY *.go ./
 ARG VERSION=0.1.0

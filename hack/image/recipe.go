@@ -30,7 +30,7 @@ const rootfsDir = "/rootfs"
 
 // buildContext is what the Dockerfile copies into its build stage: what
 // go build of the binary and go run of this command need.
-var buildContext = []string{"api/", "controllers/", "internal/", "xds/", "hack/image/", "hack/sbom/"}
+var buildContext = []string{"api/", "controllers/", "internal/", "xds/", "hack/image/", "hack/sbom/", "hack/sourcedate/"}
 
 // dockerfileOf is the Dockerfile of the image o names, defaulting its
 // VERSION argument to o.version.

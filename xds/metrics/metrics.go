@@ -193,6 +193,12 @@ func init() {
 	for _, c := range []string{CertificateServing, CertificateCA} {
 		CertificateExpiry.WithLabelValues(c).Set(0)
 	}
+	// A replica that has written no report yet (a single replica, or one
+	// still starting) exports both results at 0, so that the alert on
+	// errors reads a series rather than nothing.
+	for _, r := range []string{"ok", "error"} {
+		FeedbackWrites.WithLabelValues(r)
+	}
 	// The version main reports unless built with -X main.version, so that
 	// scopeplane_build_info exists from the first scrape and an alert can
 	// read its absence as the operator being down.
