@@ -355,10 +355,12 @@ func claimAttack(ctx context.Context, t *testing.T, addr string, hold bool) {
 // its first response nackRounds times with a nackBytes error_detail (the
 // first rejection is the answer, the others repeat it). Spread, the same
 // streams come from ten addresses: clients that each stay within their
-// own bound.
+// own bound. Neither is the attacker of the other rows: an address whose
+// connections closed without an admitted stream (a header flood's) spent
+// its budget of failures, and its new connections are refused at once.
 const (
 	nackStreams, nackRounds, nackBytes = 300, 1, 1 << 20
-	nackFrom                           = "127.0.0.2"
+	nackFrom                           = "127.0.3.1"
 )
 
 var spreadFrom = []string{"127.0.2.1", "127.0.2.2", "127.0.2.3", "127.0.2.4", "127.0.2.5", "127.0.2.6", "127.0.2.7", "127.0.2.8", "127.0.2.9", "127.0.2.10"}
