@@ -2,9 +2,9 @@ package server_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
-	"time"
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/protobuf/proto"
@@ -103,14 +103,10 @@ func (p *pricedPair) ackDelta(resp *discoveryv3.DeltaDiscoveryResponse) {
 // both scopes' totals.
 func (p *pricedPair) totals(sotwPushes, deltaPushes int64) (s, d feedback.Cost) {
 	p.t.Helper()
-	for range 500 {
+	testkit.Eventually(p.t, "both scopes counted their pushes", func() (bool, string) {
 		s, d = p.cp.Feedback.Get(pricedSotW).Total, p.cp.Feedback.Get(pricedDelta).Total
-		if s.Pushes >= sotwPushes && d.Pushes >= deltaPushes {
-			return s, d
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	p.t.Fatalf("pushes counted: SotW %d of %d, delta %d of %d", s.Pushes, sotwPushes, d.Pushes, deltaPushes)
+		return s.Pushes >= sotwPushes && d.Pushes >= deltaPushes, fmt.Sprintf("pushes counted: SotW %d of %d, delta %d of %d", s.Pushes, sotwPushes, d.Pushes, deltaPushes)
+	})
 	return s, d
 }
 
