@@ -23,9 +23,21 @@ const RefusedMemoryBudget = "MemoryBudget"
 
 // memoryBudgetShare is the part of the Go memory limit (GOMEMLIMIT, which
 // the binary derives from the container's limit) that Options.MemoryBudget
-// takes when it is not set: the rest is room for the garbage the collector
-// has not yet reclaimed and for what arrives between two measures.
-const memoryBudgetShare = 0.5
+// takes when it is not set. The budget is room above the replica's floor
+// (its world and its connections, at most --xds-max-connections ×
+// ConnectionHeap), so a third leaves, with the chart's 512 MiB, 5,000
+// connections and a world of 50 MiB, half the Go limit for the garbage the
+// collector has not yet reclaimed and for what arrives between two
+// measures.
+const memoryBudgetShare = 1.0 / 3
+
+// ConnectionHeap is the live heap the budget counts for every open
+// connection, in its floor: what an idle HTTP/2 connection over TLS holds
+// (crypto/tls's records and cipher state, gRPC's transport with no read
+// buffer of its own: GRPCOptions), 14 KiB as measured by the hostile suite
+// (TestConnectionHeapIsWhatTheBudgetCounts). A plaintext connection holds
+// about 2 KiB: the rest is room for clients.
+const ConnectionHeap = 16 << 10
 
 // memoryBudgetTick is how often the budget measures the live heap, and
 // memoryBudgetSettle how long it waits after ending streams before it
@@ -37,14 +49,18 @@ const (
 )
 
 // memoryBudget keeps what clients make the replica hold within
-// Options.MemoryBudget of live heap. gRPC assembles a request whole before
-// the handler sees any of it, and offers no way to refuse the bytes of one
-// stream before they are allocated, so what the budget measures is the
-// live heap itself (every byte the replica holds, whoever made it), and
-// what it controls is which streams may go on holding it:
+// Options.MemoryBudget of live heap above the replica's floor: what it
+// holds whatever its streams do, its world (catalog and snapshots) and its
+// open connections (bounded by their own limits, and evicted by their own
+// rules: ending a stream frees none of it). gRPC assembles a request whole
+// before the handler sees any of it, and offers no way to refuse the bytes
+// of one stream before they are allocated, so what the budget measures is
+// the live heap itself (every byte the replica holds, whoever made it), less
+// the floor, and what it controls is which streams may go on holding it:
 //
-//   - while the live heap is above the budget, a new stream is refused
-//     before anything it sends is read (take): the newest work goes first;
+//   - while the live heap is above the floor plus the budget, a new stream
+//     is refused before anything it sends is read (take): the newest work
+//     goes first;
 //   - and streams are ended, the least proven first (shed): every stream
 //     not yet admitted to a scope (still waiting for or reading its first
 //     request); then every stream but the oldest of each client (identity
@@ -53,14 +69,19 @@ const (
 //     Ending a stream frees its request in assembly and what the transport
 //     queued for it.
 //
-// An admitted proxy's push is never refused: the budget only ends streams
-// and refuses new ones.
+// The floor is the world measured once the first build is served (the
+// live heap then, less its connections: streams are refused before it) and
+// again whenever no stream is open, when nothing a client sent is held,
+// plus ConnectionHeap for each connection open now. An admitted proxy's
+// push is never refused: the budget only ends streams and refuses new ones.
 type memoryBudget struct {
-	limit, perStream int64
-	read             func() (live, objects, cycles uint64)
-	gc               func()
+	budget, perStream int64
+	read              func() (live, objects, cycles uint64)
+	gc                func()
+	conns             func() int
 
-	over atomic.Bool
+	over  atomic.Bool
+	world atomic.Int64 // the world's live heap, in the floor
 
 	mu      sync.Mutex
 	streams map[*holder]struct{}
@@ -74,10 +95,11 @@ type holder struct {
 	shed     chan struct{}
 }
 
-// newMemoryBudget returns the budget of limit bytes of live heap (none
-// when limit is zero or less), shedding streams as perStream bytes each.
-func newMemoryBudget(limit, perStream int64) *memoryBudget {
-	return &memoryBudget{limit: limit, perStream: perStream, read: readHeap, gc: runtime.GC, streams: map[*holder]struct{}{}}
+// newMemoryBudget returns the budget of budget bytes of live heap above
+// the floor (none when budget is zero or less), counting conns() open
+// connections in the floor and shedding streams as perStream bytes each.
+func newMemoryBudget(budget, perStream int64, conns func() int) *memoryBudget {
+	return &memoryBudget{budget: budget, perStream: perStream, read: readHeap, gc: runtime.GC, conns: conns, streams: map[*holder]struct{}{}}
 }
 
 // defaultMemoryBudget is memoryBudgetShare of the Go memory limit, or zero
@@ -103,65 +125,106 @@ func readHeap() (live, objects, cycles uint64) {
 	return s[0].Value.Uint64(), s[1].Value.Uint64(), s[2].Value.Uint64()
 }
 
-// run measures the heap every memoryBudgetTick until ctx ends. The heap's
+// floor is what the replica holds whatever its streams do: its world and
+// ConnectionHeap for each open connection.
+func (b *memoryBudget) floor() int64 {
+	return b.world.Load() + int64(b.conns())*ConnectionHeap
+}
+
+// measureWorld sets the world to the live heap less the open connections,
+// after a collection.
+func (b *memoryBudget) measureWorld() {
+	b.gc()
+	live, _, _ := b.read()
+	b.world.Store(max(0, int64(live)-int64(b.conns())*ConnectionHeap))
+}
+
+// run measures the world once ready is closed (the first build is
+// served), then the heap every memoryBudgetTick until ctx ends. The heap's
 // objects are read first, which costs nothing: while they are within the
-// budget, so is what is live. Above it, what is live is what counts, and
-// it is known only after a collection: the runtime's own are used, and
-// one is run only when the heap grew by an eighth of the budget since the
-// last decision without one, so that a heap that only holds garbage above
-// the budget does not make the replica collect on every tick. After streams are ended, what they held is given back
-// over a while (memoryBudgetSettle), into gRPC's buffer pools, which the
-// runtime empties only over two collections: the next decision waits for
-// both, so that the same bytes are not counted twice and more streams
-// ended for them. New streams stay refused meanwhile.
-func (b *memoryBudget) run(ctx context.Context) {
-	if b.limit <= 0 {
+// floor and the budget, so is what is live. Above it, what is live is what
+// counts, and it is known only after a collection: the runtime's own are
+// used, and one is run only when the heap grew by an eighth of the budget
+// since the last decision without one, so that a heap that only holds
+// garbage above the budget does not make the replica collect on every
+// tick. After streams are ended, what they held is given back over a while
+// (memoryBudgetSettle), into gRPC's buffer pools, which the runtime empties
+// only over two collections: the next decision waits for both, so that the
+// same bytes are not counted twice and more streams ended for them. New
+// streams stay refused meanwhile. A decision that finds no stream open
+// measures the world again.
+func (b *memoryBudget) run(ctx context.Context, ready <-chan struct{}) {
+	if b.budget <= 0 {
 		return
 	}
+	select {
+	case <-ctx.Done():
+		return
+	case <-ready:
+	}
+	b.measureWorld()
 	t := time.NewTicker(memoryBudgetTick)
 	defer t.Stop()
-	var (
-		seen, settled uint64
-		settling      time.Time
-		measured      uint64 // the heap's objects at the last decision
-	)
+	var d decisions
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		live, objects, cycles := b.read()
-		if int64(objects) <= b.limit {
-			b.over.Store(false)
-			continue
-		}
-		if time.Now().Before(settling) {
-			continue
-		}
-		if cycles == seen && cycles >= settled && int64(objects-min(objects, measured)) < b.limit/8 {
-			// Nothing new to decide on: no collection since the last
-			// decision, and the heap grew by little since.
-			continue
-		}
-		for cycles == seen || cycles < settled {
-			b.gc()
-			live, objects, cycles = b.read()
-		}
-		seen, measured = cycles, objects
-		over := int64(live) - b.limit
-		b.over.Store(over > 0)
-		if over > 0 {
-			b.shed(over)
-			settled, settling = cycles+2, time.Now().Add(memoryBudgetSettle)
-		}
+		b.tick(&d, time.Now())
 	}
+}
+
+// decisions is what run remembers between two ticks.
+type decisions struct {
+	seen, settled uint64    // the collections at the last decision; the one to wait for
+	settling      time.Time // no decision before it
+	measured      uint64    // the heap's objects at the last decision
+}
+
+// tick reads the heap at now and decides (run).
+func (b *memoryBudget) tick(d *decisions, now time.Time) {
+	live, objects, cycles := b.read()
+	if int64(objects) <= b.floor()+b.budget {
+		b.over.Store(false)
+		return
+	}
+	if now.Before(d.settling) {
+		return
+	}
+	if cycles == d.seen && cycles >= d.settled && int64(objects-min(objects, d.measured)) < b.budget/8 {
+		// Nothing new to decide on: no collection since the last
+		// decision, and the heap grew by little since.
+		return
+	}
+	for cycles == d.seen || cycles < d.settled {
+		b.gc()
+		live, objects, cycles = b.read()
+	}
+	d.seen, d.measured = cycles, objects
+	if b.open() == 0 {
+		b.world.Store(max(0, int64(live)-int64(b.conns())*ConnectionHeap))
+	}
+	over := int64(live) - b.floor() - b.budget
+	b.over.Store(over > 0)
+	if over > 0 {
+		b.shed(over)
+		d.settled, d.settling = cycles+2, now.Add(memoryBudgetSettle)
+	}
+}
+
+// open is how many streams the budget holds.
+func (b *memoryBudget) open() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.streams)
 }
 
 // take registers a new stream of client, or refuses it while the heap is
 // above the budget.
 func (b *memoryBudget) take(client string) (*holder, error) {
-	if b.limit > 0 && b.over.Load() {
+	if b.budget > 0 && b.over.Load() {
 		return nil, b.refusal()
 	}
 	h := &holder{client: client, opened: time.Now(), shed: make(chan struct{})}
@@ -189,10 +252,14 @@ func (b *memoryBudget) release(h *holder) {
 // stream not yet admitted; then the streams of each
 // client holding more than one, all but its oldest; and only when no
 // client holds more than one, the newest streams, each counted as
-// perStream bytes, until over bytes are covered. Cutting whole clients
-// down rather than counting what each stream holds (which gRPC does not
-// tell) is what keeps up with streams that all fill at once: the next
-// measure decides whether more must go.
+// perStream bytes, until over bytes are covered, and at most half of them
+// (rounded up) in one decision. Cutting whole clients down rather than
+// counting what each stream holds (which gRPC does not tell) is what keeps
+// up with streams that all fill at once: the next measure decides whether
+// more must go. Proxies holding one stream each are what the replica is
+// for, and what is over may be what streams already ended have not given
+// back yet: halving them, then measuring again, ends the oldest only when
+// ending the newer ones did not bring the heap back.
 func (b *memoryBudget) shed(over int64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -216,7 +283,7 @@ func (b *memoryBudget) shed(over int64) {
 	}
 	if len(victims) == 0 {
 		slices.SortFunc(single, func(x, y *holder) int { return y.opened.Compare(x.opened) })
-		victims = single[:min(len(single), int((over+b.perStream-1)/b.perStream))]
+		victims = single[:min((len(single)+1)/2, int((over+b.perStream-1)/b.perStream))]
 	}
 	for _, h := range victims {
 		delete(b.streams, h)
@@ -227,8 +294,8 @@ func (b *memoryBudget) shed(over int64) {
 // refusal is the status of a stream refused or ended by the budget.
 func (b *memoryBudget) refusal() error {
 	return status.Errorf(codes.ResourceExhausted,
-		"this replica holds as much memory as it may for its clients (%d MiB of live heap, --xds-memory-budget): the newest streams and those of the clients holding the most are refused or ended first; reconnect with backoff, or give the replica more memory",
-		b.limit>>20)
+		"this replica holds as much memory as it may for its clients (%d MiB of live heap above the %d MiB it holds for its world and its %d connections, --xds-memory-budget): the newest streams and those of the clients holding the most are refused or ended first; reconnect with backoff, or give the replica more memory",
+		b.budget>>20, b.floor()>>20, b.conns())
 }
 
 // shedError counts and returns the status of a stream the budget ended.

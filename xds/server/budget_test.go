@@ -5,12 +5,22 @@ import (
 	"time"
 )
 
+// ended reports whether the budget ended h's stream.
+func ended(h *holder) bool {
+	select {
+	case <-h.shed:
+		return true
+	default:
+		return false
+	}
+}
+
 // TestMemoryBudgetShedsTheLeastProvenFirst checks the order in which the
 // budget ends streams: every stream not yet admitted, then all but the
 // oldest stream of each client holding more than one; proxies holding one
 // stream only once no client holds more, the newest first.
 func TestMemoryBudgetShedsTheLeastProvenFirst(t *testing.T) {
-	b := newMemoryBudget(1<<20, 4<<20)
+	b := newMemoryBudget(1<<20, 4<<20, func() int { return 0 })
 	base := time.Now()
 	open := func(client string, admitted bool, age time.Duration) *holder {
 		h, err := b.take(client)
@@ -26,14 +36,6 @@ func TestMemoryBudgetShedsTheLeastProvenFirst(t *testing.T) {
 	greedy := []*holder{open("greedy", true, 3*time.Minute), open("greedy", true, 2*time.Minute), open("greedy", true, time.Minute)}
 	older, newer := open("proxy-a", true, time.Hour), open("proxy-b", true, time.Second)
 	stranger := open("stranger", false, 0)
-	ended := func(h *holder) bool {
-		select {
-		case <-h.shed:
-			return true
-		default:
-			return false
-		}
-	}
 	b.shed(1)
 	for name, want := range map[string][]bool{
 		"stranger (not admitted)": {ended(stranger), true},
@@ -53,7 +55,75 @@ func TestMemoryBudgetShedsTheLeastProvenFirst(t *testing.T) {
 	if !ended(newer) || ended(older) || ended(greedy[0]) {
 		t.Errorf("after the second shedding: proxy-b ended %v (want true), proxy-a %v, greedy's oldest %v (want false)", ended(newer), ended(older), ended(greedy[0]))
 	}
+	// However far over, one decision ends at most half of the proxies
+	// holding one stream (rounded up), the newest: of the two left, greedy's.
+	b.shed(1 << 40)
+	if !ended(greedy[0]) || ended(older) {
+		t.Errorf("after the third shedding, 1 TiB over: greedy's oldest ended %v (want true), proxy-a %v (want false)", ended(greedy[0]), ended(older))
+	}
 	b.over.Store(true)
+	if _, err := b.take("late"); err == nil {
+		t.Error("a new stream was taken while the heap is over the budget")
+	}
+}
+
+// TestMemoryBudgetCountsItsFloor checks what the budget is room above:
+// the world as measured once the first build is served, and each open
+// connection as ConnectionHeap. A heap that grows by what connections hold
+// ends no stream (ending one frees none of it), and neither does a world
+// that grew while no stream was open; what streams add beyond the budget
+// does.
+func TestMemoryBudgetCountsItsFloor(t *testing.T) {
+	const (
+		world  = 50 << 20
+		budget = 100 << 20
+	)
+	conns := 0
+	var live, cycles uint64 = world, 1
+	b := newMemoryBudget(budget, 4<<20, func() int { return conns })
+	b.read = func() (uint64, uint64, uint64) { return live, live, cycles }
+	b.gc = func() { cycles++ }
+	b.measureWorld()
+	if got := b.world.Load(); got != world {
+		t.Fatalf("the world measured %d bytes, want %d", got, world)
+	}
+	var d decisions
+	now := time.Now()
+	step := func(heap uint64) {
+		live = heap
+		now = now.Add(2 * memoryBudgetSettle)
+		b.tick(&d, now)
+	}
+
+	// No stream open: a world that grew is measured again, not shed.
+	step(world + 2*budget)
+	if b.over.Load() || b.world.Load() != world+2*budget {
+		t.Fatalf("a world grown with no stream open: over %v, world %d MiB, want not over and %d MiB", b.over.Load(), b.world.Load()>>20, (world+2*budget)>>20)
+	}
+	step(world)
+	b.measureWorld()
+
+	proxy, err := b.take("proxy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.admit(proxy)
+	// 5,000 connections: the heap grows by what they hold, beyond the
+	// budget, and the proxy's stream stays.
+	conns = 5000
+	step(world + 5000*ConnectionHeap + budget/2)
+	if b.over.Load() || ended(proxy) {
+		t.Fatalf("with 5,000 connections open the budget is over: %v, the proxy's stream ended: %v", b.over.Load(), ended(proxy))
+	}
+	// What streams add beyond the budget is refused, and shed.
+	stranger, err := b.take("stranger")
+	if err != nil {
+		t.Fatal(err)
+	}
+	step(world + 5000*ConnectionHeap + budget + 1<<20)
+	if !b.over.Load() || !ended(stranger) || ended(proxy) {
+		t.Fatalf("1 MiB over the budget: over %v (want true), the unadmitted stream ended %v (want true), the proxy's %v (want false)", b.over.Load(), ended(stranger), ended(proxy))
+	}
 	if _, err := b.take("late"); err == nil {
 		t.Error("a new stream was taken while the heap is over the budget")
 	}

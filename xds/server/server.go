@@ -83,7 +83,8 @@ type Options struct {
 	NewConnectionsPerPeerBurst     int
 	// MaxConnections and MaxConnectionsPerPeer bound the connections open
 	// at once on this replica, and from one client IP address: each holds
-	// gRPC's transport buffers (~37 KiB) whether or not it opens a stream.
+	// gRPC's transport and, over TLS, crypto/tls's records (ConnectionHeap)
+	// whether or not it opens a stream.
 	MaxConnections        int
 	MaxConnectionsPerPeer int
 	// IPv6PrefixLength is how many leading bits of a client's IPv6 address
@@ -108,13 +109,14 @@ type Options struct {
 	// waits for the proxy to answer the last response longer: the proxy
 	// does not read what it was sent before.
 	SendTimeout time.Duration
-	// MemoryBudget is the live heap, in bytes, above which the replica
-	// refuses new streams and ends the least proven ones (memoryBudget):
-	// what clients make it hold (requests being received and held,
-	// responses queued but unsent, per-stream state) is bounded by it,
-	// however many clients and addresses there are. Zero derives it from
-	// the Go memory limit (memoryBudgetShare of it; none without a limit);
-	// a negative value turns it off.
+	// MemoryBudget is the live heap, in bytes, above the replica's floor
+	// (its world, and ConnectionHeap for each open connection) beyond
+	// which the replica refuses new streams and ends the least proven ones
+	// (memoryBudget): what clients make it hold (requests being received
+	// and held, responses queued but unsent, per-stream state) is bounded
+	// by it, however many clients and addresses there are. Zero derives it
+	// from the Go memory limit (memoryBudgetShare of it; none without a
+	// limit); a negative value turns it off.
 	MemoryBudget int64
 	// NACKsPerSecond and NACKBurst pace the rejections one stream gets
 	// reported (to status, Events and metrics); the rest are answered but
@@ -249,16 +251,17 @@ var _ discoveryv3.AggregatedDiscoveryServiceServer = (*Server)(nil)
 func New(store *snapshot.Store, fb *feedback.Tracker, ready <-chan struct{}, opts Options) *Server {
 	opts = opts.withDefaults()
 	unauthenticated := peerrate.New(opts.UnauthenticatedStreamsPerPeerPerSecond, opts.UnauthenticatedStreamsPerPeerBurst, nil)
-	return &Server{
+	s := &Server{
 		store: store, fb: fb, opts: opts, ready: ready, drain: make(chan struct{}),
 		pace: rate.NewLimiter(rate.Limit(opts.NewStreamsPerSecond), opts.NewStreamsBurst),
 		connPace: peerrate.New(opts.NewConnectionsPerPeerPerSecond, opts.NewConnectionsPerPeerBurst,
 			rate.NewLimiter(rate.Limit(opts.NewConnectionsPerSecond), opts.NewConnectionsBurst)),
 		unauthenticated: unauthenticated,
-		conns:           newConns(opts.MaxConnections, opts.MaxConnectionsPerPeer, unauthenticated.Spend),
 		clients:         newClientStreams(opts.MaxStreamsPerClient),
-		budget:          newMemoryBudget(opts.MemoryBudget, int64(opts.MaxRequestBytes)),
 	}
+	s.conns = newConns(opts.MaxConnections, opts.MaxConnectionsPerPeer, unauthenticated.Spend)
+	s.budget = newMemoryBudget(opts.MemoryBudget, int64(opts.MaxRequestBytes), s.conns.Open)
+	return s
 }
 
 // Register adds the ADS service to a gRPC server.
