@@ -152,15 +152,18 @@ func TestServiceAddedAndRemoved(t *testing.T) {
 			p.Sync()
 			synced(px, "shop/b:80", "shop/c:80", "shop/d:80")
 			got = summary(px.settled()[before:])
-			// Make before break: the route stops using the cluster before the
-			// cluster goes away; and children first: a delta proxy is told to
-			// drop the assignment before its cluster. (A SotW proxy drops the
-			// assignment itself with the cluster: nothing is sent for it but,
-			// last, an empty response that moves its endpoints' version, so
-			// that it names the served one when it reconnects.)
+			// Children first: a delta proxy is told to drop the assignment
+			// before its cluster. A SotW proxy is sent the cluster set once,
+			// without the cluster, before the route configuration: the
+			// Service's host names go with it, so no request that would have
+			// gone anywhere fails meanwhile (TestSotWPortChangeMakesBeforeBreaking
+			// is the case that would). It drops the assignment itself with
+			// the cluster: nothing is sent for it but, last, an empty response
+			// that moves its endpoints' version, so that it names the served
+			// one when it reconnects.
 			var wantSeq []string
 			if pr.client == adsclient.SotW {
-				wantSeq = []string{"CDS[all 4]", "RDS[http-10080]", "CDS[3]", "EDS[]"}
+				wantSeq = []string{"CDS[3]", "RDS[http-10080]", "EDS[]"}
 			} else {
 				wantSeq = []string{"VHDS[]-[http-10080/a.shop:80]", "EDS[]-[shop/a:80]", "CDS[]-[shop/a:80]"}
 			}
@@ -171,6 +174,41 @@ func TestServiceAddedAndRemoved(t *testing.T) {
 				t.Error("a delta proxy still holds the removed Service's endpoints")
 			}
 		})
+	}
+}
+
+// TestSotWPortChangeMakesBeforeBreaking moves a Service from port 80 to
+// 81: its bare host names pass from the departing cluster to the new one,
+// so a SotW proxy must be sent the cluster set with both first, then the
+// route configuration, and only then the set without the departing one
+// (make before break): otherwise the names would route to a cluster the
+// proxy no longer holds until the routes arrive.
+func TestSotWPortChangeMakesBeforeBreaking(t *testing.T) {
+	p := world(t, model.SotW)
+	px := p.connect(testkit.WildcardClient(adsclient.SotW, testkit.Node("envoy-1", "shop/gw")))
+	synced(px, "shop/a:80", "shop/b:80", "shop/c:80")
+	before := len(px.Events())
+	moved := testkit.Service("shop", "a", "10.0.0.1", "10.0.0.2")
+	moved.Ports[0].Port = 81
+	p.Catalog.UpsertService(moved)
+	p.Sync()
+	synced(px, "shop/a:81", "shop/b:80", "shop/c:80")
+	var got []string
+	for _, s := range summary(px.settled()[before:]) {
+		if strings.HasPrefix(s, "CDS[") || strings.HasPrefix(s, "RDS[") {
+			got = append(got, s)
+		}
+	}
+	want := []string{"CDS[shop/a:80 shop/a:81 shop/b:80 shop/c:80]", "RDS[http-10080]", "CDS[shop/a:81 shop/b:80 shop/c:80]"}
+	if len(got) == 3 {
+		for _, i := range []int{0, 2} {
+			names := strings.Fields(strings.Trim(got[i][3:], "[]"))
+			slices.Sort(names)
+			got[i] = "CDS[" + strings.Join(names, " ") + "]"
+		}
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("moving a Service's port sent %v, want %v", got, want)
 	}
 }
 

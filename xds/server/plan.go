@@ -35,6 +35,10 @@ type response struct {
 	// pricer reads and writes (price.go); priced is set once it is.
 	other  otherResponse
 	priced bool
+	// splitInDelta marks a SotW response whose upserts and removals delta
+	// would send apart, with other types' changes between them (see
+	// delta.plan): the pricer counts two delta responses for it.
+	splitInDelta bool
 }
 
 // removesOnly reports whether the change only removes resources.
@@ -131,6 +135,39 @@ func sendAll[R any](st *stream, resps []R, send func(R) error, settled func() bo
 
 // draining marks the version of a make-before-break response.
 const draining = "-draining"
+
+// movesTraffic reports whether a SotW push that drops departing resources
+// of a full-state type (clusters, listeners), while other types change,
+// may move live traffic from one of them to a resource of set that stays:
+// only then must the push make before it breaks, sending the full set with
+// the departing ones still in, then the routes, then the final set (sotw.
+// plan). A route that names a resource the proxy no longer holds fails its
+// requests (Envoy: 503 NC; gRPC: UNAVAILABLE), which matters only for
+// requests that would have gone somewhere once the push is done: a
+// Service whose port changed (its bare host names pass from the departing
+// port's cluster to the new one's), or a short host name that passes to a
+// Service of the same name in another namespace when its holder goes. A
+// departing resource of a Service no other Service shares a name with
+// takes its host names with it, and its requests fail either way, so the
+// full set sent once, without it, is enough. A resource of no Service (an
+// Envoy-mode listener) is assumed to move traffic.
+func movesTraffic(departing []*snapshot.Resource, set snapshot.TypeSet) bool {
+	names := make(map[string]struct{}, len(departing))
+	for _, r := range departing {
+		svc, ok := r.Service()
+		if !ok {
+			return true
+		}
+		names[svc.Name] = struct{}{}
+	}
+	moves := false
+	set.All(func(r *snapshot.Resource) {
+		if svc, ok := r.Service(); ok && !moves {
+			_, moves = names[svc.Name]
+		}
+	})
+	return moves
+}
 
 // pipelined marks the version of a by-name response sent while an earlier
 // one of its type was unanswered.

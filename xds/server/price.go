@@ -88,7 +88,10 @@ type deltaPricing struct {
 	}
 }
 
-func (p *deltaPricing) planned(v snapshot.View, since uint64, subs [xdstype.Count]*subscription, changes [xdstype.Count]*response, _ bool) {
+func (p *deltaPricing) planned(v snapshot.View, since uint64, subs [xdstype.Count]*subscription, changes [xdstype.Count]*response, push bool) {
+	if push {
+		splitInDelta(subs, changes)
+	}
 	for t, r := range changes {
 		switch {
 		case r == nil:
@@ -193,10 +196,13 @@ func (p *sotwPricing) planned(v snapshot.View, _ uint64, subs [xdstype.Count]*su
 		if removesLater && r.t.Info().RemovedLast && len(r.removed) > 0 && r.t.FullState() {
 			// Make before break: SotW first sends the full set with the
 			// departing resources still in, and drops them only in a
-			// second, final set after the listeners and routes.
-			pt.rms = r.other
-			pt.adds.entries += departing(subs[t], r.removed)
-			pt.adds.drains = 1
+			// second, final set after the listeners and routes, when
+			// dropping them first would move traffic (movesTraffic).
+			if gone := held(subs[t], r.removed); len(gone) > 0 && movesTraffic(gone, r.set) {
+				pt.rms = r.other
+				pt.adds.entries += departing(gone)
+				pt.adds.drains = 1
+			}
 		}
 		p.parts[r.t] = pt
 	}
@@ -391,7 +397,49 @@ func priceDelta(ts *subscription, r *response) otherResponse {
 	if o.resources > 0 || removed > 0 || r.connect {
 		o.responses = 1
 	}
+	if r.splitInDelta && o.resources > 0 && removed > 0 {
+		o.responses = 2
+	}
 	return o
+}
+
+// splitInDelta marks the SotW responses of a push that delta would send
+// as two, its upserts and its removals apart (delta.plan): upserts go in
+// ADS order and removals after them, children first, and a type's two go
+// in one response only when its upserts are the last and its removals
+// the first, nothing between them. A SotW push sends each type once, its
+// departing resources dropped by omission; it makes before breaking (two
+// responses of its own) only where traffic would move (movesTraffic).
+func splitInDelta(subs [xdstype.Count]*subscription, changes [xdstype.Count]*response) {
+	lastAdds, lastRms := -1, -1
+	var adds, rms [xdstype.Count]bool
+	for t, r := range changes {
+		if r == nil || subs[t] == nil {
+			continue
+		}
+		ts := subs[t]
+		for _, res := range r.res {
+			if !ts.holds(res) {
+				adds[t] = true
+				break
+			}
+		}
+		rms[t] = len(r.removed) > 0
+		if r.full && !rms[t] {
+			rms[t] = dropsHeld(ts, r.res)
+		}
+		if adds[t] {
+			lastAdds = t
+		}
+		if rms[t] {
+			lastRms = max(lastRms, t)
+		}
+	}
+	for t, r := range changes {
+		if r != nil && adds[t] && rms[t] && (t != lastAdds || t != lastRms) {
+			r.splitInDelta = true
+		}
+	}
 }
 
 // priceVHDS is the delta response that would have brought the proxy what
@@ -581,14 +629,39 @@ func sumOther(a, b otherResponse) otherResponse {
 	return o
 }
 
-// departing is what the resources a removal takes away, as the proxy holds
-// them, add to a SotW response.
-func departing(ts *subscription, removed []string) int {
-	n := 0
+// dropsHeld reports whether ts holds a resource that a full set of res
+// drops.
+func dropsHeld(ts *subscription, res []*snapshot.Resource) bool {
+	keep := make(map[string]struct{}, len(res))
+	for _, r := range res {
+		keep[r.Name] = struct{}{}
+	}
+	drops := false
+	ts.eachHeld(func(h *snapshot.Resource) {
+		if _, ok := keep[h.Name]; !ok {
+			drops = true
+		}
+	})
+	return drops
+}
+
+// held is what ts holds of the names removed.
+func held(ts *subscription, removed []string) []*snapshot.Resource {
+	out := make([]*snapshot.Resource, 0, len(removed))
 	for _, name := range removed {
 		if h := ts.heldRes(name); h != nil {
-			n += cost.SotWEntry(h.Size)
+			out = append(out, h)
 		}
+	}
+	return out
+}
+
+// departing is what the resources a removal takes away, as the proxy holds
+// them (gone), add to a SotW response.
+func departing(gone []*snapshot.Resource) int {
+	n := 0
+	for _, h := range gone {
+		n += cost.SotWEntry(h.Size)
 	}
 	return n
 }

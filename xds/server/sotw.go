@@ -506,21 +506,23 @@ func (st *sotw) changes(v snapshot.View, ts *sotwType) *response {
 }
 
 // makeBeforeBreak returns a full-state response that keeps the held
-// resources the final one drops, or nil when nothing is dropped.
+// resources the final one drops, or nil when nothing is dropped or
+// dropping them first moves no traffic (movesTraffic).
 func makeBeforeBreak(final *response, s *subscription) *response {
 	keep := make(map[string]struct{}, len(final.res))
 	for _, r := range final.res {
 		keep[r.Name] = struct{}{}
 	}
-	union := append([]*snapshot.Resource(nil), final.res...)
+	var gone []*snapshot.Resource
 	s.eachHeld(func(r *snapshot.Resource) {
 		if _, ok := keep[r.Name]; !ok {
-			union = append(union, r)
+			gone = append(gone, r)
 		}
 	})
-	if len(union) == len(final.res) {
+	if len(gone) == 0 || !movesTraffic(gone, final.set) {
 		return nil
 	}
+	union := append(append(make([]*snapshot.Resource, 0, len(final.res)+len(gone)), final.res...), gone...)
 	return &response{t: final.t, version: final.version + draining, typeVersion: final.typeVersion, set: final.set, res: union, full: true}
 }
 
