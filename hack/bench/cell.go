@@ -365,7 +365,8 @@ func (p *cpProc) quit() {
 	}
 }
 
-// runCell measures one cell: initial sync, the events, a restart.
+// runCell measures one cell: initial sync, the events, a reconnect of every
+// stream, a restart.
 func runCell(c Cell, o RunOptions) *Result {
 	res := &Result{Cell: c}
 	if err := runCellErr(c, o, res); err != nil {
@@ -464,6 +465,29 @@ func runCellErr(c Cell, o RunOptions, res *Result) error {
 		res.Phases = append(res.Phases, ph)
 		logf(o, "  %s: %s", c, phaseLine(ph))
 	}
+	// Reconnect: every proxy's stream breaks and is opened again at once to
+	// the same control plane, delta proxies declaring what they hold, SotW
+	// ones naming the versions they accepted; each must get an answer for
+	// each type (or, for scopeplane's SotW proxies, which are sent nothing
+	// of a type whose version they name, have opened its new stream) and
+	// still hold the truth.
+	ph = &Phase{Name: EvReconnect, Affected: c.N}
+	need, _ := typesOf(c.Protocol)
+	if c.Impl == "scopeplane" && c.Protocol == model.SotW {
+		need = 0
+	}
+	for _, p := range l.proxies {
+		p.armReopen(need)
+	}
+	if err := profiled(cp, profBase, fmt.Sprintf("%d-%s", len(res.Phases), EvReconnect), func() error {
+		return measure(cp, l, ph, o, func() error { l.reconnect(); return nil }, truths)
+	}); err != nil {
+		return err
+	}
+	ph.Reopened -= c.N // each proxy reconnects once
+	res.Phases = append(res.Phases, ph)
+	logf(o, "  %s: %s", c, phaseLine(ph))
+
 	// Restart: kill the control plane, start it again with the same world;
 	// every proxy reconnects (delta ones declaring what they hold) and must
 	// get an answer for each type, and still hold the truth.
@@ -472,7 +496,7 @@ func runCellErr(c Cell, o RunOptions, res *Result) error {
 	// the control plane counts it in sync, which is asked below.
 	ph = &Phase{Name: "restart", Affected: c.N}
 	free := c.Impl == "scopeplane" && c.Protocol == model.SotW
-	need, _ := typesOf(c.Protocol)
+	need, _ = typesOf(c.Protocol)
 	if free {
 		need = 0
 	}
