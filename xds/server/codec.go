@@ -29,7 +29,8 @@ import (
 // have). So a response waiting for a proxy that does not read pins
 // references to bytes every stream of the scope shares, not its own copy,
 // and no stream pays to marshal what the builder marshalled once.
-// SotW requests (sotwRequest) are decoded with their names left encoded.
+// SotW requests (sotwRequest) are decoded with their names left encoded,
+// delta requests (deltaRequest) with their claims left encoded.
 // Everything else goes through the protobuf codec.
 type codec struct{ proto encoding.CodecV2 }
 
@@ -50,13 +51,14 @@ func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
 		cutDetail(r.ErrorDetail)
 		return nil
 	}
-	if err := c.proto.Unmarshal(data, v); err != nil {
-		return err
-	}
-	if r, ok := v.(*discoveryv3.DeltaDiscoveryRequest); ok {
+	if r, ok := v.(*deltaRequest); ok {
+		if err := r.unmarshal(data); err != nil {
+			return err
+		}
 		cutDetail(r.ErrorDetail)
+		return nil
 	}
-	return nil
+	return c.proto.Unmarshal(data, v)
 }
 
 // maxDetailBytes bounds a NACK's error_detail message as the server keeps
@@ -388,4 +390,137 @@ func mergeDetail(st *rpcstatus.Status, field []byte) (*rpcstatus.Status, error) 
 		}
 	}
 	return st, nil
+}
+
+// deltaRequest is a DeltaDiscoveryRequest as the delta handler receives
+// it: every field decoded but initial_resource_versions, which are counted
+// and digested (snapshot.PairDigest) where they lie, and decoded only if
+// the handler needs them (claimed), and error_detail, cut as it is decoded
+// (mergeDetail). A reconnecting proxy declares every
+// resource it holds, two thousand (name, version) pairs per proxy in a
+// scope of a thousand Services; decoding them into a map is a pair of
+// strings allocated and checked and a map entry per claim, which made a
+// delta reconnect cost what stock go-control-plane's does. A proxy that
+// holds exactly what is served, most of a reconnect, is told so by the
+// digest (delta.claims), in one pass over the bytes.
+type deltaRequest struct {
+	*discoveryv3.DeltaDiscoveryRequest
+	// raw is the request as gRPC received it, held (by reference) while
+	// it claims resources, until free; claims counts its
+	// initial_resource_versions entries, and claimDigest is the XOR of
+	// their pairs' snapshot.PairDigest.
+	raw         mem.BufferSlice
+	claims      int
+	claimDigest uint64
+}
+
+// Field numbers of DeltaDiscoveryRequest's initial_resource_versions and
+// error_detail, and of a map entry's key and value.
+const (
+	fieldInitialVersions  = 5
+	fieldDeltaErrorDetail = 7
+	fieldMapKey           = 1
+	fieldMapValue         = 2
+)
+
+// unmarshal decodes data into r: initial_resource_versions are checked as
+// the protobuf codec would (valid UTF-8), counted and digested, and
+// skipped; error_detail is cut; the rest goes through the protobuf codec's
+// rules.
+func (r *deltaRequest) unmarshal(data mem.BufferSlice) error {
+	var (
+		rest   []byte
+		detail *rpcstatus.Status
+	)
+	r.claims, r.claimDigest = 0, 0
+	for f := (fieldReader{bufs: data}); ; {
+		num, typ, field, err := f.next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return err
+		}
+		if num == fieldDeltaErrorDetail && typ == protowire.BytesType {
+			// Decoded here, cut, rather than copied whole into rest.
+			if detail, err = mergeDetail(detail, field); err != nil {
+				return err
+			}
+			continue
+		}
+		if num != fieldInitialVersions || typ != protowire.BytesType {
+			rest = append(rest, field...)
+			continue
+		}
+		name, version, err := claimOf(field)
+		if err != nil {
+			return fmt.Errorf("initial_resource_versions[%d]: %w", r.claims, err)
+		}
+		r.claimDigest ^= snapshot.PairDigest(name, version)
+		r.claims++
+	}
+	r.DeltaDiscoveryRequest = &discoveryv3.DeltaDiscoveryRequest{}
+	if err := proto.Unmarshal(rest, r.DeltaDiscoveryRequest); err != nil {
+		return err
+	}
+	r.ErrorDetail = detail
+	if r.claims > 0 {
+		// gRPC frees data once this returns; the reference keeps it.
+		data.Ref()
+		r.raw = data
+	}
+	return nil
+}
+
+// claimOf parses one encoded initial_resource_versions entry (its tag
+// included) as the protobuf codec reads a map entry: the last key and the
+// last value win, a missing one is empty, other fields are skipped; both
+// must be valid UTF-8.
+func claimOf(field []byte) (name, version []byte, err error) {
+	_, _, n := protowire.ConsumeTag(field)
+	b, _ := protowire.ConsumeBytes(field[n:])
+	for len(b) > 0 {
+		num, typ, n := consumeField(b)
+		if n < 0 {
+			return nil, nil, protowire.ParseError(n)
+		}
+		f := b[:n]
+		b = b[n:]
+		if typ != protowire.BytesType || (num != fieldMapKey && num != fieldMapValue) {
+			continue
+		}
+		_, _, t := protowire.ConsumeTag(f)
+		v, _ := protowire.ConsumeBytes(f[t:])
+		if !utf8.Valid(v) {
+			return nil, nil, errors.New("not valid UTF-8")
+		}
+		if num == fieldMapKey {
+			name = v
+		} else {
+			version = v
+		}
+	}
+	return name, version, nil
+}
+
+// free gives the request's buffers back to gRPC's pool once it is handled.
+func (r *deltaRequest) free() {
+	r.raw.Free()
+	r.raw = nil
+}
+
+// claimed decodes the request's initial_resource_versions, checked when
+// the request was read.
+func (r *deltaRequest) claimed() map[string]string {
+	out := make(map[string]string, r.claims)
+	for f := (fieldReader{bufs: r.raw}); ; {
+		num, typ, field, err := f.next()
+		if err != nil {
+			return out // io.EOF: the rest was checked when read
+		}
+		if num == fieldInitialVersions && typ == protowire.BytesType {
+			name, version, _ := claimOf(field)
+			out[string(name)] = string(version)
+		}
+	}
 }
