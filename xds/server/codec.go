@@ -195,14 +195,7 @@ func (r *sotwRequest) unmarshal(data mem.BufferSlice) error {
 	)
 	h.SetSeed(namesSeed)
 	r.names = 0
-	for f := (fieldReader{bufs: data}); ; {
-		num, typ, field, err := f.next()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			return err
-		}
+	err := eachField(data, func(num protowire.Number, typ protowire.Type, field []byte) (err error) {
 		switch {
 		case num == fieldResourceNames && typ == protowire.BytesType:
 			_, _ = h.Write(field)
@@ -210,12 +203,14 @@ func (r *sotwRequest) unmarshal(data mem.BufferSlice) error {
 		case num == fieldNode && r.skipNode:
 		case num == fieldErrorDetail && typ == protowire.BytesType:
 			// Decoded here, cut, rather than copied whole into rest.
-			if detail, err = mergeDetail(detail, field); err != nil {
-				return err
-			}
+			detail, err = mergeDetail(detail, field)
 		default:
 			rest = append(rest, field...)
 		}
+		return err
+	})
+	if err != nil {
+		return err
 	}
 	r.digest = h.Sum64()
 	r.DiscoveryRequest = &discoveryv3.DiscoveryRequest{}
@@ -277,6 +272,23 @@ func (r *sotwRequest) resourceNames() ([]string, error) {
 				return nil, fmt.Errorf("resource_names[%d] is not valid UTF-8", len(out))
 			}
 			out = append(out, string(v))
+		}
+	}
+}
+
+// eachField calls fn for every field (its tag included) of the message data
+// holds, in order, until fn returns an error or a field is malformed.
+func eachField(data mem.BufferSlice, fn func(num protowire.Number, typ protowire.Type, field []byte) error) error {
+	for f := (fieldReader{bufs: data}); ; {
+		num, typ, field, err := f.next()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if err := fn(num, typ, field); err != nil {
+			return err
 		}
 	}
 }
@@ -433,24 +445,15 @@ func (r *deltaRequest) unmarshal(data mem.BufferSlice) error {
 		detail *rpcstatus.Status
 	)
 	r.claims, r.claimDigest = 0, 0
-	for f := (fieldReader{bufs: data}); ; {
-		num, typ, field, err := f.next()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			return err
-		}
-		if num == fieldDeltaErrorDetail && typ == protowire.BytesType {
+	err := eachField(data, func(num protowire.Number, typ protowire.Type, field []byte) (err error) {
+		switch {
+		case num == fieldDeltaErrorDetail && typ == protowire.BytesType:
 			// Decoded here, cut, rather than copied whole into rest.
-			if detail, err = mergeDetail(detail, field); err != nil {
-				return err
-			}
-			continue
-		}
-		if num != fieldInitialVersions || typ != protowire.BytesType {
+			detail, err = mergeDetail(detail, field)
+			return err
+		case num != fieldInitialVersions || typ != protowire.BytesType:
 			rest = append(rest, field...)
-			continue
+			return nil
 		}
 		name, version, err := claimOf(field)
 		if err != nil {
@@ -458,6 +461,10 @@ func (r *deltaRequest) unmarshal(data mem.BufferSlice) error {
 		}
 		r.claimDigest ^= snapshot.PairDigest(name, version)
 		r.claims++
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	r.DeltaDiscoveryRequest = &discoveryv3.DeltaDiscoveryRequest{}
 	if err := proto.Unmarshal(rest, r.DeltaDiscoveryRequest); err != nil {
@@ -513,14 +520,12 @@ func (r *deltaRequest) free() {
 // the request was read.
 func (r *deltaRequest) claimed() map[string]string {
 	out := make(map[string]string, r.claims)
-	for f := (fieldReader{bufs: r.raw}); ; {
-		num, typ, field, err := f.next()
-		if err != nil {
-			return out // io.EOF: the rest was checked when read
-		}
+	_ = eachField(r.raw, func(num protowire.Number, typ protowire.Type, field []byte) error {
 		if num == fieldInitialVersions && typ == protowire.BytesType {
 			name, version, _ := claimOf(field)
 			out[string(name)] = string(version)
 		}
-	}
+		return nil
+	})
+	return out
 }

@@ -243,6 +243,18 @@ func TestSotWRequestKeepsNamesEncoded(t *testing.T) {
 	}
 }
 
+// split is b in buffers cut at cuts, as gRPC hands over a message spanning
+// HTTP/2 frames.
+func split(b []byte, cuts ...int) mem.BufferSlice {
+	var out mem.BufferSlice
+	prev := 0
+	for _, c := range cuts {
+		out = append(out, mem.SliceBuffer(b[prev:c]))
+		prev = c
+	}
+	return append(out, mem.SliceBuffer(b[prev:]))
+}
+
 // TestSotWRequestAcrossBuffers decodes a request split into buffers at
 // every byte, as gRPC hands over a message spanning HTTP/2 frames: the
 // fields, the names and their digest must be those of the whole encoding,
@@ -260,15 +272,6 @@ func TestSotWRequestAcrossBuffers(t *testing.T) {
 	var whole sotwRequest
 	if err := whole.unmarshal(mem.BufferSlice{mem.SliceBuffer(b)}); err != nil {
 		t.Fatal(err)
-	}
-	split := func(b []byte, cuts ...int) mem.BufferSlice {
-		var out mem.BufferSlice
-		prev := 0
-		for _, c := range cuts {
-			out = append(out, mem.SliceBuffer(b[prev:c]))
-			prev = c
-		}
-		return append(out, mem.SliceBuffer(b[prev:]))
 	}
 	for i := 1; i < len(b); i++ {
 		for _, data := range []mem.BufferSlice{split(b, i), split(b, i/2, i), split(b, i, min(i+1, len(b)), min(i+3, len(b)))} {
@@ -364,15 +367,6 @@ func TestDeltaRequestKeepsClaimsEncoded(t *testing.T) {
 	}
 	without := proto.Clone(req).(*discoveryv3.DeltaDiscoveryRequest)
 	without.InitialResourceVersions = nil
-	split := func(b []byte, cuts ...int) mem.BufferSlice {
-		var out mem.BufferSlice
-		prev := 0
-		for _, c := range cuts {
-			out = append(out, mem.SliceBuffer(b[prev:c]))
-			prev = c
-		}
-		return append(out, mem.SliceBuffer(b[prev:]))
-	}
 	for i := 1; i < len(b); i++ {
 		for _, data := range []mem.BufferSlice{split(b, i), split(b, i/2, i)} {
 			var got deltaRequest
