@@ -29,9 +29,10 @@ func TestMain(m *testing.M) {
 
 // TestQuickCorrectness runs bench-quick's checks on a smaller world: every
 // cell (both control planes, both protocols, both layouts) through the
-// initial sync, every event and a restart, with every proxy converging and
-// holding exactly the truth after each, and each cell's figure for the other
-// protocol agreeing with the other protocol's cell; and a short churn (5
+// initial sync, every event, a reconnect of every stream and a restart,
+// with every proxy converging and holding exactly the truth after each, and
+// each cell's figure for the other protocol agreeing with the other
+// protocol's cell; and a short churn (5
 // changes in a second) per control plane and protocol, after which every
 // proxy holds the truth and every change converged at every proxy. It
 // asserts no timing.
@@ -48,7 +49,7 @@ func TestQuickCorrectness(t *testing.T) {
 			t.Errorf("%s: %s", r.Cell, r.Err)
 			continue
 		}
-		if want := 4 + p.EndpointEvents; !r.Churn.On() && len(r.Phases) != want {
+		if want := 5 + p.EndpointEvents; !r.Churn.On() && len(r.Phases) != want {
 			t.Errorf("%s: %d phases, want %d", r.Cell, len(r.Phases), want)
 		}
 		if r.Churn.On() {
@@ -61,14 +62,14 @@ func TestQuickCorrectness(t *testing.T) {
 			if ph.Affected == 0 {
 				t.Errorf("%s %s: the event affected no proxy", r.Cell, ph.Name)
 			}
-			if ph.Name == "restart" && r.Protocol == model.Delta && ph.Resources != 0 {
+			if (ph.Name == "restart" || ph.Name == EvReconnect) && r.Protocol == model.Delta && ph.Resources != 0 {
 				t.Errorf("%s: a delta reconnect was sent %d resources, though none changed", r.Cell, ph.Resources)
 			}
 		}
 	}
 	// Each cell's figure for the other protocol is that protocol's bytes.
-	if rows := pricedRows(results); len(rows) != 3*(4+1) {
-		t.Errorf("%d events compared between the protocols, want every event of the three layouts (15)", len(rows))
+	if rows := pricedRows(results); len(rows) != 3*(5+1) {
+		t.Errorf("%d events compared between the protocols, want every event of the three layouts (18)", len(rows))
 	}
 	for _, d := range Disagreements(results) {
 		t.Error(d)

@@ -301,8 +301,10 @@ func (p *cpProc) priced() (int64, error) {
 
 // synced is how many streams the control plane counts at their scope's
 // version (-1 when it does not say).
-func (p *cpProc) synced() (int, error) {
-	l, err := p.do("synced")
+// synced is how many streams bound at or after since the control plane
+// counts in sync.
+func (p *cpProc) synced(since time.Time) (int, error) {
+	l, err := p.do(fmt.Sprintf("synced %d", since.UnixNano()))
 	if err != nil {
 		return 0, err
 	}
@@ -365,7 +367,8 @@ func (p *cpProc) quit() {
 	}
 }
 
-// runCell measures one cell: initial sync, the events, a restart.
+// runCell measures one cell: initial sync, the events, a reconnect of every
+// stream, a restart.
 func runCell(c Cell, o RunOptions) *Result {
 	res := &Result{Cell: c}
 	if err := runCellErr(c, o, res); err != nil {
@@ -464,6 +467,39 @@ func runCellErr(c Cell, o RunOptions, res *Result) error {
 		res.Phases = append(res.Phases, ph)
 		logf(o, "  %s: %s", c, phaseLine(ph))
 	}
+	// Reconnect: every proxy's stream breaks and is opened again at once to
+	// the same control plane, delta proxies declaring what they hold, SotW
+	// ones naming the versions they accepted; each must get an answer for
+	// each type (or, for scopeplane's SotW proxies, which are sent nothing
+	// of a type whose version they name, have opened its new stream) and
+	// still hold the truth.
+	// The free ones are counted once the control plane counts each new
+	// stream in sync, having answered (and priced) every type.
+	ph = &Phase{Name: EvReconnect, Affected: c.N}
+	free := c.Impl == "scopeplane" && c.Protocol == model.SotW
+	need, _ := typesOf(c.Protocol)
+	if free {
+		need = 0
+	}
+	for _, p := range l.proxies {
+		p.armReopen(need)
+	}
+	if err := profiled(cp, profBase, fmt.Sprintf("%d-%s", len(res.Phases), EvReconnect), func() error {
+		return measure(cp, l, ph, o, func() (err error) {
+			t0 := time.Now()
+			l.reconnect()
+			if free {
+				ph.Synced, err = waitSynced(cp, c.N, t0, t0.Add(o.Timeout))
+			}
+			return err
+		}, truths)
+	}); err != nil {
+		return err
+	}
+	ph.Reopened -= c.N // each proxy reconnects once
+	res.Phases = append(res.Phases, ph)
+	logf(o, "  %s: %s", c, phaseLine(ph))
+
 	// Restart: kill the control plane, start it again with the same world;
 	// every proxy reconnects (delta ones declaring what they hold) and must
 	// get an answer for each type, and still hold the truth.
@@ -471,8 +507,7 @@ func runCellErr(c Cell, o RunOptions, res *Result) error {
 	// sent nothing of it: it has converged once its new stream is open and
 	// the control plane counts it in sync, which is asked below.
 	ph = &Phase{Name: "restart", Affected: c.N}
-	free := c.Impl == "scopeplane" && c.Protocol == model.SotW
-	need, _ := typesOf(c.Protocol)
+	need, _ = typesOf(c.Protocol)
 	if free {
 		need = 0
 	}
@@ -567,7 +602,7 @@ func profiled(cp *cpProc, profBase, name string, run func() error) error {
 // and returns when that was, from t0; past the deadline it is an error.
 func waitSynced(cp *cpProc, n int, t0, deadline time.Time) (time.Duration, error) {
 	for {
-		got, err := cp.synced()
+		got, err := cp.synced(t0)
 		if err != nil {
 			return 0, err
 		}
@@ -575,7 +610,7 @@ func waitSynced(cp *cpProc, n int, t0, deadline time.Time) (time.Duration, error
 			return time.Since(t0), nil
 		}
 		if time.Now().After(deadline) {
-			return 0, fmt.Errorf("the control plane counts %d of %d proxies in sync after the restart", got, n)
+			return 0, fmt.Errorf("the control plane counts %d of %d proxies in sync on their new streams", got, n)
 		}
 		time.Sleep(2 * time.Millisecond)
 	}

@@ -541,6 +541,12 @@ type load struct {
 	tr      *tracker
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
+	// streams is the context the proxies' current streams run under, under
+	// root (start's), and endStreams ends them (reconnect).
+	mu         sync.Mutex
+	root       context.Context
+	streams    context.Context
+	endStreams context.CancelFunc
 }
 
 func newLoad(addr string, n int, p model.Protocol, w *World) (*load, error) {
@@ -586,6 +592,8 @@ func newLoad(addr string, n int, p model.Protocol, w *World) (*load, error) {
 func (l *load) start() {
 	ctx, cancel := context.WithCancel(context.Background())
 	l.cancel = cancel
+	l.root = ctx
+	l.streams, l.endStreams = context.WithCancel(ctx)
 	for i, p := range l.proxies {
 		conn := &proxyConn{cc: l.conns[i/proxiesPerConn], p: p}
 		l.wg.Add(1)
@@ -594,7 +602,7 @@ func (l *load) start() {
 			refusedWait := time.Duration(0)
 			for ctx.Err() == nil {
 				wait := 20 * time.Millisecond
-				if err := p.c.Run(ctx, conn); refused(err) {
+				if err := p.c.Run(l.streamContext(), conn); refused(err) {
 					refusedWait = min(max(2*refusedWait, 50*time.Millisecond), time.Second)
 					wait = refusedWait/2 + rand.N(refusedWait/2)
 				} else {
@@ -607,6 +615,25 @@ func (l *load) start() {
 			}
 		}()
 	}
+}
+
+// streamContext is the context a proxy's next stream runs under.
+func (l *load) streamContext() context.Context {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.streams
+}
+
+// reconnect ends every proxy's stream from the proxy's side, as a proxy
+// whose connection broke; each opens a new one at once (after start's 20
+// ms), declaring what it holds (delta) or naming the versions it accepted
+// (SotW), to the same control plane.
+func (l *load) reconnect() {
+	l.mu.Lock()
+	end := l.endStreams
+	l.streams, l.endStreams = context.WithCancel(l.root)
+	l.mu.Unlock()
+	end()
 }
 
 // refused reports whether the control plane refused the stream for now: over

@@ -311,7 +311,7 @@ func pricedRows(results []*Result) []pricedRow {
 				continue
 			}
 			rows = append(rows, pricedRow{Layout: r.Layout, S: r.S, N: r.N, Event: p.Name,
-				SotWSent: p.Bytes, AsDelta: p.Priced, DeltaSent: q.Bytes, AsSotW: q.Priced, UpperBound: p.Name == "restart"})
+				SotWSent: p.Bytes, AsDelta: p.Priced, DeltaSent: q.Bytes, AsSotW: q.Priced, UpperBound: p.Name == "restart" || p.Name == EvReconnect})
 		}
 	}
 	return rows
@@ -491,7 +491,7 @@ func targets(w io.Writer, results []*Result, base map[string]*Result, agree agre
 		haveSP = true
 		label := cellLabel(r.Cell)
 		for _, p := range r.merged() {
-			event := p.Name != "sync" && p.Name != "restart"
+			event := p.Name != "sync" && p.Name != "restart" && p.Name != EvReconnect
 			if event && p.Limit > 0 {
 				if x := float64(p.Bytes) / float64(p.Limit); x > worstLimit {
 					worstLimit, worstLimitAt = x, label+" "+p.Name

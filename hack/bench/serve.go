@@ -48,9 +48,10 @@ type controlPlane interface {
 	// Priced is the bytes the control plane says the other protocol would
 	// have sent so far, or -1 when it does not say.
 	Priced() int64
-	// Synced is how many streams the control plane counts at their scope's
-	// current version, or -1 when it does not say.
-	Synced() int
+	// Synced is how many streams bound to their scope at or after since
+	// the control plane counts at their scope's current version, or -1
+	// when it does not say.
+	Synced(since time.Time) int
 	// Builds is how many versions of the world the control plane has built
 	// so far, summed over its scopes: what it pushed, as opposed to the
 	// changes it was handed.
@@ -64,7 +65,7 @@ type controlPlane interface {
 //	event <name>   apply an event; answers "ok"
 //	usage          answers "usage <cpu-ns>": user+system CPU of this process (getrusage)
 //	priced         answers "priced <bytes>": what the other protocol would have sent (-1: not said)
-//	synced         answers "synced <n>": streams counted at their scope's version (-1: not said)
+//	synced [t]     answers "synced <n>": streams counted at their scope's version (-1: not said), of those bound at or after t (Unix nanoseconds) when given
 //	builds         answers "builds <n>": versions built so far, over every scope
 //	gc             forces a GC and returns freed memory to the OS; answers "ok"
 //	heapprofile <file> writes a heap profile; answers "ok"
@@ -220,7 +221,14 @@ func (c *commander) loop(cp controlPlane, w *World, out *bufio.Writer, served <-
 		case "priced":
 			reply("priced %d", cp.Priced())
 		case "synced":
-			reply("synced %d", cp.Synced())
+			var since int64
+			if arg != "" {
+				if _, err := fmt.Sscanf(arg, "%d", &since); err != nil {
+					reply("error synced %q: %v", arg, err)
+					continue
+				}
+			}
+			reply("synced %d", cp.Synced(time.Unix(0, since)))
 		case "builds":
 			reply("builds %d", cp.Builds())
 		case "gc":
@@ -375,7 +383,7 @@ func (s *scopeplaneCP) Priced() int64 {
 // a SotW proxy sent nothing on a restart counts before it has asked for
 // its other types; what those requests cost (and price) is recorded before
 // their ACK, so counting ACKs of every type waits for all of it.
-func (s *scopeplaneCP) Synced() int {
+func (s *scopeplaneCP) Synced(since time.Time) int {
 	n := 0
 	for _, key := range s.Store.Keys() {
 		sc := s.Store.Get(key)
@@ -385,7 +393,7 @@ func (s *scopeplaneCP) Synced() int {
 		var version string
 		sc.Read(func(v snapshot.View) { version = v.Version() })
 		for _, p := range s.Feedback.Get(key).Proxies {
-			if p.AtVersion == version && s.answeredAll(p) {
+			if p.AtVersion == version && s.answeredAll(p) && !p.Since.Before(since) {
 				n++
 			}
 		}
@@ -540,7 +548,7 @@ func (b *baselineCP) Priced() int64 { return -1 }
 
 // Synced is -1: the baseline answers every reconnect, which is how the
 // driver sees its proxies converge.
-func (b *baselineCP) Synced() int { return -1 }
+func (b *baselineCP) Synced(time.Time) int { return -1 }
 
 func (b *baselineCP) Apply(Change) {
 	if b.window > 0 {

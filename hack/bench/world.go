@@ -57,6 +57,9 @@ const (
 	EvEndpoint  = "endpoint"
 	EvDrain     = "drain"
 	EvAddRemove = "addremove"
+	// EvReconnect is no change: every proxy's stream breaks and reopens
+	// (the driver's alone; the control plane is not told).
+	EvReconnect = "reconnect"
 	// EvChurn is one change of a sustained churn: EvEndpoint's change, of
 	// the next of the first churnServices Services in turn.
 	EvChurn = "churn"

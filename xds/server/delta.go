@@ -44,17 +44,30 @@ type delta struct {
 
 // DeltaAggregatedResources serves one delta (incremental) ADS stream.
 func (s *Server) DeltaAggregatedResources(g deltaStream) error {
-	return serve(s, model.Delta, g, func(base *stream) handler[*discoveryv3.DeltaDiscoveryRequest] {
+	return serve(s, model.Delta, &deltaReader{deltaStream: g}, func(base *stream) handler[*deltaRequest] {
 		return &delta{stream: base, grpc: g}
 	})
+}
+
+// deltaReader receives a delta stream's requests with their claims left
+// encoded (deltaRequest), which the server's codec decodes.
+type deltaReader struct{ deltaStream }
+
+func (r *deltaReader) Recv() (*deltaRequest, error) {
+	req := &deltaRequest{}
+	if err := r.RecvMsg(req); err != nil {
+		return nil, err
+	}
+	return req, nil
 }
 
 // handle answers one request: it takes the ACK or NACK it carries, then
 // the subscription changes (and, on a stream's first request, what the
 // proxy already holds), and sends what those changes make the proxy lack.
-func (st *delta) handle(req *discoveryv3.DeltaDiscoveryRequest) error {
+func (st *delta) handle(req *deltaRequest) error {
+	defer req.free()
 	t, err := st.requestedType(req.GetTypeUrl(),
-		len(req.GetResourceNamesSubscribe())+len(req.GetResourceNamesUnsubscribe())+len(req.GetInitialResourceVersions()))
+		len(req.GetResourceNamesSubscribe())+len(req.GetResourceNamesUnsubscribe())+req.claims)
 	if err != nil {
 		return err
 	}
@@ -71,6 +84,14 @@ func (st *delta) handle(req *discoveryv3.DeltaDiscoveryRequest) error {
 	if err != nil {
 		return err
 	}
+	// served is set when the proxy declared exactly what the scope served
+	// of the type (claims): it holds that set.
+	served := false
+	if first {
+		var claimed []string
+		claimed, served = st.claims(ts, req)
+		candidates = append(candidates, claimed...)
+	}
 	if len(candidates) == 0 && !newlyWildcard && !first {
 		st.reportSynced(st.settled)
 		return nil
@@ -78,10 +99,16 @@ func (st *delta) handle(req *discoveryv3.DeltaDiscoveryRequest) error {
 	var resp *response
 	st.read(func(v snapshot.View) {
 		resp = &response{t: t, version: v.TypeVersion(t), typeVersion: v.TypeVersion(t), set: v.Set(t)}
+		if served {
+			// The proxy holds the set it declared: only what changed
+			// since can differ, whatever it subscribes to.
+			snapshot.Changes(ts.held.base, resp.set, func(name string) { candidates = append(candidates, name) })
+			newlyWildcard = false
+		}
 		if newlyWildcard {
 			// Every served name, once each: a candidate it serves is
 			// among them, so only the others are left to consider.
-			if len(req.GetInitialResourceVersions()) == 0 {
+			if req.claims == 0 {
 				resp.res = make([]*snapshot.Resource, 0, v.Len(t)) // it all goes
 			}
 			v.All(t, func(r *snapshot.Resource) { st.diff(v, ts, r.Name, resp, false) })
@@ -131,23 +158,20 @@ func (st *delta) answer(ts *deltaType, nonce, detail string, nack bool) {
 	st.rejected(&ts.subscription, nonce, in.version, detail, owed, len(in.undo))
 }
 
-// resubscribe applies a request's subscription changes and, on the first
-// request of the type, the versions the proxy declares it holds. It returns
+// resubscribe applies a request's subscription changes (claims then
+// records, on the first request of the type, what the proxy holds). It returns
 // the names to compare with the scope, and whether the type just became a
 // wildcard subscription (every resource is then a candidate). Subscribing
 // to more than the scope serves plus the allowed extra ends the stream; the
 // versions a reconnecting proxy claims do not count, so a proxy whose scope
 // shrank while it was away is sent the removals instead of being refused.
-func (st *delta) resubscribe(ts *deltaType, req *discoveryv3.DeltaDiscoveryRequest, first bool) (candidates []string, newlyWildcard bool, err error) {
+func (st *delta) resubscribe(ts *deltaType, req *deltaRequest, first bool) (candidates []string, newlyWildcard bool, err error) {
 	ts.requested = true
-	if first {
-		candidates = st.claims(ts, req)
-		if len(req.GetResourceNamesSubscribe()) == 0 {
-			ts.wildcard = true // legacy wildcard: an empty first subscription
-		}
+	if first && len(req.GetResourceNamesSubscribe()) == 0 {
+		ts.wildcard = true // legacy wildcard: an empty first subscription
 	}
 	wasWildcard := ts.wildcard
-	ts.subscribing(req.GetResourceNamesSubscribe(), wildcardAfter(ts.wildcard, req))
+	ts.subscribing(req.GetResourceNamesSubscribe(), wildcardAfter(ts.wildcard, req.DeltaDiscoveryRequest))
 	var added, removed []string
 	for _, n := range req.GetResourceNamesSubscribe() {
 		if n == "*" {
@@ -187,33 +211,51 @@ func (st *delta) resubscribe(ts *deltaType, req *discoveryv3.DeltaDiscoveryReque
 }
 
 // claims records what a proxy declares it holds on a stream's first request
-// of a type (initial_resource_versions) and returns the names to compare with
-// the scope. Claims cost what the scope serves, not what the client names: a
-// claim of a served name is kept (sharing the served resource where the
-// version matches), bounded by the scope; a claim of a name the scope does
-// not serve matters only to a wildcard subscription, which is sent its
+// of a type (initial_resource_versions), once the request's subscription is
+// applied, and returns the names to compare with the scope. A proxy that
+// declares exactly what the scope serves of the type (as many claims as
+// resources, whose digest is the type's version: see snapshot.PairDigest)
+// holds that set, which is recorded as such (served) with nothing decoded
+// or looked up: a reconnect after a stream broke, or after the control plane
+// restarted, costs a pass over the request's bytes. Otherwise each claim is
+// looked at, and claims cost what the scope serves, not what the client
+// names: a claim of a served name is kept (sharing the served resource where
+// the version matches), bounded by the scope; a claim of a name the scope
+// does not serve matters only to a wildcard subscription, which is sent its
 // removal (an explicitly subscribed name that is missing is announced
 // anyway), and only Options.ExtraNamesPerType of those are kept and
-// announced per stream and type. The others are forgotten: the stream
-// holds nothing of them, so no announcement of tens of thousands of
-// made-up names waits in the stream's transport or in its bookkeeping; a
-// proxy that really held more is told of the rest on its next reconnect.
-func (st *delta) claims(ts *deltaType, req *discoveryv3.DeltaDiscoveryRequest) (candidates []string) {
-	claimed := req.GetInitialResourceVersions()
-	if len(claimed) == 0 {
-		return nil
+// announced per stream and type. The others, and claims of names the proxy
+// does not subscribe to (which it drops itself), are forgotten: the stream
+// holds nothing of them, so no announcement of tens of thousands of made-up
+// names waits in the stream's transport or in its bookkeeping; a proxy that
+// really held more is told of the rest on its next reconnect.
+func (st *delta) claims(ts *deltaType, req *deltaRequest) (candidates []string, served bool) {
+	if req.claims == 0 {
+		return nil, false
 	}
-	wildcard := wildcardAfter(len(req.GetResourceNamesSubscribe()) == 0, req)
+	st.read(func(v snapshot.View) {
+		if req.claims == v.Len(ts.t) && snapshot.DigestVersion(req.claimDigest) == v.TypeVersion(ts.t) {
+			ts.holdSet(v.Set(ts.t))
+			served = true
+		}
+	})
+	if served {
+		return nil, true
+	}
+	claimed := req.claimed()
 	unserved := 0
 	st.read(func(v snapshot.View) {
 		for name, version := range claimed {
+			if !ts.subscribed(name) {
+				continue
+			}
 			r := v.Get(ts.t, name)
 			switch {
 			case r != nil && r.Version == version:
 				ts.hold(name, r) // share the served resource
 			case r != nil:
 				ts.hold(name, &snapshot.Resource{Name: name, Version: version})
-			case !wildcard || unserved >= st.srv.opts.ExtraNamesPerType:
+			case !ts.wildcard || unserved >= st.srv.opts.ExtraNamesPerType:
 				continue
 			default:
 				unserved++
@@ -222,7 +264,7 @@ func (st *delta) claims(ts *deltaType, req *discoveryv3.DeltaDiscoveryRequest) (
 			candidates = append(candidates, name)
 		}
 	})
-	return candidates
+	return candidates, false
 }
 
 // wildcardAfter is whether a subscription that is a wildcard or not

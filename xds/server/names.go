@@ -74,6 +74,14 @@ func (n *nameSet) remove(name string) bool {
 	return true
 }
 
+// within reports whether every name of the set is one of served's, the
+// names the scope serves now, without a pass over them: true when the set
+// is served's less some names (as after share), so that a subscription the
+// scope serves whole is not looked up name by name to find what is missing.
+func (n *nameSet) within(served snapshot.Names) bool {
+	return len(n.plus) == 0 && n.served == served
+}
+
 // share makes served, the names the scope serves now, the set's base when
 // the set holds exactly those names. Only the names that differ between the
 // two bases and the names listed apart can disagree, so that is what it

@@ -531,7 +531,7 @@ func priceSotW(v snapshot.View, ts *subscription, r *response, all, pending bool
 // sotwChange is the SotW responses of priceSotW, headed by delta's type
 // and version.
 func sotwChange(v snapshot.View, ts *subscription, r *response, all bool) otherResponse {
-	if all && len(r.res) == 0 && len(r.removed) == 0 && ts.heldCount() > 0 {
+	if all && len(r.res) == 0 && len(r.removed) == 0 && ts.holdsAny() {
 		// A reconnect declaring exactly what is served: a SotW proxy
 		// holding the same names the served version and is sent nothing
 		// (a delta proxy is no gRPC client, whose by-name claims SotW

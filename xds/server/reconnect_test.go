@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"context"
+	"maps"
 	"slices"
 	"strconv"
 	"testing"
@@ -365,4 +366,206 @@ func startEnvoyScopes(t *testing.T, scopes map[model.Key]model.Protocol, service
 		}
 	})
 	return cp
+}
+
+// rawDelta is one delta stream driven request by request, to state exactly
+// what a reconnecting proxy declares it holds.
+type rawDelta struct {
+	t      *testing.T
+	stream discoveryv3.AggregatedDiscoveryService_DeltaAggregatedResourcesClient
+	cancel context.CancelFunc
+}
+
+func openDelta(t *testing.T, cp *controlPlane) *rawDelta {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	stream, err := discoveryv3.NewAggregatedDiscoveryServiceClient(cp.conn).DeltaAggregatedResources(ctx)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	r := &rawDelta{t: t, stream: stream, cancel: cancel}
+	t.Cleanup(cancel)
+	return r
+}
+
+func (r *rawDelta) send(req *discoveryv3.DeltaDiscoveryRequest) {
+	r.t.Helper()
+	req.Node = testkit.Node("raw-proxy", "default/delta")
+	if err := r.stream.Send(req); err != nil {
+		r.t.Fatal(err)
+	}
+}
+
+// recv receives a response and ACKs it.
+func (r *rawDelta) recv() *discoveryv3.DeltaDiscoveryResponse {
+	r.t.Helper()
+	resp, err := r.stream.Recv()
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	r.send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: resp.GetTypeUrl(), ResponseNonce: resp.GetNonce()})
+	return resp
+}
+
+// deltaNames is the names a delta response carries, and those it removes,
+// each sorted.
+func deltaNames(resp *discoveryv3.DeltaDiscoveryResponse) (sent, removed []string) {
+	for _, res := range resp.GetResources() {
+		sent = append(sent, res.GetName())
+	}
+	slices.Sort(sent)
+	removed = slices.Sorted(slices.Values(resp.GetRemovedResources()))
+	return sent, removed
+}
+
+// TestDeltaReconnectClaimsAreComparedExactly checks, over real gRPC, what a
+// delta stream's first request of a type is sent for what the proxy
+// declares it holds (initial_resource_versions): nothing when the claims
+// are exactly what the scope serves, by wildcard or by name; the resource
+// of every claim at another version (also when as many names are claimed
+// as are served), of every served name not claimed, the removal of every
+// claimed name the scope does not serve (by wildcard), and of every name
+// subscribed that it does not serve, never of a claimed name not
+// subscribed to, which subscribing to it later sends. After a reconnect
+// that claimed exactly what is served, the next changes reach the stream as
+// differences from that set: an update, a removal.
+func TestDeltaReconnectClaimsAreComparedExactly(t *testing.T) {
+	svcA := testkit.Service("default", "a", "10.0.0.1")
+	key := model.Key{Namespace: "default", Name: "delta"}
+	cp := startEnvoyScopes(t, map[model.Key]model.Protocol{key: model.Delta},
+		svcA, testkit.Service("default", "b", "10.0.0.2"), testkit.Service("default", "c", "10.0.0.3"))
+	cds, eds := xdstype.Cluster.URL(), xdstype.Endpoint.URL()
+	names := []string{"default/a:80", "default/b:80", "default/c:80"}
+
+	// What the scope serves, as a first stream that claims nothing is sent it.
+	served := map[string]map[string]string{}
+	first := openDelta(t, cp)
+	first.send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: cds})
+	first.send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: eds, ResourceNamesSubscribe: names})
+	for range 2 {
+		resp := first.recv()
+		served[resp.GetTypeUrl()] = map[string]string{}
+		for _, res := range resp.GetResources() {
+			served[resp.GetTypeUrl()][res.GetName()] = res.GetVersion()
+		}
+	}
+	first.cancel()
+	for _, u := range []string{cds, eds} {
+		if got := slices.Sorted(maps.Keys(served[u])); !slices.Equal(got, names) {
+			t.Fatalf("the first stream was sent %s %v, want %v", shortType(u), got, names)
+		}
+	}
+	claims := func(u string, edit func(map[string]string)) map[string]string {
+		c := maps.Clone(served[u])
+		edit(c)
+		return c
+	}
+
+	for _, c := range []struct {
+		what       string
+		req        *discoveryv3.DeltaDiscoveryRequest
+		sent, gone []string
+	}{
+		{"exactly what is served, by wildcard",
+			&discoveryv3.DeltaDiscoveryRequest{TypeUrl: cds, InitialResourceVersions: claims(cds, func(map[string]string) {})},
+			nil, nil},
+		{"exactly what is served, by name",
+			&discoveryv3.DeltaDiscoveryRequest{TypeUrl: eds, ResourceNamesSubscribe: names, InitialResourceVersions: claims(eds, func(map[string]string) {})},
+			nil, nil},
+		{"every served name, one at another version",
+			&discoveryv3.DeltaDiscoveryRequest{TypeUrl: cds, InitialResourceVersions: claims(cds, func(m map[string]string) { m["default/a:80"] += "0" })},
+			[]string{"default/a:80"}, nil},
+		{"as many names as served, one of them unknown",
+			&discoveryv3.DeltaDiscoveryRequest{TypeUrl: cds, InitialResourceVersions: claims(cds, func(m map[string]string) {
+				delete(m, "default/c:80")
+				m["default/gone:80"] = "1"
+			})},
+			[]string{"default/c:80"}, []string{"default/gone:80"}},
+		{"a stale claim, an unknown one, a served name missing",
+			&discoveryv3.DeltaDiscoveryRequest{TypeUrl: cds, InitialResourceVersions: claims(cds, func(m map[string]string) {
+				m["default/b:80"] = "stale"
+				delete(m, "default/c:80")
+				m["default/gone:80"] = "1"
+				m["default/gone2:80"] = served[cds]["default/a:80"]
+			})},
+			[]string{"default/b:80", "default/c:80"}, []string{"default/gone2:80", "default/gone:80"}},
+		{"by name: a stale claim, a claim not subscribed to, a name subscribed the scope does not serve",
+			&discoveryv3.DeltaDiscoveryRequest{TypeUrl: eds, ResourceNamesSubscribe: []string{"default/a:80", "default/b:80", "default/nosuch:80"},
+				InitialResourceVersions: claims(eds, func(m map[string]string) {
+					m["default/b:80"] = "stale"
+					m["default/unsubscribed:80"] = "1"
+				})},
+			[]string{"default/b:80"}, []string{"default/nosuch:80"}},
+	} {
+		s := openDelta(t, cp)
+		s.send(c.req)
+		resp := s.recv()
+		sent, gone := deltaNames(resp)
+		if resp.GetTypeUrl() != c.req.GetTypeUrl() || !slices.Equal(sent, c.sent) || !slices.Equal(gone, c.gone) {
+			t.Errorf("a reconnect claiming %s was sent %s %v and removals %v, want %v and removals %v",
+				c.what, shortType(resp.GetTypeUrl()), sent, gone, c.sent, c.gone)
+		}
+		for _, res := range resp.GetResources() {
+			if res.GetVersion() != served[c.req.GetTypeUrl()][res.GetName()] {
+				t.Errorf("a reconnect claiming %s was sent %s at %s, want the served %s", c.what, res.GetName(), res.GetVersion(), served[c.req.GetTypeUrl()][res.GetName()])
+			}
+		}
+		s.cancel()
+	}
+
+	// A claim of a name not subscribed to is forgotten (the proxy drops
+	// what it does not subscribe to): subscribing to it later sends it,
+	// whether the claims were what is served or not.
+	for _, stale := range []bool{false, true} {
+		s := openDelta(t, cp)
+		c := maps.Clone(served[eds])
+		if stale {
+			c["default/b:80"] = "stale"
+		}
+		s.send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: eds, ResourceNamesSubscribe: names[:2], InitialResourceVersions: c})
+		sent, gone := deltaNames(s.recv())
+		if want := names[1:2]; !stale {
+			want = nil
+			if len(sent)+len(gone) > 0 {
+				t.Errorf("a reconnect claiming what is served (stale %v) was sent %v and removals %v, want %v", stale, sent, gone, want)
+			}
+		} else if !slices.Equal(sent, want) || len(gone) > 0 {
+			t.Errorf("a reconnect claiming what is served (stale %v) was sent %v and removals %v, want %v", stale, sent, gone, want)
+		}
+		// The listener request is a barrier: the stream handles requests
+		// in order, so the listeners come first only if the subscription
+		// was sent nothing.
+		s.send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: eds, ResourceNamesSubscribe: names[2:]})
+		s.send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: xdstype.Listener.URL()})
+		resp := s.recv()
+		if sent, gone := deltaNames(resp); resp.GetTypeUrl() != eds || !slices.Equal(sent, names[2:]) || len(gone) > 0 {
+			t.Errorf("subscribing to %s, claimed but not subscribed to at the reconnect (stale %v), was then sent %s %v and removals %v",
+				names[2], stale, shortType(resp.GetTypeUrl()), sent, gone)
+		}
+		s.cancel()
+	}
+
+	// A reconnect claiming exactly the served assignments, then a change
+	// of one: only that one is sent, no removal.
+	s := openDelta(t, cp)
+	s.send(&discoveryv3.DeltaDiscoveryRequest{TypeUrl: eds, ResourceNamesSubscribe: names, InitialResourceVersions: served[eds]})
+	if sent, gone := deltaNames(s.recv()); len(sent)+len(gone) > 0 {
+		t.Fatalf("a reconnect claiming what is served was sent %v and removals %v", sent, gone)
+	}
+	a := *svcA
+	a.Endpoints = slices.Clone(a.Endpoints)
+	a.Endpoints[0].Address = "10.0.0.9"
+	cp.Catalog.UpsertService(&a)
+	cp.Sync()
+	change := s.recv()
+	if sent, gone := deltaNames(change); change.GetTypeUrl() != eds || !slices.Equal(sent, names[:1]) || len(gone) > 0 {
+		t.Fatalf("after the endpoint change the stream was sent %s %v and removals %v, want only %s", shortType(change.GetTypeUrl()), sent, gone, names[0])
+	}
+	cp.Catalog.DeleteService(model.Key{Namespace: "default", Name: "c"})
+	cp.Sync()
+	removal := s.recv()
+	if sent, gone := deltaNames(removal); removal.GetTypeUrl() != eds || len(sent) > 0 || !slices.Equal(gone, names[2:]) {
+		t.Fatalf("after Service c went the stream was sent %s %v and removals %v, want the removal of %s", shortType(removal.GetTypeUrl()), sent, gone, names[2])
+	}
 }

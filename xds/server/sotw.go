@@ -123,9 +123,11 @@ func (st *sotw) handle(req *sotwRequest) error {
 			// claimed at the served version is sent all the same (see
 			// adopt).
 			resp.connect, resp.claimed = awaiting, served
-			for _, name := range added {
-				if v.Get(t, name) == nil {
-					resp.missing = append(resp.missing, name)
+			if !ts.names.within(v.Names(t)) {
+				for _, name := range added {
+					if v.Get(t, name) == nil {
+						resp.missing = append(resp.missing, name)
+					}
 				}
 			}
 		}

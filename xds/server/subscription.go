@@ -126,6 +126,21 @@ func (s *subscription) heldCount() int {
 	return n
 }
 
+// holdsAny reports whether the proxy holds anything, without a pass over
+// what it holds where the base alone tells: a wildcard subscription's base
+// with more names than diff lists holds one at least.
+func (s *subscription) holdsAny() bool {
+	for _, r := range s.held.diff {
+		if r != nil {
+			return true
+		}
+	}
+	if s.held.whole && s.wildcard && s.held.base.Len() > len(s.held.diff) {
+		return true
+	}
+	return s.heldCount() > 0
+}
+
 // holdNothing forgets what the proxy holds: a new stream knows nothing of it.
 func (s *subscription) holdNothing() { s.held = holding{} }
 

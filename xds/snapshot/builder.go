@@ -375,10 +375,10 @@ func (r *revision) upsert(upserts [xdstype.Count][]marshalled) {
 func (s *Snapshot) publish(r *revision, observed time.Time) {
 	s.rev, s.revTime = r.rev, observed
 	for t := range xdstype.Count {
-		s.types[t].version = digestVersion(s.types[t].digest)
+		s.types[t].version = DigestVersion(s.types[t].digest)
 	}
 	for _, ps := range s.places {
-		ps.version = digestVersion(s.types[xdstype.Endpoint].digest ^ ps.delta)
+		ps.version = DigestVersion(s.types[xdstype.Endpoint].digest ^ ps.delta)
 	}
 	s.version = s.scopeVersion()
 	s.log = append(s.log, r.changes...)

@@ -175,7 +175,7 @@ func checkView(t *testing.T, step int, loc model.Location, v View, res catalog.S
 	if n != len(res[xdstype.Endpoint]) || n != v.Len(xdstype.Endpoint) {
 		t.Fatalf("step %d: %d assignments at %+v, the catalog holds %d, Len says %d", step, n, loc, len(res[xdstype.Endpoint]), v.Len(xdstype.Endpoint))
 	}
-	if got, want := v.TypeVersion(xdstype.Endpoint), digestVersion(digest); got != want {
+	if got, want := v.TypeVersion(xdstype.Endpoint), DigestVersion(digest); got != want {
 		t.Fatalf("step %d: type version %s at %+v, its assignments give %s", step, got, loc, want)
 	}
 	if got := v.SotWBytes(xdstype.Endpoint); got != bytes {

@@ -330,7 +330,7 @@ func (v View) TypeVersion(t xdstype.Type) string {
 		return v.zone.version
 	}
 	d, _ := v.overlap()
-	return digestVersion(v.s.types[t].digest ^ v.node.delta ^ v.zone.delta ^ d)
+	return DigestVersion(v.s.types[t].digest ^ v.node.delta ^ v.zone.delta ^ d)
 }
 
 // overlap is what the zone's view contributes for the names the Node's
@@ -440,15 +440,40 @@ func (v View) ChangedSince(rev uint64, t xdstype.Type, fn func(name string)) boo
 
 // nameDigest is the digest contribution of one (name, version) pair; a
 // type's digest is the XOR of its pairs', so it updates in O(1).
-func nameDigest(name, version string) uint64 {
-	h := fnv.New64a()
-	_, _ = h.Write([]byte(name))
-	_, _ = h.Write([]byte{0})
-	_, _ = h.Write([]byte(version))
-	return h.Sum64()
+func nameDigest(name, version string) uint64 { return PairDigest(name, version) }
+
+// PairDigest is one (name, version) pair's part of a type's digest, which
+// is the XOR of its resources' parts and which TypeVersion formats
+// (DigestVersion). So pairs held elsewhere, as a reconnecting delta proxy
+// declares what it holds, are exactly the resources a view serves of a type
+// when there are as many of them and the XOR of their parts formats to the
+// view's TypeVersion: one pass over the pairs, nothing looked up. It reads
+// bytes as well as strings, so that pairs still encoded in a request are
+// digested where they lie. It is FNV-1a of name, a zero byte and version.
+func PairDigest[T string | []byte](name, version T) uint64 {
+	h := fnvAdd(fnvOffset, name)
+	h *= fnvPrime // the zero byte between the two
+	return fnvAdd(h, version)
 }
 
-func digestVersion(d uint64) string {
+// fnvOffset and fnvPrime are FNV-1a's 64-bit offset basis and prime.
+const (
+	fnvOffset = 14695981039346656037
+	fnvPrime  = 1099511628211
+)
+
+// fnvAdd is FNV-1a's hash h continued over b.
+func fnvAdd[T string | []byte](h uint64, b T) uint64 {
+	for i := range len(b) {
+		h ^= uint64(b[i])
+		h *= fnvPrime
+	}
+	return h
+}
+
+// DigestVersion is the version a type's digest (the XOR of its pairs'
+// PairDigest) is served as.
+func DigestVersion(d uint64) string {
 	if d == 0 {
 		return emptyVersion
 	}
@@ -470,9 +495,9 @@ func (s *Snapshot) scopeVersion() string {
 		d ^= nameDigest(t.URL(), s.types[t].version)
 	}
 	for place, ps := range s.places {
-		d ^= nameDigest(place.String(), digestVersion(ps.digest))
+		d ^= nameDigest(place.String(), DigestVersion(ps.digest))
 	}
-	return digestVersion(d)
+	return DigestVersion(d)
 }
 
 // NameDigest is one name's part of the digest of a set of names, the XOR
@@ -496,7 +521,7 @@ func SubsetVersion(typeVersion string, names uint64) string {
 	var b [9]byte
 	binary.BigEndian.PutUint64(b[1:], names)
 	_, _ = h.Write(b[:])
-	return digestVersion(h.Sum64())
+	return DigestVersion(h.Sum64())
 }
 
 // TypeSet is the resources of one type as one location saw them at one

@@ -2,6 +2,7 @@ package snapshot
 
 import (
 	"fmt"
+	"hash/fnv"
 	"sort"
 	"testing"
 
@@ -218,4 +219,18 @@ func TestSotWBytesFollowsTheResources(t *testing.T) {
 	u.Removed[xdstype.Cluster] = []string{"b"}
 	b.Apply([]catalog.Update{u})
 	check("after removing b")
+}
+
+// TestPairDigestIsFNVOfNameAndVersion pins a pair's part of a type's digest
+// to what versions have always been made of (FNV-1a of name, a zero byte
+// and version, so that versions proxies hold stay valid across an upgrade),
+// the same from bytes as from strings.
+func TestPairDigestIsFNVOfNameAndVersion(t *testing.T) {
+	for _, p := range [][2]string{{"", ""}, {"default/a:80", "0123abcd"}, {"é", "\x00"}} {
+		h := fnv.New64a()
+		_, _ = h.Write([]byte(p[0] + "\x00" + p[1]))
+		if got, gotBytes := PairDigest(p[0], p[1]), PairDigest([]byte(p[0]), []byte(p[1])); got != h.Sum64() || gotBytes != got {
+			t.Errorf("PairDigest(%q, %q) = %x from strings, %x from bytes, want FNV-1a's %x", p[0], p[1], got, gotBytes, h.Sum64())
+		}
+	}
 }
