@@ -71,8 +71,10 @@ const (
 //
 // The floor is the world measured once the first build is served (the
 // live heap then, less its connections: streams are refused before it) and
-// again whenever no stream is open, when nothing a client sent is held,
-// plus ConnectionHeap for each connection open now. An admitted proxy's
+// again whenever neither a stream nor a connection is open, when nothing a
+// client sent is held (a connection's handshake holds more than
+// ConnectionHeap, so one in progress would count as world), plus
+// ConnectionHeap for each connection open now. An admitted proxy's
 // push is never refused: the budget only ends streams and refuses new ones.
 type memoryBudget struct {
 	budget, perStream int64
@@ -151,8 +153,8 @@ func (b *memoryBudget) measureWorld() {
 // (memoryBudgetSettle), into gRPC's buffer pools, which the runtime empties
 // only over two collections: the next decision waits for both, so that the
 // same bytes are not counted twice and more streams ended for them. New
-// streams stay refused meanwhile. A decision that finds no stream open
-// measures the world again.
+// streams stay refused meanwhile. A decision that finds neither a stream
+// nor a connection open measures the world again.
 func (b *memoryBudget) run(ctx context.Context, ready <-chan struct{}) {
 	if b.budget <= 0 {
 		return
@@ -203,7 +205,7 @@ func (b *memoryBudget) tick(d *decisions, now time.Time) {
 		live, objects, cycles = b.read()
 	}
 	d.seen, d.measured = cycles, objects
-	if b.open() == 0 {
+	if b.open() == 0 && b.conns() == 0 {
 		b.world.Store(max(0, int64(live)-int64(b.conns())*ConnectionHeap))
 	}
 	over := int64(live) - b.floor() - b.budget
