@@ -112,9 +112,15 @@ func TestStatusWritesAtStartAndAsTheCostWindowRolls(t *testing.T) {
 		}
 	})
 
-	// The first build takes two seconds: long enough for the controller
-	// to have listed every scope (a start at scale takes many).
-	time.Sleep(2 * time.Second)
+	// The first build comes only once the controller has listed every
+	// scope, as at a start at scale: each scope's reconcile waits for it.
+	testkit.Eventually(t, "the controller listed every scope", func() (bool, string) {
+		var l xdsv1alpha1.ProxyScopeList
+		if err := mgr.GetCache().List(ctx, &l, client.InNamespace(ns)); err != nil {
+			return false, err.Error()
+		}
+		return len(l.Items) == scopes, fmt.Sprintf("%d of %d scopes listed", len(l.Items), scopes)
+	})
 	snapshot.NewBuilder(cat, store, 0).Apply(cat.Take())
 	close(firstBuild)
 	built := func() (int, error) {

@@ -261,7 +261,10 @@ func TestHandshakeSlowlorisFromManyAddresses(t *testing.T) {
 		n := opened.Load()
 		return n >= int64(d.MaxConnections), fmt.Sprintf("%d opened", n)
 	})
-	time.Sleep(time.Second) // those the server closed at accept are closed by now
+	testkit.Eventually(t, "the connections closed at accept are closed", func() (bool, string) {
+		n := open.Load()
+		return n <= int64(d.MaxConnections), fmt.Sprintf("%d open, at most %d held", n, d.MaxConnections)
+	})
 	held := open.Load()
 	joined, slowest := joins(t, "TLS slowloris", attemptsDuring, tp.join)
 	tp.during(fmt.Sprintf("%d TCP connections from %d addresses that never start TLS, reopened", d.MaxConnections, addrs),
