@@ -1,0 +1,165 @@
+package model
+
+import (
+	"strings"
+	"time"
+)
+
+// RouteKind is the Gateway API kind a Route was converted from.
+type RouteKind string
+
+// The route kinds scopeplane reads (gateway.networking.k8s.io/v1).
+const (
+	HTTPRoute RouteKind = "HTTPRoute"
+	GRPCRoute RouteKind = "GRPCRoute"
+)
+
+// Route is an HTTPRoute or a GRPCRoute whose parents are Services (Gateway
+// API's mesh routes, GAMMA): how requests for those Services flow. A route
+// in its parent's namespace is a producer route and applies to every scope
+// that serves the Service; a route in another namespace is a consumer route
+// and applies only to the scopes of its own namespace (see Applies).
+type Route struct {
+	Key        Key
+	Kind       RouteKind
+	Generation int64
+	// Created is the route's creationTimestamp, the first tie-breaker of
+	// Gateway API's precedence between rules of different routes.
+	Created time.Time
+	// Parents are the Services (and ports) the route attaches to; parentRefs
+	// of any other kind are not the mesh's and are left out by the converter.
+	Parents []RouteParent
+	Rules   []RouteRule
+	// Refused says why the route cannot be served (a value no client can
+	// honour); a refused route attaches to nothing, and its status says so.
+	Refused string
+}
+
+// RouteParent is a Service a route attaches to: to its port Port, or to
+// every port when Port is 0.
+type RouteParent struct {
+	Service Key
+	Port    int32
+}
+
+// RouteRule is one rule of a route: the requests it matches and where they go.
+type RouteRule struct {
+	// Name is the rule's optional name (Gateway API's sectionName).
+	Name string
+	// Matches are alternatives; an empty list matches every request.
+	Matches  []RouteMatch
+	Backends []RouteBackend
+	// Timeout is the request timeout (timeouts.request), BackendTimeout
+	// the timeout of each try (timeouts.backendRequest); nil when unset, 0
+	// for none.
+	Timeout, BackendTimeout *time.Duration
+	Retry                   *RouteRetry
+	// RequestHeaders and ResponseHeaders are the header modifiers of the
+	// rule's filters; proxyless gRPC clients cannot apply them.
+	RequestHeaders, ResponseHeaders *HeaderModifier
+}
+
+// PathMatchType is how a request path is matched.
+type PathMatchType uint8
+
+// Path match types, as in Gateway API; PathPrefix is segment-aware (the
+// prefix /a matches /a and /a/b, never /ab).
+const (
+	PathPrefix PathMatchType = iota
+	PathExact
+	PathRegex
+)
+
+// RouteMatch is one alternative of a rule. An HTTPRoute match sets Path
+// (PathPrefix "/" when the route does not say), Method, Headers and Query; a
+// GRPCRoute match sets GRPCService and GRPCMethod (either may be empty,
+// meaning any) and Headers.
+type RouteMatch struct {
+	PathType PathMatchType
+	Path     string
+	// Method is an HTTP method ("" for any).
+	Method  string
+	Headers []ValueMatch
+	Query   []ValueMatch
+	// GRPC says the match is a GRPCRoute's: GRPCService and GRPCMethod
+	// instead of a path; GRPCRegex says they are regular expressions.
+	GRPC                    bool
+	GRPCService, GRPCMethod string
+	GRPCRegex               bool
+}
+
+// ValueMatch matches a header or query parameter by name: its value equal
+// to Value, or matching Value as a regular expression (RE2) when Regex.
+// Header names are lower case.
+type ValueMatch struct {
+	Name  string
+	Value string
+	Regex bool
+}
+
+// RouteBackend is a backendRef: a port of a Service, with the weight of its
+// share of the rule's requests.
+type RouteBackend struct {
+	Service Key
+	Port    int32
+	Weight  int32
+	// Invalid says why the reference cannot be served whatever the cluster
+	// holds (a kind other than Service); it is then left out.
+	Invalid string
+}
+
+// RouteRetry is a rule's retry policy (Gateway API's experimental retry).
+type RouteRetry struct {
+	// Codes are the HTTP status codes retried.
+	Codes []int32
+	// Attempts is how many times a request is retried (nil: the default, 1).
+	Attempts *int32
+	// Backoff is the base interval between tries (nil: the client's default).
+	Backoff *time.Duration
+}
+
+// HeaderModifier sets, adds and removes headers.
+type HeaderModifier struct {
+	Set, Add []Header
+	Remove   []string
+}
+
+// Header is a header's name and value.
+type Header struct {
+	Name, Value string
+}
+
+// Consumer reports whether the route is a consumer route of the Service:
+// it lives in another namespace than the Service.
+func (r *Route) Consumer(svc Key) bool { return r.Key.Namespace != svc.Namespace }
+
+// Attaches reports whether the route attaches to port of the Service.
+func (r *Route) Attaches(svc Key, port int32) bool {
+	for _, p := range r.Parents {
+		if p.Service == svc && (p.Port == 0 || p.Port == port) {
+			return true
+		}
+	}
+	return false
+}
+
+// Compare orders routes by Gateway API's tie-breakers: the older first,
+// then by namespace and name.
+func (r *Route) Compare(o *Route) int {
+	switch {
+	case r.Created.Before(o.Created):
+		return -1
+	case o.Created.Before(r.Created):
+		return 1
+	}
+	return strings.Compare(r.Key.String(), o.Key.String())
+}
+
+// RouteRef names a route of a kind: what a provenance or a status names.
+type RouteRef struct {
+	Kind RouteKind
+	Key  Key
+}
+
+// String is "Kind namespace/name".
+func (r RouteRef) String() string { return string(r.Kind) + " " + r.Key.String() }
