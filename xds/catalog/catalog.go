@@ -150,19 +150,52 @@ type Catalog struct {
 	dirty    *keyset.Set
 	// now starts protocol transitions; tests replace it.
 	now func() time.Time
+	// routes holds the mesh routes; byParent indexes them by the Services
+	// they attach to, byBackend by the Services their rules name.
+	routes    map[model.RouteRef]*model.Route
+	byParent  map[model.Key]map[model.RouteRef]*model.Route
+	byBackend map[model.Key]map[model.RouteRef]struct{}
+	// routeGrants holds each namespace's consent to routes of other
+	// namespaces, by route kind.
+	routeGrants map[string]map[model.RouteKind]model.Grants
 }
 
 type serviceEntry struct {
 	svc *model.Service
-	// frags caches the Service's translation per profile in use.
-	frags map[translate.Profile]*translate.Fragment
-	// scopes are the scopes that select the Service.
-	scopes map[model.Key]struct{}
+	// cat is the catalog the entry belongs to, whose routes its
+	// translations read.
+	cat *Catalog
+	// frags caches the Service's translation per key in use.
+	frags map[fragKey]*translate.Fragment
+	// scopes are the scopes that select the Service; backendOf those that
+	// serve it only as a mesh route's backend.
+	scopes    map[model.Key]struct{}
+	backendOf map[model.Key]struct{}
+	// consumers holds the namespaces whose consumer routes attach to the
+	// Service: their scopes get a translation of their own.
+	consumers map[string]struct{}
+}
+
+// fragKey is what a Service's translation depends on besides the Service:
+// the scopes' profile, which routes apply (a consumer namespace's, or ""
+// for the producer's), and whether it is the backend part only.
+type fragKey struct {
+	profile  translate.Profile
+	consumer string
+	backend  bool
 }
 
 type scopeEntry struct {
-	scope    *model.Scope
+	scope *model.Scope
+	// cat is the catalog the scope belongs to, whose routes decide which
+	// Services it serves as route backends.
+	cat      *Catalog
 	services map[model.Key]*serviceEntry
+	// backends holds the Services served only as mesh route backends
+	// (their clusters and assignments), which the scope does not select;
+	// backendsStale says they must be settled again before a Take.
+	backends      map[model.Key]*serviceEntry
+	backendsStale bool
 	// refused holds the Services the selections match that their
 	// namespaces do not grant to the scope.
 	refused map[model.Key]struct{}
@@ -200,6 +233,11 @@ func New() *Catalog {
 		rejected:   map[model.Key]struct{}{},
 		dirty:      keyset.New(),
 		now:        time.Now,
+
+		routes:      map[model.RouteRef]*model.Route{},
+		byParent:    map[model.Key]map[model.RouteRef]*model.Route{},
+		byBackend:   map[model.Key]map[model.RouteRef]struct{}{},
+		routeGrants: map[string]map[model.RouteKind]model.Grants{},
 	}
 }
 
@@ -209,12 +247,18 @@ func (c *Catalog) Changed() <-chan struct{} { return c.dirty.Changed() }
 
 func (c *Catalog) markDirty(k model.Key) { c.dirty.Add(k) }
 
-func (e *serviceEntry) fragment(p translate.Profile) *translate.Fragment {
-	if f, ok := e.frags[p]; ok {
+// fragment returns the Service's translation for k, cached.
+func (e *serviceEntry) fragment(k fragKey) *translate.Fragment {
+	if f, ok := e.frags[k]; ok {
 		return f
 	}
-	f := translate.Service(e.svc, p)
-	e.frags[p] = &f
+	var f translate.Fragment
+	if k.backend {
+		f = e.fragment(fragKey{profile: k.profile}).BackendPart()
+	} else {
+		f = translate.RoutedService(e.svc, k.profile, e.cat.routing(e.svc.Key, k.consumer))
+	}
+	e.frags[k] = &f
 	return &f
 }
 
@@ -225,7 +269,8 @@ func (c *Catalog) UpsertService(svc *model.Service) {
 	defer c.mu.Unlock()
 	e, ok := c.services[svc.Key]
 	if !ok {
-		e = &serviceEntry{svc: svc, frags: map[translate.Profile]*translate.Fragment{}, scopes: map[model.Key]struct{}{}}
+		e = &serviceEntry{svc: svc, cat: c, frags: map[fragKey]*translate.Fragment{}, scopes: map[model.Key]struct{}{}, backendOf: map[model.Key]struct{}{}}
+		c.noteConsumers(e)
 		c.services[svc.Key] = e
 		if c.byNS[svc.Key.Namespace] == nil {
 			c.byNS[svc.Key.Namespace] = map[model.Key]*serviceEntry{}
@@ -235,9 +280,9 @@ func (c *Catalog) UpsertService(svc *model.Service) {
 	if ok && reflect.DeepEqual(e.svc, svc) {
 		return // a resync or a change to a field the model does not carry
 	}
-	old := e.frags
+	old, before := e.frags, e.svc
 	e.svc = svc
-	e.frags = make(map[translate.Profile]*translate.Fragment, len(old))
+	e.frags = make(map[fragKey]*translate.Fragment, len(old))
 	nsLabels, nsKnown := c.namespaces[svc.Key.Namespace]
 	// A scope selects the Service, or did, only where it can reach the
 	// Service's namespace.
@@ -246,16 +291,28 @@ func (c *Catalog) UpsertService(svc *model.Service) {
 		is, refusal := c.admits(sc, svc, nsLabels, nsKnown)
 		switch {
 		case was && is:
-			sc.replaceService(e, old[translate.ProfileOf(sc.scope)])
+			sc.replaceService(e, old[sc.keyOf(e)])
 		case is:
 			sc.addService(e)
 		case was:
-			sc.removeService(e, old[translate.ProfileOf(sc.scope)])
+			sc.removeService(e, old[sc.keyOf(e)])
 		}
 		if sc.settle() || refusal {
 			c.markDirty(key)
 		}
 	})
+	for key := range e.backendOf {
+		sc := c.scopes[key]
+		sc.replaceBackend(e, old[sc.backendKey()])
+		if sc.settle() {
+			c.markDirty(key)
+		}
+	}
+	if !ok || routeIdentityChanged(before, svc) {
+		// The routes that name it as a backend now reach it, or reach it
+		// under other cluster names.
+		c.retranslateBackendParents(svc.Key)
+	}
 }
 
 // DeleteService removes the Service from every scope that selected it.
@@ -273,11 +330,19 @@ func (c *Catalog) DeleteService(key model.Key) {
 	}
 	for sk := range e.scopes {
 		sc := c.scopes[sk]
-		sc.removeService(e, e.frags[translate.ProfileOf(sc.scope)])
+		sc.removeService(e, e.frags[sc.keyOf(e)])
 		if sc.settle() {
 			c.markDirty(sk)
 		}
 	}
+	for sk := range e.backendOf {
+		sc := c.scopes[sk]
+		sc.dropBackend(e)
+		if sc.settle() {
+			c.markDirty(sk)
+		}
+	}
+	c.retranslateBackendParents(key)
 	c.reach.each(key.Namespace, func(sk model.Key, sc *scopeEntry) {
 		if _, ok := sc.refused[key]; ok {
 			delete(sc.refused, key)
@@ -337,7 +402,7 @@ func (c *Catalog) reselect(sc *scopeEntry, ns string, nsLabels map[string]string
 		case is && !was:
 			sc.addService(e)
 		case was && !is:
-			sc.removeService(e, e.frags[translate.ProfileOf(sc.scope)])
+			sc.removeService(e, e.frags[sc.keyOf(e)])
 		}
 	}
 	return sc.settle() || changed
@@ -442,15 +507,20 @@ func (c *Catalog) UpsertScope(scope *model.Scope) {
 	for _, e := range sc.services {
 		delete(e.scopes, scope.Key)
 	}
+	for _, e := range sc.backends {
+		delete(e.backendOf, scope.Key)
+	}
 	if ok {
 		c.reach.remove(sc)
 	}
 	sc.scope = scope
+	sc.cat = c
 	c.reach.add(sc)
 	if sc.places == nil {
 		sc.places = Placed{}
 	}
 	sc.services = map[model.Key]*serviceEntry{}
+	sc.backends = map[model.Key]*serviceEntry{}
 	sc.refused = map[model.Key]struct{}{}
 	c.eachReachable(scope, func(e *serviceEntry) {
 		nsLabels, nsKnown := c.namespaces[e.svc.Key.Namespace]
@@ -459,6 +529,10 @@ func (c *Catalog) UpsertScope(scope *model.Scope) {
 			e.scopes[scope.Key] = struct{}{}
 		}
 	})
+	sc.backends = sc.wantedBackends()
+	for _, e := range sc.backends {
+		e.backendOf[scope.Key] = struct{}{}
+	}
 	sc.rebuild()
 	sc.takeTouched()
 	// Reported even when no resource changed: downstream serves the spec too
@@ -499,9 +573,7 @@ func (c *Catalog) DeleteScope(key model.Key) {
 		return
 	}
 	if ok {
-		for _, e := range sc.services {
-			delete(e.scopes, key)
-		}
+		sc.forget()
 		c.reach.remove(sc)
 		delete(c.scopes, key)
 	}
@@ -518,9 +590,7 @@ func (c *Catalog) RejectScope(key model.Key, generation int64, reason string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if sc, ok := c.scopes[key]; ok {
-		for _, e := range sc.services {
-			delete(e.scopes, key)
-		}
+		sc.forget()
 		c.reach.remove(sc)
 		delete(c.scopes, key)
 	}

@@ -319,8 +319,25 @@ func TestRandomChangesMatchTranslationFromScratch(t *testing.T) {
 			return model.Selection{NamespaceSelector: selector(t, fmt.Sprint("env=e", rng.IntN(2))), Selector: labels.Everything()}
 		}
 	}
+	routes := map[model.RouteRef]*model.Route{}
+	randomKey := func() model.Key {
+		return model.Key{Namespace: nss[rng.IntN(3)], Name: fmt.Sprint("s", rng.IntN(6))}
+	}
 	steps := *stepsFlag
 	for step := range steps {
+		if rng.IntN(6) == 0 {
+			// A mesh route: a producer route in a Service's namespace, or
+			// a consumer route in the scopes' namespace x.
+			ref := model.RouteRef{Kind: []model.RouteKind{model.HTTPRoute, model.GRPCRoute}[rng.IntN(2)], Key: model.Key{Namespace: []string{"a", "x"}[rng.IntN(2)], Name: fmt.Sprint("r", rng.IntN(3))}}
+			if rng.IntN(3) == 0 {
+				delete(routes, ref)
+				c.DeleteRoute(ref)
+			} else {
+				r := randomRoute(rng, ref, randomKey)
+				routes[ref] = r
+				c.UpsertRoute(r)
+			}
+		}
 		switch op := rng.IntN(10); {
 		case op < 5:
 			ns, name := nss[rng.IntN(3)], fmt.Sprint("s", rng.IntN(6))
@@ -329,6 +346,7 @@ func TestRandomChangesMatchTranslationFromScratch(t *testing.T) {
 				addrs = append(addrs, fmt.Sprintf("10.%d.0.%d", rng.IntN(2), i+1))
 			}
 			svc := service(ns, name, map[string]string{"tier": fmt.Sprint("t", rng.IntN(2))}, addrs...)
+			svc.UID = fmt.Sprint("u", rng.IntN(2))
 			if rng.IntN(3) == 0 {
 				svc.Ports = append(svc.Ports, model.ServicePort{Name: "grpc", Port: 9090, Protocol: model.ProtocolTCP, AppProtocol: "grpc", TargetPort: 9090})
 			}
@@ -411,7 +429,7 @@ func TestRandomChangesMatchTranslationFromScratch(t *testing.T) {
 				}
 			}
 			for k, sc := range scopes {
-				want := fromScratch(sc, world, nsLabels)
+				want := fromScratch(sc, world, nsLabels, routes)
 				got, _ := c.Resources(k)
 				if d := diff(got, want); d != "" {
 					t.Fatalf("seed %d step %d: scope %s differs from a translation from scratch: %s", seed, step, k, d)
@@ -422,7 +440,7 @@ func TestRandomChangesMatchTranslationFromScratch(t *testing.T) {
 				if d := diff(*mirror[k], want); d != "" {
 					t.Fatalf("seed %d step %d: replaying Take for scope %s differs from a translation from scratch: %s", seed, step, k, d)
 				}
-				wantAt := placesFromScratch(sc, world, nsLabels)
+				wantAt := placesFromScratch(sc, world, nsLabels, routes)
 				if d := diffPlaced(c.Places(k), wantAt); d != "" {
 					t.Fatalf("seed %d step %d: the place views of scope %s differ from a translation from scratch: %s", seed, step, k, d)
 				}
@@ -448,9 +466,9 @@ func selectedOf(sc *model.Scope, world map[model.Key]*model.Service, nsLabels ma
 	return selected
 }
 
-func placesFromScratch(sc *model.Scope, world map[model.Key]*model.Service, nsLabels map[string]map[string]string) Placed {
+func placesFromScratch(sc *model.Scope, world map[model.Key]*model.Service, nsLabels map[string]map[string]string, routes map[model.RouteRef]*model.Route) Placed {
 	out := Placed{}
-	for _, p := range translate.Translate(sc, selectedOf(sc, world, nsLabels)).Places {
+	for _, p := range routedFromScratch(sc, world, nsLabels, routes).Places {
 		out[p.Place] = map[string]proto.Message{}
 		for _, cla := range p.Endpoints {
 			out[p.Place][cla.GetClusterName()] = cla
@@ -475,8 +493,92 @@ func diffPlaced(got, want Placed) string {
 	return ""
 }
 
-func fromScratch(sc *model.Scope, world map[model.Key]*model.Service, nsLabels map[string]map[string]string) Set {
-	res := translate.Translate(sc, selectedOf(sc, world, nsLabels))
+// routedFromScratch translates a scope from the whole world, mesh routes
+// included, as docs/routes.md defines it: each selected Service with the
+// consumer routes of the scope's namespace when there are any, else its
+// producer routes; every Service those routes reach that the scope does
+// not select, as a backend only. Every namespace permits every other here.
+func routedFromScratch(sc *model.Scope, world map[model.Key]*model.Service, nsLabels map[string]map[string]string, routes map[model.RouteRef]*model.Route) translate.Resources {
+	selected := selectedOf(sc, world, nsLabels)
+	isSelected := map[model.Key]bool{}
+	for _, svc := range selected {
+		isSelected[svc.Key] = true
+	}
+	backends := map[model.Key]bool{}
+	var frags []*translate.Fragment
+	for _, svc := range selected {
+		attached := func(ns string) []*model.Route {
+			var out []*model.Route
+			for _, r := range routes {
+				if r.Refused != "" || r.Key.Namespace != ns {
+					continue
+				}
+				if slices.ContainsFunc(r.Parents, func(p model.RouteParent) bool { return p.Service == svc.Key }) {
+					out = append(out, r)
+				}
+			}
+			return out
+		}
+		var rs []*model.Route
+		if sc.Key.Namespace != svc.Key.Namespace {
+			rs = attached(sc.Key.Namespace)
+		}
+		if len(rs) == 0 {
+			rs = attached(svc.Key.Namespace)
+		}
+		var rt *translate.Routing
+		if len(rs) > 0 {
+			rt = &translate.Routing{Routes: rs, Backends: map[model.Key]*model.Service{}}
+			for _, r := range rs {
+				for _, rule := range r.Rules {
+					for _, b := range rule.Backends {
+						if w, ok := world[b.Service]; ok && b.Invalid == "" {
+							rt.Backends[b.Service] = w
+							if !isSelected[b.Service] {
+								backends[b.Service] = true
+							}
+						}
+					}
+				}
+			}
+		}
+		f := translate.RoutedService(svc, translate.ProfileOf(sc), rt)
+		frags = append(frags, &f)
+	}
+	for k := range backends {
+		f := translate.Service(world[k], translate.ProfileOf(sc))
+		b := f.BackendPart()
+		frags = append(frags, &b)
+	}
+	return translate.AssembleScope(sc, frags)
+}
+
+// randomRoute is a route of one to two parents and rules, each rule with
+// a match and one to three weighted backends, named among the randomized
+// test's Services.
+func randomRoute(rng *rand.Rand, ref model.RouteRef, key func() model.Key) *model.Route {
+	r := &model.Route{Key: ref.Key, Kind: ref.Kind, Created: time.Unix(int64(rng.IntN(3)), 0)}
+	for range 1 + rng.IntN(2) {
+		r.Parents = append(r.Parents, model.RouteParent{Service: key(), Port: []int32{0, 80, 9090}[rng.IntN(3)]})
+	}
+	for i := range 1 + rng.IntN(2) {
+		rule := model.RouteRule{Matches: []model.RouteMatch{{PathType: model.PathPrefix, Path: fmt.Sprint("/p", i)}}}
+		if ref.Kind == model.GRPCRoute {
+			rule.Matches = []model.RouteMatch{{GRPC: true, GRPCService: fmt.Sprint("svc", i)}}
+		}
+		for range 1 + rng.IntN(3) {
+			rule.Backends = append(rule.Backends, model.RouteBackend{Service: key(), Port: []int32{80, 9090}[rng.IntN(2)], Weight: int32(rng.IntN(3))})
+		}
+		r.Rules = append(r.Rules, rule)
+	}
+	if rng.IntN(8) == 0 {
+		r.Refused = "refused"
+	}
+	return r
+}
+
+func fromScratch(sc *model.Scope, world map[model.Key]*model.Service, nsLabels map[string]map[string]string, routes map[model.RouteRef]*model.Route) Set {
+	res := routedFromScratch(sc, world, nsLabels, routes)
 	out := Set{}
 	res.Each(func(t xdstype.Type, r proto.Message) {
 		if out[t] == nil {

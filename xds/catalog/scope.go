@@ -211,19 +211,32 @@ func (sc *scopeEntry) dropFragment(old, keep *translate.Fragment) {
 func (sc *scopeEntry) addService(e *serviceEntry) {
 	sc.services[e.svc.Key] = e
 	e.scopes[sc.scope.Key] = struct{}{}
-	sc.putFragment(e.fragment(translate.ProfileOf(sc.scope)))
+	sc.putFragment(e.fragment(sc.keyOf(e)))
 	sc.routesStale = sc.envoyMode()
+	sc.noteRouted()
 }
 
 func (sc *scopeEntry) removeService(e *serviceEntry, old *translate.Fragment) {
 	delete(sc.services, e.svc.Key)
 	delete(e.scopes, sc.scope.Key)
 	sc.dropFragment(old, nil)
+	if _, ok := sc.backends[e.svc.Key]; ok {
+		// Still a route backend (until the backends settle): its
+		// clusters and assignments stay.
+		sc.putFragment(e.fragment(sc.backendKey()))
+	}
 	sc.routesStale = sc.envoyMode()
+	sc.noteRouted()
+}
+
+// noteRouted marks the route backends the scope serves stale after its
+// selection changed, when routes exist that could make them change.
+func (sc *scopeEntry) noteRouted() {
+	sc.backendsStale = sc.backendsStale || len(sc.cat.byParent) > 0 || len(sc.backends) > 0
 }
 
 func (sc *scopeEntry) replaceService(e *serviceEntry, old *translate.Fragment) {
-	f := e.fragment(translate.ProfileOf(sc.scope))
+	f := e.fragment(sc.keyOf(e))
 	sc.dropFragment(old, f)
 	sc.putFragment(f)
 	if sc.envoyMode() && (old == nil || !virtualHostsEqual(old, f)) {
@@ -243,11 +256,15 @@ func virtualHostsEqual(a, b *translate.Fragment) bool {
 	return true
 }
 
-// fragments returns the translation of every selected Service.
+// fragments returns the translation of every selected Service, and the
+// backend part of every Service served as a route backend.
 func (sc *scopeEntry) fragments() []*translate.Fragment {
-	out := make([]*translate.Fragment, 0, len(sc.services))
+	out := make([]*translate.Fragment, 0, len(sc.services)+len(sc.backends))
 	for _, e := range sc.services {
-		out = append(out, e.fragment(translate.ProfileOf(sc.scope)))
+		out = append(out, e.fragment(sc.keyOf(e)))
+	}
+	for _, e := range sc.backends {
+		out = append(out, e.fragment(sc.backendKey()))
 	}
 	return out
 }
@@ -334,12 +351,13 @@ func (sc *scopeEntry) replacePlaces(places []translate.PlaceEndpoints) {
 // loading a scope of n Services one by one, as the reconcilers do at each
 // start, cost n² virtual hosts.
 func (sc *scopeEntry) settle() bool {
-	return sc.takeTouched() || sc.routesStale
+	return sc.takeTouched() || sc.routesStale || sc.backendsStale
 }
 
 // fresh re-assembles what the scope's changes made stale, before its
 // resources are read.
 func (sc *scopeEntry) fresh() {
+	sc.syncBackends()
 	sc.reassembleRoutes()
 	sc.takeTouched()
 }

@@ -1,6 +1,7 @@
 package model
 
 import (
+	"cmp"
 	"strings"
 	"time"
 )
@@ -144,7 +145,8 @@ func (r *Route) Attaches(svc Key, port int32) bool {
 }
 
 // Compare orders routes by Gateway API's tie-breakers: the older first,
-// then by namespace and name.
+// then by namespace and name, then (an HTTPRoute and a GRPCRoute of one
+// name) by kind.
 func (r *Route) Compare(o *Route) int {
 	switch {
 	case r.Created.Before(o.Created):
@@ -152,7 +154,7 @@ func (r *Route) Compare(o *Route) int {
 	case o.Created.Before(r.Created):
 		return 1
 	}
-	return strings.Compare(r.Key.String(), o.Key.String())
+	return cmp.Or(r.Key.Compare(o.Key), strings.Compare(string(r.Kind), string(o.Kind)))
 }
 
 // RouteRef names a route of a kind: what a provenance or a status names.

@@ -49,7 +49,8 @@ func GRPCListenerNames(svc model.Key, port int32) (fqdn, short string) {
 // route configuration in which two virtual hosts share a domain: to port 80
 // when the Service has it (a Host without a port means 80 in HTTP), else to
 // its lowest port.
-func envoyVirtualHosts(svc model.Key, ports []model.ServicePort) []*routev3.VirtualHost {
+func envoyVirtualHosts(svc *model.Service, ports []model.ServicePort, rt *Routing) []*routev3.VirtualHost {
+	key := svc.Key
 	if len(ports) == 0 {
 		return nil
 	}
@@ -60,10 +61,10 @@ func envoyVirtualHosts(svc model.Key, ports []model.ServicePort) []*routev3.Virt
 		}
 	}
 	names := [...]string{
-		svc.Name,
-		svc.Name + "." + svc.Namespace,
-		svc.Name + "." + svc.Namespace + ".svc",
-		svc.Name + "." + svc.Namespace + ".svc." + ClusterDomain,
+		key.Name,
+		key.Name + "." + key.Namespace,
+		key.Name + "." + key.Namespace + ".svc",
+		key.Name + "." + key.Namespace + ".svc." + ClusterDomain,
 	}
 	out := make([]*routev3.VirtualHost, 0, len(ports))
 	for i := range ports {
@@ -76,11 +77,11 @@ func envoyVirtualHosts(svc model.Key, ports []model.ServicePort) []*routev3.Virt
 			}
 			domains = append(domains, n+p)
 		}
-		out = append(out, &routev3.VirtualHost{
-			Name:    names[1] + p,
-			Domains: domains,
-			Routes:  []*routev3.Route{routeTo(model.ClusterName(svc, port))},
-		})
+		routes, routed := portRoutes(svc, port, rt, model.ListenerEnvoy)
+		if !routed {
+			routes = []*routev3.Route{routeTo(model.ClusterName(key, port))}
+		}
+		out = append(out, &routev3.VirtualHost{Name: names[1] + p, Domains: domains, Routes: routes})
 	}
 	return out
 }
@@ -284,16 +285,21 @@ func apiListener(name, routeConfig string) *listenerv3.Listener {
 
 // grpcRouteConfig builds the route configuration of a Service port for gRPC
 // clients: one virtual host matching both listener names and, for clients
-// that override the authority, anything.
-func grpcRouteConfig(svc *model.Service, port int32) *routev3.RouteConfiguration {
+// that override the authority, anything; its routes are the mesh routes'
+// entries for the port (rt), or one to the port's own endpoints.
+func grpcRouteConfig(svc *model.Service, port int32, rt *Routing) *routev3.RouteConfiguration {
 	fqdn, short := GRPCListenerNames(svc.Key, port)
 	cluster := clusterName(svc, port, model.ListenerProxylessGRPC)
+	routes, routed := portRoutes(svc, port, rt, model.ListenerProxylessGRPC)
+	if !routed {
+		routes = []*routev3.Route{routeTo(cluster)}
+	}
 	return &routev3.RouteConfiguration{
 		Name: GRPCRouteName(svc, port),
 		VirtualHosts: []*routev3.VirtualHost{{
 			Name:    cluster,
 			Domains: []string{fqdn, short, "*"},
-			Routes:  []*routev3.Route{routeTo(cluster)},
+			Routes:  routes,
 		}},
 	}
 }

@@ -120,6 +120,13 @@ func eachFrom[T proto.Message](t xdstype.Type, ms []T, from []*model.Origin, fn 
 // cannot carry UDP or SCTP, and a port Envoy cannot address would get the
 // whole response rejected.
 func Service(svc *model.Service, p Profile) Fragment {
+	return RoutedService(svc, p, nil)
+}
+
+// RoutedService is Service for a Service that mesh routes attach to (rt;
+// nil for none): each port they attach to routes by their rules instead of
+// sending every request to the port's own endpoints.
+func RoutedService(svc *model.Service, p Profile, rt *Routing) Fragment {
 	mode := p.Mode
 	ports := tcpPorts(svc)
 	out := Fragment{Service: svc.Key}
@@ -148,11 +155,11 @@ func Service(svc *model.Service, p Profile) Fragment {
 			for range ls {
 				from[xdstype.Listener] = append(from[xdstype.Listener], &origins[i])
 			}
-			out.Routes = append(out.Routes, grpcRouteConfig(svc, ports[i].Port))
+			out.Routes = append(out.Routes, grpcRouteConfig(svc, ports[i].Port, rt))
 			from[xdstype.Route] = append(from[xdstype.Route], &origins[i])
 		}
 	default:
-		out.Hosts = envoyVirtualHosts(svc.Key, ports)
+		out.Hosts = envoyVirtualHosts(svc, ports, rt)
 		for i := range out.Hosts { // one per port, in the order of ports
 			out.hostsFrom = append(out.hostsFrom, &origins[i])
 		}

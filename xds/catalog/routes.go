@@ -1,0 +1,341 @@
+package catalog
+
+import (
+	"cmp"
+	"reflect"
+	"slices"
+
+	"github.com/scopeplane/scopeplane/xds/model"
+	"github.com/scopeplane/scopeplane/xds/translate"
+)
+
+// UpsertRoute records a mesh route (an HTTPRoute or a GRPCRoute whose
+// parents are Services) and re-translates the Services it attaches to, now
+// or before, in the scopes that serve them.
+func (c *Catalog) UpsertRoute(r *model.Route) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.setRoute(model.RouteRef{Kind: r.Kind, Key: r.Key}, r)
+}
+
+// DeleteRoute forgets a mesh route.
+func (c *Catalog) DeleteRoute(ref model.RouteRef) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.setRoute(ref, nil)
+}
+
+// SetRouteGrants records the consent namespace ns gives, through its
+// ReferenceGrants, to routes of other namespaces to name its Services as
+// backends: by route kind, then as model.Grants keyed by the route's
+// namespace.
+func (c *Catalog) SetRouteGrants(ns string, g map[model.RouteKind]model.Grants) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if reflect.DeepEqual(c.routeGrants[ns], g) || (len(g) == 0 && len(c.routeGrants[ns]) == 0) {
+		return
+	}
+	if len(g) == 0 {
+		delete(c.routeGrants, ns)
+	} else {
+		c.routeGrants[ns] = g
+	}
+	parents := map[model.Key]struct{}{}
+	for _, r := range c.routes {
+		if r.Key.Namespace != ns && namesBackendIn(r, ns) {
+			for _, p := range r.Parents {
+				parents[p.Service] = struct{}{}
+			}
+		}
+	}
+	c.retranslate(parents)
+}
+
+func namesBackendIn(r *model.Route, ns string) bool {
+	for i := range r.Rules {
+		for _, b := range r.Rules[i].Backends {
+			if b.Service.Namespace == ns {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// setRoute replaces the route ref (nil: deletes it), re-indexes it and
+// re-translates the Services it attached to or attaches to.
+func (c *Catalog) setRoute(ref model.RouteRef, r *model.Route) {
+	old := c.routes[ref]
+	if old == nil && r == nil || old != nil && r != nil && reflect.DeepEqual(old, r) {
+		return
+	}
+	parents := map[model.Key]struct{}{}
+	for _, x := range []*model.Route{old, r} {
+		if x == nil {
+			continue
+		}
+		for _, p := range x.Parents {
+			parents[p.Service] = struct{}{}
+		}
+	}
+	if old != nil {
+		c.index(ref, old, false)
+		delete(c.routes, ref)
+	}
+	if r != nil {
+		c.routes[ref] = r
+		c.index(ref, r, true)
+	}
+	c.retranslate(parents)
+}
+
+// index adds the route to, or removes it from, byParent and byBackend.
+func (c *Catalog) index(ref model.RouteRef, r *model.Route, add bool) {
+	for _, p := range r.Parents {
+		byRef := c.byParent[p.Service]
+		switch {
+		case add && byRef == nil:
+			byRef = map[model.RouteRef]*model.Route{}
+			c.byParent[p.Service] = byRef
+			fallthrough
+		case add:
+			byRef[ref] = r
+		default:
+			delete(byRef, ref)
+			if len(byRef) == 0 {
+				delete(c.byParent, p.Service)
+			}
+		}
+	}
+	for i := range r.Rules {
+		for _, b := range r.Rules[i].Backends {
+			refs := c.byBackend[b.Service]
+			switch {
+			case add && refs == nil:
+				refs = map[model.RouteRef]struct{}{}
+				c.byBackend[b.Service] = refs
+				fallthrough
+			case add:
+				refs[ref] = struct{}{}
+			default:
+				delete(refs, ref)
+				if len(refs) == 0 {
+					delete(c.byBackend, b.Service)
+				}
+			}
+		}
+	}
+}
+
+// retranslateBackendParents re-translates the Services whose routes name
+// the Service key as a backend: it appeared, left, or changed what its
+// clusters are called.
+func (c *Catalog) retranslateBackendParents(key model.Key) {
+	parents := map[model.Key]struct{}{}
+	for ref := range c.byBackend[key] {
+		for _, p := range c.routes[ref].Parents {
+			parents[p.Service] = struct{}{}
+		}
+	}
+	c.retranslate(parents)
+}
+
+// retranslate translates the Services again after their routes (or their
+// routes' backends) changed, in every scope that serves them, and has those
+// scopes settle which backends they serve.
+func (c *Catalog) retranslate(keys map[model.Key]struct{}) {
+	for key := range keys {
+		e, ok := c.services[key]
+		if !ok {
+			continue
+		}
+		old := make(map[model.Key]*translate.Fragment, len(e.scopes))
+		for sk := range e.scopes {
+			old[sk] = e.frags[c.scopes[sk].keyOf(e)]
+		}
+		c.noteConsumers(e)
+		// The backend part depends on the Service alone: it is kept.
+		for k := range e.frags {
+			if !k.backend {
+				delete(e.frags, k)
+			}
+		}
+		for sk := range e.scopes {
+			sc := c.scopes[sk]
+			sc.replaceService(e, old[sk])
+			sc.backendsStale = true
+			c.markDirty(sk)
+		}
+	}
+}
+
+// noteConsumers records the namespaces whose consumer routes attach to the
+// Service.
+func (c *Catalog) noteConsumers(e *serviceEntry) {
+	e.consumers = nil
+	for _, r := range c.byParent[e.svc.Key] {
+		if r.Refused == "" && r.Consumer(e.svc.Key) {
+			if e.consumers == nil {
+				e.consumers = map[string]struct{}{}
+			}
+			e.consumers[r.Key.Namespace] = struct{}{}
+		}
+	}
+}
+
+// consumerFor is which routes of the Service apply to scopes of namespace
+// ns: that namespace's consumer routes when it has any, else the
+// producer's ("").
+func (e *serviceEntry) consumerFor(ns string) string {
+	if _, ok := e.consumers[ns]; ok && ns != e.svc.Key.Namespace {
+		return ns
+	}
+	return ""
+}
+
+// routing resolves the routes of the Service that apply to the scopes of
+// consumer ("" for the producer's routes), with the backends they may
+// reach; nil when none applies.
+func (c *Catalog) routing(svc model.Key, consumer string) *translate.Routing {
+	ns := cmp.Or(consumer, svc.Namespace)
+	var rt *translate.Routing
+	for _, r := range c.byParent[svc] {
+		if r.Refused != "" || r.Key.Namespace != ns {
+			continue
+		}
+		if rt == nil {
+			rt = &translate.Routing{Backends: map[model.Key]*model.Service{}}
+		}
+		rt.Routes = append(rt.Routes, r)
+		for i := range r.Rules {
+			for _, b := range r.Rules[i].Backends {
+				if e, ok := c.services[b.Service]; ok && b.Invalid == "" && c.routePermits(r, b.Service) {
+					rt.Backends[b.Service] = e.svc
+				}
+			}
+		}
+	}
+	if rt != nil {
+		slices.SortFunc(rt.Routes, (*model.Route).Compare)
+	}
+	return rt
+}
+
+// routePermits reports whether the route may send requests to the Service:
+// one of its own namespace, or one whose namespace grants the route's kind
+// and namespace (Gateway API's ReferenceGrant), unless the policy allows
+// every namespace.
+func (c *Catalog) routePermits(r *model.Route, svc model.Key) bool {
+	return svc.Namespace == r.Key.Namespace || c.crossNS == CrossNamespaceAllow ||
+		c.routeGrants[svc.Namespace][r.Kind].Permits(r.Key.Namespace, svc.Name)
+}
+
+// routeIdentityChanged reports whether a Service changed what routes that
+// name it as a backend translate to: its UID (in proxyless cluster names)
+// or its ports.
+func routeIdentityChanged(a, b *model.Service) bool {
+	if a.UID != b.UID || len(a.Ports) != len(b.Ports) {
+		return true
+	}
+	for i := range a.Ports {
+		if a.Ports[i].Port != b.Ports[i].Port || a.Ports[i].Protocol != b.Ports[i].Protocol {
+			return true
+		}
+	}
+	return false
+}
+
+// wantedBackends returns the Services the scope must serve as route
+// backends: those the routes of its selected Services may reach, that it
+// does not select.
+func (sc *scopeEntry) wantedBackends() map[model.Key]*serviceEntry {
+	c := sc.cat
+	out := map[model.Key]*serviceEntry{}
+	visit := func(e *serviceEntry) {
+		rt := c.routing(e.svc.Key, e.consumerFor(sc.scope.Key.Namespace))
+		if rt == nil {
+			return
+		}
+		for k := range rt.Backends {
+			if _, selected := sc.services[k]; !selected {
+				out[k] = c.services[k]
+			}
+		}
+	}
+	if len(c.byParent) < len(sc.services) {
+		for k := range c.byParent {
+			if e, ok := sc.services[k]; ok {
+				visit(e)
+			}
+		}
+	} else {
+		for _, e := range sc.services {
+			if _, ok := c.byParent[e.svc.Key]; ok {
+				visit(e)
+			}
+		}
+	}
+	return out
+}
+
+// syncBackends makes the Services served as route backends those wanted.
+func (sc *scopeEntry) syncBackends() {
+	if !sc.backendsStale {
+		return
+	}
+	sc.backendsStale = false
+	want := sc.wantedBackends()
+	for k, e := range sc.backends {
+		if _, ok := want[k]; !ok {
+			sc.dropBackend(e)
+		}
+	}
+	for k, e := range want {
+		if _, ok := sc.backends[k]; !ok {
+			sc.backends[k] = e
+			e.backendOf[sc.scope.Key] = struct{}{}
+			sc.putFragment(e.fragment(sc.backendKey()))
+		}
+	}
+}
+
+// dropBackend stops serving the Service as a route backend, keeping what
+// the scope now serves of it as a selected Service.
+func (sc *scopeEntry) dropBackend(e *serviceEntry) {
+	delete(sc.backends, e.svc.Key)
+	delete(e.backendOf, sc.scope.Key)
+	var keep *translate.Fragment
+	if _, selected := sc.services[e.svc.Key]; selected {
+		keep = e.fragment(sc.keyOf(e))
+	}
+	sc.dropFragment(e.frags[sc.backendKey()], keep)
+}
+
+// replaceBackend serves the new translation of a Service served as a
+// route backend, in place of old.
+func (sc *scopeEntry) replaceBackend(e *serviceEntry, old *translate.Fragment) {
+	f := e.fragment(sc.backendKey())
+	sc.dropFragment(old, f)
+	sc.putFragment(f)
+}
+
+// keyOf is the key of the Service's translation the scope serves.
+func (sc *scopeEntry) keyOf(e *serviceEntry) fragKey {
+	return fragKey{profile: translate.ProfileOf(sc.scope), consumer: e.consumerFor(sc.scope.Key.Namespace)}
+}
+
+// backendKey is the key of the backend part the scope serves of a Service
+// it serves only as a route backend.
+func (sc *scopeEntry) backendKey() fragKey {
+	return fragKey{profile: translate.ProfileOf(sc.scope), backend: true}
+}
+
+// forget unlinks the scope from the Services it serves, as it goes away.
+func (sc *scopeEntry) forget() {
+	for _, e := range sc.services {
+		delete(e.scopes, sc.scope.Key)
+	}
+	for _, e := range sc.backends {
+		delete(e.backendOf, sc.scope.Key)
+	}
+}

@@ -1,0 +1,452 @@
+package translate
+
+import (
+	"cmp"
+	"fmt"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/scopeplane/scopeplane/xds/model"
+	"github.com/scopeplane/scopeplane/xds/xdstype"
+)
+
+// Routing is what the translation of a Service needs of the mesh routes
+// attached to it, as the catalog resolved them for the scopes it is
+// translated for: the routes that apply (a consumer namespace's, or the
+// producer's; see docs/routes.md), and the backends they may reach.
+type Routing struct {
+	// Routes are the routes that apply, each attached to the Service.
+	// Refused routes are ignored.
+	Routes []*model.Route
+	// Backends are the Services the routes' backendRefs name that exist and
+	// that the routes may reach (their own namespace's, or granted), by key.
+	// A backendRef to any other Service is left out of its rule.
+	Backends map[model.Key]*model.Service
+}
+
+// entry is one route entry of a Service port: one match of one rule, with
+// where it comes from, in Gateway API's precedence order once sorted.
+type entry struct {
+	route *model.Route
+	rule  *model.RouteRule
+	match model.RouteMatch
+}
+
+// portRoutes returns the route entries of a Service port, in the order a
+// client must try them, and whether any route applies to the port at all
+// (when none does, the port keeps its one route to its own endpoints).
+//
+// A GRPCRoute and an HTTPRoute on one port do not merge: the GRPCRoutes
+// win (Gateway API's GEP-1294), and the HTTPRoutes' status says Conflicted.
+func portRoutes(svc *model.Service, port int32, rt *Routing, mode model.ListenerMode) ([]*routev3.Route, bool) {
+	if rt == nil {
+		return nil, false
+	}
+	var attached []*model.Route
+	grpc := false
+	for _, r := range rt.Routes {
+		if r.Refused == "" && r.Attaches(svc.Key, port) {
+			attached = append(attached, r)
+			grpc = grpc || r.Kind == model.GRPCRoute
+		}
+	}
+	if len(attached) == 0 {
+		return nil, false
+	}
+	if grpc {
+		attached = slices.DeleteFunc(attached, func(r *model.Route) bool { return r.Kind != model.GRPCRoute })
+	}
+	slices.SortStableFunc(attached, (*model.Route).Compare)
+	var entries []entry
+	for _, r := range attached {
+		for i := range r.Rules {
+			rule := &r.Rules[i]
+			if len(rule.Matches) == 0 {
+				entries = append(entries, entry{r, rule, model.RouteMatch{PathType: model.PathPrefix, Path: "/", GRPC: r.Kind == model.GRPCRoute}})
+				continue
+			}
+			for _, m := range rule.Matches {
+				entries = append(entries, entry{r, rule, m})
+			}
+		}
+	}
+	slices.SortStableFunc(entries, func(a, b entry) int { return precedence(a.match, b.match) })
+	out := make([]*routev3.Route, 0, len(entries))
+	for _, e := range entries {
+		if rt := routeEntry(&e, rt.Backends, mode); rt != nil {
+			out = append(out, rt)
+		}
+	}
+	if len(out) == 0 && mode == model.ListenerProxylessGRPC {
+		// Every rule was left out: no request may match, yet gRPC C-core
+		// refuses a virtual host without routes. The path "/" is one no
+		// gRPC method has.
+		out = append(out, &routev3.Route{
+			Match:  &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Path{Path: "/"}},
+			Action: &routev3.Route_Route{Route: &routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: clusterName(svc, port, mode)}}},
+		})
+	}
+	return out, true
+}
+
+// precedence orders two matches as Gateway API orders route entries: for
+// HTTPRoute an exact path first, then a regular expression, then the
+// longest prefix; a method before none; more header matches, then more
+// query matches. For GRPCRoute the longest service, then the longest
+// method, then more header matches. Ties keep their order: the older
+// route, then namespace/name, then the rule's and the match's position.
+func precedence(a, b model.RouteMatch) int {
+	if a.GRPC || b.GRPC {
+		return cmp.Or(
+			-cmp.Compare(len(a.GRPCService), len(b.GRPCService)),
+			-cmp.Compare(len(a.GRPCMethod), len(b.GRPCMethod)),
+			-cmp.Compare(len(a.Headers), len(b.Headers)),
+		)
+	}
+	rank := func(m model.RouteMatch) int {
+		switch m.PathType {
+		case model.PathExact:
+			return 0
+		case model.PathRegex:
+			return 1
+		}
+		return 2
+	}
+	prefixLen := func(m model.RouteMatch) int {
+		if m.PathType != model.PathPrefix {
+			return 0
+		}
+		return len(prefixPath(m.Path))
+	}
+	return cmp.Or(
+		cmp.Compare(rank(a), rank(b)),
+		-cmp.Compare(prefixLen(a), prefixLen(b)),
+		-cmp.Compare(boolInt(a.Method != ""), boolInt(b.Method != "")),
+		-cmp.Compare(len(a.Headers), len(b.Headers)),
+		-cmp.Compare(len(a.Query), len(b.Query)),
+	)
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// prefixPath is a PathPrefix without its trailing slash, which Gateway API
+// ignores ("/a/" matches what "/a" matches); "/" stays.
+func prefixPath(p string) string {
+	if len(p) > 1 {
+		return strings.TrimRight(p, "/")
+	}
+	return p
+}
+
+// routeEntry translates one entry, or returns nil when the scope's clients
+// cannot be sent it: a proxyless gRPC client cannot match query parameters
+// nor an HTTP method other than POST, and is sent no rule without a backend
+// to go to (Envoy answers such requests 500, as Gateway API asks).
+func routeEntry(e *entry, backends map[model.Key]*model.Service, mode model.ListenerMode) *routev3.Route {
+	proxyless := mode == model.ListenerProxylessGRPC
+	m := e.match
+	if proxyless && (len(m.Query) > 0 || (m.Method != "" && m.Method != "POST")) {
+		return nil
+	}
+	out := &routev3.Route{Match: routeMatch(&m, proxyless)}
+	clusters := ruleClusters(e.rule, backends, mode)
+	if len(clusters) == 0 {
+		if proxyless {
+			return nil
+		}
+		out.Action = &routev3.Route_DirectResponse{DirectResponse: &routev3.DirectResponseAction{Status: 500}}
+		return out
+	}
+	action := &routev3.RouteAction{}
+	if len(clusters) == 1 {
+		action.ClusterSpecifier = &routev3.RouteAction_Cluster{Cluster: clusters[0].GetName()}
+	} else {
+		wc := &routev3.WeightedCluster{Clusters: clusters}
+		if proxyless {
+			// gRPC C-core 1.51 refuses weights that do not add up to
+			// total_weight (100 when unset); Envoy deprecates the field.
+			var sum uint32
+			for _, c := range clusters {
+				sum += c.GetWeight().GetValue()
+			}
+			wc.TotalWeight = wrapperspb.UInt32(sum)
+		}
+		action.ClusterSpecifier = &routev3.RouteAction_WeightedClusters{WeightedClusters: wc}
+	}
+	timeouts(action, e.rule, proxyless)
+	action.RetryPolicy = retryPolicy(e.rule, proxyless)
+	out.Action = &routev3.Route_Route{Route: action}
+	if !proxyless {
+		if h := e.rule.RequestHeaders; h != nil {
+			out.RequestHeadersToAdd, out.RequestHeadersToRemove = headerOptions(h), slices.Clone(h.Remove)
+		}
+		if h := e.rule.ResponseHeaders; h != nil {
+			out.ResponseHeadersToAdd, out.ResponseHeadersToRemove = headerOptions(h), slices.Clone(h.Remove)
+		}
+	}
+	return out
+}
+
+// routeMatch translates a match. Proxyless gRPC clients get the encodings
+// all three of grpc-go, grpc-js-xds and gRPC C-core accept (see
+// docs/proposals/mesh-routes-clients.md): a segment-aware prefix as a
+// regular expression, since they refuse path_separated_prefix, and header
+// matches in the deprecated exact_match and safe_regex_match, since C-core
+// 1.51 refuses string_match.
+func routeMatch(m *model.RouteMatch, proxyless bool) *routev3.RouteMatch {
+	out := &routev3.RouteMatch{}
+	switch {
+	case m.GRPC:
+		grpcPath(out, m)
+	case m.PathType == model.PathExact:
+		out.PathSpecifier = &routev3.RouteMatch_Path{Path: m.Path}
+	case m.PathType == model.PathRegex:
+		out.PathSpecifier = &routev3.RouteMatch_SafeRegex{SafeRegex: regex(m.Path)}
+	case prefixPath(m.Path) == "/":
+		out.PathSpecifier = &routev3.RouteMatch_Prefix{Prefix: "/"}
+	case proxyless:
+		out.PathSpecifier = &routev3.RouteMatch_SafeRegex{SafeRegex: regex(regexp.QuoteMeta(prefixPath(m.Path)) + "(/.*)?")}
+	default:
+		out.PathSpecifier = &routev3.RouteMatch_PathSeparatedPrefix{PathSeparatedPrefix: prefixPath(m.Path)}
+	}
+	if m.Method != "" && !proxyless { // every gRPC call is a POST
+		out.Headers = append(out.Headers, &routev3.HeaderMatcher{Name: ":method", HeaderMatchSpecifier: &routev3.HeaderMatcher_StringMatch{
+			StringMatch: &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: m.Method}},
+		}})
+	}
+	for _, h := range m.Headers {
+		hm := &routev3.HeaderMatcher{Name: h.Name}
+		switch {
+		case proxyless && h.Regex:
+			hm.HeaderMatchSpecifier = &routev3.HeaderMatcher_SafeRegexMatch{SafeRegexMatch: regex(h.Value)}
+		case proxyless:
+			hm.HeaderMatchSpecifier = &routev3.HeaderMatcher_ExactMatch{ExactMatch: h.Value}
+		default:
+			hm.HeaderMatchSpecifier = &routev3.HeaderMatcher_StringMatch{StringMatch: stringMatch(h)}
+		}
+		out.Headers = append(out.Headers, hm)
+	}
+	for _, q := range m.Query {
+		out.QueryParameters = append(out.QueryParameters, &routev3.QueryParameterMatcher{
+			Name:                         q.Name,
+			QueryParameterMatchSpecifier: &routev3.QueryParameterMatcher_StringMatch{StringMatch: stringMatch(q)},
+		})
+	}
+	return out
+}
+
+// grpcPath matches a GRPCRoute method match on the request path,
+// "/<service>/<method>": exactly when both are given, by the service's
+// prefix when only it is, by a regular expression otherwise.
+func grpcPath(out *routev3.RouteMatch, m *model.RouteMatch) {
+	svc, method := m.GRPCService, m.GRPCMethod
+	switch {
+	case m.GRPCRegex:
+		out.PathSpecifier = &routev3.RouteMatch_SafeRegex{SafeRegex: regex("/(" + cmp.Or(svc, "[^/]+") + ")/(" + cmp.Or(method, "[^/]+") + ")")}
+	case svc != "" && method != "":
+		out.PathSpecifier = &routev3.RouteMatch_Path{Path: "/" + svc + "/" + method}
+	case svc != "":
+		out.PathSpecifier = &routev3.RouteMatch_Prefix{Prefix: "/" + svc + "/"}
+	case method != "":
+		out.PathSpecifier = &routev3.RouteMatch_SafeRegex{SafeRegex: regex("/[^/]+/" + regexp.QuoteMeta(method))}
+	default:
+		out.PathSpecifier = &routev3.RouteMatch_Prefix{Prefix: "/"}
+	}
+}
+
+func regex(re string) *matcherv3.RegexMatcher { return &matcherv3.RegexMatcher{Regex: re} }
+
+func stringMatch(v model.ValueMatch) *matcherv3.StringMatcher {
+	if v.Regex {
+		return &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_SafeRegex{SafeRegex: regex(v.Value)}}
+	}
+	return &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: v.Value}}
+}
+
+// ruleClusters returns the weighted clusters of a rule's backends that can
+// be served: a Service the routes may reach, a port it has, a weight above
+// zero (gRPC clients refuse a weight-0 entry or, grpc-js-xds, still watch
+// its cluster).
+func ruleClusters(rule *model.RouteRule, backends map[model.Key]*model.Service, mode model.ListenerMode) []*routev3.WeightedCluster_ClusterWeight {
+	var out []*routev3.WeightedCluster_ClusterWeight
+	for _, b := range rule.Backends {
+		svc := backends[b.Service]
+		if b.Invalid != "" || b.Weight <= 0 || svc == nil || !hasTCPPort(svc, b.Port) {
+			continue
+		}
+		name := clusterName(svc, b.Port, mode)
+		if i := slices.IndexFunc(out, func(c *routev3.WeightedCluster_ClusterWeight) bool { return c.GetName() == name }); i >= 0 {
+			// Two references to one Service port are one cluster of their
+			// weights' sum: Envoy refuses a cluster named twice.
+			out[i].Weight = wrapperspb.UInt32(out[i].GetWeight().GetValue() + uint32(b.Weight))
+			continue
+		}
+		out = append(out, &routev3.WeightedCluster_ClusterWeight{Name: name, Weight: wrapperspb.UInt32(uint32(b.Weight))})
+	}
+	return out
+}
+
+// hasTCPPort reports whether the Service has a translated port numbered port.
+func hasTCPPort(svc *model.Service, port int32) bool {
+	for _, p := range svc.Ports {
+		if p.Port == port && isTCP(p.Protocol) {
+			return true
+		}
+	}
+	return false
+}
+
+// timeouts sets a rule's timeout: Envoy's route timeout, or for gRPC
+// clients, which ignore it, max_stream_duration (gRFC A31). Without a
+// request timeout, a backend request timeout bounds the request; with
+// retries it bounds each try, which only Envoy can do (per_try_timeout).
+func timeouts(a *routev3.RouteAction, rule *model.RouteRule, proxyless bool) {
+	d := rule.Timeout
+	if d == nil {
+		d = rule.BackendTimeout
+	}
+	if d == nil {
+		return
+	}
+	if proxyless {
+		a.MaxStreamDuration = &routev3.RouteAction_MaxStreamDuration{MaxStreamDuration: durationpb.New(*d)}
+		return
+	}
+	a.Timeout = durationpb.New(*d)
+}
+
+// grpcRetriable maps the HTTP status codes a retry policy names to the gRPC
+// status a gRPC client sees for them (gRPC's own HTTP to gRPC status
+// mapping): 429, 502, 503 and 504 all become UNAVAILABLE.
+func grpcRetriable(code int32) bool {
+	switch code {
+	case 429, 502, 503, 504:
+		return true
+	}
+	return false
+}
+
+// defaultBackoff is the base interval between tries when a retry policy
+// names none: gRPC's own default (gRFC A44), which proxyless clients need
+// spelled out (retry_back_off without base_interval is refused).
+const defaultBackoff = 25 * time.Millisecond
+
+// retryPolicy translates a rule's retry policy, or returns nil when it has
+// none or, for gRPC clients, none of its codes maps to a gRPC status a
+// client retries.
+func retryPolicy(rule *model.RouteRule, proxyless bool) *routev3.RetryPolicy {
+	r := rule.Retry
+	if r == nil || (r.Attempts != nil && *r.Attempts <= 0) {
+		return nil
+	}
+	out := &routev3.RetryPolicy{NumRetries: wrapperspb.UInt32(1)}
+	if r.Attempts != nil {
+		out.NumRetries = wrapperspb.UInt32(uint32(*r.Attempts))
+	}
+	base := defaultBackoff
+	if r.Backoff != nil && *r.Backoff > 0 {
+		base = *r.Backoff
+	}
+	out.RetryBackOff = &routev3.RetryPolicy_RetryBackOff{BaseInterval: durationpb.New(base)}
+	if proxyless {
+		if !slices.ContainsFunc(r.Codes, grpcRetriable) {
+			return nil
+		}
+		// No spaces: grpc-js-xds and C-core do not trim the list.
+		out.RetryOn = "unavailable"
+		return out
+	}
+	if len(r.Codes) == 0 {
+		out.RetryOn = "5xx"
+	} else {
+		out.RetryOn = "retriable-status-codes"
+		for _, c := range r.Codes {
+			out.RetriableStatusCodes = append(out.RetriableStatusCodes, uint32(c))
+		}
+	}
+	if rule.Timeout != nil && rule.BackendTimeout != nil {
+		out.PerTryTimeout = durationpb.New(*rule.BackendTimeout)
+	}
+	return out
+}
+
+// headerOptions translates the set and add of a header modifier: set
+// overwrites, add appends.
+func headerOptions(h *model.HeaderModifier) []*corev3.HeaderValueOption {
+	out := make([]*corev3.HeaderValueOption, 0, len(h.Set)+len(h.Add))
+	for _, s := range h.Set {
+		out = append(out, &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: s.Name, Value: s.Value}, AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD})
+	}
+	for _, a := range h.Add {
+		out = append(out, &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: a.Name, Value: a.Value}, AppendAction: corev3.HeaderValueOption_APPEND_IF_EXISTS_OR_ADD})
+	}
+	return out
+}
+
+// ProxylessOmissions says what of a route proxyless gRPC clients are not
+// sent, one sentence per rule that loses something, for the route's status:
+// query parameter matches and HTTP methods other than POST (the matches are
+// left out), header modifiers (no gRPC client applies them), a per-try
+// timeout, and retry codes that map to no gRPC status.
+func ProxylessOmissions(r *model.Route) []string {
+	var out []string
+	for i := range r.Rules {
+		rule := &r.Rules[i]
+		var lost []string
+		for _, m := range rule.Matches {
+			if len(m.Query) > 0 {
+				lost = append(lost, "query parameter matches")
+				break
+			}
+		}
+		for _, m := range rule.Matches {
+			if m.Method != "" && m.Method != "POST" {
+				lost = append(lost, "matches on method "+m.Method)
+				break
+			}
+		}
+		if rule.RequestHeaders != nil || rule.ResponseHeaders != nil {
+			lost = append(lost, "header modifiers")
+		}
+		if rule.Timeout != nil && rule.BackendTimeout != nil && rule.Retry != nil {
+			lost = append(lost, "the per-try timeout")
+		}
+		if rule.Retry != nil && !slices.ContainsFunc(rule.Retry.Codes, grpcRetriable) {
+			lost = append(lost, "the retry policy (no code maps to UNAVAILABLE)")
+		}
+		if len(lost) > 0 {
+			name := fmt.Sprintf("rule %d", i)
+			if rule.Name != "" {
+				name += fmt.Sprintf(" (%s)", rule.Name)
+			}
+			out = append(out, name+": "+strings.Join(lost, ", "))
+		}
+	}
+	return out
+}
+
+// BackendPart is the part of a Service's fragment that a scope serves when
+// the Service is only a mesh route's backend there, not selected: its
+// clusters and assignments, which the route sends requests to, and no
+// listener, route configuration or virtual host, since the scope's proxies
+// cannot address the Service by name. The messages are shared.
+func (f *Fragment) BackendPart() Fragment {
+	out := Fragment{Service: f.Service}
+	out.Clusters, out.Endpoints, out.Places = f.Clusters, f.Endpoints, f.Places
+	out.from[xdstype.Cluster] = f.from[xdstype.Cluster]
+	out.from[xdstype.Endpoint] = f.from[xdstype.Endpoint]
+	return out
+}

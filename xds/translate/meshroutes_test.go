@@ -1,0 +1,206 @@
+package translate
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+
+	"github.com/scopeplane/scopeplane/xds/model"
+)
+
+// meshWorld is a Service "reviews" with two versions behind it, as a
+// canary is set up: reviews-v1 and reviews-v2 each on port 9080.
+func meshWorld() (*model.Service, map[model.Key]*model.Service) {
+	svc := func(name, uid string) *model.Service {
+		return &model.Service{
+			Key: model.Key{Namespace: "shop", Name: name}, UID: uid,
+			Ports: []model.ServicePort{{Name: "grpc", Port: 9080, Protocol: model.ProtocolTCP, AppProtocol: "grpc", TargetPort: 9080}},
+		}
+	}
+	parent := svc("reviews", "u0")
+	return parent, map[model.Key]*model.Service{
+		{Namespace: "shop", Name: "reviews-v1"}: svc("reviews-v1", "u1"),
+		{Namespace: "shop", Name: "reviews-v2"}: svc("reviews-v2", "u2"),
+	}
+}
+
+func backend(name string, weight int32) model.RouteBackend {
+	return model.RouteBackend{Service: model.Key{Namespace: "shop", Name: name}, Port: 9080, Weight: weight}
+}
+
+func ptrTo[T any](v T) *T { return &v }
+
+// canaryRoute sends requests with header "x-canary: yes" to v2, a method
+// prefix to v2 with a timeout and a retry, and the rest 90/10.
+func canaryRoute() *model.Route {
+	return &model.Route{
+		Key: model.Key{Namespace: "shop", Name: "reviews"}, Kind: model.HTTPRoute,
+		Parents: []model.RouteParent{{Service: model.Key{Namespace: "shop", Name: "reviews"}}},
+		Rules: []model.RouteRule{
+			{Backends: []model.RouteBackend{backend("reviews-v1", 90), backend("reviews-v2", 10), backend("reviews-v3", 5)}},
+			{
+				Matches:  []model.RouteMatch{{PathType: model.PathPrefix, Path: "/", Headers: []model.ValueMatch{{Name: "x-canary", Value: "yes"}}}},
+				Backends: []model.RouteBackend{backend("reviews-v2", 1)},
+			},
+			{
+				Matches:  []model.RouteMatch{{PathType: model.PathPrefix, Path: "/shop.Reviews/"}, {PathType: model.PathExact, Path: "/x", Query: []model.ValueMatch{{Name: "q", Value: "1"}}}},
+				Backends: []model.RouteBackend{backend("reviews-v2", 1), backend("reviews-v1", 0)},
+				Timeout:  ptrTo(2 * time.Second),
+				Retry:    &model.RouteRetry{Codes: []int32{503}, Attempts: ptrTo[int32](3)},
+				ResponseHeaders: &model.HeaderModifier{Set: []model.Header{{Name: "x-served-by", Value: "canary"}}},
+			},
+			{Matches: []model.RouteMatch{{PathType: model.PathExact, Path: "/gone"}}, Backends: []model.RouteBackend{backend("missing", 1)}},
+		},
+	}
+}
+
+func routesOf(t *testing.T, f Fragment, mode model.ListenerMode) []*routev3.Route {
+	t.Helper()
+	if mode == model.ListenerEnvoy {
+		if len(f.Hosts) != 1 {
+			t.Fatalf("%d virtual hosts, want 1", len(f.Hosts))
+		}
+		return f.Hosts[0].GetRoutes()
+	}
+	if len(f.Routes) != 1 {
+		t.Fatalf("%d route configurations, want 1", len(f.Routes))
+	}
+	if err := f.Routes[0].ValidateAll(); err != nil {
+		t.Errorf("ValidateAll: %v", err)
+	}
+	return f.Routes[0].GetVirtualHosts()[0].GetRoutes()
+}
+
+// TestMeshRouteEnvoyMode checks the order Gateway API gives the entries
+// and what each carries in Envoy mode, where every field is served.
+func TestMeshRouteEnvoyMode(t *testing.T) {
+	parent, backends := meshWorld()
+	f := RoutedService(parent, Profile{Mode: model.ListenerEnvoy}, &Routing{Routes: []*model.Route{canaryRoute()}, Backends: backends})
+	routes := routesOf(t, f, model.ListenerEnvoy)
+	for _, r := range routes {
+		if err := r.ValidateAll(); err != nil {
+			t.Errorf("ValidateAll: %v", err)
+		}
+	}
+	// Exact paths first (the /x exact with a query, then /gone), then
+	// the longest prefix, then "/" with a header before "/" without.
+	var order []string
+	for _, r := range routes {
+		m := r.GetMatch()
+		order = append(order, m.GetPath()+m.GetPathSeparatedPrefix()+m.GetPrefix())
+	}
+	if want := []string{"/x", "/gone", "/shop.Reviews", "/", "/"}; !slices.Equal(order, want) {
+		t.Fatalf("entries %v, want %v", order, want)
+	}
+	if len(routes[3].GetMatch().GetHeaders()) != 1 || len(routes[4].GetMatch().GetHeaders()) != 0 {
+		t.Errorf("the header match must come before the catch-all: %v", routes[3:])
+	}
+	if got := routes[0].GetMatch().GetQueryParameters(); len(got) != 1 || got[0].GetName() != "q" {
+		t.Errorf("query match %v", got)
+	}
+	if got := routes[1].GetDirectResponse().GetStatus(); got != 500 {
+		t.Errorf("a rule whose backends all are missing answers %d, want 500", got)
+	}
+	split := routes[4].GetRoute().GetWeightedClusters()
+	if len(split.GetClusters()) != 2 || split.GetClusters()[0].GetName() != "shop/reviews-v1:9080" || split.GetClusters()[0].GetWeight().GetValue() != 90 || split.GetClusters()[1].GetWeight().GetValue() != 10 {
+		t.Errorf("weighted clusters %v, want reviews-v1 90, reviews-v2 10 (the missing v3 left out)", split)
+	}
+	if split.GetTotalWeight() != nil {
+		t.Errorf("Envoy deprecates total_weight: %v", split.GetTotalWeight())
+	}
+	prefix := routes[2]
+	if got := prefix.GetRoute().GetCluster(); got != "shop/reviews-v2:9080" {
+		t.Errorf("a weight-0 backend is left out, one backend is a plain cluster: %q", got)
+	}
+	if got := prefix.GetRoute().GetTimeout().AsDuration(); got != 2*time.Second {
+		t.Errorf("timeout %v", got)
+	}
+	rp := prefix.GetRoute().GetRetryPolicy()
+	if rp.GetRetryOn() != "retriable-status-codes" || !slices.Equal(rp.GetRetriableStatusCodes(), []uint32{503}) || rp.GetNumRetries().GetValue() != 3 {
+		t.Errorf("retry policy %v", rp)
+	}
+	if got := prefix.GetResponseHeadersToAdd(); len(got) != 1 || got[0].GetHeader().GetKey() != "x-served-by" {
+		t.Errorf("response headers %v", got)
+	}
+}
+
+// TestMeshRouteProxylessMode checks the encodings every gRPC client
+// accepts, and that what no gRPC client can honour is left out.
+func TestMeshRouteProxylessMode(t *testing.T) {
+	parent, backends := meshWorld()
+	f := RoutedService(parent, Profile{Mode: model.ListenerProxylessGRPC}, &Routing{Routes: []*model.Route{canaryRoute()}, Backends: backends})
+	routes := routesOf(t, f, model.ListenerProxylessGRPC)
+	// The query match and the rule with no backend left are not sent.
+	if len(routes) != 3 {
+		t.Fatalf("%d entries, want 3:\n%v", len(routes), routes)
+	}
+	if got := routes[0].GetMatch().GetSafeRegex().GetRegex(); got != `/shop\.Reviews(/.*)?` {
+		t.Errorf("a prefix goes as a segment-aware regular expression, got %q", got)
+	}
+	hm := routes[1].GetMatch().GetHeaders()
+	if len(hm) != 1 || hm[0].GetExactMatch() != "yes" {
+		t.Errorf("header matches go in exact_match, which gRPC C-core 1.51 reads: %v", hm)
+	}
+	split := routes[2].GetRoute().GetWeightedClusters()
+	if split.GetTotalWeight().GetValue() != 100 {
+		t.Errorf("total_weight %v, want the sum 100", split.GetTotalWeight())
+	}
+	if got := split.GetClusters()[0].GetName(); got != "shop/reviews-v1:9080@u1" {
+		t.Errorf("proxyless cluster names carry the backend's UID: %q", got)
+	}
+	a := routes[0].GetRoute()
+	if a.GetTimeout() != nil || a.GetMaxStreamDuration().GetMaxStreamDuration().AsDuration() != 2*time.Second {
+		t.Errorf("a timeout goes as max_stream_duration (gRFC A31): %v", a)
+	}
+	if rp := a.GetRetryPolicy(); rp.GetRetryOn() != "unavailable" || rp.GetNumRetries().GetValue() != 3 || rp.GetRetryBackOff().GetBaseInterval() == nil {
+		t.Errorf("retry policy %v, want unavailable, 3 retries and a base interval", rp)
+	}
+	if len(routes[0].GetResponseHeadersToAdd()) != 0 {
+		t.Error("header modifiers are not sent to gRPC clients")
+	}
+	if got := ProxylessOmissions(canaryRoute()); len(got) != 1 || got[0] != "rule 2: query parameter matches, header modifiers" {
+		t.Errorf("omissions %q", got)
+	}
+}
+
+// TestGRPCRouteWinsOverHTTPRoute checks that a GRPCRoute and an HTTPRoute
+// on one port do not merge, and that a GRPCRoute method match is a path.
+func TestGRPCRouteWinsOverHTTPRoute(t *testing.T) {
+	parent, backends := meshWorld()
+	grpc := &model.Route{
+		Key: model.Key{Namespace: "shop", Name: "by-method"}, Kind: model.GRPCRoute,
+		Parents: []model.RouteParent{{Service: parent.Key, Port: 9080}},
+		Rules: []model.RouteRule{
+			{Matches: []model.RouteMatch{{GRPC: true, GRPCService: "shop.Reviews", GRPCMethod: "Get"}}, Backends: []model.RouteBackend{backend("reviews-v2", 1)}},
+			{Matches: []model.RouteMatch{{GRPC: true, GRPCService: "shop.Reviews"}}, Backends: []model.RouteBackend{backend("reviews-v1", 1)}},
+		},
+	}
+	for _, mode := range []model.ListenerMode{model.ListenerEnvoy, model.ListenerProxylessGRPC} {
+		f := RoutedService(parent, Profile{Mode: mode}, &Routing{Routes: []*model.Route{canaryRoute(), grpc}, Backends: backends})
+		routes := routesOf(t, f, mode)
+		if len(routes) != 2 || routes[0].GetMatch().GetPath() != "/shop.Reviews/Get" || routes[1].GetMatch().GetPrefix() != "/shop.Reviews/" {
+			t.Errorf("%s: entries %v, want the GRPCRoute's only, the method first", mode, routes)
+		}
+	}
+}
+
+// TestMeshRoutePortAndNoRoute checks that a route bound to another port
+// leaves a port with its one route to its own endpoints, and that a
+// proxyless port whose every rule was left out matches no call.
+func TestMeshRoutePortAndNoRoute(t *testing.T) {
+	parent, backends := meshWorld()
+	other := canaryRoute()
+	other.Parents[0].Port = 8080
+	f := RoutedService(parent, Profile{Mode: model.ListenerProxylessGRPC}, &Routing{Routes: []*model.Route{other}, Backends: backends})
+	if routes := routesOf(t, f, model.ListenerProxylessGRPC); len(routes) != 1 || routes[0].GetRoute().GetCluster() != "shop/reviews:9080@u0" || routes[0].GetMatch().GetPrefix() != "/" {
+		t.Errorf("routes of an unrouted port %v", routes)
+	}
+	none := canaryRoute()
+	none.Rules = none.Rules[3:] // only the rule whose backend is missing
+	f = RoutedService(parent, Profile{Mode: model.ListenerProxylessGRPC}, &Routing{Routes: []*model.Route{none}, Backends: backends})
+	if routes := routesOf(t, f, model.ListenerProxylessGRPC); len(routes) != 1 || routes[0].GetMatch().GetPath() != "/" {
+		t.Errorf("routes when every rule is left out %v, want one that matches no gRPC method", routes)
+	}
+}
