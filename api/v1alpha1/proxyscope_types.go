@@ -262,6 +262,30 @@ type ProxyNACK struct {
 	Time metav1.Time `json:"time"`
 }
 
+// RoutesStatus counts the mesh routes that apply to a scope's selected
+// Services and the Services served only because those routes name them.
+type RoutesStatus struct {
+	// attached counts the routes that apply to the scope's selected
+	// Services and are served (a consumer route of the scope's namespace
+	// in place of the producer's, per Gateway API's GAMMA).
+	// +optional
+	Attached int32 `json:"attached,omitempty"`
+
+	// backends counts the Services the scope serves only as those routes'
+	// backends: their clusters and endpoints, without a listener or virtual
+	// host of their own.
+	// +optional
+	Backends int32 `json:"backends,omitempty"`
+
+	// notAccepted names up to 8 routes that would apply but are not served,
+	// as "Kind namespace/name: reason".
+	// +kubebuilder:validation:MaxItems=8
+	// +kubebuilder:validation:items:MaxLength=1024
+	// +listType=atomic
+	// +optional
+	NotAccepted []string `json:"notAccepted,omitempty"`
+}
+
 // ProxyScopeStatus is what the control plane built for the scope and what its
 // proxies reported back.
 type ProxyScopeStatus struct {
@@ -298,6 +322,12 @@ type ProxyScopeStatus struct {
 	// endpoints counts the endpoints (address and port) in the scope's snapshot.
 	// +optional
 	Endpoints int32 `json:"endpoints,omitempty"`
+
+	// routes says which Gateway API mesh routes (HTTPRoute and GRPCRoute
+	// attached to Services) shape the scope's traffic. Absent when none
+	// attaches to the Services it selects.
+	// +optional
+	Routes *RoutesStatus `json:"routes,omitempty"`
 
 	// connectedProxies counts the proxies with an open stream of the scope's
 	// protocol. It is set (0 included, which the Proxies column then shows)

@@ -316,6 +316,10 @@ func compute(prev *xdsv1alpha1.ProxyScopeStatus, in *Inputs) (xdsv1alpha1.ProxyS
 	}
 	r := &in.Resolution
 	st.SelectedServices, st.Clusters, st.Endpoints = int32(r.SelectedServices), int32(r.Clusters), int32(r.Endpoints)
+	st.Routes = nil
+	if r.Routes > 0 || r.RouteBackends > 0 || len(r.RoutesNotAccepted) > 0 {
+		st.Routes = &xdsv1alpha1.RoutesStatus{Attached: int32(r.Routes), Backends: int32(r.RouteBackends), NotAccepted: r.RoutesNotAccepted[:min(len(r.RoutesNotAccepted), 8)]}
+	}
 	st.Version = in.Version
 	if !in.RevTime.IsZero() {
 		t := metav1.NewTime(in.RevTime.Truncate(time.Second))

@@ -52,6 +52,12 @@ type Resolution struct {
 	// GrantsUnavailable says consent cannot be given at all: the
 	// ReferenceGrant API is not served by the cluster.
 	GrantsUnavailable bool
+	// Routes counts the mesh routes that apply to the selected Services;
+	// RouteBackends the Services served only as their backends.
+	Routes, RouteBackends int
+	// RoutesNotAccepted names, sorted, the routes that would apply but are
+	// refused, with the reason ("Kind namespace/name: reason").
+	RoutesNotAccepted []string
 }
 
 // CrossNamespace is how the catalog treats a selection of Services outside
@@ -740,6 +746,7 @@ func (c *Catalog) resolution(sc *scopeEntry) Resolution {
 	slices.Sort(r.MissingNamespaces)
 	slices.Sort(r.RefusedNamespaces)
 	r.GrantsUnavailable = len(r.RefusedNamespaces) > 0 && c.grantsUnavailable
+	c.resolveRoutes(sc, &r)
 	return r
 }
 

@@ -851,3 +851,51 @@ func TestReaddedServiceDiffersFromBeforeItsRemoval(t *testing.T) {
 		t.Error("a replica that never saw the removal holds other listeners, route configurations or clusters")
 	}
 }
+
+// TestRouteBackendsNeedConsent checks that a route's backend in another
+// namespace is served only while that namespace's ReferenceGrant permits
+// the route's kind and namespace, that the scope's resolution counts the
+// route and the backend, and that a refused route is named.
+func TestRouteBackendsNeedConsent(t *testing.T) {
+	c := New()
+	c.UpsertService(service("shop", "reviews", nil, "10.0.0.1"))
+	c.UpsertService(service("labs", "reviews-next", nil, "10.0.0.2"))
+	c.UpsertScope(scope("shop", "gw", model.ListenerProxylessGRPC, model.Selection{Namespace: "shop", Names: names("reviews")}))
+	c.Take()
+	route := &model.Route{
+		Key: model.Key{Namespace: "shop", Name: "canary"}, Kind: model.HTTPRoute,
+		Parents: []model.RouteParent{{Service: model.Key{Namespace: "shop", Name: "reviews"}}},
+		Rules: []model.RouteRule{{Backends: []model.RouteBackend{
+			{Service: model.Key{Namespace: "shop", Name: "reviews"}, Port: 80, Weight: 9},
+			{Service: model.Key{Namespace: "labs", Name: "reviews-next"}, Port: 80, Weight: 1},
+		}}},
+	}
+	c.UpsertRoute(route)
+	c.Take()
+	assertClusters(t, c, "shop/gw", "shop/reviews:80")
+	key := model.Key{Namespace: "shop", Name: "gw"}
+
+	grant := map[model.RouteKind]model.Grants{model.HTTPRoute: {"shop": nil}}
+	c.SetRouteGrants("labs", grant)
+	us := c.Take()
+	assertClusters(t, c, "shop/gw", "labs/reviews-next:80", "shop/reviews:80")
+	if len(us) != 1 || us[0].Resolution.Routes != 1 || us[0].Resolution.RouteBackends != 1 {
+		t.Fatalf("resolution %+v, want one route and one backend", us)
+	}
+
+	// A grant to another kind permits nothing.
+	c.SetRouteGrants("labs", map[model.RouteKind]model.Grants{model.GRPCRoute: {"shop": nil}})
+	c.Take()
+	assertClusters(t, c, "shop/gw", "shop/reviews:80")
+
+	refused := *route
+	refused.Refused = "rule 0: bad"
+	c.UpsertRoute(&refused)
+	us = c.Take()
+	if len(us) != 1 || us[0].Resolution.Routes != 0 || !slices.Equal(us[0].Resolution.RoutesNotAccepted, []string{"HTTPRoute shop/canary: rule 0: bad"}) {
+		t.Fatalf("resolution %+v, want the refused route named", us)
+	}
+	if _, ok := c.Resources(key); !ok {
+		t.Fatal("the scope is gone")
+	}
+}

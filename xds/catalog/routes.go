@@ -339,3 +339,32 @@ func (sc *scopeEntry) forget() {
 		delete(e.backendOf, sc.scope.Key)
 	}
 }
+
+// resolveRoutes counts, for the resolution, the routes that apply to the
+// scope's selected Services, those refused, and the route backends served.
+func (c *Catalog) resolveRoutes(sc *scopeEntry, r *Resolution) {
+	r.RouteBackends = len(sc.backends)
+	if len(c.byParent) == 0 {
+		return
+	}
+	seen := map[model.RouteRef]struct{}{}
+	for key, byRef := range c.byParent {
+		e, ok := sc.services[key]
+		if !ok {
+			continue
+		}
+		ns := cmp.Or(e.consumerFor(sc.scope.Key.Namespace), key.Namespace)
+		for ref, route := range byRef {
+			if _, dup := seen[ref]; dup || route.Key.Namespace != ns {
+				continue
+			}
+			seen[ref] = struct{}{}
+			if route.Refused != "" {
+				r.RoutesNotAccepted = append(r.RoutesNotAccepted, ref.String()+": "+route.Refused)
+			} else {
+				r.Routes++
+			}
+		}
+	}
+	slices.Sort(r.RoutesNotAccepted)
+}
