@@ -401,6 +401,11 @@ func ClusterName(svc Key, port int32) string {
 type Origin struct {
 	Service Key
 	Port    int32
+	// Backend says the scope serves the resource only because a mesh
+	// route of a Service it selects names this Service as a backend: a
+	// route may move requests to or from it without any host name
+	// changing hands.
+	Backend bool
 }
 
 // SameOrigin reports whether a and b (either may be nil, no provenance)

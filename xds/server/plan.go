@@ -150,12 +150,14 @@ const draining = "-draining"
 // departing resource of a Service no other Service shares a name with
 // takes its host names with it, and its requests fail either way, so the
 // full set sent once, without it, is enough. A resource of no Service (an
-// Envoy-mode listener) is assumed to move traffic.
+// Envoy-mode listener) is assumed to move traffic, and so is one served as
+// a mesh route's backend: the route that named it moves its requests
+// elsewhere, under host names that stay.
 func movesTraffic(departing []*snapshot.Resource, set snapshot.TypeSet) bool {
 	names := make(map[string]struct{}, len(departing))
 	for _, r := range departing {
 		svc, ok := r.Service()
-		if !ok {
+		if !ok || r.From.Backend {
 			return true
 		}
 		names[svc.Name] = struct{}{}

@@ -446,7 +446,20 @@ func ProxylessOmissions(r *model.Route) []string {
 func (f *Fragment) BackendPart() Fragment {
 	out := Fragment{Service: f.Service}
 	out.Clusters, out.Endpoints, out.Places = f.Clusters, f.Endpoints, f.Places
-	out.from[xdstype.Cluster] = f.from[xdstype.Cluster]
-	out.from[xdstype.Endpoint] = f.from[xdstype.Endpoint]
+	backend := map[*model.Origin]*model.Origin{}
+	for _, t := range []xdstype.Type{xdstype.Cluster, xdstype.Endpoint} {
+		out.from[t] = make([]*model.Origin, len(f.from[t]))
+		for i, o := range f.from[t] {
+			if o == nil {
+				continue
+			}
+			if backend[o] == nil {
+				b := *o
+				b.Backend = true
+				backend[o] = &b
+			}
+			out.from[t][i] = backend[o]
+		}
+	}
 	return out
 }
