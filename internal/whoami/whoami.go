@@ -6,8 +6,12 @@ package whoami
 import (
 	"context"
 	"net"
+	"sync/atomic"
+	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/emptypb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
@@ -15,9 +19,30 @@ import (
 // Method is the full name of the service's only method.
 const Method = "/scopeplane.whoami.Whoami/Get"
 
-type server struct{ name string }
+type server struct {
+	name string
+	*behaviour
+}
 
-func (s server) get(context.Context, *emptypb.Empty) (*wrapperspb.StringValue, error) {
+// behaviour is how a backend misbehaves, as set by Behave.
+type behaviour struct {
+	delay     atomic.Int64 // nanoseconds
+	failEvery atomic.Int64
+	calls     atomic.Int64
+}
+
+func (s server) get(ctx context.Context, _ *emptypb.Empty) (*wrapperspb.StringValue, error) {
+	n := s.calls.Add(1)
+	if d := time.Duration(s.delay.Load()); d > 0 {
+		select {
+		case <-time.After(d):
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	if every := s.failEvery.Load(); every > 0 && n%every == 0 {
+		return nil, status.Errorf(codes.Unavailable, "%s fails every %d calls", s.name, every)
+	}
 	return wrapperspb.String(s.name), nil
 }
 
@@ -41,6 +66,7 @@ type Backend struct {
 	Name string
 	Port int
 	srv  *grpc.Server
+	*behaviour
 }
 
 // Start serves whoami as name on 127.0.0.1 on a free port.
@@ -56,9 +82,18 @@ func Start(name string) (*Backend, error) {
 // listens inside a network namespace it made.
 func Serve(name string, lis net.Listener) *Backend {
 	g := grpc.NewServer()
-	g.RegisterService(&serviceDesc, server{name: name})
+	b := &behaviour{}
+	g.RegisterService(&serviceDesc, server{name: name, behaviour: b})
 	go func() { _ = g.Serve(lis) }()
-	return &Backend{Name: name, Port: lis.Addr().(*net.TCPAddr).Port, srv: g}
+	return &Backend{Name: name, Port: lis.Addr().(*net.TCPAddr).Port, srv: g, behaviour: b}
+}
+
+// Behave makes the backend answer every call after delay, and fail every
+// failEvery-th call (0: none) with UNAVAILABLE: a slow or a flaky backend,
+// for timeouts and retries to be seen working.
+func (b *Backend) Behave(delay time.Duration, failEvery int) {
+	b.delay.Store(int64(delay))
+	b.failEvery.Store(int64(failEvery))
 }
 
 // Stop stops the backend.
