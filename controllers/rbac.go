@@ -2,14 +2,17 @@ package controllers
 
 // The permissions the operator needs, generated into config/rbac by
 // controller-gen: read the inputs of translation, and Nodes' metadata for
-// the zone of a proxy whose token names its Node.
+// the zone of a proxy whose token names its Node, and Gateway API's mesh
+// routes (HTTPRoutes and GRPCRoutes attached to Services).
 
 // +kubebuilder:rbac:groups="",resources=services;namespaces;nodes,verbs=get;list;watch
 // +kubebuilder:rbac:groups=discovery.k8s.io,resources=endpointslices,verbs=get;list;watch
 // +kubebuilder:rbac:groups=xds.scopeplane.dev,resources=proxyscopes,verbs=get;list;watch
 // +kubebuilder:rbac:groups=gateway.networking.k8s.io,resources=referencegrants,verbs=get;list;watch
+// +kubebuilder:rbac:groups=gateway.networking.k8s.io,resources=httproutes;grpcroutes,verbs=get;list;watch
 
-// The leader writes each scope's status, its bootstrap ConfigMap and Events
+// The leader writes each scope's status, the routes' parent entries of its
+// controller name (package routestatus), each scope's bootstrap ConfigMap and Events
 // (events.k8s.io, in the scope's namespace). The ConfigMaps live in every
 // scope's namespace under names the scopes choose, so RBAC cannot narrow the
 // writes to them (resourceNames cannot apply to create, nor follow scopes as
@@ -17,6 +20,7 @@ package controllers
 // chart then leaves this rule out.
 
 // +kubebuilder:rbac:groups=xds.scopeplane.dev,resources=proxyscopes/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=gateway.networking.k8s.io,resources=httproutes/status;grpcroutes/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;list;watch;create;update;patch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 

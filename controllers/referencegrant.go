@@ -17,7 +17,8 @@ import (
 )
 
 // ReferenceGrantReconciler records, per namespace, the consent its
-// ReferenceGrants give to ProxyScopes of other namespaces. A request names
+// ReferenceGrants give to ProxyScopes of other namespaces, and to routes of
+// other namespaces that name its Services as backends. A request names
 // a namespace (its Name is empty): the grants of a namespace are read
 // together, since any of them can permit a Service.
 type ReferenceGrantReconciler struct {
@@ -34,6 +35,7 @@ func (r *ReferenceGrantReconciler) Reconcile(ctx context.Context, req ctrl.Reque
 		return ctrl.Result{}, err
 	}
 	r.Catalog.SetGrants(req.Namespace, convert.Grants(list.Items))
+	r.Catalog.SetRouteGrants(req.Namespace, convert.RouteGrants(list.Items))
 	r.Sync.Done(kindGrants, req.NamespacedName)
 	return ctrl.Result{}, nil
 }

@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -10,6 +11,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/scopeplane/scopeplane/xds/catalog"
+	"github.com/scopeplane/scopeplane/xds/model"
 )
 
 // everyReplica makes a controller run on every replica, not only on the
@@ -21,7 +23,9 @@ var everyReplica = controller.Options{NeedLeaderElection: ptr.To(false)}
 // crossNS CrossNamespaceGrant it watches ReferenceGrants when the cluster
 // serves them; when it does not, cross-namespace selections are refused
 // (the scopes' status says why) until the control plane restarts after the
-// CRD is installed.
+// CRD is installed. It watches HTTPRoutes and GRPCRoutes
+// (gateway.networking.k8s.io/v1), each kind when the cluster serves it
+// (InitialSync.RouteKinds), likewise until a restart.
 func Setup(ctx context.Context, mgr ctrl.Manager, cat *catalog.Catalog, crossNS catalog.CrossNamespace) (*InitialSync, error) {
 	sync := NewInitialSync(mgr.GetCache())
 	watchGrants := false
@@ -36,6 +40,16 @@ func Setup(ctx context.Context, mgr ctrl.Manager, cat *catalog.Catalog, crossNS 
 		watchGrants = served
 		sync.grants = served
 	}
+	routes, err := routeKindsServed(mgr.GetRESTMapper())
+	if err != nil {
+		return nil, err
+	}
+	sync.routes = routes
+	for _, k := range []model.RouteKind{model.HTTPRoute, model.GRPCRoute} {
+		if !slices.Contains(sync.routes, k) {
+			log.FromContext(ctx).Info("the cluster does not serve " + string(k) + "s (gateway.networking.k8s.io/v1): they are not read; install the CRD and restart to route by them")
+		}
+	}
 	cat.SetCrossNamespace(crossNS, crossNS == catalog.CrossNamespaceGrant && !watchGrants)
 	if err := mgr.Add(sync); err != nil {
 		return nil, err
@@ -43,6 +57,11 @@ func Setup(ctx context.Context, mgr ctrl.Manager, cat *catalog.Catalog, crossNS 
 	reader := mgr.GetCache()
 	if watchGrants {
 		if err := (&ReferenceGrantReconciler{Reader: reader, Catalog: cat, Sync: sync}).SetupWithManager(mgr); err != nil {
+			return nil, err
+		}
+	}
+	for _, k := range sync.routes {
+		if err := (&RouteReconciler{Kind: k, Reader: reader, Catalog: cat, Sync: sync}).SetupWithManager(mgr); err != nil {
 			return nil, err
 		}
 	}

@@ -8,12 +8,15 @@ import (
 	"sync"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	gatewayv1beta1 "sigs.k8s.io/gateway-api/apis/v1beta1"
 
 	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
+	"github.com/scopeplane/scopeplane/controllers/convert"
+	"github.com/scopeplane/scopeplane/xds/model"
 )
 
 type kind uint8
@@ -24,6 +27,8 @@ const (
 	kindProxyScope
 	// kindGrants is a namespace's ReferenceGrants, reconciled together.
 	kindGrants
+	kindHTTPRoute
+	kindGRPCRoute
 )
 
 type objectRef struct {
@@ -41,6 +46,8 @@ type InitialSync struct {
 	cache cache.Cache
 	// grants says ReferenceGrants are watched, so their namespaces count.
 	grants bool
+	// routes are the route kinds watched (those the cluster serves).
+	routes []model.RouteKind
 
 	mu       sync.Mutex
 	listed   bool
@@ -112,6 +119,20 @@ func (s *InitialSync) Start(ctx context.Context) error {
 		}
 	}
 
+	for _, k := range s.routes {
+		_, list := convert.RouteObject(k)
+		if err := s.cache.List(ctx, list); err != nil {
+			return fmt.Errorf("listing the cache: %w", err)
+		}
+		items, err := meta.ExtractList(list)
+		if err != nil {
+			return fmt.Errorf("listing the cache: %w", err)
+		}
+		for _, o := range items {
+			refs = append(refs, objectRef{routeKind(k), client.ObjectKeyFromObject(o.(client.Object))})
+		}
+	}
+
 	s.mu.Lock()
 	for _, r := range refs {
 		if _, ok := s.done[r]; !ok {
@@ -125,6 +146,14 @@ func (s *InitialSync) Start(ctx context.Context) error {
 	<-ctx.Done()
 	return nil
 }
+
+// RouteKinds returns the route kinds watched: those the cluster served
+// when the control plane started.
+func (s *InitialSync) RouteKinds() []model.RouteKind { return s.routes }
+
+// GrantsWatched reports whether ReferenceGrants are watched: consent is
+// asked for (--cross-namespace=grant) and the cluster serves them.
+func (s *InitialSync) GrantsWatched() bool { return s.grants }
 
 // NeedLeaderElection is false: every replica tracks its own sync.
 func (s *InitialSync) NeedLeaderElection() bool { return false }

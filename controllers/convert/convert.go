@@ -268,6 +268,28 @@ func Scope(ps *xdsv1alpha1.ProxyScope) (*model.Scope, error) {
 // optionally one Service by name. Each grant pairs all its from entries
 // with all its to entries, as Gateway API defines it.
 func Grants(grants []gatewayv1beta1.ReferenceGrant) model.Grants {
+	return grantsFrom(grants, gatewayv1beta1.Group(xdsv1alpha1.GroupVersion.Group), "ProxyScope")
+}
+
+// RouteGrants converts the ReferenceGrants of one namespace into the
+// consent it gives to routes of other namespaces to name its Services as
+// backends, per route kind: entries of spec.from of group
+// gateway.networking.k8s.io and kind HTTPRoute or GRPCRoute, paired with
+// spec.to as Grants pairs them. A kind no grant names has no entry.
+func RouteGrants(grants []gatewayv1beta1.ReferenceGrant) map[model.RouteKind]model.Grants {
+	out := map[model.RouteKind]model.Grants{}
+	for _, k := range []model.RouteKind{model.HTTPRoute, model.GRPCRoute} {
+		if g := grantsFrom(grants, gatewayv1beta1.GroupName, gatewayv1beta1.Kind(k)); len(g) > 0 {
+			out[k] = g
+		}
+	}
+	return out
+}
+
+// grantsFrom is the consent the grants give to objects of group and kind
+// in other namespaces, to name core Services: per namespace, nil for every
+// Service or the set of the Services named.
+func grantsFrom(grants []gatewayv1beta1.ReferenceGrant, group gatewayv1beta1.Group, kind gatewayv1beta1.Kind) model.Grants {
 	out := model.Grants{}
 	for i := range grants {
 		spec := &grants[i].Spec
@@ -287,7 +309,7 @@ func Grants(grants []gatewayv1beta1.ReferenceGrant) model.Grants {
 			continue
 		}
 		for _, from := range spec.From {
-			if from.Group != gatewayv1beta1.Group(xdsv1alpha1.GroupVersion.Group) || from.Kind != "ProxyScope" || from.Namespace == "" {
+			if from.Group != group || from.Kind != kind || from.Namespace == "" {
 				continue
 			}
 			ns := string(from.Namespace)

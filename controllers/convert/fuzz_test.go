@@ -2,7 +2,9 @@ package convert
 
 import (
 	"fmt"
+	"math"
 	"reflect"
+	"regexp"
 	"testing"
 	"unicode/utf8"
 
@@ -12,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
+	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"github.com/scopeplane/scopeplane/xds/model"
 	"github.com/scopeplane/scopeplane/xds/translate"
@@ -178,4 +181,92 @@ func validUTF8(v reflect.Value, path string) error {
 		}
 	}
 	return nil
+}
+
+// fuzzRoute builds an HTTPRoute whose strings hold any bytes where the
+// API server's schema is the only check (paths, header values, regular
+// expressions, rule names) and whose weights and durations come as a
+// client could write them.
+func fuzzRoute(data []byte) *gatewayv1.HTTPRoute {
+	in := &fuzzBytes{b: data}
+	hr := httpRoute()
+	for range in.intn(3) {
+		rule := gatewayv1.HTTPRouteRule{}
+		if in.intn(2) == 0 {
+			rule.Name = ptr.To(gatewayv1.SectionName(in.text("canary", "main")))
+		}
+		for range in.intn(3) {
+			m := gatewayv1.HTTPRouteMatch{}
+			types := []gatewayv1.PathMatchType{gatewayv1.PathMatchPathPrefix, gatewayv1.PathMatchExact, gatewayv1.PathMatchRegularExpression}
+			if in.intn(2) == 0 {
+				m.Path = &gatewayv1.HTTPPathMatch{Type: ptr.To(types[in.intn(3)]), Value: ptr.To(in.text("/", "/v2", "/a/[0-9]+", "/(a"))}
+			}
+			for range in.intn(2) {
+				m.Headers = append(m.Headers, gatewayv1.HTTPHeaderMatch{
+					Type: ptr.To([]gatewayv1.HeaderMatchType{gatewayv1.HeaderMatchExact, gatewayv1.HeaderMatchRegularExpression}[in.intn(2)]),
+					Name: gatewayv1.HTTPHeaderName(in.text("X-Canary", "user-agent")), Value: in.text("yes", "^curl/.*", "(?=x)"),
+				})
+			}
+			rule.Matches = append(rule.Matches, m)
+		}
+		weights := []int32{0, 1, 90, 2147483647, -1}
+		for range in.intn(3) {
+			rule.BackendRefs = append(rule.BackendRefs, gatewayv1.HTTPBackendRef{BackendRef: backendRef(in.text("", "other"), in.text("v1", "v2"), 80, ptr.To(weights[in.intn(len(weights))]))})
+		}
+		if in.intn(2) == 0 {
+			rule.Timeouts = &gatewayv1.HTTPRouteTimeouts{Request: ptr.To(gatewayv1.Duration(in.text("1s", "0s", "100ms", "1.5s")))}
+		}
+		if in.intn(3) == 0 {
+			rule.Filters = append(rule.Filters, gatewayv1.HTTPRouteFilter{Type: gatewayv1.HTTPRouteFilterRequestHeaderModifier,
+				RequestHeaderModifier: &gatewayv1.HTTPHeaderFilter{Set: []gatewayv1.HTTPHeader{{Name: gatewayv1.HTTPHeaderName(in.text("X-A")), Value: in.text("b")}}}})
+		}
+		hr.Spec.Rules = append(hr.Spec.Rules, rule)
+	}
+	return hr
+}
+
+// FuzzRoute converts HTTPRoutes with any bytes in their strings: the
+// model holds valid UTF-8 only, and a route that is not refused holds
+// only regular expressions RE2 compiles and weights a client can sum.
+func FuzzRoute(f *testing.F) {
+	f.Add([]byte{})
+	// One rule with a regular-expression path "/(a".
+	f.Add([]byte("\x01\x01\x01\x00\x02\x03\x00"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		r := HTTPRoute(fuzzRoute(data))
+		if err := validUTF8(reflect.ValueOf(r), "Route"); err != nil {
+			t.Fatal(err)
+		}
+		if r.Refused != "" {
+			return
+		}
+		for i, rule := range r.Rules {
+			var sum int64
+			for _, b := range rule.Backends {
+				if b.Weight < 0 {
+					t.Fatalf("rule %d: a negative weight %d is served", i, b.Weight)
+				}
+				sum += int64(b.Weight)
+			}
+			if sum > math.MaxUint32 {
+				t.Fatalf("rule %d: weights summing to %d are served", i, sum)
+			}
+			for _, m := range rule.Matches {
+				res := []string{}
+				if m.PathType == model.PathRegex {
+					res = append(res, m.Path)
+				}
+				for _, h := range m.Headers {
+					if h.Regex {
+						res = append(res, h.Value)
+					}
+				}
+				for _, re := range res {
+					if _, err := regexp.Compile(re); err != nil {
+						t.Fatalf("rule %d: the regular expression %q is served: %v", i, re, err)
+					}
+				}
+			}
+		}
+	})
 }

@@ -39,13 +39,14 @@ func RepoRoot() string {
 }
 
 // Start starts kube-apiserver and etcd from KUBEBUILDER_ASSETS and installs
-// the CRDs of config/crd/bases and Gateway API's ReferenceGrant CRD. It
+// the CRDs of config/crd/bases and Gateway API's (gatewayCRDs). It
 // fails, rather than skips, when the binaries are missing: `make test` and
 // `make demo` provide them.
 func Start() (*Env, error) { return start(true) }
 
 // StartWithoutReferenceGrants is Start on a cluster that does not serve
-// ReferenceGrants, where no namespace can consent to another's scopes.
+// ReferenceGrants, where no namespace can consent to another's scopes; it
+// serves HTTPRoutes and GRPCRoutes.
 func StartWithoutReferenceGrants() (*Env, error) { return start(false) }
 
 // StartOn is Start with etcd keeping its data in dataDir, which outlives
@@ -85,13 +86,15 @@ func start(grants bool, disk ...*onDisk) (*Env, error) {
 		// envtest's default 20 s.
 		env.ControlPlaneStartTimeout = 5 * time.Minute
 	}
-	if grants {
-		crd, err := ReferenceGrantCRD()
-		if err != nil {
-			return nil, err
-		}
-		env.CRDDirectoryPaths = append(env.CRDDirectoryPaths, crd)
+	crds := gatewayCRDs
+	if !grants {
+		crds = crds[1:]
 	}
+	paths, err := GatewayAPICRDs(crds...)
+	if err != nil {
+		return nil, err
+	}
+	env.CRDDirectoryPaths = append(env.CRDDirectoryPaths, paths...)
 	// A certificate directory of its own, which envtest then keeps across
 	// a restart of the API server (StartAPIServer), so that the serving
 	// certificate and the client CA, and so Config, stay valid.
@@ -117,11 +120,23 @@ func start(grants bool, disk ...*onDisk) (*Env, error) {
 	return e, nil
 }
 
-// ReferenceGrantCRD is the path of the ReferenceGrant CRD in the
-// sigs.k8s.io/gateway-api module go.mod requires, as the go command finds
-// it (downloading the module when it is not in the module cache), so that
-// the CRD installed is the one of the Go types compiled in.
-func ReferenceGrantCRD() (string, error) {
+// gatewayCRDs are the Gateway API CRDs installed, by their path under the
+// module's config/crd: the ReferenceGrant through which namespaces consent
+// (first), and the mesh routes of the experimental channel, whose
+// HTTPRoute has retry.
+var gatewayCRDs = []string{
+	"standard/gateway.networking.k8s.io_referencegrants.yaml",
+	"experimental/gateway.networking.k8s.io_httproutes.yaml",
+	"experimental/gateway.networking.k8s.io_grpcroutes.yaml",
+}
+
+// GatewayAPICRDs are the paths of CRDs of the sigs.k8s.io/gateway-api
+// module go.mod requires, each named by its path under the module's
+// config/crd (as "standard/gateway.networking.k8s.io_referencegrants.yaml"),
+// as the go command finds the module (downloading it when it is not in the
+// module cache), so that the CRDs installed are those of the Go types
+// compiled in.
+func GatewayAPICRDs(rels ...string) ([]string, error) {
 	cmd := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "sigs.k8s.io/gateway-api")
 	cmd.Dir = RepoRoot()
 	out, err := cmd.Output()
@@ -130,13 +145,16 @@ func ReferenceGrantCRD() (string, error) {
 		if errors.As(err, &exit) {
 			err = fmt.Errorf("%w: %s", err, bytes.TrimSpace(exit.Stderr))
 		}
-		return "", fmt.Errorf("locating the sigs.k8s.io/gateway-api module: %w", err)
+		return nil, fmt.Errorf("locating the sigs.k8s.io/gateway-api module: %w", err)
 	}
-	path := filepath.Join(string(bytes.TrimSpace(out)), "config", "crd", "standard", "gateway.networking.k8s.io_referencegrants.yaml")
-	if _, err := os.Stat(path); err != nil {
-		return "", fmt.Errorf("the ReferenceGrant CRD: %w", err)
+	paths := make([]string, len(rels))
+	for i, rel := range rels {
+		paths[i] = filepath.Join(string(bytes.TrimSpace(out)), "config", "crd", filepath.FromSlash(rel))
+		if _, err := os.Stat(paths[i]); err != nil {
+			return nil, fmt.Errorf("the Gateway API CRD %s: %w", rel, err)
+		}
 	}
-	return path, nil
+	return paths, nil
 }
 
 // Stop stops the API server and etcd.

@@ -1,6 +1,6 @@
 // Package scheme holds the one runtime.Scheme the operator, the kubectl
 // plugin, the demo and the tests share: client-go's built-in types, the
-// ProxyScope API and Gateway API's ReferenceGrant. It is its own package so that the plugin gets it without
+// ProxyScope API, and Gateway API's ReferenceGrant, HTTPRoute and GRPCRoute. It is its own package so that the plugin gets it without
 // linking the test API server (internal/localapi imports envtest).
 package scheme
 
@@ -8,6 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 	gatewayv1beta1 "sigs.k8s.io/gateway-api/apis/v1beta1"
 
 	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
@@ -22,5 +23,6 @@ func newScheme() *runtime.Scheme {
 	utilruntime.Must(clientgoscheme.AddToScheme(s))
 	utilruntime.Must(xdsv1alpha1.AddToScheme(s))
 	utilruntime.Must(gatewayv1beta1.Install(s))
+	utilruntime.Must(gatewayv1.Install(s))
 	return s
 }
