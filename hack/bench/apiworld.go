@@ -14,6 +14,7 @@ import (
 	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
 	"github.com/scopeplane/scopeplane/controllers/convert"
 	"github.com/scopeplane/scopeplane/xds/model"
+	"github.com/scopeplane/scopeplane/xds/translate"
 )
 
 // The world of the world-scale cells (bench-world) is made of Kubernetes
@@ -213,7 +214,7 @@ func (a *apiWorld) truths(n int, prev map[int]*Truth, redo func(*model.Scope) bo
 			out[i] = prev[i]
 			continue
 		}
-		tr, err := truthOf(sc, a.selected(sc), v.Loc)
+		tr, err := truthOf(translate.Translate(sc, a.selected(sc)), sc, v.Loc)
 		if err != nil {
 			return nil, err
 		}

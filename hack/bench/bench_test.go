@@ -453,3 +453,61 @@ func TestWorldCorrectness(t *testing.T) {
 		t.Log(log.String())
 	}
 }
+
+// TestRouteWeightsCorrectness runs the route events at a small size: every
+// Service with a canary route, route 0's weights moved twice, in both
+// protocols and both control planes, every proxy holding exactly the truth
+// after each event and each protocol pricing the other to the byte. The
+// truth of a weight change differs in route 0's Service's virtual host
+// alone, so that is all a delta proxy may be sent.
+func TestRouteWeightsCorrectness(t *testing.T) {
+	if testing.Short() {
+		t.Skip("spawns control-plane processes")
+	}
+	w := NewWorld(WorldParams{Services: 60, Layout: Unscoped, Protocol: model.Delta, Routes: 60})
+	before, err := w.Truth(View{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Apply(EvRouteWeights); err != nil {
+		t.Fatal(err)
+	}
+	after, err := w.Truth(View{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := Diff(before, after); len(d) != 1 || d[0].T != xdstype.VirtualHost || d[0].Name != "http-10080/svc-0.ns-0:80" {
+		t.Fatalf("moving route 0's weights changed %+v, want svc-0's virtual host alone", d)
+	}
+	var cells []Cell
+	for _, p := range []model.Protocol{model.SotW, model.Delta} {
+		for _, impl := range []string{"baseline", "scopeplane"} {
+			cells = append(cells, Cell{Impl: impl, Protocol: p, Layout: Unscoped, S: 60, N: 10, Routes: 60})
+		}
+	}
+	var log strings.Builder
+	results, _ := run(cells, RunOptions{EndpointEvents: 1, Timeout: time.Minute, Log: &log}, "go test ./hack/bench")
+	for _, r := range results {
+		if r.Err != "" {
+			t.Errorf("%s: %s", r.Cell, r.Err)
+		}
+		weights := 0
+		for _, ph := range r.Phases {
+			if ph.Failed > 0 {
+				t.Errorf("%s %s: %d proxies late or wrong: %s", r.Cell, ph.Name, ph.Failed, strings.Join(ph.Errors, "; "))
+			}
+			if ph.Name == EvRouteWeights {
+				weights++
+			}
+		}
+		if weights != 2 {
+			t.Errorf("%s: %d route weight events, want 2", r.Cell, weights)
+		}
+	}
+	for _, d := range Disagreements(results) {
+		t.Error(d)
+	}
+	if t.Failed() {
+		t.Log(log.String())
+	}
+}

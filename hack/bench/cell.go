@@ -29,11 +29,17 @@ type Cell struct {
 	Protocol model.Protocol
 	Layout   Layout
 	S, N     int
-	Churn    Churn
+	// Routes is how many Services have a mesh route; with any, the events
+	// include EvRouteWeights.
+	Routes int
+	Churn  Churn
 }
 
 func (c Cell) String() string {
 	s := fmt.Sprintf("%s/%s/%s/S=%d/N=%d", c.Impl, c.Protocol, c.Layout, c.S, c.N)
+	if c.Routes > 0 {
+		s += fmt.Sprintf("/routes=%d", c.Routes)
+	}
 	if c.Churn.On() {
 		s += "/" + c.Churn.String()
 	}
@@ -208,7 +214,7 @@ func spawn(c Cell, addr, replay, goMemLimit string) (*cpProc, error) {
 		return nil, err
 	}
 	args := []string{"serve", "-impl", c.Impl, "-services", strconv.Itoa(c.S), "-layout", string(c.Layout),
-		"-protocol", string(c.Protocol), "-addr", addr}
+		"-protocol", string(c.Protocol), "-addr", addr, "-routes", strconv.Itoa(c.Routes)}
 	if replay != "" {
 		args = append(args, "-replay", replay)
 	}
@@ -384,7 +390,7 @@ func logf(o RunOptions, format string, a ...any) {
 }
 
 func runCellErr(c Cell, o RunOptions, res *Result) error {
-	w := NewWorld(WorldParams{Services: c.S, Layout: c.Layout, Protocol: c.Protocol})
+	w := NewWorld(WorldParams{Services: c.S, Layout: c.Layout, Protocol: c.Protocol, Routes: c.Routes})
 	truths, err := truthsOf(w, c.N)
 	if err != nil {
 		return err
@@ -446,6 +452,9 @@ func runCellErr(c Cell, o RunOptions, res *Result) error {
 	events := make([]string, 0, o.EndpointEvents+2)
 	for range o.EndpointEvents {
 		events = append(events, EvEndpoint)
+	}
+	if c.Routes > 0 {
+		events = append(events, EvRouteWeights, EvRouteWeights)
 	}
 	events = append(events, EvDrain, EvAddRemove)
 	for _, ev := range events {

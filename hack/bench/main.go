@@ -144,6 +144,7 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 	plots := fs.String("plots", "", "also write SVG charts of the unscoped cells' cost vs Services and vs proxies into this directory")
 	profile := fs.String("profile", "", "write into this directory a CPU profile of each control plane per phase (sync, each event), and a heap profile after the initial sync")
 	loadprofile := fs.String("loadprofile", "", "write a CPU profile of this (the proxies') process to this file")
+	routes := fs.Int("routes", 0, "give this many Services of each event cell a mesh route (a 90/10 canary to the next Service of its namespace), and add two events that move route 0's weights")
 	goMemLimit := fs.String("gomemlimit", "", "run each control plane with this GOMEMLIMIT; the Helm chart sets 90% of the container's memory limit (483183820 for its default 512Mi)")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -206,6 +207,11 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 	}
 	cells := p.Cells(strings.Split(*impls, ","), protos)
 	cells = filterCells(cells, *layouts, *kinds)
+	for i := range cells {
+		if !cells[i].Churn.On() {
+			cells[i].Routes = *routes
+		}
+	}
 	results, header := run(cells, RunOptions{EndpointEvents: p.EndpointEvents, ProfileDir: *profile, Timeout: p.Timeout, GoMemLimit: *goMemLimit, Log: stderr},
 		"go run ./hack/bench "+strings.Join(args, " "))
 	var buf bytes.Buffer

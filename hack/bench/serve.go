@@ -75,6 +75,7 @@ func serveMain(args []string) int {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	impl := fs.String("impl", "scopeplane", "control plane: scopeplane, baseline (stock go-control-plane SnapshotCache), or operator (scopeplane's whole operator, against -kubeconfig)")
 	services := fs.Int("services", 1000, "number of Services")
+	routes := fs.Int("routes", 0, "number of Services with a mesh route (a 90/10 canary)")
 	layout := fs.String("layout", string(Unscoped), "unscoped, scoped or zoned")
 	protocol := fs.String("protocol", string(model.SotW), "SotW or Delta (the scopes' protocol)")
 	addr := fs.String("addr", "127.0.0.1:0", "ADS listen address (loopback only)")
@@ -96,7 +97,7 @@ func serveMain(args []string) int {
 		fmt.Fprintf(os.Stderr, "bench serve: -layout %q: want unscoped, scoped or zoned\n", *layout)
 		return 2
 	}
-	if err := serve(*impl, WorldParams{Services: *services, Layout: Layout(*layout), Protocol: model.Protocol(*protocol)},
+	if err := serve(*impl, WorldParams{Services: *services, Layout: Layout(*layout), Protocol: model.Protocol(*protocol), Routes: *routes},
 		*addr, *replay, *cpuprofile, *window); err != nil {
 		fmt.Fprintln(os.Stderr, "bench serve:", err)
 		return 1
@@ -335,6 +336,9 @@ func newScopeplane(w *World, window time.Duration) *scopeplaneCP {
 	for _, svc := range w.Services {
 		p.Catalog.UpsertService(svc)
 	}
+	for _, r := range w.Routes {
+		p.Catalog.UpsertRoute(r)
+	}
 	for _, sc := range w.Scopes {
 		p.Catalog.UpsertScope(sc)
 	}
@@ -349,6 +353,9 @@ func (s *scopeplaneCP) Apply(ch Change) {
 	}
 	for _, k := range ch.Deleted {
 		s.Catalog.DeleteService(k)
+	}
+	for _, r := range ch.Routes {
+		s.Catalog.UpsertRoute(r)
 	}
 	if s.window == 0 {
 		s.Sync()
@@ -479,7 +486,7 @@ func (b *baselineCP) rebuild(w *World) {
 	b.builds++
 	for i, v := range views {
 		sc := w.Scopes[v.Scope]
-		r := translate.Translate(sc, w.Selected(sc)).Seen(v.Loc)
+		r := w.Translate(sc).Seen(v.Loc)
 		m := map[resourcev3.Type][]types.Resource{}
 		for _, c := range r.Clusters {
 			m[resourcev3.ClusterType] = append(m[resourcev3.ClusterType], c)

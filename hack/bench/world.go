@@ -63,6 +63,9 @@ const (
 	// EvChurn is one change of a sustained churn: EvEndpoint's change, of
 	// the next of the first churnServices Services in turn.
 	EvChurn = "churn"
+	// EvRouteWeights moves the weights of one mesh route's canary, route
+	// 0's: 90/10 becomes 50/50, and back at the next such event.
+	EvRouteWeights = "routeweights"
 )
 
 // WorldParams determine a world completely: two processes that build a world
@@ -71,13 +74,17 @@ type WorldParams struct {
 	Services int
 	Layout   Layout
 	Protocol model.Protocol
+	// Routes is how many Services have a mesh route (see routeFor).
+	Routes int
 }
 
 // World is the model the control plane serves and the driver checks against.
 type World struct {
 	P        WorldParams
 	Services map[model.Key]*model.Service
-	Scopes   []*model.Scope
+	// Routes are the mesh routes, by the Service each attaches to.
+	Routes map[model.Key]*model.Route
+	Scopes []*model.Scope
 	// Applied are the events applied so far, in order.
 	Applied []string
 }
@@ -86,10 +93,14 @@ type World struct {
 // (spec.listener.virtualHosts), so Delta proxies fetch virtual hosts one by
 // one and a SotW scope prices Delta that way.
 func NewWorld(p WorldParams) *World {
-	w := &World{P: p, Services: make(map[model.Key]*model.Service, p.Services)}
+	w := &World{P: p, Services: make(map[model.Key]*model.Service, p.Services), Routes: map[model.Key]*model.Route{}}
 	for i := range p.Services {
 		svc := w.makeService(fmt.Sprint("ns-", i%numNamespaces), fmt.Sprint("svc-", i), i, memberOf(p, i))
 		w.Services[svc.Key] = svc
+	}
+	for i := range min(p.Routes, p.Services) {
+		r := routeFor(p, i, 90)
+		w.Routes[r.Parents[0].Service] = r
 	}
 	switch p.Layout {
 	case Scoped:
@@ -119,6 +130,27 @@ func NewWorld(p WorldParams) *World {
 		}}
 	}
 	return w
+}
+
+// routeFor is the mesh route of Service i, a canary: an HTTPRoute in its
+// namespace that sends v of every hundred requests to the Service itself
+// and the rest to the next Service of its namespace (the first, for the
+// last), on port 80.
+func routeFor(p WorldParams, i int, v int32) *model.Route {
+	ns := fmt.Sprint("ns-", i%numNamespaces)
+	next := i + numNamespaces
+	if next >= p.Services {
+		next = i % numNamespaces
+	}
+	self := model.Key{Namespace: ns, Name: fmt.Sprint("svc-", i)}
+	return &model.Route{
+		Key: model.Key{Namespace: ns, Name: fmt.Sprint("route-", i)}, Kind: model.HTTPRoute, Generation: 1,
+		Parents: []model.RouteParent{{Service: self}},
+		Rules: []model.RouteRule{{Backends: []model.RouteBackend{
+			{Service: self, Port: 80, Weight: v},
+			{Service: model.Key{Namespace: ns, Name: fmt.Sprint("svc-", next)}, Port: 80, Weight: 100 - v},
+		}}},
+	}
 }
 
 // memberOf returns the scope that selects Service i in the scoped layout, or
@@ -224,6 +256,7 @@ func clone(svc *model.Service) *model.Service {
 type Change struct {
 	Upserted []*model.Service
 	Deleted  []model.Key
+	Routes   []*model.Route
 }
 
 // Apply applies one event and returns what changed. Each event is a
@@ -269,6 +302,16 @@ func (w *World) Apply(ev string) (Change, error) {
 		}
 		ch.Upserted = append(ch.Upserted, w.makeService("ns-0", fmt.Sprint("svc-new-", seq), w.P.Services+seq, scope))
 		ch.Deleted = append(ch.Deleted, model.Key{Namespace: "ns-1", Name: "svc-21"})
+	case EvRouteWeights:
+		r := w.Routes[churnKey(0)]
+		if r == nil {
+			return ch, fmt.Errorf("event %s: the world has no routes", ev)
+		}
+		v := int32(50)
+		if r.Rules[0].Backends[0].Weight == 50 {
+			v = 90
+		}
+		ch.Routes = append(ch.Routes, routeFor(w.P, 0, v))
 	default:
 		return ch, fmt.Errorf("unknown event %q", ev)
 	}
@@ -277,6 +320,9 @@ func (w *World) Apply(ev string) (Change, error) {
 	}
 	for _, k := range ch.Deleted {
 		delete(w.Services, k)
+	}
+	for _, r := range ch.Routes {
+		w.Routes[r.Parents[0].Service] = r
 	}
 	w.Applied = append(w.Applied, ev)
 	return ch, nil
@@ -287,6 +333,7 @@ func (w *World) Apply(ev string) (Change, error) {
 func (w *World) copy() *World {
 	c := *w
 	c.Services = maps.Clone(w.Services)
+	c.Routes = maps.Clone(w.Routes)
 	c.Applied = slices.Clone(w.Applied)
 	return &c
 }
@@ -324,7 +371,30 @@ type Truth [xdstype.Count]map[string]Res
 // configuration carries them inline).
 func (w *World) Truth(v View) (*Truth, error) {
 	sc := w.Scopes[v.Scope]
-	return truthOf(sc, w.Selected(sc), v.Loc)
+	return truthOf(w.Translate(sc), sc, v.Loc)
+}
+
+// Translate translates a scope from scratch, its Services' mesh routes
+// included: every backend the routes name is a Service the scope selects
+// (a route stays in its Service's namespace, which the scope selects
+// whole), so none is served as a backend only.
+func (w *World) Translate(sc *model.Scope) translate.Resources {
+	svcs := w.Selected(sc)
+	frags := make([]*translate.Fragment, len(svcs))
+	for i, svc := range svcs {
+		var rt *translate.Routing
+		if r := w.Routes[svc.Key]; r != nil {
+			rt = &translate.Routing{Routes: []*model.Route{r}, Backends: map[model.Key]*model.Service{}}
+			for _, b := range r.Rules[0].Backends {
+				if bs := w.Services[b.Service]; bs != nil {
+					rt.Backends[b.Service] = bs
+				}
+			}
+		}
+		f := translate.RoutedService(svc, translate.ProfileOf(sc), rt)
+		frags[i] = &f
+	}
+	return translate.AssembleScope(sc, frags)
 }
 
 // Assignments returns the ClusterLoadAssignments a view's scope serves for
@@ -336,16 +406,16 @@ func (w *World) Assignments(v View, svc *model.Service) (map[string]Res, error) 
 	if !sc.Selects(svc, nil, false) {
 		return nil, nil
 	}
-	tr, err := truthOf(sc, []*model.Service{svc}, v.Loc)
+	tr, err := truthOf(translate.Translate(sc, []*model.Service{svc}), sc, v.Loc)
 	if err != nil {
 		return nil, err
 	}
 	return tr[xdstype.Endpoint], nil
 }
 
-// truthOf translates a scope that selects svcs, as seen from loc.
-func truthOf(sc *model.Scope, svcs []*model.Service, loc model.Location) (*Truth, error) {
-	r := translate.Translate(sc, svcs).Seen(loc)
+// truthOf is what a scope's proxies at loc hold of its resources all.
+func truthOf(all translate.Resources, sc *model.Scope, loc model.Location) (*Truth, error) {
+	r := all.Seen(loc)
 	var tr Truth
 	for t := range tr {
 		tr[t] = map[string]Res{}
