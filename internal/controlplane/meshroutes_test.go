@@ -1,8 +1,11 @@
 package controlplane_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -22,6 +25,7 @@ import (
 	"google.golang.org/grpc/xds"
 
 	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
+	"github.com/scopeplane/scopeplane/internal/plugin"
 	"github.com/scopeplane/scopeplane/internal/testkit"
 	"github.com/scopeplane/scopeplane/internal/whoami"
 	"github.com/scopeplane/scopeplane/xds/bootstrap"
@@ -228,6 +232,28 @@ func TestMeshRoutesSteerAGRPCClient(t *testing.T) {
 	t.Logf("header match: with x-canary: yes %v, without %v", with, without)
 	if with["reviews-v2"] != 200 || without["reviews-v1"] != 200 {
 		t.Errorf("header match: with the header %v, want reviews-v2 only; without %v, want reviews-v1 only", with, without)
+	}
+
+	// kubectl scopeplane explain names the route and rule each request
+	// goes by, in order, and the client holds what the scope serves.
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := env.WriteKubeconfig(kubeconfig); err != nil {
+		t.Fatal(err)
+	}
+	var out, errOut bytes.Buffer
+	if code := plugin.Main(context.Background(), []string{"explain", "clients-grpc", meshNS + "/reviews", "--address", adminAddr, "--kubeconfig", kubeconfig}, &out, &errOut); code != 0 {
+		t.Fatalf("kubectl scopeplane explain: exit %d: %s", code, errOut.String())
+	}
+	t.Logf("kubectl scopeplane explain clients-grpc mesh/reviews:\n%s", out.String())
+	for _, want := range []string{
+		"Mesh routes of Service mesh/reviews for this scope (producer routes, of the Service's namespace):\n  HTTPRoute mesh/canary\n",
+		"  1. HTTPRoute mesh/canary rule 0 match 0 (path prefix /, header x-canary=yes) → cluster mesh/reviews-v2:50051@",
+		"  2. HTTPRoute mesh/canary rule 1 match 0 (path prefix /) → cluster mesh/reviews-v1:50051@",
+		"the proxy asked for it and is in sync on this type",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("explain lacks %q", want)
+		}
 	}
 
 	// A GRPCRoute on the same Service port prevails over the HTTPRoute,

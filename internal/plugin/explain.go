@@ -117,7 +117,11 @@ func (o *options) explain(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	frag := translate.Service(msvc, translate.ProfileOf(scope))
+	rt, err := o.routing(ctx, cl, msvc, scope.Key.Namespace)
+	if err != nil {
+		return err
+	}
+	frag := translate.RoutedService(msvc, translate.ProfileOf(scope), rt)
 	px := proxyStateOf(proxy)
 	n, asked := 0, 0
 	frag.Each(func(t xdstype.Type, m proto.Message) {
@@ -141,6 +145,9 @@ func (o *options) explain(ctx context.Context, args []string) error {
 			asked++
 		}
 		n++
+	}
+	if rt != nil {
+		o.explainRoutes(msvc, rt, scope.Listener.Mode)
 	}
 	switch {
 	case n == 0:

@@ -32,21 +32,25 @@ type Routing struct {
 	Backends map[model.Key]*model.Service
 }
 
-// entry is one route entry of a Service port: one match of one rule, with
-// where it comes from, in Gateway API's precedence order once sorted.
-type entry struct {
-	route *model.Route
-	rule  *model.RouteRule
-	match model.RouteMatch
+// Entry is one route entry of a Service port: one match of one rule of a
+// route, where it stands in Gateway API's precedence, and what the scope's
+// clients are sent for it (Route; nil when they cannot be sent it, see
+// routeEntry). kubectl scopeplane explain prints them.
+type Entry struct {
+	Source *model.Route
+	// Rule and Match index the rule in the route and the match in the rule
+	// (Match is -1 for a rule without matches, which matches everything).
+	Rule, Match int
+	Route       *routev3.Route
 }
 
-// portRoutes returns the route entries of a Service port, in the order a
-// client must try them, and whether any route applies to the port at all
+// Entries returns the route entries of a Service port, in the order a
+// client tries them, and whether any route applies to the port at all
 // (when none does, the port keeps its one route to its own endpoints).
 //
 // A GRPCRoute and an HTTPRoute on one port do not merge: the GRPCRoutes
 // win (Gateway API's GEP-1294), and the HTTPRoutes' status says Conflicted.
-func portRoutes(svc *model.Service, port int32, rt *Routing, mode model.ListenerMode) ([]*routev3.Route, bool) {
+func Entries(svc *model.Service, port int32, rt *Routing, mode model.ListenerMode) ([]Entry, bool) {
 	if rt == nil {
 		return nil, false
 	}
@@ -65,24 +69,44 @@ func portRoutes(svc *model.Service, port int32, rt *Routing, mode model.Listener
 		attached = slices.DeleteFunc(attached, func(r *model.Route) bool { return r.Kind != model.GRPCRoute })
 	}
 	slices.SortStableFunc(attached, (*model.Route).Compare)
-	var entries []entry
+	type matched struct {
+		Entry
+		match model.RouteMatch
+	}
+	var entries []matched
 	for _, r := range attached {
 		for i := range r.Rules {
-			rule := &r.Rules[i]
-			if len(rule.Matches) == 0 {
-				entries = append(entries, entry{r, rule, model.RouteMatch{PathType: model.PathPrefix, Path: "/", GRPC: r.Kind == model.GRPCRoute}})
+			if len(r.Rules[i].Matches) == 0 {
+				all := model.RouteMatch{PathType: model.PathPrefix, Path: "/", GRPC: r.Kind == model.GRPCRoute}
+				entries = append(entries, matched{Entry{Source: r, Rule: i, Match: -1}, all})
 				continue
 			}
-			for _, m := range rule.Matches {
-				entries = append(entries, entry{r, rule, m})
+			for j, m := range r.Rules[i].Matches {
+				entries = append(entries, matched{Entry{Source: r, Rule: i, Match: j}, m})
 			}
 		}
 	}
-	slices.SortStableFunc(entries, func(a, b entry) int { return precedence(a.match, b.match) })
+	slices.SortStableFunc(entries, func(a, b matched) int { return precedence(a.match, b.match) })
+	out := make([]Entry, len(entries))
+	for i := range entries {
+		e := &entries[i]
+		e.Route = routeEntry(&e.match, &e.Source.Rules[e.Rule], rt.Backends, mode)
+		out[i] = e.Entry
+	}
+	return out, true
+}
+
+// portRoutes returns what a Service port's clients are sent of its route
+// entries (see Entries), and whether any route applies to the port.
+func portRoutes(svc *model.Service, port int32, rt *Routing, mode model.ListenerMode) ([]*routev3.Route, bool) {
+	entries, routed := Entries(svc, port, rt, mode)
+	if !routed {
+		return nil, false
+	}
 	out := make([]*routev3.Route, 0, len(entries))
 	for _, e := range entries {
-		if rt := routeEntry(&e, rt.Backends, mode); rt != nil {
-			out = append(out, rt)
+		if e.Route != nil {
+			out = append(out, e.Route)
 		}
 	}
 	if len(out) == 0 && mode == model.ListenerProxylessGRPC {
@@ -155,14 +179,13 @@ func prefixPath(p string) string {
 // cannot be sent it: a proxyless gRPC client cannot match query parameters
 // nor an HTTP method other than POST, and is sent no rule without a backend
 // to go to (Envoy answers such requests 500, as Gateway API asks).
-func routeEntry(e *entry, backends map[model.Key]*model.Service, mode model.ListenerMode) *routev3.Route {
+func routeEntry(m *model.RouteMatch, rule *model.RouteRule, backends map[model.Key]*model.Service, mode model.ListenerMode) *routev3.Route {
 	proxyless := mode == model.ListenerProxylessGRPC
-	m := e.match
 	if proxyless && (len(m.Query) > 0 || (m.Method != "" && m.Method != "POST")) {
 		return nil
 	}
-	out := &routev3.Route{Match: routeMatch(&m, proxyless)}
-	clusters := ruleClusters(e.rule, backends, mode)
+	out := &routev3.Route{Match: routeMatch(m, proxyless)}
+	clusters := ruleClusters(rule, backends, mode)
 	if len(clusters) == 0 {
 		if proxyless {
 			return nil
@@ -186,14 +209,14 @@ func routeEntry(e *entry, backends map[model.Key]*model.Service, mode model.List
 		}
 		action.ClusterSpecifier = &routev3.RouteAction_WeightedClusters{WeightedClusters: wc}
 	}
-	timeouts(action, e.rule, proxyless)
-	action.RetryPolicy = retryPolicy(e.rule, proxyless)
+	timeouts(action, rule, proxyless)
+	action.RetryPolicy = retryPolicy(rule, proxyless)
 	out.Action = &routev3.Route_Route{Route: action}
 	if !proxyless {
-		if h := e.rule.RequestHeaders; h != nil {
+		if h := rule.RequestHeaders; h != nil {
 			out.RequestHeadersToAdd, out.RequestHeadersToRemove = headerOptions(h), slices.Clone(h.Remove)
 		}
-		if h := e.rule.ResponseHeaders; h != nil {
+		if h := rule.ResponseHeaders; h != nil {
 			out.ResponseHeadersToAdd, out.ResponseHeadersToRemove = headerOptions(h), slices.Clone(h.Remove)
 		}
 	}
