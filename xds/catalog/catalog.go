@@ -275,7 +275,7 @@ func (c *Catalog) UpsertService(svc *model.Service) {
 	defer c.mu.Unlock()
 	e, ok := c.services[svc.Key]
 	if !ok {
-		e = &serviceEntry{svc: svc, cat: c, frags: map[fragKey]*translate.Fragment{}, scopes: map[model.Key]struct{}{}, backendOf: map[model.Key]struct{}{}}
+		e = &serviceEntry{svc: svc, cat: c, frags: map[fragKey]*translate.Fragment{}, scopes: map[model.Key]struct{}{}}
 		c.noteConsumers(e)
 		c.services[svc.Key] = e
 		if c.byNS[svc.Key.Namespace] == nil {
@@ -537,7 +537,7 @@ func (c *Catalog) UpsertScope(scope *model.Scope) {
 	})
 	sc.backends = sc.wantedBackends()
 	for _, e := range sc.backends {
-		e.backendOf[scope.Key] = struct{}{}
+		e.serveAsBackend(scope.Key)
 	}
 	sc.rebuild()
 	sc.takeTouched()

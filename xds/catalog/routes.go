@@ -293,7 +293,7 @@ func (sc *scopeEntry) syncBackends() {
 	for k, e := range want {
 		if _, ok := sc.backends[k]; !ok {
 			sc.backends[k] = e
-			e.backendOf[sc.scope.Key] = struct{}{}
+			e.serveAsBackend(sc.scope.Key)
 			sc.putFragment(e.fragment(sc.backendKey()))
 		}
 	}
@@ -367,4 +367,14 @@ func (c *Catalog) resolveRoutes(sc *scopeEntry, r *Resolution) {
 		}
 	}
 	slices.Sort(r.RoutesNotAccepted)
+}
+
+// serveAsBackend records that the scope serves the Service as a route
+// backend. The set is made on first use: most Services are nobody's
+// backend.
+func (e *serviceEntry) serveAsBackend(scope model.Key) {
+	if e.backendOf == nil {
+		e.backendOf = map[model.Key]struct{}{}
+	}
+	e.backendOf[scope] = struct{}{}
 }
