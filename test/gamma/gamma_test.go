@@ -10,6 +10,7 @@ package gamma_test
 
 import (
 	"fmt"
+	"maps"
 	"math"
 	"path/filepath"
 	"slices"
@@ -18,7 +19,9 @@ import (
 	"strings"
 	"testing"
 
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	upstreamhttpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 
 	"github.com/scopeplane/scopeplane/controllers/convert"
 	"github.com/scopeplane/scopeplane/xds/catalog"
@@ -35,7 +38,6 @@ var envoyPasses = []string{
 	"MeshBasic",
 	"MeshConsumerRoute",
 	"MeshFrontend",
-	"MeshGRPCRouteWeight",
 	"MeshHTTPRouteMatching",
 	"MeshHTTPRouteNamedRule",
 	"MeshHTTPRouteQueryParamMatching",
@@ -251,13 +253,49 @@ func route(set catalog.Set, services map[model.Key]*model.Service, cs meshCase, 
 	if err != nil {
 		return out, "cannot evaluate: " + err.Error()
 	}
-	for c := range out.clusters {
-		if _, ok := set[xdstype.Cluster][c]; !ok {
+	for _, c := range slices.Sorted(maps.Keys(out.clusters)) {
+		cl, ok := set[xdstype.Cluster][c].(*clusterv3.Cluster)
+		if !ok {
 			out.status = 503 // Envoy's answer for a cluster it does not have
 			out.route += " to the unknown cluster " + c
+			continue
+		}
+		if e.Protocol != "grpc" || mode != model.ListenerEnvoy {
+			continue
+		}
+		// A gRPC server speaks HTTP/2 only: Envoy sending it HTTP/1.1
+		// fails the call (Envoy answers 503 for the reset). A gRPC client
+		// dials its backends in HTTP/2 whatever the cluster says.
+		h2, err := upstreamHTTP2(cl)
+		if err != nil {
+			return out, "cannot evaluate: " + err.Error()
+		}
+		if !h2 {
+			out.status = 503
+			out.route += ", whose cluster " + c + " speaks HTTP/1.1 to a gRPC backend"
 		}
 	}
 	return out, ""
+}
+
+// upstreamHTTP2 reports whether Envoy speaks HTTP/2 to a cluster's
+// endpoints: explicitly, or as the downstream does (a gRPC call is HTTP/2).
+func upstreamHTTP2(c *clusterv3.Cluster) (bool, error) {
+	anyOpts, ok := c.GetTypedExtensionProtocolOptions()["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
+	if !ok {
+		return false, nil
+	}
+	opts := &upstreamhttpv3.HttpProtocolOptions{}
+	if err := anyOpts.UnmarshalTo(opts); err != nil {
+		return false, fmt.Errorf("cluster %s: its HTTP protocol options: %w", c.GetName(), err)
+	}
+	switch p := opts.GetUpstreamProtocolOptions().(type) {
+	case *upstreamhttpv3.HttpProtocolOptions_ExplicitHttpConfig_:
+		return p.ExplicitHttpConfig.GetHttp2ProtocolOptions() != nil, nil
+	case *upstreamhttpv3.HttpProtocolOptions_UseDownstreamProtocolConfig:
+		return p.UseDownstreamProtocolConfig.GetHttp2ProtocolOptions() != nil, nil
+	}
+	return false, fmt.Errorf("cluster %s: the upstream protocol options %T are not evaluated", c.GetName(), opts.GetUpstreamProtocolOptions())
 }
 
 // dialed is the Service port a gRPC client dials for a host "svc[.ns]" and
