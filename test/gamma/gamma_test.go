@@ -249,6 +249,9 @@ func route(set catalog.Set, services map[model.Key]*model.Service, cs meshCase, 
 	if !ok {
 		return out, fmt.Sprintf("the scope has no route configuration %s", name)
 	}
+	if err := rc.ValidateAll(); err != nil {
+		return out, fmt.Sprintf("Envoy refuses the route configuration %s: %v", name, err)
+	}
 	out, err := evaluate(rc, req)
 	if err != nil {
 		return out, "cannot evaluate: " + err.Error()
@@ -259,6 +262,9 @@ func route(set catalog.Set, services map[model.Key]*model.Service, cs meshCase, 
 			out.status = 503 // Envoy's answer for a cluster it does not have
 			out.route += " to the unknown cluster " + c
 			continue
+		}
+		if err := cl.ValidateAll(); err != nil {
+			return out, fmt.Sprintf("Envoy refuses the cluster %s: %v", c, err)
 		}
 		if e.Protocol != "grpc" || mode != model.ListenerEnvoy {
 			continue

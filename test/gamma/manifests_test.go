@@ -46,20 +46,15 @@ func (w *world) add(path string) error {
 		var obj any
 		switch tm.APIVersion + " " + tm.Kind {
 		case "v1 Namespace":
-			o := &corev1.Namespace{}
-			w.namespaces, obj = append(w.namespaces, o), o
+			obj = appendNew(&w.namespaces)
 		case "apps/v1 Deployment":
-			o := &appsv1.Deployment{}
-			w.deployments, obj = append(w.deployments, o), o
+			obj = appendNew(&w.deployments)
 		case "v1 Service":
-			o := &corev1.Service{}
-			w.services, obj = append(w.services, o), o
+			obj = appendNew(&w.services)
 		case "gateway.networking.k8s.io/v1 HTTPRoute":
-			o := &gatewayv1.HTTPRoute{}
-			w.httpRoutes, obj = append(w.httpRoutes, o), o
+			obj = appendNew(&w.httpRoutes)
 		case "gateway.networking.k8s.io/v1 GRPCRoute":
-			o := &gatewayv1.GRPCRoute{}
-			w.grpcRoutes, obj = append(w.grpcRoutes, o), o
+			obj = appendNew(&w.grpcRoutes)
 		default:
 			return fmt.Errorf("%s: document %d: the kind %s %s is not read", path, i, tm.APIVersion, tm.Kind)
 		}
@@ -68,6 +63,13 @@ func (w *world) add(path string) error {
 		}
 	}
 	return nil
+}
+
+// appendNew appends a new object to a list and returns it, to be filled.
+func appendNew[T any](list *[]*T) *T {
+	o := new(T)
+	*list = append(*list, o)
+	return o
 }
 
 // pods returns the names of the Deployments whose Pods a Service selects:
