@@ -38,6 +38,7 @@ var envoyPasses = []string{
 	"MeshBasic",
 	"MeshConsumerRoute",
 	"MeshFrontend",
+	"MeshGRPCRouteWeight",
 	"MeshHTTPRouteMatching",
 	"MeshHTTPRouteNamedRule",
 	"MeshHTTPRouteQueryParamMatching",

@@ -1,6 +1,7 @@
 package translate
 
 import (
+	"strings"
 	"time"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
@@ -22,13 +23,18 @@ const ConnectTimeout = 5 * time.Second
 // options message's full name.
 const httpProtocolOptionsKey = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 
-// isHTTP2 reports whether a Service appProtocol means the backend speaks
-// HTTP/2 cleartext (gRPC is HTTP/2), so the proxy must not talk HTTP/1.1 to
-// it.
-func isHTTP2(appProtocol string) bool {
-	switch appProtocol {
+// isHTTP2 reports whether a Service port's backend speaks HTTP/2 cleartext
+// (gRPC is HTTP/2), so the proxy must not talk HTTP/1.1 to it: its
+// appProtocol says so or, when it sets none, its name does, by the
+// "<protocol>[-<suffix>]" naming meshes read (grpc, grpc-*, h2c, http2),
+// as Gateway API's own conformance Services name their gRPC ports.
+func isHTTP2(port *model.ServicePort) bool {
+	switch port.AppProtocol {
 	case "grpc", "h2c", "http2", "kubernetes.io/h2c":
 		return true
+	case "":
+		proto, _, _ := strings.Cut(port.Name, "-")
+		return proto == "grpc" || proto == "h2c" || proto == "http2"
 	}
 	return false
 }
@@ -52,7 +58,7 @@ func cluster(svc *model.Service, port *model.ServicePort, mode model.ListenerMod
 			ServiceName: name,
 		}
 	}
-	if isHTTP2(port.AppProtocol) {
+	if isHTTP2(port) {
 		c.TypedExtensionProtocolOptions = map[string]*anypb.Any{
 			httpProtocolOptionsKey: mustAny(&upstreamhttpv3.HttpProtocolOptions{
 				UpstreamProtocolOptions: &upstreamhttpv3.HttpProtocolOptions_ExplicitHttpConfig_{
