@@ -5,14 +5,17 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
+	"fmt"
 	"log"
 	"net/http"
 	"os/signal"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
 
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 
 	"github.com/scopeplane/scopeplane/internal/envoyprobe"
 	"github.com/scopeplane/scopeplane/xds/adsclient"
@@ -71,7 +74,7 @@ func runProbe(args []string) error {
 		client := c
 		mu.Unlock()
 		if client != nil {
-			out.Held, out.Endpoints = map[string]int{}, map[string][]string{}
+			out.Held, out.Endpoints, out.Routes = map[string]int{}, map[string][]string{}, map[string][]string{}
 			for _, t := range xdstype.All() {
 				out.Held[t.String()] = len(client.State(t.URL()))
 			}
@@ -85,6 +88,18 @@ func runProbe(args []string) error {
 					for _, e := range l.GetLbEndpoints() {
 						out.Endpoints[name] = append(out.Endpoints[name], e.GetEndpoint().GetAddress().GetSocketAddress().GetAddress())
 					}
+				}
+			}
+			for _, h := range client.State(xdstype.Route.URL()) {
+				if rc, err := adsclient.Decode[*routev3.RouteConfiguration](h); err == nil {
+					for _, vh := range rc.GetVirtualHosts() {
+						out.Routes[vh.GetName()] = routeTargets(vh)
+					}
+				}
+			}
+			for name, h := range client.State(xdstype.VirtualHost.URL()) {
+				if vh, err := adsclient.Decode[*routev3.VirtualHost](h); err == nil {
+					out.Routes[name] = routeTargets(vh)
 				}
 			}
 		}
@@ -127,4 +142,25 @@ func runProbe(args []string) error {
 		backoff = min(2*backoff, 30*time.Second)
 	}
 	return nil
+}
+
+// routeTargets says where each route of a virtual host sends requests, as
+// envoyprobe.Status.Routes holds it.
+func routeTargets(vh *routev3.VirtualHost) []string {
+	out := make([]string, 0, len(vh.GetRoutes()))
+	for _, r := range vh.GetRoutes() {
+		switch a := r.GetRoute(); {
+		case r.GetDirectResponse() != nil:
+			out = append(out, fmt.Sprint("status ", r.GetDirectResponse().GetStatus()))
+		case a.GetCluster() != "":
+			out = append(out, a.GetCluster())
+		default:
+			var split []string
+			for _, c := range a.GetWeightedClusters().GetClusters() {
+				split = append(split, fmt.Sprintf("%s=%d", c.GetName(), c.GetWeight().GetValue()))
+			}
+			out = append(out, strings.Join(split, " "))
+		}
+	}
+	return out
 }

@@ -78,7 +78,12 @@ type Status struct {
 	Held map[string]int `json:"held"`
 	// Endpoints are the addresses of each ClusterLoadAssignment held.
 	Endpoints map[string][]string `json:"endpoints"`
-	NACKs     int                 `json:"nacks"`
+	// Routes are, for each virtual host held (inline in a route
+	// configuration, or by VHDS), where each of its routes sends requests,
+	// in order: "cluster", or "cluster=weight" for each cluster of a
+	// weighted split joined by spaces, or "status N" for a direct response.
+	Routes map[string][]string `json:"routes"`
+	NACKs  int                 `json:"nacks"`
 }
 
 // Bootstrap is what a probe takes from an Envoy bootstrap.

@@ -53,6 +53,13 @@ func TestQuickstartOnANode(t *testing.T) {
 		t.Fatal("HELM is not set: run `make e2e`, which builds Helm with hack/helm.sh")
 	}
 
+	// Gateway API's route CRDs, as a user installs them, before the
+	// operator starts: it looks for the route kinds when it starts.
+	t.Log("step: Gateway API's HTTPRoute and GRPCRoute CRDs (standard channel)")
+	for _, crd := range gatewayRouteCRDs(t) {
+		run(t, "kubectl", "apply", "--server-side", "-f", crd)
+	}
+
 	t.Log("step: helm install with the chart's defaults")
 	run(t, helm, "install", release, filepath.Join(root, "charts", "scopeplane"), "--namespace", namespace, "--create-namespace")
 	run(t, "kubectl", "-n", namespace, "rollout", "status", "deploy/"+release, "--timeout=5m")
@@ -119,6 +126,34 @@ func TestQuickstartOnANode(t *testing.T) {
 	backends = podNames(t, "app=whoami")
 	after := c.waitFor(t, "RPCs reach all three backends", func(n counts) bool { return n.reachedSince(before, backends) })
 	c.noFailures(t, "scaling", before, after)
+
+	t.Log("step: a canary with a mesh route (docs/quickstart/canary.yaml), then the route deleted")
+	before = c.get(t)
+	run(t, "kubectl", "apply", "-f", quickstart("canary.yaml"))
+	run(t, "kubectl", "rollout", "status", "deploy/whoami-v2", "--timeout=3m")
+	canary := podNames(t, "app=whoami-v2")
+	after = c.waitFor(t, "RPCs reach the canary", func(n counts) bool { return n.reachedSince(before, append(canary, backends...)) })
+	c.noFailures(t, "the canary", before, after)
+	t.Logf("counts: %s", after)
+	const split = "default/whoami:50051=50 default/whoami-v2:50051=50"
+	routed := envoy.waitFor(t, "the probe holds the canary's weighted route", func(s envoyprobe.Status) bool {
+		return slices.Contains(s.Routes["http-10080/whoami.default:50051"], split) && holds(s, backendIPs(t))
+	})
+	t.Logf("envoy-probe: routes of whoami %v", routed.Routes["http-10080/whoami.default:50051"])
+	if routed.NACKs != 0 {
+		t.Errorf("the probe, which validates what it gets as Envoy does, rejected %d responses", routed.NACKs)
+	}
+	testkit.EventuallyWithin(t, 2*time.Minute, "the route Accepted with its references resolved by scopeplane", func() (bool, string) {
+		const ours = `.status.parents[?(@.controllerName=="scopeplane.dev/mesh")]`
+		out, _ := kubectl("get", "httproute", "whoami-canary", "-o",
+			`jsonpath={`+ours+`.conditions[?(@.type=="Accepted")].status} {`+ours+`.conditions[?(@.type=="ResolvedRefs")].status}`)
+		return out == "True True", out
+	})
+	before = c.get(t)
+	run(t, "kubectl", "delete", "httproute", "whoami-canary")
+	after = c.waitFor(t, "RPCs go on after the route left", func(n counts) bool { return n.OK > before.OK+200 })
+	c.noFailures(t, "the route's deletion", before, after)
+	run(t, "kubectl", "delete", "deploy/whoami-v2", "svc/whoami-v2")
 
 	t.Log("step: a backend rollout")
 	before = c.get(t)
@@ -418,4 +453,17 @@ func (c client) noFailures(t *testing.T, during string, before, after counts) {
 	} else {
 		t.Logf("%s: %d RPCs, none failed", during, after.OK-before.OK)
 	}
+}
+
+// gatewayRouteCRDs are the HTTPRoute and GRPCRoute CRDs of Gateway API's
+// standard channel, from the sigs.k8s.io/gateway-api module go.mod
+// requires: the version whose types scopeplane is built with.
+func gatewayRouteCRDs(t *testing.T) []string {
+	t.Helper()
+	dir := strings.TrimSpace(run(t, "go", "list", "-m", "-f", "{{.Dir}}", "sigs.k8s.io/gateway-api"))
+	var out []string
+	for _, kind := range []string{"httproutes", "grpcroutes"} {
+		out = append(out, filepath.Join(dir, "config", "crd", "standard", "gateway.networking.k8s.io_"+kind+".yaml"))
+	}
+	return out
 }
