@@ -147,7 +147,7 @@ func TestQuickstartOnANode(t *testing.T) {
 		const ours = `.status.parents[?(@.controllerName=="scopeplane.dev/mesh")]`
 		out, _ := kubectl("get", "httproute", "whoami-canary", "-o",
 			`jsonpath={`+ours+`.conditions[?(@.type=="Accepted")].status} {`+ours+`.conditions[?(@.type=="ResolvedRefs")].status}`)
-		return out == "True True", out
+		return strings.TrimSpace(out) == "True True", out
 	})
 	before = c.get(t)
 	run(t, "kubectl", "delete", "httproute", "whoami-canary")
