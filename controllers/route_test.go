@@ -1,20 +1,13 @@
 package controllers_test
 
 import (
-	"context"
 	"slices"
 	"testing"
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"k8s.io/utils/ptr"
-	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/config"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 
-	"github.com/scopeplane/scopeplane/controllers"
-	"github.com/scopeplane/scopeplane/internal/scheme"
 	"github.com/scopeplane/scopeplane/internal/testkit"
 	"github.com/scopeplane/scopeplane/xds/catalog"
 	"github.com/scopeplane/scopeplane/xds/model"
@@ -25,7 +18,7 @@ import (
 // are watched, and the replica is ready only once every route listed at
 // cache sync was reconciled.
 func TestRoutesCountInTheInitialSync(t *testing.T) {
-	svcParent := gatewayv1.ParentReference{Group: ptr.To(gatewayv1.Group("")), Kind: ptr.To(gatewayv1.Kind("Service")), Name: "api"}
+	svcParent := testkit.ServiceParent("", "api", 0)
 	hr := &gatewayv1.HTTPRoute{Spec: gatewayv1.HTTPRouteSpec{CommonRouteSpec: gatewayv1.CommonRouteSpec{ParentRefs: []gatewayv1.ParentReference{svcParent}}}}
 	hr.Namespace, hr.Name = "routes", "web"
 	gw := &gatewayv1.HTTPRoute{Spec: gatewayv1.HTTPRouteSpec{CommonRouteSpec: gatewayv1.CommonRouteSpec{ParentRefs: []gatewayv1.ParentReference{{Name: "gateway"}}}}}
@@ -34,29 +27,10 @@ func TestRoutesCountInTheInitialSync(t *testing.T) {
 	gr.Namespace, gr.Name = "routes", "rpc"
 	create(t, namespace("routes", nil), service("routes", "api", nil, port("http", 80, intstr.FromInt32(8080), "")), hr, gw, gr)
 
-	ctx, cancel := context.WithCancel(context.Background())
-	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
-		Scheme: scheme.Scheme, Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
-		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sync, err := controllers.Setup(ctx, mgr, catalog.New(), catalog.CrossNamespaceGrant)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sync := startReplica(t, env, catalog.New(), catalog.CrossNamespaceGrant)
 	if got := sync.RouteKinds(); !slices.Equal(got, []model.RouteKind{model.HTTPRoute, model.GRPCRoute}) {
 		t.Errorf("route kinds watched: %v, want both", got)
 	}
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("manager: %v", err)
-		}
-	})
 	select {
 	case <-sync.Synced():
 	case <-time.After(testkit.Timeout):

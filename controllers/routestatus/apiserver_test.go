@@ -85,16 +85,10 @@ func service(ns, name string, port int32) *corev1.Service {
 }
 
 func parent(name string, port int32) gatewayv1.ParentReference {
-	return gatewayv1.ParentReference{Group: ptr.To(gatewayv1.Group("")), Kind: ptr.To(gatewayv1.Kind("Service")), Name: gatewayv1.ObjectName(name), Port: ptr.To(port)}
+	return testkit.ServiceParent("", name, port)
 }
 
-func backend(ns, name string, port int32) gatewayv1.BackendRef {
-	b := gatewayv1.BackendRef{BackendObjectReference: gatewayv1.BackendObjectReference{Name: gatewayv1.ObjectName(name), Port: ptr.To(port)}}
-	if ns != "" {
-		b.Namespace = ptr.To(gatewayv1.Namespace(ns))
-	}
-	return b
-}
+var backend = testkit.BackendRef
 
 func httpRoute(ns, name string, p gatewayv1.ParentReference, backends ...gatewayv1.BackendRef) *gatewayv1.HTTPRoute {
 	hr := &gatewayv1.HTTPRoute{

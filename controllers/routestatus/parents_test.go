@@ -11,21 +11,13 @@ import (
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"github.com/scopeplane/scopeplane/controllers/convert"
+	"github.com/scopeplane/scopeplane/internal/testkit"
 	"github.com/scopeplane/scopeplane/xds/model"
 )
 
 const us = gatewayv1.GatewayController("scopeplane.dev/mesh")
 
-func parentRef(ns, name string, port int32) gatewayv1.ParentReference {
-	p := gatewayv1.ParentReference{Group: ptr.To(gatewayv1.Group("")), Kind: ptr.To(gatewayv1.Kind("Service")), Name: gatewayv1.ObjectName(name)}
-	if ns != "" {
-		p.Namespace = ptr.To(gatewayv1.Namespace(ns))
-	}
-	if port != 0 {
-		p.Port = ptr.To(port)
-	}
-	return p
-}
+var parentRef = testkit.ServiceParent
 
 func svc(ns, name string, ports ...int32) *corev1.Service {
 	s := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
@@ -48,11 +40,7 @@ func route(backends ...gatewayv1.HTTPBackendRef) *gatewayv1.HTTPRoute {
 }
 
 func backend(ns, name string, port int32) gatewayv1.HTTPBackendRef {
-	b := gatewayv1.HTTPBackendRef{BackendRef: gatewayv1.BackendRef{BackendObjectReference: gatewayv1.BackendObjectReference{Name: gatewayv1.ObjectName(name), Port: ptr.To(port)}}}
-	if ns != "" {
-		b.Namespace = ptr.To(gatewayv1.Namespace(ns))
-	}
-	return b
+	return gatewayv1.HTTPBackendRef{BackendRef: testkit.BackendRef(ns, name, port)}
 }
 
 func inputs(hr *gatewayv1.HTTPRoute, services ...*corev1.Service) *Inputs {
