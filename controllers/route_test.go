@@ -8,6 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 
+	"github.com/scopeplane/scopeplane/internal/localapi"
 	"github.com/scopeplane/scopeplane/internal/testkit"
 	"github.com/scopeplane/scopeplane/xds/catalog"
 	"github.com/scopeplane/scopeplane/xds/model"
@@ -30,6 +31,26 @@ func TestRoutesCountInTheInitialSync(t *testing.T) {
 	sync := startReplica(t, env, catalog.New(), catalog.CrossNamespaceGrant)
 	if got := sync.RouteKinds(); !slices.Equal(got, []model.RouteKind{model.HTTPRoute, model.GRPCRoute}) {
 		t.Errorf("route kinds watched: %v, want both", got)
+	}
+	select {
+	case <-sync.Synced():
+	case <-time.After(testkit.Timeout):
+		t.Fatalf("not synced: %v", sync.Check(nil))
+	}
+}
+
+// TestRoutesNotServed runs the reconcilers against an API server that
+// serves ReferenceGrants but no route kinds: they start, watch no routes,
+// and the replica syncs.
+func TestRoutesNotServed(t *testing.T) {
+	bare, err := localapi.StartWithoutRoutes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = bare.Stop() })
+	sync := startReplica(t, bare, catalog.New(), catalog.CrossNamespaceGrant)
+	if got := sync.RouteKinds(); len(got) != 0 || !sync.GrantsWatched() {
+		t.Errorf("route kinds watched: %v, ReferenceGrants watched: %v; want none and true", got, sync.GrantsWatched())
 	}
 	select {
 	case <-sync.Synced():
