@@ -119,9 +119,9 @@ func Parents(old []gatewayv1.RouteParentStatus, in *Inputs) []gatewayv1.RoutePar
 	return out
 }
 
-// Equal reports whether two status.parents lists are the same (nil and
+// parentsEqual reports whether two status.parents lists are the same (nil and
 // empty alike).
-func Equal(a, b []gatewayv1.RouteParentStatus) bool {
+func parentsEqual(a, b []gatewayv1.RouteParentStatus) bool {
 	return len(a) == 0 && len(b) == 0 || equality.Semantic.DeepEqual(a, b)
 }
 

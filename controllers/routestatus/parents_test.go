@@ -185,7 +185,7 @@ func TestParentsKeepsOthersAndTransitionTimes(t *testing.T) {
 	if res.Status != metav1.ConditionTrue || res.LastTransitionTime != in.Now {
 		t.Errorf("ResolvedRefs %+v, want True since %v", res, in.Now)
 	}
-	if !Equal(Parents(second, in), second) {
+	if !parentsEqual(Parents(second, in), second) {
 		t.Error("the same inputs again changed the entries")
 	}
 	// A route with no Service parent any more keeps theirs only.

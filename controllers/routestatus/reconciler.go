@@ -206,7 +206,7 @@ func (r *Reconciler) next(ctx context.Context, obj client.Object) ([]gatewayv1.R
 		}
 	}
 	next := Parents(st.Parents, in)
-	return next, !Equal(st.Parents, next), nil
+	return next, !parentsEqual(st.Parents, next), nil
 }
 
 // SetupWithManager runs the reconciler for every route of the kind whose
