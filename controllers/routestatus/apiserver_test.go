@@ -174,6 +174,13 @@ func TestRouteStatusGoodAndOthersKept(t *testing.T) {
 	if !kept || len(parents) != 2 {
 		t.Errorf("status.parents %+v: want the other controller's entry as it was, and ours", parents)
 	}
+
+	// Another writer drops our entry: it is written back.
+	hr.Status.Parents = []gatewayv1.RouteParentStatus{theirs}
+	if err := env.Client.Status().Update(context.Background(), hr); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, hr, "True/Accepted", "False/BackendNotFound", "Service good/missing does not exist")
 }
 
 func TestRouteStatusFollowsParentAndBackendServices(t *testing.T) {

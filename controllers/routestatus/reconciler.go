@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -210,7 +211,7 @@ func (r *Reconciler) next(ctx context.Context, obj client.Object) ([]gatewayv1.R
 }
 
 // SetupWithManager runs the reconciler for every route of the kind whose
-// spec changed, and for the routes that name a Service that changed, that
+// spec or whose entries of this controller changed, and for the routes that name a Service that changed, that
 // have backends in a namespace whose ReferenceGrants changed, or (for
 // HTTPRoutes) that share a parent Service with a GRPCRoute that changed.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
@@ -219,7 +220,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	b := ctrl.NewControllerManagedBy(mgr).
 		Named(strings.ToLower(string(r.Kind))+"-status").
 		WithOptions(controller.Options{RateLimiter: status.RetryLimiter(), MaxConcurrentReconciles: workers}).
-		For(obj, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		For(obj, builder.WithPredicates(predicate.Or[client.Object](predicate.GenerationChangedPredicate{}, r.oursChanged()))).
 		Watches(&corev1.Service{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
 			return r.routes(ctx, "", client.MatchingFields{serviceIndex: client.ObjectKeyFromObject(o).String()})
 		}))
@@ -239,6 +240,26 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		}))
 	}
 	return b.Complete(r)
+}
+
+// oursChanged passes an update that changed this controller's entries:
+// another writer that dropped or altered them gets them written back (an
+// update by this writer itself costs one reconcile that writes nothing).
+func (r *Reconciler) oursChanged() predicate.Funcs {
+	ours := func(o client.Object) []gatewayv1.RouteParentStatus {
+		var out []gatewayv1.RouteParentStatus
+		if _, st := convert.RouteStatus(o); st != nil {
+			for _, e := range st.Parents {
+				if string(e.ControllerName) == r.ControllerName {
+					out = append(out, e)
+				}
+			}
+		}
+		return out
+	}
+	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
+		return !parentsEqual(ours(e.ObjectOld), ours(e.ObjectNew))
+	}}
 }
 
 // routes lists the routes of the kind an index value names, in namespace
