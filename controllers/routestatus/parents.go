@@ -78,7 +78,11 @@ type Inputs struct {
 	// GRPCRoutes, for an HTTPRoute, are the GRPCRoutes of its namespace
 	// that attach to its parent Services: each wins the ports it holds.
 	GRPCRoutes []*model.Route
-	Now        metav1.Time
+	// ProxylessOmissions say, one sentence per rule, what proxyless gRPC
+	// clients are not sent of the route; an accepted entry's message
+	// names them, so that the difference between client kinds is seen.
+	ProxylessOmissions []string
+	Now                metav1.Time
 }
 
 // Parents returns status.parents: old's entries of other controllers as
@@ -186,7 +190,11 @@ func accepted(in *Inputs, p *gatewayv1.ParentReference) metav1.Condition {
 			}
 		}
 	}
-	return cond(gatewayv1.RouteConditionAccepted, true, gatewayv1.RouteReasonAccepted, "attached to %s", portOf(key, port))
+	c := cond(gatewayv1.RouteConditionAccepted, true, gatewayv1.RouteReasonAccepted, "attached to %s", portOf(key, port))
+	if len(in.ProxylessOmissions) > 0 {
+		c.Message += "; proxyless gRPC clients are not sent " + strings.Join(in.ProxylessOmissions, "; ")
+	}
+	return c
 }
 
 func portOf(svc model.Key, port int32) string {

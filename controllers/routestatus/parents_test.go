@@ -142,6 +142,11 @@ func TestParents(t *testing.T) {
 			in.GRPCRoutes = []*model.Route{{Key: model.Key{Namespace: "shop", Name: "rpc"}, Kind: model.GRPCRoute, Parents: []model.RouteParent{{Service: model.Key{Namespace: "shop", Name: "reviews"}}}}}
 			return in
 		}(), want{"False/Conflicted", "True/ResolvedRefs", "GRPCRoute shop/rpc also attaches to port 80 of Service shop/reviews"}},
+		{"served to proxyless clients without some fields", func() *Inputs {
+			in := inputs(route(backend("", "v1", 8080)), reviews, svc("shop", "v1", 8080))
+			in.ProxylessOmissions = []string{"rule 0: header modifiers"}
+			return in
+		}(), want{"True/Accepted", "True/ResolvedRefs", "attached to port 80 of Service shop/reviews; proxyless gRPC clients are not sent rule 0: header modifiers"}},
 		{"a GRPCRoute on another port", func() *Inputs {
 			in := inputs(route(backend("", "v1", 8080)), reviews, svc("shop", "v1", 8080))
 			in.GRPCRoutes = []*model.Route{{Key: model.Key{Namespace: "shop", Name: "rpc"}, Kind: model.GRPCRoute, Parents: []model.RouteParent{{Service: model.Key{Namespace: "shop", Name: "reviews"}, Port: 9090}}}}

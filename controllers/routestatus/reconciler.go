@@ -109,6 +109,10 @@ type Reconciler struct {
 	Kinds []model.RouteKind
 	// Grants says ReferenceGrants are watched, so their changes count.
 	Grants bool
+	// Omissions, when set, says what of a route proxyless gRPC clients are
+	// not sent (the translator's account), for the accepted entries'
+	// messages.
+	Omissions func(*model.Route) []string
 	// Writes, when set, paces the writes (the ProxyScope status's limiter).
 	Writes *rate.Limiter
 	// Workers is how many routes are reconciled at once (one when zero).
@@ -174,6 +178,9 @@ func (r *Reconciler) next(ctx context.Context, obj client.Object) ([]gatewayv1.R
 			return nil, false, err
 		}
 		in.Services[model.Key{Namespace: ns, Name: name}] = svc
+	}
+	if r.Omissions != nil {
+		in.ProxylessOmissions = r.Omissions(route)
 	}
 	if !in.Consent.Allow && !in.Consent.Unavailable {
 		in.Consent.Grants = map[string]model.Grants{}
