@@ -24,6 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/scopeplane/scopeplane/controllers/replicafeedback"
+	"github.com/scopeplane/scopeplane/controllers/routestatus"
 	"github.com/scopeplane/scopeplane/controllers/status"
 	"github.com/scopeplane/scopeplane/internal/controlplane"
 	"github.com/scopeplane/scopeplane/internal/scheme"
@@ -60,6 +61,7 @@ type config struct {
 	xdsTLSSecret  string
 	xdsTLSNS      string
 	crossNS       catalog.CrossNamespace
+	routeCtrlName string
 	statusWrites  controlplane.StatusWrites
 	kubeQPS       float64
 	kubeBurst     int
@@ -92,7 +94,7 @@ func bindFlags(fs *flag.FlagSet) *config {
 		return nil
 	})
 	fs.StringVar(&c.probeAddr, "health-probe-bind-address", ":8081", "Address /healthz and /readyz bind to.")
-	fs.BoolVar(&c.leaderElect, "leader-elect", false, "Elect a leader among replicas; only the leader writes ProxyScope status, every replica serves xDS.")
+	fs.BoolVar(&c.leaderElect, "leader-elect", false, "Elect a leader among replicas; only the leader writes status (ProxyScopes' and mesh routes'), every replica serves xDS.")
 	fs.StringVar(&c.leaderNS, "leader-election-namespace", "", "Namespace of the leader election Lease and of each replica's proxy-feedback ConfigMap, which the leader merges into status (default: the pod's namespace).")
 	fs.StringVar(&c.replicaName, "replica-name", "", "This replica's name among the replicas, unique: it names the replica's proxy-feedback ConfigMap (default: $POD_NAME, else the host name). With $POD_UID set, the Pod owns that ConfigMap.")
 	fs.StringVar(&c.xdsAddr, "xds-bind-address", ":18000", "Address the ADS gRPC server (SotW and delta) binds to.")
@@ -106,6 +108,7 @@ func bindFlags(fs *flag.FlagSet) *config {
 	fs.StringVar(&c.adminAddr, "admin-bind-address", "127.0.0.1:18001", "Loopback address of the admin gRPC service: Envoy's Client Status Discovery Service (proxy status and config dumps, what kubectl scopeplane reads through port-forward); empty disables it.")
 	fs.StringVar(&c.pprofAddr, "pprof-bind-address", "", "Address net/http/pprof binds to; empty (the default) disables it.")
 	fs.Var(&c.crossNS, "cross-namespace", "How a ProxyScope may select Services of other namespaces: grant serves them only where that namespace holds a Gateway API ReferenceGrant from ProxyScopes of the scope's namespace to Services; allow serves every selection (for single-tenant clusters).")
+	fs.StringVar(&c.routeCtrlName, "route-controller-name", routestatus.DefaultControllerName, "Controller name of the status.parents entries the leader writes on HTTPRoutes and GRPCRoutes attached to Services (a domain-prefixed path); entries of other controller names are left as they are.")
 	fs.Float64Var(&c.statusWrites.PerSecond, "status-writes-per-second", status.DefaultWritesPerSecond, "ProxyScope status patches the leader sends per second, at most: after a leader starts, every scope whose status is not current is written at this pace (10,000 scopes in under 40 s at the default, with the burst). The status controller runs a worker per 20 writes a second, so that the API server's round trip does not hold the rate lower.")
 	fs.IntVar(&c.statusWrites.Burst, "status-writes-burst", status.DefaultWritesBurst, "ProxyScope status patches the leader sends at once above the per-second pace.")
 	fs.Float64Var(&c.kubeQPS, "kube-api-qps", defaultKubeQPS, "Requests per second to the API server that each of scopeplane's API clients may send (client-go's limiter: controller-runtime builds a client per resource type, so the ProxyScope status patches have one to themselves); at least --status-writes-per-second, which it would otherwise undercut. A negative value turns client-side limiting off and leaves the pace to the API server's priority and fairness.")
@@ -338,7 +341,7 @@ func main() {
 		XDSAddress: c.xdsAddr, XDSServerAddress: c.xdsServer, CoalesceWindow: c.window, AdminAddress: c.adminAddr,
 		CostBucket: c.costBucket, NoBootstrapConfigMaps: !c.bootstrapCMs, BootstrapNamespaces: c.bootstrapNS, Server: c.limits,
 		LeaderElection: controlplane.LeaderElection{Enabled: c.leaderElect, Namespace: c.leaderNS}, Replica: replica, TLS: xdsTLS,
-		CrossNamespace: c.crossNS, StatusWrites: c.statusWrites,
+		CrossNamespace: c.crossNS, StatusWrites: c.statusWrites, RouteControllerName: c.routeCtrlName,
 	}); err != nil {
 		log.Error(err, "setting up the control plane")
 		os.Exit(1)

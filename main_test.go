@@ -287,7 +287,7 @@ The Helm chart ([install.md](install.md)) sets these from its values: the addres
 (` + "`--metrics-bind-address`, `--health-probe-bind-address`, `--xds-bind-address`," + `
 ` + "`--xds-server-address`, `--admin-bind-address`, `--pprof-bind-address`" + `), ` + "`--leader-elect`" + `,
 ` + "`--metrics-secure`, `--metrics-scope-labels`, `--bootstrap-configmaps`, `--bootstrap-configmap-namespaces`," + `
-` + "`--cross-namespace`, `--status-writes-per-second`, `--status-writes-burst`, `--kube-api-qps`," + `
+` + "`--cross-namespace`, `--route-controller-name`, `--status-writes-per-second`, `--status-writes-burst`, `--kube-api-qps`," + `
 ` + "`--kube-api-burst`" + `; TLS (` + "`--xds-insecure`" + `,
 ` + "`--xds-tls-dir`, `--xds-tls-secret`, `--xds-tls-secret-namespace`" + `); authentication
 (` + "`--xds-auth`, `--xds-token-audience`, `--xds-spiffe-trust-domain`," + `

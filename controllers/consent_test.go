@@ -56,28 +56,8 @@ func TestCrossNamespaceWithoutReferenceGrantAPI(t *testing.T) {
 		{catalog.CrossNamespaceAllow, []string{"home/own:80", "other/api:80"}, nil},
 	} {
 		t.Run(tc.mode.String(), func(t *testing.T) {
-			ctx, cancel := context.WithCancel(context.Background())
-			mgr, err := ctrl.NewManager(bare.Config, ctrl.Options{
-				Scheme: scheme.Scheme, Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
-				// Controller names are unique per process: TestMain's
-				// manager holds them already.
-				Controller: config.Controller{SkipNameValidation: ptr.To(true)},
-			})
-			if err != nil {
-				t.Fatal(err)
-			}
 			c := catalog.New()
-			if _, err := controllers.Setup(ctx, mgr, c, tc.mode); err != nil {
-				t.Fatalf("setup without the ReferenceGrant API: %v", err)
-			}
-			done := make(chan error, 1)
-			go func() { done <- mgr.Start(ctx) }()
-			t.Cleanup(func() {
-				cancel()
-				if err := <-done; err != nil {
-					t.Errorf("manager: %v", err)
-				}
-			})
+			startReplica(t, bare, c, tc.mode)
 			key := model.Key{Namespace: "home", Name: "gw"}
 			var last catalog.Resolution
 			testkit.Eventually(t, "the scope's clusters and refusals", func() (bool, string) {
@@ -98,4 +78,33 @@ func TestCrossNamespaceWithoutReferenceGrantAPI(t *testing.T) {
 			})
 		})
 	}
+}
+
+// startReplica runs the reconcilers feeding c in a manager of their own
+// on e, until the test ends, and returns the initial sync tracker.
+func startReplica(t *testing.T, e *localapi.Env, c *catalog.Catalog, crossNS catalog.CrossNamespace) *controllers.InitialSync {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	mgr, err := ctrl.NewManager(e.Config, ctrl.Options{
+		Scheme: scheme.Scheme, Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
+		// Controller names are unique per process: TestMain's manager
+		// holds them already.
+		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sync, err := controllers.Setup(ctx, mgr, c, crossNS)
+	if err != nil {
+		t.Fatalf("setup: %v", err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("manager: %v", err)
+		}
+	})
+	return sync
 }

@@ -43,8 +43,8 @@ func (r *RouteReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl
 		r.Sync.Done(routeKind(r.Kind), req.NamespacedName)
 		return ctrl.Result{}, nil
 	}
-	route, _ := convert.Route(obj)
 	start := time.Now()
+	route, _ := convert.Route(obj)
 	if len(route.Parents) == 0 {
 		r.Catalog.DeleteRoute(ref)
 	} else {

@@ -1,6 +1,8 @@
 // Package controllers holds the reconcilers that feed the catalog: they read
-// Services, EndpointSlices, Namespaces and ProxyScopes from the informer
-// cache, convert them to the model (package convert) and record the change.
+// Services, EndpointSlices, Namespaces, ProxyScopes, ReferenceGrants and
+// Gateway API's mesh routes (HTTPRoutes and GRPCRoutes whose parents are
+// Services) from the informer cache, convert them to the model (package
+// convert) and record the change.
 // They build no Envoy resources; the pipeline downstream of the catalog does.
 package controllers
 

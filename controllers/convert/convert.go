@@ -1,6 +1,7 @@
 // Package convert is the one place where Kubernetes objects become the
-// scopeplane model: Services with their EndpointSlices, Namespaces and
-// ProxyScopes. Everything downstream of it (catalog, translator, ADS server)
+// scopeplane model: Services with their EndpointSlices, Namespaces,
+// ProxyScopes, ReferenceGrants' consent and Gateway API's mesh routes
+// (HTTPRoutes and GRPCRoutes). Everything downstream of it (catalog, translator, ADS server)
 // reads only model types.
 package convert
 

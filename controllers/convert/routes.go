@@ -119,10 +119,19 @@ func routeHead(m *metav1.ObjectMeta, kind model.RouteKind, refs []gatewayv1.Pare
 	return out, nil
 }
 
-// ruleAt names a rule in a refusal: its index, and its name when it has one.
+// ruleAt names a rule in a refusal (RuleAt).
 func ruleAt(i int, name *gatewayv1.SectionName) string {
-	if name != nil && *name != "" {
-		return fmt.Sprintf("rule %d (%s)", i, clip.Quote(string(*name)))
+	if name == nil {
+		return RuleAt(i, "")
+	}
+	return RuleAt(i, string(*name))
+}
+
+// RuleAt names a route's rule i in a message: its index, and its name when
+// it has one.
+func RuleAt(i int, name string) string {
+	if name != "" {
+		return fmt.Sprintf("rule %d (%s)", i, clip.Quote(name))
 	}
 	return fmt.Sprintf("rule %d", i)
 }

@@ -12,25 +12,15 @@ import (
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 	gatewayv1beta1 "sigs.k8s.io/gateway-api/apis/v1beta1"
 
+	"github.com/scopeplane/scopeplane/internal/testkit"
 	"github.com/scopeplane/scopeplane/xds/model"
 )
 
-func serviceParent(ns, name string, port int32) gatewayv1.ParentReference {
-	p := gatewayv1.ParentReference{Group: ptr.To(gatewayv1.Group("")), Kind: ptr.To(gatewayv1.Kind("Service")), Name: gatewayv1.ObjectName(name)}
-	if ns != "" {
-		p.Namespace = ptr.To(gatewayv1.Namespace(ns))
-	}
-	if port != 0 {
-		p.Port = ptr.To(port)
-	}
-	return p
-}
+var serviceParent = testkit.ServiceParent
 
 func backendRef(ns, name string, port int32, weight *int32) gatewayv1.BackendRef {
-	b := gatewayv1.BackendRef{BackendObjectReference: gatewayv1.BackendObjectReference{Name: gatewayv1.ObjectName(name), Port: ptr.To(port)}, Weight: weight}
-	if ns != "" {
-		b.Namespace = ptr.To(gatewayv1.Namespace(ns))
-	}
+	b := testkit.BackendRef(ns, name, port)
+	b.Weight = weight
 	return b
 }
 

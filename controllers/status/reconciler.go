@@ -209,7 +209,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	ps.Status = next
 	if err := r.Client.Status().Patch(ctx, ps, client.MergeFrom(before)); err != nil {
 		// The controller logs the error and retries with backoff
-		// (retryLimiter); a change of the scope meanwhile retries it
+		// (RetryLimiter); a change of the scope meanwhile retries it
 		// at once.
 		metrics.StatusWriteFailures.WithLabelValues(metrics.Scope(req.String())).Inc()
 		return ctrl.Result{}, fmt.Errorf("patching the status of ProxyScope %s: %w", req, err)
@@ -377,11 +377,12 @@ func routine(reason string) bool {
 	return reason == xdsv1alpha1.ReasonSynced || reason == xdsv1alpha1.ReasonPending
 }
 
-// retryLimiter paces the retries of a scope whose status patch failed:
-// doubling from 100 ms up to 30 s, where controller-runtime's default goes
-// on to 16 minutes, so a scope's status follows within 30 s once the API
-// server accepts its patch again; the bucket bounds the overall rate.
-func retryLimiter() workqueue.TypedRateLimiter[reconcile.Request] {
+// RetryLimiter paces the retries of a status write that failed (a
+// scope's, or a route's): doubling from 100 ms up to 30 s, where
+// controller-runtime's default goes on to 16 minutes, so a status follows
+// within 30 s once the API server accepts its write again; the bucket
+// bounds the overall rate.
+func RetryLimiter() workqueue.TypedRateLimiter[reconcile.Request] {
 	return workqueue.NewTypedMaxOfRateLimiter(
 		workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](100*time.Millisecond, 30*time.Second),
 		&workqueue.TypedBucketRateLimiter[reconcile.Request]{Limiter: rate.NewLimiter(rate.Limit(10), 100)},
@@ -414,7 +415,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("status").
-		WithOptions(controller.Options{RateLimiter: retryLimiter(), MaxConcurrentReconciles: r.workers()}).
+		WithOptions(controller.Options{RateLimiter: RetryLimiter(), MaxConcurrentReconciles: r.workers()}).
 		For(&xdsv1alpha1.ProxyScope{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		WatchesRawSource(source.Channel(changes, &handler.TypedEnqueueRequestForObject[*xdsv1alpha1.ProxyScope]{})).
 		Complete(r)

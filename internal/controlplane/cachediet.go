@@ -21,6 +21,8 @@ const lastApplied = corev1.LastAppliedConfigAnnotation
 //   - ProxyScope status is patched with a JSON merge patch computed between
 //     two versions of the cached copy (status.Reconciler), so the patch
 //     carries neither field and the API server keeps both.
+//   - Route status (package routestatus) is written with an update of the
+//     status subresource, which changes nothing but the status.
 //   - Bootstrap ConfigMaps are updated whole from the cached copy
 //     (controllerutil.CreateOrUpdate): an update without managedFields
 //     keeps the server's (the API server takes them from the stored object

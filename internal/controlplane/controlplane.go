@@ -31,6 +31,7 @@ import (
 	"github.com/scopeplane/scopeplane/controllers/bootstrapconfig"
 	"github.com/scopeplane/scopeplane/controllers/nodezones"
 	"github.com/scopeplane/scopeplane/controllers/replicafeedback"
+	"github.com/scopeplane/scopeplane/controllers/routestatus"
 	"github.com/scopeplane/scopeplane/controllers/status"
 	"github.com/scopeplane/scopeplane/controllers/tokenbindings"
 	"github.com/scopeplane/scopeplane/internal/apiwatch"
@@ -95,8 +96,13 @@ type Options struct {
 	// TLS is the xDS port's TLS.
 	TLS TLS
 	// CrossNamespace says whether selections of other namespaces' Services
-	// need their consent (ReferenceGrants; the zero value) or not.
+	// need their consent (ReferenceGrants; the zero value) or not, and
+	// likewise routes' backends in other namespaces.
 	CrossNamespace catalog.CrossNamespace
+	// RouteControllerName names the status.parents entries the leader
+	// writes on mesh routes (routestatus.DefaultControllerName when
+	// empty).
+	RouteControllerName string
 }
 
 // StatusWrites is the pace of the leader's status patches: PerSecond a
@@ -247,9 +253,21 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) (*ControlPlane, 
 		Pipeline: pipeline.New(pipeline.Options{CoalesceWindow: opts.CoalesceWindow, Server: opts.Server, CostBucket: opts.CostBucket}),
 		opts:     opts,
 	}
+	opts.RouteControllerName = cmp.Or(opts.RouteControllerName, routestatus.DefaultControllerName)
+	if err := routestatus.CheckControllerName(opts.RouteControllerName); err != nil {
+		return nil, err
+	}
 	var err error
 	if cp.Sync, err = controllers.Setup(ctx, mgr, cp.Catalog, opts.CrossNamespace); err != nil {
 		return nil, err
+	}
+	routeKinds := cp.Sync.RouteKinds()
+	if err := routestatus.Index(ctx, mgr.GetFieldIndexer(), routeKinds); err != nil {
+		return nil, err
+	}
+	routeConsent := routestatus.Consent{
+		Allow:       opts.CrossNamespace == catalog.CrossNamespaceAllow,
+		Unavailable: opts.CrossNamespace == catalog.CrossNamespaceGrant && !cp.Sync.GrantsWatched(),
 	}
 	var runTLS func(context.Context) error
 	if !opts.TLS.Insecure {
@@ -288,6 +306,16 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) (*ControlPlane, 
 				}
 			}
 			if err := r.SetupWithManager(m); err != nil {
+				return err
+			}
+		}
+		// The routes' entries are written at the scopes' status pace,
+		// from the same limiter.
+		for _, k := range routeKinds {
+			if err := (&routestatus.Reconciler{
+				Kind: k, Client: m.GetClient(), APIReader: m.GetAPIReader(), ControllerName: opts.RouteControllerName, Consent: routeConsent,
+				Kinds: routeKinds, Grants: cp.Sync.GrantsWatched(), Writes: writes, Workers: status.Workers(float64(writes.Limit())),
+			}).SetupWithManager(m); err != nil {
 				return err
 			}
 		}

@@ -82,7 +82,7 @@ func run(m *testing.M) int {
 	if cp, err = controlplane.Setup(ctx, mgr, controlplane.Options{
 		XDSListener: lis, XDSServerAddress: lis.Addr().String(), CoalesceWindow: 5 * time.Millisecond, StatusWindow: 50 * time.Millisecond,
 		AdminListener: admin, CostBucket: costBucket, TLS: controlplane.TLS{Insecure: true},
-		Server: server.Options{Authenticator: &auth.Authenticator{AllowAnonymous: true}},
+		Server: server.Options{Authenticator: &auth.Authenticator{AllowAnonymous: true}}, RouteControllerName: routeController,
 	}); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

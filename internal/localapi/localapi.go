@@ -42,12 +42,16 @@ func RepoRoot() string {
 // the CRDs of config/crd/bases and Gateway API's (gatewayCRDs). It
 // fails, rather than skips, when the binaries are missing: `make test` and
 // `make demo` provide them.
-func Start() (*Env, error) { return start(true) }
+func Start() (*Env, error) { return start(gatewayCRDs) }
 
 // StartWithoutReferenceGrants is Start on a cluster that does not serve
 // ReferenceGrants, where no namespace can consent to another's scopes; it
 // serves HTTPRoutes and GRPCRoutes.
-func StartWithoutReferenceGrants() (*Env, error) { return start(false) }
+func StartWithoutReferenceGrants() (*Env, error) { return start(gatewayCRDs[1:]) }
+
+// StartWithoutRoutes is Start on a cluster that serves ReferenceGrants but
+// neither HTTPRoutes nor GRPCRoutes.
+func StartWithoutRoutes() (*Env, error) { return start(gatewayCRDs[:1]) }
 
 // StartOn is Start with etcd keeping its data in dataDir, which outlives
 // the Env: a world of a hundred thousand objects, loaded once, is served
@@ -57,7 +61,7 @@ func StartWithoutReferenceGrants() (*Env, error) { return start(false) }
 // may take minutes to start. What etcd and kube-apiserver print goes to
 // logs.
 func StartOn(dataDir string, logs io.Writer) (*Env, error) {
-	return start(true, &onDisk{dir: dataDir, logs: logs})
+	return start(gatewayCRDs, &onDisk{dir: dataDir, logs: logs})
 }
 
 // onDisk is where etcd keeps its data, and where both servers log.
@@ -66,7 +70,8 @@ type onDisk struct {
 	logs io.Writer
 }
 
-func start(grants bool, disk ...*onDisk) (*Env, error) {
+// start installs the Gateway API CRDs named (gatewayCRDs or a part).
+func start(crds []string, disk ...*onDisk) (*Env, error) {
 	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
 		return nil, fmt.Errorf("KUBEBUILDER_ASSETS is not set: run the tests with `make test`, or export KUBEBUILDER_ASSETS=$(hack/envtest.sh)")
 	}
@@ -85,10 +90,6 @@ func start(grants bool, disk ...*onDisk) (*Env, error) {
 		// watch cache: at two hundred thousand objects, for well over
 		// envtest's default 20 s.
 		env.ControlPlaneStartTimeout = 5 * time.Minute
-	}
-	crds := gatewayCRDs
-	if !grants {
-		crds = crds[1:]
 	}
 	paths, err := GatewayAPICRDs(crds...)
 	if err != nil {

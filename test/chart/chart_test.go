@@ -572,7 +572,8 @@ func TestRBACFollowsValues(t *testing.T) {
 // status; write the bootstrap ConfigMaps (and, in the release namespace, the replicas' feedback ConfigMaps); hold the leader election Lease;
 // record Events; ask the API server who calls the metrics endpoint and
 // whether it may; read the ReferenceGrants through which namespaces consent
-// to cross-namespace selections. A new permission must be added here on purpose.
+// to cross-namespace selections; read HTTPRoutes and GRPCRoutes and write
+// their status. A new permission must be added here on purpose.
 var allowedAccess = map[string][]string{
 	"/services":                       {"get", "list", "watch"},
 	"discovery.k8s.io/endpointslices": {"get", "list", "watch"},
@@ -581,14 +582,18 @@ var allowedAccess = map[string][]string{
 	"/pods":                           {"get", "list", "watch"},
 	"/serviceaccounts":                {"get", "list", "watch"},
 	"xds.scopeplane.dev/proxyscopes":  {"get", "list", "watch"},
-	"gateway.networking.k8s.io/referencegrants": {"get", "list", "watch"},
-	"xds.scopeplane.dev/proxyscopes/status":     {"get", "update", "patch"},
-	"/configmaps":                               {"get", "list", "watch", "create", "update", "patch"},
-	"coordination.k8s.io/leases":                {"get", "create", "update"},
-	"/events":                                   {"create", "patch"},
-	"events.k8s.io/events":                      {"create", "patch"},
-	"authentication.k8s.io/tokenreviews":        {"create"},
-	"authorization.k8s.io/subjectaccessreviews": {"create"},
+	"gateway.networking.k8s.io/referencegrants":   {"get", "list", "watch"},
+	"gateway.networking.k8s.io/httproutes":        {"get", "list", "watch"},
+	"gateway.networking.k8s.io/grpcroutes":        {"get", "list", "watch"},
+	"gateway.networking.k8s.io/httproutes/status": {"get", "update", "patch"},
+	"gateway.networking.k8s.io/grpcroutes/status": {"get", "update", "patch"},
+	"xds.scopeplane.dev/proxyscopes/status":       {"get", "update", "patch"},
+	"/configmaps":                                 {"get", "list", "watch", "create", "update", "patch"},
+	"coordination.k8s.io/leases":                  {"get", "create", "update"},
+	"/events":                                     {"create", "patch"},
+	"events.k8s.io/events":                        {"create", "patch"},
+	"authentication.k8s.io/tokenreviews":          {"create"},
+	"authorization.k8s.io/subjectaccessreviews":   {"create"},
 }
 
 // namespacedVerbs are verbs allowed only in the Role of the release
