@@ -41,6 +41,7 @@ import (
 	"github.com/scopeplane/scopeplane/xds/catalog"
 	"github.com/scopeplane/scopeplane/xds/pipeline"
 	"github.com/scopeplane/scopeplane/xds/server"
+	"github.com/scopeplane/scopeplane/xds/translate"
 )
 
 // Options configure the control plane.
@@ -314,7 +315,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) (*ControlPlane, 
 		for _, k := range routeKinds {
 			if err := (&routestatus.Reconciler{
 				Kind: k, Client: m.GetClient(), APIReader: m.GetAPIReader(), ControllerName: opts.RouteControllerName, Consent: routeConsent,
-				Kinds: routeKinds, Grants: cp.Sync.GrantsWatched(), Writes: writes, Workers: status.Workers(float64(writes.Limit())),
+				Kinds: routeKinds, Grants: cp.Sync.GrantsWatched(), Omissions: translate.ProxylessOmissions, Writes: writes, Workers: status.Workers(float64(writes.Limit())),
 			}).SetupWithManager(m); err != nil {
 				return err
 			}

@@ -205,7 +205,7 @@ func routeEntry(m *model.RouteMatch, rule *model.RouteRule, backends map[model.K
 			for _, c := range clusters {
 				sum += c.GetWeight().GetValue()
 			}
-			wc.TotalWeight = wrapperspb.UInt32(sum)
+			wc.TotalWeight = wrapperspb.UInt32(sum) //nolint:staticcheck // deprecated in Envoy, yet the only form gRPC C-core 1.51 reads
 		}
 		action.ClusterSpecifier = &routev3.RouteAction_WeightedClusters{WeightedClusters: wc}
 	}
@@ -254,9 +254,9 @@ func routeMatch(m *model.RouteMatch, proxyless bool) *routev3.RouteMatch {
 		hm := &routev3.HeaderMatcher{Name: h.Name}
 		switch {
 		case proxyless && h.Regex:
-			hm.HeaderMatchSpecifier = &routev3.HeaderMatcher_SafeRegexMatch{SafeRegexMatch: regex(h.Value)}
+			hm.HeaderMatchSpecifier = &routev3.HeaderMatcher_SafeRegexMatch{SafeRegexMatch: regex(h.Value)} //nolint:staticcheck // deprecated in Envoy, yet the only form gRPC C-core 1.51 reads
 		case proxyless:
-			hm.HeaderMatchSpecifier = &routev3.HeaderMatcher_ExactMatch{ExactMatch: h.Value}
+			hm.HeaderMatchSpecifier = &routev3.HeaderMatcher_ExactMatch{ExactMatch: h.Value} //nolint:staticcheck // deprecated in Envoy, yet the only form gRPC C-core 1.51 reads
 		default:
 			hm.HeaderMatchSpecifier = &routev3.HeaderMatcher_StringMatch{StringMatch: stringMatch(h)}
 		}

@@ -107,8 +107,8 @@ func TestMeshRouteEnvoyMode(t *testing.T) {
 	if len(split.GetClusters()) != 2 || split.GetClusters()[0].GetName() != "shop/reviews-v1:9080" || split.GetClusters()[0].GetWeight().GetValue() != 90 || split.GetClusters()[1].GetWeight().GetValue() != 10 {
 		t.Errorf("weighted clusters %v, want reviews-v1 90, reviews-v2 10 (the missing v3 left out)", split)
 	}
-	if split.GetTotalWeight() != nil {
-		t.Errorf("Envoy deprecates total_weight: %v", split.GetTotalWeight())
+	if split.GetTotalWeight() != nil { //nolint:staticcheck // the deprecated field proxyless clients are sent
+		t.Errorf("Envoy deprecates total_weight: %v", split.GetTotalWeight()) //nolint:staticcheck // the deprecated field proxyless clients are sent
 	}
 	prefix := routes[2]
 	if got := prefix.GetRoute().GetCluster(); got != "shop/reviews-v2:9080" {
@@ -140,12 +140,12 @@ func TestMeshRouteProxylessMode(t *testing.T) {
 		t.Errorf("a prefix goes as a segment-aware regular expression, got %q", got)
 	}
 	hm := routes[1].GetMatch().GetHeaders()
-	if len(hm) != 1 || hm[0].GetExactMatch() != "yes" {
+	if len(hm) != 1 || hm[0].GetExactMatch() != "yes" { //nolint:staticcheck // the deprecated field proxyless clients are sent
 		t.Errorf("header matches go in exact_match, which gRPC C-core 1.51 reads: %v", hm)
 	}
 	split := routes[2].GetRoute().GetWeightedClusters()
-	if split.GetTotalWeight().GetValue() != 100 {
-		t.Errorf("total_weight %v, want the sum 100", split.GetTotalWeight())
+	if split.GetTotalWeight().GetValue() != 100 { //nolint:staticcheck // the deprecated field proxyless clients are sent
+		t.Errorf("total_weight %v, want the sum 100", split.GetTotalWeight()) //nolint:staticcheck // the deprecated field proxyless clients are sent
 	}
 	if got := split.GetClusters()[0].GetName(); got != "shop/reviews-v1:9080@u1" {
 		t.Errorf("proxyless cluster names carry the backend's UID: %q", got)
