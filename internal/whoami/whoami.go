@@ -6,11 +6,13 @@ package whoami
 import (
 	"context"
 	"net"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/emptypb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -28,11 +30,27 @@ type server struct {
 type behaviour struct {
 	delay     atomic.Int64 // nanoseconds
 	failEvery atomic.Int64
-	calls     atomic.Int64
+	mu        sync.Mutex
+	calls     map[string]int64 // by the caller's address
+}
+
+// count counts a call from the caller of ctx and returns how many it made.
+func (b *behaviour) count(ctx context.Context) int64 {
+	from := ""
+	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
+		from = p.Addr.String()
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.calls == nil {
+		b.calls = map[string]int64{}
+	}
+	b.calls[from]++
+	return b.calls[from]
 }
 
 func (s server) get(ctx context.Context, _ *emptypb.Empty) (*wrapperspb.StringValue, error) {
-	n := s.calls.Add(1)
+	n := s.count(ctx)
 	if d := time.Duration(s.delay.Load()); d > 0 {
 		select {
 		case <-time.After(d):
@@ -89,8 +107,10 @@ func Serve(name string, lis net.Listener) *Backend {
 }
 
 // Behave makes the backend answer every call after delay, and fail every
-// failEvery-th call (0: none) with UNAVAILABLE: a slow or a flaky backend,
-// for timeouts and retries to be seen working.
+// failEvery-th call (0: none) of each caller's address with UNAVAILABLE: a
+// slow or a flaky backend, for timeouts and retries to be seen working.
+// Counting by caller, a client's retry of a failed call is its next call
+// however many other clients call meanwhile.
 func (b *Backend) Behave(delay time.Duration, failEvery int) {
 	b.delay.Store(int64(delay))
 	b.failEvery.Store(int64(failEvery))

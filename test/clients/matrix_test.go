@@ -30,8 +30,11 @@ import (
 
 	"github.com/go-logr/logr"
 	"golang.org/x/sys/unix"
+	rpccode "google.golang.org/genproto/googleapis/rpc/code"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/xds"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -66,9 +69,13 @@ const (
 	// The addresses of the grpc-js-xds and C-core clients' Pods.
 	addrJS    = "198.18.0.4"
 	addrCCore = "198.18.0.5"
-	port      = 50051
-	ns        = "matrix"
-	target    = "xds:///whoami.matrix.svc.cluster.local:50051"
+	// The addresses of whoami-v1 and whoami-v2, the mesh routes' backends
+	// (meshroutes_test.go), in the backends' namespace.
+	addrV1 = "198.18.0.6"
+	addrV2 = "198.18.0.7"
+	port   = 50051
+	ns     = "matrix"
+	target = "xds:///whoami.matrix.svc.cluster.local:50051"
 )
 
 // reach is how long a client may take to reach an expected outcome: far
@@ -137,16 +144,17 @@ func TestClientMatrix(t *testing.T) {
 	token := writeToken(t, c, dir, "grpc-go")
 
 	kinds := []string{"grpc-go", "grpc-js-xds", "c-core"}
-	start := func(kind, boot string) *runner {
+	startPaced := func(kind, boot string, p pace) *runner {
 		switch kind {
 		case "grpc-go":
-			return startGo(t, boot, token)
+			return startGo(t, boot, token, p)
 		case "grpc-js-xds":
-			return startChild(t, kind, clientNS[kind], boot, grpcEnv, node, filepath.Join(".", "client.js"), target)
+			return startChild(t, kind, clientNS[kind], boot, append(slices.Clone(grpcEnv), p.env()...), node, filepath.Join(".", "client.js"), target)
 		default:
-			return startChild(t, kind, clientNS[kind], boot, grpcEnv, python, filepath.Join(".", "client.py"), target)
+			return startChild(t, kind, clientNS[kind], boot, append(slices.Clone(grpcEnv), p.env()...), python, filepath.Join(".", "client.py"), target)
 		}
 	}
+	start := func(kind, boot string) *runner { return startPaced(kind, boot, matrixPace) }
 	clients := map[string]*runner{}
 	for _, k := range kinds {
 		clients[k] = start(k, grpcBootstrap)
@@ -289,12 +297,40 @@ func TestClientMatrix(t *testing.T) {
 		}
 		return false, "no Degraded condition"
 	})
+
+	meshRoutes(&mesh{
+		t: t, c: c, cp: cp, m: m, kinds: kinds, clients: clients, identities: joined,
+		start: func(kind string) *runner { return startPaced(kind, grpcBootstrap, meshPace) },
+	}, netns)
 }
 
-// result is one RPC's outcome, as the clients print it.
+// result is one RPC's outcome, as the clients print it: the backend that
+// answered, or the error and its status code's name (DEADLINE_EXCEEDED);
+// whether the call carried x-canary: yes (every other one does); and how
+// long it took.
 type result struct {
 	Backend string `json:"backend,omitempty"`
 	Error   string `json:"error,omitempty"`
+	Code    string `json:"code,omitempty"`
+	Canary  bool   `json:"canary"`
+	Ms      int64  `json:"ms"`
+}
+
+// pace is how a client calls: one call at a time, interval after the last
+// one ended, each with its own deadline.
+type pace struct {
+	interval, deadline time.Duration
+}
+
+// matrixPace is the pace of the matrix's endpoint and scope scenarios.
+var matrixPace = pace{interval: 100 * time.Millisecond, deadline: time.Second}
+
+// env is the pace in the variables the child clients read.
+func (p pace) env() []string {
+	return []string{
+		fmt.Sprintf("SCOPEPLANE_CALL_INTERVAL_MS=%d", p.interval.Milliseconds()),
+		fmt.Sprintf("SCOPEPLANE_CALL_DEADLINE_MS=%d", p.deadline.Milliseconds()),
+	}
 }
 
 func backend(name string) func(result) bool {
@@ -328,21 +364,27 @@ func (r *runner) count() int {
 // satisfies want; it returns the last result seen.
 func (r *runner) await(from int, want func(result) bool) (bool, result, time.Duration) {
 	begin := time.Now()
-	deadline := begin.Add(reach)
-	var last result
+	_, ok, last := r.awaitAt(from, want)
+	return ok, last, time.Since(begin)
+}
+
+// awaitAt is await saying where the result that satisfied want is: at is
+// the number of results up to and including it.
+func (r *runner) awaitAt(from int, want func(result) bool) (at int, ok bool, last result) {
+	deadline := time.Now().Add(reach)
 	for {
 		r.mu.Lock()
-		for _, res := range r.results[min(from, len(r.results)):] {
-			last = res
-			if want(res) {
+		for i := min(from, len(r.results)); i < len(r.results); i++ {
+			last = r.results[i]
+			if want(last) {
 				r.mu.Unlock()
-				return true, res, time.Since(begin)
+				return i + 1, true, last
 			}
 		}
 		from = max(from, len(r.results))
 		r.mu.Unlock()
 		if time.Now().After(deadline) {
-			return false, last, time.Since(begin)
+			return from, false, last
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -482,7 +524,8 @@ func clientTools(t *testing.T) (node, python string) {
 }
 
 // makeNetwork creates a bridge here with hostAddr and, attached to it by
-// veth pairs, a network namespace holding addrA and addrB (the backends)
+// veth pairs, a network namespace holding addrA, addrB, addrV1 and addrV2
+// (the backends)
 // and one for each child client at its Pod's address (grpc-js-xds addrJS,
 // C-core addrCCore), so that the xDS server sees each client's own source
 // address; it removes them all when the test ends. It returns the
@@ -527,6 +570,8 @@ func makeNetwork(t *testing.T) (string, map[string]string) {
 		{"link", "set", peer, "netns", name},
 		{"-n", name, "addr", "add", addrA + "/24", "dev", peer},
 		{"-n", name, "addr", "add", addrB + "/24", "dev", peer},
+		{"-n", name, "addr", "add", addrV1 + "/24", "dev", peer},
+		{"-n", name, "addr", "add", addrV2 + "/24", "dev", peer},
 		{"-n", name, "link", "set", peer, "up"},
 		{"-n", name, "link", "set", "lo", "up"},
 	}
@@ -749,10 +794,11 @@ func writeBootstrap(t *testing.T, c client.Client, dir, scopeName string) (strin
 	return path, env
 }
 
-// startGo runs grpc-go's xDS client in process, calling every 100 ms as
-// the child clients do, with the bootstrap's call_creds reading the token
-// at tokenPath instead of the projected volume's path.
-func startGo(t *testing.T, bootstrapPath, tokenPath string) *runner {
+// startGo runs grpc-go's xDS client in process, calling at pace p as the
+// child clients do (every other call with x-canary: yes), with the
+// bootstrap's call_creds reading the token at tokenPath instead of the
+// projected volume's path.
+func startGo(t *testing.T, bootstrapPath, tokenPath string, p pace) *runner {
 	data, err := os.ReadFile(bootstrapPath)
 	if err != nil {
 		t.Fatal(err)
@@ -771,21 +817,27 @@ func startGo(t *testing.T, bootstrapPath, tokenPath string) *runner {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
+		canary := false
 		for ctx.Err() == nil {
-			callCtx, callCancel := context.WithTimeout(ctx, time.Second)
+			canary = !canary
+			callCtx, callCancel := context.WithTimeout(ctx, p.deadline)
+			if canary {
+				callCtx = metadata.AppendToOutgoingContext(callCtx, "x-canary", "yes")
+			}
+			begin := time.Now()
 			name, err := whoami.Call(callCtx, conn)
+			res := result{Backend: name, Canary: canary, Ms: time.Since(begin).Milliseconds()}
 			callCancel()
 			if ctx.Err() != nil {
 				return
 			}
 			if err != nil {
-				r.add(result{Error: err.Error()})
-			} else {
-				r.add(result{Backend: name})
+				res.Error, res.Code = err.Error(), rpccode.Code(status.Code(err)).String()
 			}
+			r.add(res)
 			select {
 			case <-ctx.Done():
-			case <-time.After(100 * time.Millisecond):
+			case <-time.After(p.interval):
 			}
 		}
 	}()
