@@ -100,7 +100,13 @@ type counts struct {
 	Failed    int64            `json:"failed"`
 	ByBackend map[string]int64 `json:"byBackend"`
 	LastError string           `json:"lastError,omitempty"`
+	// ByError counts the failed RPCs by their error, up to maxErrors
+	// distinct errors (the rest count under "other").
+	ByError map[string]int64 `json:"byError,omitempty"`
 }
+
+// maxErrors bounds the distinct errors counts keeps.
+const maxErrors = 20
 
 // runClient calls whoami through -target without pause and counts every RPC.
 func runClient(args []string) error {
@@ -120,7 +126,7 @@ func runClient(args []string) error {
 		return err
 	}
 	defer func() { _ = conn.Close() }()
-	c := &counts{ByBackend: map[string]int64{}}
+	c := &counts{ByBackend: map[string]int64{}, ByError: map[string]int64{}}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/counts", func(w http.ResponseWriter, _ *http.Request) {
 		c.mu.Lock()
@@ -144,6 +150,11 @@ func runClient(args []string) error {
 		if err != nil {
 			c.Failed++
 			c.LastError = err.Error()
+			if _, ok := c.ByError[c.LastError]; ok || len(c.ByError) < maxErrors {
+				c.ByError[c.LastError]++
+			} else {
+				c.ByError["other"]++
+			}
 			log.Printf("RPC failed: %v", err)
 		} else {
 			c.OK++

@@ -127,13 +127,14 @@ func TestQuickstartOnANode(t *testing.T) {
 	after := c.waitFor(t, "RPCs reach all three backends", func(n counts) bool { return n.reachedSince(before, backends) })
 	c.noFailures(t, "scaling", before, after)
 
-	t.Log("step: a canary with a mesh route (docs/quickstart/canary.yaml), then the route deleted")
-	before = c.get(t)
-	run(t, "kubectl", "apply", "-f", quickstart("canary.yaml"))
+	t.Log("step: a canary with a mesh route (docs/quickstart/canary-v2.yaml, canary-route.yaml), then the route deleted")
+	run(t, "kubectl", "apply", "-f", quickstart("canary-v2.yaml"))
 	run(t, "kubectl", "rollout", "status", "deploy/whoami-v2", "--timeout=3m")
+	before = c.get(t)
+	run(t, "kubectl", "apply", "-f", quickstart("canary-route.yaml"))
 	canary := podNames(t, "app=whoami-v2")
 	after = c.waitFor(t, "RPCs reach the canary", func(n counts) bool { return n.reachedSince(before, append(canary, backends...)) })
-	c.noFailures(t, "the canary", before, after)
+	c.noFailuresBut(t, "the canary", before, after, grpcGoNewClusterRace)
 	t.Logf("counts: %s", after)
 	const split = "default/whoami:50051=50 default/whoami-v2:50051=50"
 	routed := envoy.waitFor(t, "the probe holds the canary's weighted route", func(s envoyprobe.Status) bool {
@@ -152,7 +153,7 @@ func TestQuickstartOnANode(t *testing.T) {
 	before = c.get(t)
 	run(t, "kubectl", "delete", "httproute", "whoami-canary")
 	after = c.waitFor(t, "RPCs go on after the route left", func(n counts) bool { return n.OK > before.OK+200 })
-	c.noFailures(t, "the route's deletion", before, after)
+	c.noFailuresBut(t, "the route's deletion", before, after, grpcGoNewClusterRace)
 	run(t, "kubectl", "delete", "deploy/whoami-v2", "svc/whoami-v2")
 
 	t.Log("step: a backend rollout")
@@ -395,6 +396,7 @@ type counts struct {
 	Failed    int64            `json:"failed"`
 	ByBackend map[string]int64 `json:"byBackend"`
 	LastError string           `json:"lastError"`
+	ByError   map[string]int64 `json:"byError"`
 }
 
 func (n counts) String() string {
@@ -453,6 +455,38 @@ func (c client) noFailures(t *testing.T, during string, before, after counts) {
 	} else {
 		t.Logf("%s: %d RPCs, none failed", during, after.OK-before.OK)
 	}
+}
+
+// noFailuresBut is noFailures that lets pass the failures known reports
+// as a known client bug, and logs them as such.
+func (c client) noFailuresBut(t *testing.T, during string, before, after counts, known func(string) bool) {
+	t.Helper()
+	var unknown, excused int64
+	for msg, n := range after.ByError {
+		n -= before.ByError[msg]
+		switch {
+		case n <= 0:
+		case known(msg):
+			excused += n
+			t.Logf("%s: %d RPCs failed by a known client bug: %s", during, n, msg)
+		default:
+			unknown += n
+			t.Errorf("%s: %d RPCs failed: %s", during, n, msg)
+		}
+	}
+	if d := after.Failed - before.Failed; d != unknown+excused {
+		t.Errorf("%s: %d RPCs failed, %d of them by errors the client counted", during, d, unknown+excused)
+	}
+	if unknown == 0 {
+		t.Logf("%s: %d RPCs, %d failed by a known client bug", during, after.OK-before.OK, excused)
+	}
+}
+
+// grpcGoNewClusterRace reports the failure grpc-go 1.85 gives an RPC picked
+// just after a route change added a cluster, before the cluster's balancer
+// exists (docs/routes.md, "Known client bugs").
+func grpcGoNewClusterRace(msg string) bool {
+	return strings.Contains(msg, "code = Unavailable desc = unknown cluster selected for RPC")
 }
 
 // gatewayRouteCRDs are the HTTPRoute and GRPCRoute CRDs of Gateway API's
