@@ -82,7 +82,10 @@ type Inputs struct {
 	// clients are not sent of the route; an accepted entry's message
 	// names them, so that the difference between client kinds is seen.
 	ProxylessOmissions []string
-	Now                metav1.Time
+	// Invalid say, one sentence per entry, which of the route's entries
+	// fail Envoy's validation and are sent to no client.
+	Invalid []string
+	Now     metav1.Time
 }
 
 // Parents returns status.parents: old's entries of other controllers as
@@ -111,14 +114,16 @@ func Parents(old []gatewayv1.RouteParentStatus, in *Inputs) []gatewayv1.RoutePar
 				prev = e.Conditions
 			}
 		}
-		out = append(out, gatewayv1.RouteParentStatus{
-			ParentRef:      p,
-			ControllerName: in.ControllerName,
-			Conditions: []metav1.Condition{
-				condition(prev, accepted(in, &p), in),
-				condition(prev, resolved, in),
-			},
-		})
+		conds := []metav1.Condition{
+			condition(prev, accepted(in, &p), in),
+			condition(prev, resolved, in),
+		}
+		if len(in.Invalid) > 0 && conds[0].Status == metav1.ConditionTrue {
+			// Gateway API's PartiallyInvalid: the rest of the route is served.
+			conds = append(conds, condition(prev, cond(gatewayv1.RouteConditionPartiallyInvalid, true, gatewayv1.RouteReasonUnsupportedValue,
+				"not sent to any client, as Envoy's validation rejects them: %s", strings.Join(in.Invalid, "; ")), in))
+		}
+		out = append(out, gatewayv1.RouteParentStatus{ParentRef: p, ControllerName: in.ControllerName, Conditions: conds})
 	}
 	return out
 }

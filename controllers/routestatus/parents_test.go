@@ -164,6 +164,23 @@ func TestParents(t *testing.T) {
 	}
 }
 
+// TestParentsPartiallyInvalid checks that entries Envoy's validation
+// rejects make the route PartiallyInvalid, as Gateway API defines it,
+// while it stays Accepted, and that a valid route gets no such condition.
+func TestParentsPartiallyInvalid(t *testing.T) {
+	in := inputs(route(backend("", "v1", 8080)), svc("shop", "reviews", 80), svc("shop", "v1", 8080))
+	if got := Parents(nil, in)[0].Conditions; len(got) != 2 {
+		t.Fatalf("a valid route has conditions %v, want Accepted and ResolvedRefs alone", got)
+	}
+	in.Invalid = []string{"rule 0 match 0: bad header value"}
+	got := Parents(nil, in)[0].Conditions
+	if len(got) != 3 || got[0].Status != metav1.ConditionTrue || got[2].Type != string(gatewayv1.RouteConditionPartiallyInvalid) ||
+		got[2].Status != metav1.ConditionTrue || got[2].Reason != string(gatewayv1.RouteReasonUnsupportedValue) ||
+		!strings.Contains(got[2].Message, "rule 0 match 0: bad header value") {
+		t.Errorf("conditions %+v, want Accepted, ResolvedRefs and PartiallyInvalid/UnsupportedValue naming the entry", got)
+	}
+}
+
 // TestParentsKeepsOthersAndTransitionTimes checks that another
 // controller's entry is kept as it is, that an entry for a parentRef no
 // longer in the spec goes, and that a condition keeps its

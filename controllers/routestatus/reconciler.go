@@ -113,6 +113,9 @@ type Reconciler struct {
 	// not sent (the translator's account), for the accepted entries'
 	// messages.
 	Omissions func(*model.Route) []string
+	// Invalid, when set, says which of a route's entries fail Envoy's
+	// validation (the translator's account), for PartiallyInvalid.
+	Invalid func(*model.Route) []string
 	// Writes, when set, paces the writes (the ProxyScope status's limiter).
 	Writes *rate.Limiter
 	// Workers is how many routes are reconciled at once (one when zero).
@@ -181,6 +184,9 @@ func (r *Reconciler) next(ctx context.Context, obj client.Object) ([]gatewayv1.R
 	}
 	if r.Omissions != nil {
 		in.ProxylessOmissions = r.Omissions(route)
+	}
+	if r.Invalid != nil {
+		in.Invalid = r.Invalid(route)
 	}
 	if !in.Consent.Allow && !in.Consent.Unavailable {
 		in.Consent.Grants = map[string]model.Grants{}

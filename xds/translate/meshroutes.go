@@ -178,8 +178,17 @@ func prefixPath(p string) string {
 // routeEntry translates one entry, or returns nil when the scope's clients
 // cannot be sent it: a proxyless gRPC client cannot match query parameters
 // nor an HTTP method other than POST, and is sent no rule without a backend
-// to go to (Envoy answers such requests 500, as Gateway API asks).
+// to go to (Envoy answers such requests 500, as Gateway API asks); and no
+// client is sent an entry Envoy's validation rejects (validEntry).
 func routeEntry(m *model.RouteMatch, rule *model.RouteRule, backends map[model.Key]*model.Service, mode model.ListenerMode) *routev3.Route {
+	if r := buildEntry(m, rule, backends, mode); r != nil {
+		return validEntry(r)
+	}
+	return nil
+}
+
+// buildEntry is routeEntry before validation.
+func buildEntry(m *model.RouteMatch, rule *model.RouteRule, backends map[model.Key]*model.Service, mode model.ListenerMode) *routev3.Route {
 	proxyless := mode == model.ListenerProxylessGRPC
 	if proxyless && (len(m.Query) > 0 || (m.Method != "" && m.Method != "POST")) {
 		return nil
@@ -221,6 +230,18 @@ func routeEntry(m *model.RouteMatch, rule *model.RouteRule, backends map[model.K
 		}
 	}
 	return out
+}
+
+// validEntry returns r, or nil when Envoy's validation rejects it (a
+// header value with a line break, which Gateway API's schema lets through):
+// every client rejects a whole route configuration for one bad entry, and
+// an Envoy scope's configuration holds every Service's virtual hosts, so
+// one route must not hold back the others. InvalidEntries reports it.
+func validEntry(r *routev3.Route) *routev3.Route {
+	if r.ValidateAll() != nil {
+		return nil
+	}
+	return r
 }
 
 // routeMatch translates a match. Proxyless gRPC clients get the encodings
@@ -482,6 +503,39 @@ func (f *Fragment) BackendPart() Fragment {
 				backend[o] = &b
 			}
 			out.from[t][i] = backend[o]
+		}
+	}
+	return out
+}
+
+// InvalidEntries says which of a route's entries Envoy's validation
+// rejects in either listener mode, one sentence each, for the route's
+// status: they are left out of every configuration (see validEntry). Each
+// entry is built as if every backend existed, so that only the route's own
+// values are judged.
+func InvalidEntries(r *model.Route) []string {
+	var out []string
+	for i := range r.Rules {
+		rule := &r.Rules[i]
+		backends := map[model.Key]*model.Service{}
+		for _, b := range rule.Backends {
+			backends[b.Service] = &model.Service{Key: b.Service, Ports: []model.ServicePort{{Port: b.Port, Protocol: model.ProtocolTCP}}}
+		}
+		matches := rule.Matches
+		if len(matches) == 0 {
+			matches = []model.RouteMatch{{PathType: model.PathPrefix, Path: "/", GRPC: r.Kind == model.GRPCRoute}}
+		}
+		for j := range matches {
+			for _, mode := range []model.ListenerMode{model.ListenerEnvoy, model.ListenerProxylessGRPC} {
+				e := buildEntry(&matches[j], rule, backends, mode)
+				if e == nil {
+					continue
+				}
+				if err := e.ValidateAll(); err != nil {
+					out = append(out, fmt.Sprintf("rule %d match %d: %v", i, j, err))
+					break
+				}
+			}
 		}
 	}
 	return out

@@ -2,6 +2,7 @@ package translate
 
 import (
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -202,5 +203,34 @@ func TestMeshRoutePortAndNoRoute(t *testing.T) {
 	f = RoutedService(parent, Profile{Mode: model.ListenerProxylessGRPC}, &Routing{Routes: []*model.Route{none}, Backends: backends})
 	if routes := routesOf(t, f, model.ListenerProxylessGRPC); len(routes) != 1 || routes[0].GetMatch().GetPath() != "/" {
 		t.Errorf("routes when every rule is left out %v, want one that matches no gRPC method", routes)
+	}
+}
+
+// TestInvalidEntryIsLeftOut checks that an entry Envoy's validation rejects
+// (a header value with a line break, which Gateway API's schema allows) is
+// left out of the configuration while the route's other entries are
+// served, and that InvalidEntries names it for the route's status.
+func TestInvalidEntryIsLeftOut(t *testing.T) {
+	parent, backends := meshWorld()
+	r := canaryRoute()
+	r.Rules[1].ResponseHeaders = &model.HeaderModifier{Set: []model.Header{{Name: "x-note", Value: "a\r\nset-cookie: b"}}}
+	f := RoutedService(parent, Profile{Mode: model.ListenerEnvoy}, &Routing{Routes: []*model.Route{r}, Backends: backends})
+	routes := routesOf(t, f, model.ListenerEnvoy)
+	for _, rt := range routes {
+		if err := rt.ValidateAll(); err != nil {
+			t.Errorf("an invalid entry was served: %v", err)
+		}
+		if len(rt.GetMatch().GetHeaders()) > 0 {
+			t.Errorf("the entry with the bad header value was served: %v", rt)
+		}
+	}
+	if len(routes) != 4 {
+		t.Errorf("%d entries, want the other 4", len(routes))
+	}
+	if got := InvalidEntries(r); len(got) != 1 || !strings.HasPrefix(got[0], "rule 1 match 0: ") {
+		t.Errorf("InvalidEntries %q, want rule 1's entry", got)
+	}
+	if got := InvalidEntries(canaryRoute()); len(got) != 0 {
+		t.Errorf("InvalidEntries of a valid route %q", got)
 	}
 }
