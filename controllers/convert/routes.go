@@ -164,7 +164,14 @@ func (c *ruleConverter) httpRule(rule *gatewayv1.HTTPRouteRule) model.RouteRule 
 	}
 	for j := range rule.Filters {
 		f := &rule.Filters[j]
-		c.filter(&out, fmt.Sprintf("filters[%d]", j), string(f.Type), f.RequestHeaderModifier, f.ResponseHeaderModifier)
+		switch f.Type {
+		case gatewayv1.HTTPRouteFilterRequestRedirect:
+			out.Redirect = redirect(f.RequestRedirect)
+		case gatewayv1.HTTPRouteFilterURLRewrite:
+			out.Rewrite = rewrite(f.URLRewrite)
+		default:
+			c.filter(&out, fmt.Sprintf("filters[%d]", j), string(f.Type), f.RequestHeaderModifier, f.ResponseHeaderModifier)
+		}
 	}
 	for j := range rule.BackendRefs {
 		b := &rule.BackendRefs[j]
@@ -301,8 +308,56 @@ func (c *ruleConverter) filter(rule *model.RouteRule, field, typ string, req, re
 	case string(gatewayv1.HTTPRouteFilterResponseHeaderModifier):
 		rule.ResponseHeaders = headerModifier(resp)
 	default:
-		c.refuse(field, "the filter type %s is not supported yet; remove the filter (RequestHeaderModifier and ResponseHeaderModifier are)", clip.Quote(typ))
+		c.refuse(field, "the filter type %s is not supported yet; remove the filter (RequestHeaderModifier, ResponseHeaderModifier, RequestRedirect and URLRewrite are)", clip.Quote(typ))
 	}
+}
+
+// redirect converts a RequestRedirect filter (nil: an empty one, which
+// Gateway API's schema does not let through).
+func redirect(f *gatewayv1.HTTPRequestRedirectFilter) *model.Redirect {
+	out := &model.Redirect{}
+	if f == nil {
+		return out
+	}
+	if f.Scheme != nil {
+		out.Scheme = text(*f.Scheme)
+	}
+	if f.Hostname != nil {
+		out.Hostname = text(string(*f.Hostname))
+	}
+	if f.Port != nil {
+		out.Port = *f.Port
+	}
+	if f.StatusCode != nil {
+		out.StatusCode = int32(*f.StatusCode)
+	}
+	out.Path = pathModifier(f.Path)
+	return out
+}
+
+// rewrite converts a URLRewrite filter.
+func rewrite(f *gatewayv1.HTTPURLRewriteFilter) *model.Rewrite {
+	out := &model.Rewrite{}
+	if f == nil {
+		return out
+	}
+	if f.Hostname != nil {
+		out.Hostname = text(string(*f.Hostname))
+	}
+	out.Path = pathModifier(f.Path)
+	return out
+}
+
+func pathModifier(p *gatewayv1.HTTPPathModifier) *model.PathModifier {
+	switch {
+	case p == nil:
+		return nil
+	case p.Type == gatewayv1.FullPathHTTPPathModifier && p.ReplaceFullPath != nil:
+		return &model.PathModifier{Full: true, Value: text(*p.ReplaceFullPath)}
+	case p.Type == gatewayv1.PrefixMatchHTTPPathModifier && p.ReplacePrefixMatch != nil:
+		return &model.PathModifier{Value: text(*p.ReplacePrefixMatch)}
+	}
+	return nil
 }
 
 func headerModifier(f *gatewayv1.HTTPHeaderFilter) *model.HeaderModifier {

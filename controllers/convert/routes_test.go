@@ -162,12 +162,10 @@ func TestRouteRefusals(t *testing.T) {
 			[]string{"rule 0: matches[0].headers[0].value: the regular expression"}},
 		{"query regex", gatewayv1.HTTPRouteRule{Matches: []gatewayv1.HTTPRouteMatch{{QueryParams: []gatewayv1.HTTPQueryParamMatch{{Type: ptr.To(gatewayv1.QueryParamMatchRegularExpression), Name: "a", Value: `\1`}}}}},
 			[]string{"rule 0: matches[0].queryParams[0].value"}},
-		{"redirect", gatewayv1.HTTPRouteRule{Filters: []gatewayv1.HTTPRouteFilter{{Type: gatewayv1.HTTPRouteFilterRequestRedirect}}},
-			[]string{`rule 0: filters[0]: the filter type "RequestRedirect" is not supported yet; remove the filter`}},
 		{"rewrite, mirror, CORS, external auth, extension", gatewayv1.HTTPRouteRule{Filters: []gatewayv1.HTTPRouteFilter{
 			{Type: gatewayv1.HTTPRouteFilterURLRewrite}, {Type: gatewayv1.HTTPRouteFilterRequestMirror}, {Type: gatewayv1.HTTPRouteFilterCORS},
 			{Type: gatewayv1.HTTPRouteFilterExternalAuth}, {Type: gatewayv1.HTTPRouteFilterExtensionRef}}},
-			[]string{`"URLRewrite" is not supported yet`, `"RequestMirror"`, `"CORS"`, `"ExternalAuth"`, `filters[4]: the filter type "ExtensionRef"`}},
+			[]string{`filters[1]: the filter type "RequestMirror" is not supported yet`, `"CORS"`, `"ExternalAuth"`, `filters[4]: the filter type "ExtensionRef"`}},
 		{"backend filters", gatewayv1.HTTPRouteRule{BackendRefs: []gatewayv1.HTTPBackendRef{{BackendRef: backendRef("", "a", 80, nil)}, {BackendRef: backendRef("", "b", 80, nil), Filters: []gatewayv1.HTTPRouteFilter{{Type: gatewayv1.HTTPRouteFilterRequestHeaderModifier}}}}},
 			[]string{"rule 0: backendRefs[1].filters: filters on a backendRef are not supported yet"}},
 		{"session persistence", gatewayv1.HTTPRouteRule{SessionPersistence: &gatewayv1.SessionPersistence{}},
@@ -239,5 +237,31 @@ func TestRouteGrants(t *testing.T) {
 	}
 	if got := RouteGrants(nil); len(got) != 0 {
 		t.Errorf("RouteGrants(nil) = %v, want empty", got)
+	}
+}
+
+// TestRedirectAndRewriteConverted checks the RequestRedirect and URLRewrite
+// filters' conversion, each path modifier type included.
+func TestRedirectAndRewriteConverted(t *testing.T) {
+	hr := httpRoute(
+		gatewayv1.HTTPRouteRule{Filters: []gatewayv1.HTTPRouteFilter{{Type: gatewayv1.HTTPRouteFilterRequestRedirect, RequestRedirect: &gatewayv1.HTTPRequestRedirectFilter{
+			Scheme: ptr.To("https"), Hostname: ptr.To(gatewayv1.PreciseHostname("example.org")), Port: ptr.To(gatewayv1.PortNumber(8443)), StatusCode: ptr.To(301),
+			Path: &gatewayv1.HTTPPathModifier{Type: gatewayv1.PrefixMatchHTTPPathModifier, ReplacePrefixMatch: ptr.To("/new")},
+		}}}},
+		gatewayv1.HTTPRouteRule{Filters: []gatewayv1.HTTPRouteFilter{{Type: gatewayv1.HTTPRouteFilterURLRewrite, URLRewrite: &gatewayv1.HTTPURLRewriteFilter{
+			Hostname: ptr.To(gatewayv1.PreciseHostname("internal")),
+			Path:     &gatewayv1.HTTPPathModifier{Type: gatewayv1.FullPathHTTPPathModifier, ReplaceFullPath: ptr.To("/v1")},
+		}}}},
+	)
+	r := HTTPRoute(hr)
+	if r.Refused != "" {
+		t.Fatalf("refused: %s", r.Refused)
+	}
+	want := &model.Redirect{Scheme: "https", Hostname: "example.org", Port: 8443, StatusCode: 301, Path: &model.PathModifier{Value: "/new"}}
+	if !reflect.DeepEqual(r.Rules[0].Redirect, want) {
+		t.Errorf("redirect %+v, want %+v", r.Rules[0].Redirect, want)
+	}
+	if got := r.Rules[1].Rewrite; got == nil || got.Hostname != "internal" || got.Path == nil || !got.Path.Full || got.Path.Value != "/v1" {
+		t.Errorf("rewrite %+v", got)
 	}
 }

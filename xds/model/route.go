@@ -58,6 +58,36 @@ type RouteRule struct {
 	// RequestHeaders and ResponseHeaders are the header modifiers of the
 	// rule's filters; proxyless gRPC clients cannot apply them.
 	RequestHeaders, ResponseHeaders *HeaderModifier
+	// Redirect, when set, answers the rule's requests with a redirect
+	// instead of routing them (a RequestRedirect filter).
+	Redirect *Redirect
+	// Rewrite, when set, rewrites the host and path of the rule's requests
+	// on their way to the backends (a URLRewrite filter).
+	Rewrite *Rewrite
+}
+
+// Redirect is a RequestRedirect filter: the fields set replace the
+// request's in the Location of the answer.
+type Redirect struct {
+	Scheme, Hostname string
+	Path             *PathModifier
+	// Port is the Location's port (0: the scheme's own, or the request's).
+	Port int32
+	// StatusCode is the answer's status (0: 302).
+	StatusCode int32
+}
+
+// Rewrite is a URLRewrite filter.
+type Rewrite struct {
+	Hostname string
+	Path     *PathModifier
+}
+
+// PathModifier replaces a request's whole path with Value (Full), or the
+// prefix the rule's PathPrefix match matched.
+type PathModifier struct {
+	Full  bool
+	Value string
 }
 
 // PathMatchType is how a request path is matched.

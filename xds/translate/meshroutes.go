@@ -190,10 +190,15 @@ func routeEntry(m *model.RouteMatch, rule *model.RouteRule, backends map[model.K
 // buildEntry is routeEntry before validation.
 func buildEntry(m *model.RouteMatch, rule *model.RouteRule, backends map[model.Key]*model.Service, mode model.ListenerMode) *routev3.Route {
 	proxyless := mode == model.ListenerProxylessGRPC
-	if proxyless && (len(m.Query) > 0 || (m.Method != "" && m.Method != "POST")) {
+	if proxyless && (len(m.Query) > 0 || (m.Method != "" && m.Method != "POST") || rule.Redirect != nil) {
 		return nil
 	}
 	out := &routev3.Route{Match: routeMatch(m, proxyless)}
+	if rule.Redirect != nil {
+		out.Action = &routev3.Route_Redirect{Redirect: redirectAction(rule.Redirect, m)}
+		headerModifiers(out, rule)
+		return out
+	}
 	clusters := ruleClusters(rule, backends, mode)
 	if len(clusters) == 0 {
 		if proxyless {
@@ -222,14 +227,91 @@ func buildEntry(m *model.RouteMatch, rule *model.RouteRule, backends map[model.K
 	action.RetryPolicy = retryPolicy(rule, proxyless)
 	out.Action = &routev3.Route_Route{Route: action}
 	if !proxyless {
-		if h := rule.RequestHeaders; h != nil {
-			out.RequestHeadersToAdd, out.RequestHeadersToRemove = headerOptions(h), slices.Clone(h.Remove)
-		}
-		if h := rule.ResponseHeaders; h != nil {
-			out.ResponseHeadersToAdd, out.ResponseHeadersToRemove = headerOptions(h), slices.Clone(h.Remove)
+		rewriteAction(action, rule.Rewrite, m)
+		headerModifiers(out, rule)
+	}
+	return out
+}
+
+// headerModifiers sets an Envoy route entry's header modifiers.
+func headerModifiers(out *routev3.Route, rule *model.RouteRule) {
+	if h := rule.RequestHeaders; h != nil {
+		out.RequestHeadersToAdd, out.RequestHeadersToRemove = headerOptions(h), slices.Clone(h.Remove)
+	}
+	if h := rule.ResponseHeaders; h != nil {
+		out.ResponseHeadersToAdd, out.ResponseHeadersToRemove = headerOptions(h), slices.Clone(h.Remove)
+	}
+}
+
+// redirectCodes are the redirect statuses Gateway API allows and Envoy's
+// names for them; 302 is the default.
+var redirectCodes = map[int32]routev3.RedirectAction_RedirectResponseCode{
+	301: routev3.RedirectAction_MOVED_PERMANENTLY,
+	302: routev3.RedirectAction_FOUND,
+	303: routev3.RedirectAction_SEE_OTHER,
+	307: routev3.RedirectAction_TEMPORARY_REDIRECT,
+	308: routev3.RedirectAction_PERMANENT_REDIRECT,
+}
+
+// redirectAction translates a RequestRedirect filter for the entry of
+// match m. Envoy drops a well-known port (80 for http, 443 for https) from
+// the Location when the scheme changes and no port is given, which is
+// Gateway API's rule too.
+func redirectAction(r *model.Redirect, m *model.RouteMatch) *routev3.RedirectAction {
+	out := &routev3.RedirectAction{ResponseCode: routev3.RedirectAction_FOUND, HostRedirect: r.Hostname, PortRedirect: uint32(max(r.Port, 0))}
+	if code, ok := redirectCodes[r.StatusCode]; ok {
+		out.ResponseCode = code
+	}
+	if r.Scheme != "" {
+		out.SchemeRewriteSpecifier = &routev3.RedirectAction_SchemeRedirect{SchemeRedirect: r.Scheme}
+	}
+	switch p := r.Path; {
+	case p == nil:
+	case p.Full:
+		out.PathRewriteSpecifier = &routev3.RedirectAction_PathRedirect{PathRedirect: p.Value}
+	default:
+		if re := prefixReplacement(m, p.Value); re != nil {
+			out.PathRewriteSpecifier = &routev3.RedirectAction_RegexRewrite{RegexRewrite: re}
 		}
 	}
 	return out
+}
+
+// rewriteAction sets a URLRewrite filter's host and path rewrite on an
+// Envoy route action.
+func rewriteAction(a *routev3.RouteAction, r *model.Rewrite, m *model.RouteMatch) {
+	if r == nil {
+		return
+	}
+	if r.Hostname != "" {
+		a.HostRewriteSpecifier = &routev3.RouteAction_HostRewriteLiteral{HostRewriteLiteral: r.Hostname}
+	}
+	switch p := r.Path; {
+	case p == nil:
+	case p.Full:
+		a.RegexRewrite = &matcherv3.RegexMatchAndSubstitute{Pattern: regex("^/.*$"), Substitution: p.Value}
+	default:
+		a.RegexRewrite = prefixReplacement(m, p.Value)
+	}
+}
+
+// prefixReplacement replaces the prefix a PathPrefix match matched with
+// value, as Gateway API's ReplacePrefixMatch does, segment by segment:
+// with /foo matched, /xyz makes /foo/bar /xyz/bar and / makes it /bar,
+// never a double slash, and "" as "/". It is nil for any other match, which Gateway API's
+// schema does not let a ReplacePrefixMatch have.
+func prefixReplacement(m *model.RouteMatch, value string) *matcherv3.RegexMatchAndSubstitute {
+	if m.GRPC || m.PathType != model.PathPrefix {
+		return nil
+	}
+	prefix, value := prefixPath(m.Path), prefixPath(value)
+	if prefix == "/" {
+		prefix = ""
+	}
+	if value == "/" || value == "" {
+		return &matcherv3.RegexMatchAndSubstitute{Pattern: regex("^" + regexp.QuoteMeta(prefix) + "/?(.*)$"), Substitution: `/\1`}
+	}
+	return &matcherv3.RegexMatchAndSubstitute{Pattern: regex("^" + regexp.QuoteMeta(prefix) + "(/.*)?$"), Substitution: value + `\1`}
 }
 
 // validEntry returns r, or nil when Envoy's validation rejects it (a
@@ -464,6 +546,12 @@ func ProxylessOmissions(r *model.Route) []string {
 		}
 		if rule.RequestHeaders != nil || rule.ResponseHeaders != nil {
 			lost = append(lost, "header modifiers")
+		}
+		if rule.Redirect != nil {
+			lost = append(lost, "the redirect (the rule is left out)")
+		}
+		if rule.Rewrite != nil {
+			lost = append(lost, "the URL rewrite")
 		}
 		if rule.Timeout != nil && rule.BackendTimeout != nil && rule.Retry != nil {
 			lost = append(lost, "the per-try timeout")

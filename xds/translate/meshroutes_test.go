@@ -1,6 +1,7 @@
 package translate
 
 import (
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -232,5 +233,76 @@ func TestInvalidEntryIsLeftOut(t *testing.T) {
 	}
 	if got := InvalidEntries(canaryRoute()); len(got) != 0 {
 		t.Errorf("InvalidEntries of a valid route %q", got)
+	}
+}
+
+// TestPrefixReplacement checks ReplacePrefixMatch against Gateway API's own
+// table of examples (HTTPPathModifier's documentation), applying the regular expression Envoy is sent with Go's
+// RE2 (Envoy's \1 as Go's ${1}): segment by segment, and never a double
+// slash.
+func TestPrefixReplacement(t *testing.T) {
+	for _, c := range []struct{ prefix, request, replace, want string }{
+		{"/foo", "/foo/bar", "/xyz", "/xyz/bar"},
+		{"/foo", "/foo/bar", "/xyz/", "/xyz/bar"},
+		{"/foo/", "/foo/bar", "/xyz", "/xyz/bar"},
+		{"/foo/", "/foo/bar", "/xyz/", "/xyz/bar"},
+		{"/foo", "/foo", "/xyz", "/xyz"},
+		{"/foo/", "/foo", "/xyz", "/xyz"},
+		{"/foo", "/foo/", "/xyz", "/xyz/"},
+		{"/foo", "/foo/bar", "/", "/bar"},
+		{"/foo", "/foo", "/", "/"},
+		{"/foo", "/foo/", "/", "/"},
+		{"/", "/foo", "/xyz", "/xyz/foo"},
+		{"/foo", "/foo/bar", "", "/bar"},
+		{"/foo", "/foo/", "", "/"},
+		{"/foo", "/foo", "", "/"},
+	} {
+		m := &model.RouteMatch{PathType: model.PathPrefix, Path: c.prefix}
+		rw := prefixReplacement(m, c.replace)
+		re := regexp.MustCompile(rw.GetPattern().GetRegex())
+		got := re.ReplaceAllString(c.request, strings.ReplaceAll(rw.GetSubstitution(), `\1`, "${1}"))
+		if got != c.want {
+			t.Errorf("prefix %s, %s replaced by %s: %s, want %s", c.prefix, c.request, c.replace, got, c.want)
+		}
+	}
+}
+
+// TestRedirectAndRewrite checks the Envoy actions of RequestRedirect and
+// URLRewrite, and that proxyless clients are sent neither a redirect (the
+// rule is left out) nor a rewrite.
+func TestRedirectAndRewrite(t *testing.T) {
+	parent, backends := meshWorld()
+	r := canaryRoute()
+	r.Rules = []model.RouteRule{
+		{
+			Matches:  []model.RouteMatch{{PathType: model.PathPrefix, Path: "/old"}},
+			Redirect: &model.Redirect{Scheme: "https", Hostname: "example.org", Port: 8443, StatusCode: 301, Path: &model.PathModifier{Value: "/new"}},
+		},
+		{
+			Backends: []model.RouteBackend{backend("reviews-v1", 1)},
+			Rewrite:  &model.Rewrite{Hostname: "reviews.internal", Path: &model.PathModifier{Full: true, Value: "/v1"}},
+		},
+	}
+	f := RoutedService(parent, Profile{Mode: model.ListenerEnvoy}, &Routing{Routes: []*model.Route{r}, Backends: backends})
+	routes := routesOf(t, f, model.ListenerEnvoy)
+	if len(routes) != 2 {
+		t.Fatalf("%d entries, want 2", len(routes))
+	}
+	rd := routes[0].GetRedirect()
+	if rd.GetSchemeRedirect() != "https" || rd.GetHostRedirect() != "example.org" || rd.GetPortRedirect() != 8443 ||
+		rd.GetResponseCode() != routev3.RedirectAction_MOVED_PERMANENTLY || rd.GetRegexRewrite().GetSubstitution() != `/new\1` {
+		t.Errorf("redirect %v", rd)
+	}
+	a := routes[1].GetRoute()
+	if a.GetHostRewriteLiteral() != "reviews.internal" || a.GetRegexRewrite().GetSubstitution() != "/v1" || a.GetRegexRewrite().GetPattern().GetRegex() != "^/.*$" {
+		t.Errorf("rewrite %v", a)
+	}
+	f = RoutedService(parent, Profile{Mode: model.ListenerProxylessGRPC}, &Routing{Routes: []*model.Route{r}, Backends: backends})
+	routes = routesOf(t, f, model.ListenerProxylessGRPC)
+	if len(routes) != 1 || routes[0].GetRoute().GetRegexRewrite() != nil || routes[0].GetRoute().GetHostRewriteLiteral() != "" {
+		t.Errorf("proxyless entries %v, want the rewrite's rule alone, without its rewrite", routes)
+	}
+	if got := ProxylessOmissions(r); len(got) != 2 || !strings.Contains(got[0], "the redirect (the rule is left out)") || !strings.Contains(got[1], "the URL rewrite") {
+		t.Errorf("omissions %q", got)
 	}
 }
