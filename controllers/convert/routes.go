@@ -170,12 +170,18 @@ func (c *ruleConverter) httpRule(rule *gatewayv1.HTTPRouteRule) model.RouteRule 
 		case gatewayv1.HTTPRouteFilterURLRewrite:
 			out.Rewrite = rewrite(f.URLRewrite)
 		default:
-			c.filter(&out, fmt.Sprintf("filters[%d]", j), string(f.Type), f.RequestHeaderModifier, f.ResponseHeaderModifier)
+			c.filter(&out.RequestHeaders, &out.ResponseHeaders, fmt.Sprintf("filters[%d]", j), string(f.Type), f.RequestHeaderModifier, f.ResponseHeaderModifier)
 		}
 	}
 	for j := range rule.BackendRefs {
 		b := &rule.BackendRefs[j]
-		out.Backends = append(out.Backends, c.backend(fmt.Sprintf("backendRefs[%d]", j), &b.BackendRef, len(b.Filters)))
+		field := fmt.Sprintf("backendRefs[%d]", j)
+		be := c.backend(field, &b.BackendRef)
+		for k := range b.Filters {
+			f := &b.Filters[k]
+			c.filter(&be.RequestHeaders, &be.ResponseHeaders, fmt.Sprintf("%s.filters[%d]", field, k), string(f.Type), f.RequestHeaderModifier, f.ResponseHeaderModifier)
+		}
+		out.Backends = append(out.Backends, be)
 	}
 	if t := rule.Timeouts; t != nil {
 		out.Timeout = c.duration("timeouts.request", t.Request)
@@ -210,11 +216,17 @@ func (c *ruleConverter) grpcRule(rule *gatewayv1.GRPCRouteRule) model.RouteRule 
 	}
 	for j := range rule.Filters {
 		f := &rule.Filters[j]
-		c.filter(&out, fmt.Sprintf("filters[%d]", j), string(f.Type), f.RequestHeaderModifier, f.ResponseHeaderModifier)
+		c.filter(&out.RequestHeaders, &out.ResponseHeaders, fmt.Sprintf("filters[%d]", j), string(f.Type), f.RequestHeaderModifier, f.ResponseHeaderModifier)
 	}
 	for j := range rule.BackendRefs {
 		b := &rule.BackendRefs[j]
-		out.Backends = append(out.Backends, c.backend(fmt.Sprintf("backendRefs[%d]", j), &b.BackendRef, len(b.Filters)))
+		field := fmt.Sprintf("backendRefs[%d]", j)
+		be := c.backend(field, &b.BackendRef)
+		for k := range b.Filters {
+			f := &b.Filters[k]
+			c.filter(&be.RequestHeaders, &be.ResponseHeaders, fmt.Sprintf("%s.filters[%d]", field, k), string(f.Type), f.RequestHeaderModifier, f.ResponseHeaderModifier)
+		}
+		out.Backends = append(out.Backends, be)
 	}
 	c.sessionPersistence(rule.SessionPersistence)
 	c.weights(out.Backends)
@@ -299,14 +311,15 @@ func (c *ruleConverter) valueMatch(field, name, value string, typ *string) model
 	return out
 }
 
-// filter converts a rule's filter: the header modifiers are served, any
-// other type refuses the route.
-func (c *ruleConverter) filter(rule *model.RouteRule, field, typ string, req, resp *gatewayv1.HTTPHeaderFilter) {
+// filter converts a header-modifier filter of a rule or of a backendRef
+// into its request or response modifier; any other type (the rule's
+// redirect and rewrite are converted before) refuses the route.
+func (c *ruleConverter) filter(reqMod, respMod **model.HeaderModifier, field, typ string, req, resp *gatewayv1.HTTPHeaderFilter) {
 	switch typ {
 	case string(gatewayv1.HTTPRouteFilterRequestHeaderModifier):
-		rule.RequestHeaders = headerModifier(req)
+		*reqMod = headerModifier(req)
 	case string(gatewayv1.HTTPRouteFilterResponseHeaderModifier):
-		rule.ResponseHeaders = headerModifier(resp)
+		*respMod = headerModifier(resp)
 	default:
 		c.refuse(field, "the filter type %s is not supported yet; remove the filter (RequestHeaderModifier, ResponseHeaderModifier, RequestRedirect and URLRewrite are)", clip.Quote(typ))
 	}
@@ -378,9 +391,8 @@ func headerModifier(f *gatewayv1.HTTPHeaderFilter) *model.HeaderModifier {
 }
 
 // backend converts a backendRef. A reference to anything but a core
-// Service is kept, Invalid with the reason, so that the status can name
-// it; a backendRef with filters refuses the route.
-func (c *ruleConverter) backend(field string, b *gatewayv1.BackendRef, filters int) model.RouteBackend {
+// Service is kept, Invalid with the reason, so that the status can name it.
+func (c *ruleConverter) backend(field string, b *gatewayv1.BackendRef) model.RouteBackend {
 	out := model.RouteBackend{Service: model.Key{Namespace: text(c.ns), Name: text(string(b.Name))}, Weight: 1}
 	if b.Namespace != nil && *b.Namespace != "" {
 		out.Service.Namespace = text(string(*b.Namespace))
@@ -407,9 +419,6 @@ func (c *ruleConverter) backend(field string, b *gatewayv1.BackendRef, filters i
 	}
 	if out.Weight < 0 {
 		c.refuse(field+".weight", "%d is negative; give a weight from 0 up", out.Weight)
-	}
-	if filters > 0 {
-		c.refuse(field+".filters", "filters on a backendRef are not supported yet; move them to the rule's filters")
 	}
 	return out
 }

@@ -166,8 +166,8 @@ func TestRouteRefusals(t *testing.T) {
 			{Type: gatewayv1.HTTPRouteFilterURLRewrite}, {Type: gatewayv1.HTTPRouteFilterRequestMirror}, {Type: gatewayv1.HTTPRouteFilterCORS},
 			{Type: gatewayv1.HTTPRouteFilterExternalAuth}, {Type: gatewayv1.HTTPRouteFilterExtensionRef}}},
 			[]string{`filters[1]: the filter type "RequestMirror" is not supported yet`, `"CORS"`, `"ExternalAuth"`, `filters[4]: the filter type "ExtensionRef"`}},
-		{"backend filters", gatewayv1.HTTPRouteRule{BackendRefs: []gatewayv1.HTTPBackendRef{{BackendRef: backendRef("", "a", 80, nil)}, {BackendRef: backendRef("", "b", 80, nil), Filters: []gatewayv1.HTTPRouteFilter{{Type: gatewayv1.HTTPRouteFilterRequestHeaderModifier}}}}},
-			[]string{"rule 0: backendRefs[1].filters: filters on a backendRef are not supported yet"}},
+		{"backend filters", gatewayv1.HTTPRouteRule{BackendRefs: []gatewayv1.HTTPBackendRef{{BackendRef: backendRef("", "a", 80, nil)}, {BackendRef: backendRef("", "b", 80, nil), Filters: []gatewayv1.HTTPRouteFilter{{Type: gatewayv1.HTTPRouteFilterRequestHeaderModifier}, {Type: gatewayv1.HTTPRouteFilterRequestMirror}}}}},
+			[]string{`rule 0: backendRefs[1].filters[1]: the filter type "RequestMirror" is not supported yet`}},
 		{"session persistence", gatewayv1.HTTPRouteRule{SessionPersistence: &gatewayv1.SessionPersistence{}},
 			[]string{"rule 0: sessionPersistence: session persistence is not supported yet"}},
 		{"weights past 2^32-1", gatewayv1.HTTPRouteRule{BackendRefs: []gatewayv1.HTTPBackendRef{

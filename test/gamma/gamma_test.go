@@ -42,6 +42,7 @@ var envoyPasses = []string{
 	"MeshHTTPRoute303Redirect",
 	"MeshHTTPRoute307Redirect",
 	"MeshHTTPRoute308Redirect",
+	"MeshHTTPRouteBackendRequestHeaderModifier",
 	"MeshHTTPRouteMatching",
 	"MeshHTTPRouteNamedRule",
 	"MeshHTTPRouteQueryParamMatching",

@@ -137,6 +137,10 @@ type RouteBackend struct {
 	// Invalid says why the reference cannot be served whatever the cluster
 	// holds (a kind other than Service); it is then left out.
 	Invalid string
+	// RequestHeaders and ResponseHeaders are the header modifiers of the
+	// backendRef's own filters: applied to the requests sent to this
+	// backend only.
+	RequestHeaders, ResponseHeaders *HeaderModifier
 }
 
 // RouteRetry is a rule's retry policy (Gateway API's experimental retry).

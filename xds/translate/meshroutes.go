@@ -209,7 +209,12 @@ func buildEntry(m *model.RouteMatch, rule *model.RouteRule, backends map[model.K
 	}
 	action := &routev3.RouteAction{}
 	if len(clusters) == 1 {
-		action.ClusterSpecifier = &routev3.RouteAction_Cluster{Cluster: clusters[0].GetName()}
+		// One backend is a plain cluster; its backendRef's header
+		// modifiers apply to the route's every request.
+		c := clusters[0]
+		action.ClusterSpecifier = &routev3.RouteAction_Cluster{Cluster: c.GetName()}
+		out.RequestHeadersToAdd, out.RequestHeadersToRemove = c.GetRequestHeadersToAdd(), c.GetRequestHeadersToRemove()
+		out.ResponseHeadersToAdd, out.ResponseHeadersToRemove = c.GetResponseHeadersToAdd(), c.GetResponseHeadersToRemove()
 	} else {
 		wc := &routev3.WeightedCluster{Clusters: clusters}
 		if proxyless {
@@ -233,13 +238,16 @@ func buildEntry(m *model.RouteMatch, rule *model.RouteRule, backends map[model.K
 	return out
 }
 
-// headerModifiers sets an Envoy route entry's header modifiers.
+// headerModifiers adds a rule's header modifiers to an Envoy route entry,
+// before those a single backend's own filters put there.
 func headerModifiers(out *routev3.Route, rule *model.RouteRule) {
 	if h := rule.RequestHeaders; h != nil {
-		out.RequestHeadersToAdd, out.RequestHeadersToRemove = headerOptions(h), slices.Clone(h.Remove)
+		out.RequestHeadersToAdd = append(headerOptions(h), out.RequestHeadersToAdd...)
+		out.RequestHeadersToRemove = append(slices.Clone(h.Remove), out.RequestHeadersToRemove...)
 	}
 	if h := rule.ResponseHeaders; h != nil {
-		out.ResponseHeadersToAdd, out.ResponseHeadersToRemove = headerOptions(h), slices.Clone(h.Remove)
+		out.ResponseHeadersToAdd = append(headerOptions(h), out.ResponseHeadersToAdd...)
+		out.ResponseHeadersToRemove = append(slices.Clone(h.Remove), out.ResponseHeadersToRemove...)
 	}
 }
 
@@ -420,7 +428,16 @@ func ruleClusters(rule *model.RouteRule, backends map[model.Key]*model.Service, 
 			out[i].Weight = wrapperspb.UInt32(out[i].GetWeight().GetValue() + uint32(b.Weight))
 			continue
 		}
-		out = append(out, &routev3.WeightedCluster_ClusterWeight{Name: name, Weight: wrapperspb.UInt32(uint32(b.Weight))})
+		cw := &routev3.WeightedCluster_ClusterWeight{Name: name, Weight: wrapperspb.UInt32(uint32(b.Weight))}
+		if mode == model.ListenerEnvoy {
+			if h := b.RequestHeaders; h != nil {
+				cw.RequestHeadersToAdd, cw.RequestHeadersToRemove = headerOptions(h), slices.Clone(h.Remove)
+			}
+			if h := b.ResponseHeaders; h != nil {
+				cw.ResponseHeadersToAdd, cw.ResponseHeadersToRemove = headerOptions(h), slices.Clone(h.Remove)
+			}
+		}
+		out = append(out, cw)
 	}
 	return out
 }
@@ -544,7 +561,9 @@ func ProxylessOmissions(r *model.Route) []string {
 				break
 			}
 		}
-		if rule.RequestHeaders != nil || rule.ResponseHeaders != nil {
+		if rule.RequestHeaders != nil || rule.ResponseHeaders != nil || slices.ContainsFunc(rule.Backends, func(b model.RouteBackend) bool {
+			return b.RequestHeaders != nil || b.ResponseHeaders != nil
+		}) {
 			lost = append(lost, "header modifiers")
 		}
 		if rule.Redirect != nil {

@@ -306,3 +306,28 @@ func TestRedirectAndRewrite(t *testing.T) {
 		t.Errorf("omissions %q", got)
 	}
 }
+
+// TestBackendHeaderModifiers checks that a backendRef's own header
+// modifiers go on its weighted cluster, or on the entry when it is the
+// rule's one backend, and never to proxyless clients.
+func TestBackendHeaderModifiers(t *testing.T) {
+	parent, backends := meshWorld()
+	r := canaryRoute()
+	v2 := backend("reviews-v2", 10)
+	v2.RequestHeaders = &model.HeaderModifier{Set: []model.Header{{Name: "x-version", Value: "v2"}}}
+	r.Rules = []model.RouteRule{{Backends: []model.RouteBackend{backend("reviews-v1", 90), v2}}}
+	routes := routesOf(t, RoutedService(parent, Profile{Mode: model.ListenerEnvoy}, &Routing{Routes: []*model.Route{r}, Backends: backends}), model.ListenerEnvoy)
+	cs := routes[0].GetRoute().GetWeightedClusters().GetClusters()
+	if len(cs) != 2 || len(cs[0].GetRequestHeadersToAdd()) != 0 || len(cs[1].GetRequestHeadersToAdd()) != 1 || cs[1].GetRequestHeadersToAdd()[0].GetHeader().GetValue() != "v2" {
+		t.Errorf("weighted clusters %v, want x-version: v2 on reviews-v2's alone", cs)
+	}
+	r.Rules[0].Backends = []model.RouteBackend{v2}
+	routes = routesOf(t, RoutedService(parent, Profile{Mode: model.ListenerEnvoy}, &Routing{Routes: []*model.Route{r}, Backends: backends}), model.ListenerEnvoy)
+	if got := routes[0].GetRequestHeadersToAdd(); len(got) != 1 || got[0].GetHeader().GetKey() != "x-version" {
+		t.Errorf("one backend's modifier on the entry: %v", got)
+	}
+	routes = routesOf(t, RoutedService(parent, Profile{Mode: model.ListenerProxylessGRPC}, &Routing{Routes: []*model.Route{r}, Backends: backends}), model.ListenerProxylessGRPC)
+	if len(routes[0].GetRequestHeadersToAdd()) != 0 {
+		t.Error("a backend's header modifier was sent to proxyless clients")
+	}
+}
