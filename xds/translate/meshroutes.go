@@ -109,14 +109,10 @@ func portRoutes(svc *model.Service, port int32, rt *Routing, mode model.Listener
 			out = append(out, e.Route)
 		}
 	}
-	if mode == model.ListenerProxylessGRPC {
-		// A last entry no call matches ("/" is the path of no gRPC
-		// method) to the port's own cluster. It keeps that cluster in
-		// every gRPC client while routes send calls elsewhere: grpc-go
-		// 1.85 fails calls picked in the moment a route change adds a
-		// cluster to the client, so deleting the routes must not add it
-		// back. It also keeps a virtual host whose every rule was left
-		// out from being empty, which gRPC C-core refuses.
+	if len(out) == 0 && mode == model.ListenerProxylessGRPC {
+		// Every rule was left out: no request may match, yet gRPC C-core
+		// refuses a virtual host without routes. The path "/" is one no
+		// gRPC method has.
 		out = append(out, &routev3.Route{
 			Match:  &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Path{Path: "/"}},
 			Action: &routev3.Route_Route{Route: &routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: clusterName(svc, port, mode)}}},

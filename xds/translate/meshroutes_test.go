@@ -134,13 +134,9 @@ func TestMeshRouteProxylessMode(t *testing.T) {
 	parent, backends := meshWorld()
 	f := RoutedService(parent, Profile{Mode: model.ListenerProxylessGRPC}, &Routing{Routes: []*model.Route{canaryRoute()}, Backends: backends})
 	routes := routesOf(t, f, model.ListenerProxylessGRPC)
-	// The query match and the rule with no backend left are not sent; a
-	// last entry no call matches keeps the port's own cluster.
-	if len(routes) != 4 {
-		t.Fatalf("%d entries, want 4:\n%v", len(routes), routes)
-	}
-	if last := routes[3]; last.GetMatch().GetPath() != "/" || last.GetRoute().GetCluster() != "shop/reviews:9080@u0" {
-		t.Errorf("the last entry %v, want one matching no call to the port's own cluster", last)
+	// The query match and the rule with no backend left are not sent.
+	if len(routes) != 3 {
+		t.Fatalf("%d entries, want 3:\n%v", len(routes), routes)
 	}
 	if got := routes[0].GetMatch().GetSafeRegex().GetRegex(); got != `/shop\.Reviews(/.*)?` {
 		t.Errorf("a prefix goes as a segment-aware regular expression, got %q", got)
@@ -186,9 +182,6 @@ func TestGRPCRouteWinsOverHTTPRoute(t *testing.T) {
 	for _, mode := range []model.ListenerMode{model.ListenerEnvoy, model.ListenerProxylessGRPC} {
 		f := RoutedService(parent, Profile{Mode: mode}, &Routing{Routes: []*model.Route{canaryRoute(), grpc}, Backends: backends})
 		routes := routesOf(t, f, mode)
-		if mode == model.ListenerProxylessGRPC {
-			routes = routes[:len(routes)-1] // the own cluster's entry
-		}
 		if len(routes) != 2 || routes[0].GetMatch().GetPath() != "/shop.Reviews/Get" || routes[1].GetMatch().GetPrefix() != "/shop.Reviews/" {
 			t.Errorf("%s: entries %v, want the GRPCRoute's only, the method first", mode, routes)
 		}
@@ -306,8 +299,8 @@ func TestRedirectAndRewrite(t *testing.T) {
 	}
 	f = RoutedService(parent, Profile{Mode: model.ListenerProxylessGRPC}, &Routing{Routes: []*model.Route{r}, Backends: backends})
 	routes = routesOf(t, f, model.ListenerProxylessGRPC)
-	if len(routes) != 2 || routes[0].GetRoute().GetRegexRewrite() != nil || routes[0].GetRoute().GetHostRewriteLiteral() != "" {
-		t.Errorf("proxyless entries %v, want the rewrite's rule without its rewrite, and the own cluster's entry", routes)
+	if len(routes) != 1 || routes[0].GetRoute().GetRegexRewrite() != nil || routes[0].GetRoute().GetHostRewriteLiteral() != "" {
+		t.Errorf("proxyless entries %v, want the rewrite's rule alone, without its rewrite", routes)
 	}
 	if got := ProxylessOmissions(r); len(got) != 2 || !strings.Contains(got[0], "the redirect (the rule is left out)") || !strings.Contains(got[1], "the URL rewrite") {
 		t.Errorf("omissions %q", got)
