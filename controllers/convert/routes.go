@@ -175,13 +175,10 @@ func (c *ruleConverter) httpRule(rule *gatewayv1.HTTPRouteRule) model.RouteRule 
 	}
 	for j := range rule.BackendRefs {
 		b := &rule.BackendRefs[j]
-		field := fmt.Sprintf("backendRefs[%d]", j)
-		be := c.backend(field, &b.BackendRef)
-		for k := range b.Filters {
+		out.Backends = append(out.Backends, c.backendRef(j, &b.BackendRef, len(b.Filters), func(k int) (string, *gatewayv1.HTTPHeaderFilter, *gatewayv1.HTTPHeaderFilter) {
 			f := &b.Filters[k]
-			c.filter(&be.RequestHeaders, &be.ResponseHeaders, fmt.Sprintf("%s.filters[%d]", field, k), string(f.Type), f.RequestHeaderModifier, f.ResponseHeaderModifier)
-		}
-		out.Backends = append(out.Backends, be)
+			return string(f.Type), f.RequestHeaderModifier, f.ResponseHeaderModifier
+		}))
 	}
 	if t := rule.Timeouts; t != nil {
 		out.Timeout = c.duration("timeouts.request", t.Request)
@@ -220,13 +217,10 @@ func (c *ruleConverter) grpcRule(rule *gatewayv1.GRPCRouteRule) model.RouteRule 
 	}
 	for j := range rule.BackendRefs {
 		b := &rule.BackendRefs[j]
-		field := fmt.Sprintf("backendRefs[%d]", j)
-		be := c.backend(field, &b.BackendRef)
-		for k := range b.Filters {
+		out.Backends = append(out.Backends, c.backendRef(j, &b.BackendRef, len(b.Filters), func(k int) (string, *gatewayv1.HTTPHeaderFilter, *gatewayv1.HTTPHeaderFilter) {
 			f := &b.Filters[k]
-			c.filter(&be.RequestHeaders, &be.ResponseHeaders, fmt.Sprintf("%s.filters[%d]", field, k), string(f.Type), f.RequestHeaderModifier, f.ResponseHeaderModifier)
-		}
-		out.Backends = append(out.Backends, be)
+			return string(f.Type), f.RequestHeaderModifier, f.ResponseHeaderModifier
+		}))
 	}
 	c.sessionPersistence(rule.SessionPersistence)
 	c.weights(out.Backends)
@@ -386,6 +380,19 @@ func headerModifier(f *gatewayv1.HTTPHeaderFilter) *model.HeaderModifier {
 	}
 	for _, n := range f.Remove {
 		out.Remove = append(out.Remove, text(strings.ToLower(n)))
+	}
+	return out
+}
+
+// backendRef converts backendRef j of a rule with its n filters, filter(k)
+// giving the k-th's type and header modifiers: HTTPRoute's and GRPCRoute's
+// filters are different types with these same fields.
+func (c *ruleConverter) backendRef(j int, b *gatewayv1.BackendRef, n int, filter func(k int) (typ string, req, resp *gatewayv1.HTTPHeaderFilter)) model.RouteBackend {
+	field := fmt.Sprintf("backendRefs[%d]", j)
+	out := c.backend(field, b)
+	for k := range n {
+		typ, req, resp := filter(k)
+		c.filter(&out.RequestHeaders, &out.ResponseHeaders, fmt.Sprintf("%s.filters[%d]", field, k), typ, req, resp)
 	}
 	return out
 }

@@ -262,20 +262,27 @@ func (sc *scopeEntry) wantedBackends() map[model.Key]*serviceEntry {
 			}
 		}
 	}
-	if len(c.byParent) < len(sc.services) {
-		for k := range c.byParent {
+	sc.eachRouted(visit)
+	return out
+}
+
+// eachRouted calls fn for each selected Service that routes attach to,
+// walking the smaller of the scope's Services and the routed ones.
+func (sc *scopeEntry) eachRouted(fn func(*serviceEntry)) {
+	byParent := sc.cat.byParent
+	if len(byParent) < len(sc.services) {
+		for k := range byParent {
 			if e, ok := sc.services[k]; ok {
-				visit(e)
+				fn(e)
 			}
 		}
-	} else {
-		for _, e := range sc.services {
-			if _, ok := c.byParent[e.svc.Key]; ok {
-				visit(e)
-			}
+		return
+	}
+	for _, e := range sc.services {
+		if _, ok := byParent[e.svc.Key]; ok {
+			fn(e)
 		}
 	}
-	return out
 }
 
 // syncBackends makes the Services served as route backends those wanted.
@@ -348,11 +355,9 @@ func (c *Catalog) resolveRoutes(sc *scopeEntry, r *Resolution) {
 		return
 	}
 	seen := map[model.RouteRef]struct{}{}
-	for key, byRef := range c.byParent {
-		e, ok := sc.services[key]
-		if !ok {
-			continue
-		}
+	sc.eachRouted(func(e *serviceEntry) {
+		key := e.svc.Key
+		byRef := c.byParent[key]
 		ns := cmp.Or(e.consumerFor(sc.scope.Key.Namespace), key.Namespace)
 		for ref, route := range byRef {
 			if _, dup := seen[ref]; dup || route.Key.Namespace != ns {
@@ -365,7 +370,7 @@ func (c *Catalog) resolveRoutes(sc *scopeEntry, r *Resolution) {
 				r.Routes++
 			}
 		}
-	}
+	})
 	slices.Sort(r.RoutesNotAccepted)
 }
 
