@@ -169,6 +169,8 @@ func (c *ruleConverter) httpRule(rule *gatewayv1.HTTPRouteRule) model.RouteRule 
 			out.Redirect = redirect(f.RequestRedirect)
 		case gatewayv1.HTTPRouteFilterURLRewrite:
 			out.Rewrite = rewrite(f.URLRewrite)
+		case gatewayv1.HTTPRouteFilterRequestMirror:
+			out.Mirrors = append(out.Mirrors, c.mirror(j, f.RequestMirror))
 		default:
 			c.filter(&out.RequestHeaders, &out.ResponseHeaders, fmt.Sprintf("filters[%d]", j), string(f.Type), f.RequestHeaderModifier, f.ResponseHeaderModifier)
 		}
@@ -198,7 +200,7 @@ func (c *ruleConverter) httpRule(rule *gatewayv1.HTTPRouteRule) model.RouteRule 
 		}
 		out.Retry = retry
 	}
-	c.sessionPersistence(rule.SessionPersistence)
+	out.Session = c.session(rule.SessionPersistence)
 	c.weights(out.Backends)
 	return out
 }
@@ -213,6 +215,10 @@ func (c *ruleConverter) grpcRule(rule *gatewayv1.GRPCRouteRule) model.RouteRule 
 	}
 	for j := range rule.Filters {
 		f := &rule.Filters[j]
+		if f.Type == gatewayv1.GRPCRouteFilterRequestMirror {
+			out.Mirrors = append(out.Mirrors, c.mirror(j, f.RequestMirror))
+			continue
+		}
 		c.filter(&out.RequestHeaders, &out.ResponseHeaders, fmt.Sprintf("filters[%d]", j), string(f.Type), f.RequestHeaderModifier, f.ResponseHeaderModifier)
 	}
 	for j := range rule.BackendRefs {
@@ -222,7 +228,7 @@ func (c *ruleConverter) grpcRule(rule *gatewayv1.GRPCRouteRule) model.RouteRule 
 			return string(f.Type), f.RequestHeaderModifier, f.ResponseHeaderModifier
 		}))
 	}
-	c.sessionPersistence(rule.SessionPersistence)
+	out.Session = c.session(rule.SessionPersistence)
 	c.weights(out.Backends)
 	return out
 }
@@ -307,7 +313,7 @@ func (c *ruleConverter) valueMatch(field, name, value string, typ *string) model
 
 // filter converts a header-modifier filter of a rule or of a backendRef
 // into its request or response modifier; any other type (the rule's
-// redirect and rewrite are converted before) refuses the route.
+// redirect, rewrite and mirrors are converted before) refuses the route.
 func (c *ruleConverter) filter(reqMod, respMod **model.HeaderModifier, field, typ string, req, resp *gatewayv1.HTTPHeaderFilter) {
 	switch typ {
 	case string(gatewayv1.HTTPRouteFilterRequestHeaderModifier):
@@ -315,7 +321,7 @@ func (c *ruleConverter) filter(reqMod, respMod **model.HeaderModifier, field, ty
 	case string(gatewayv1.HTTPRouteFilterResponseHeaderModifier):
 		*respMod = headerModifier(resp)
 	default:
-		c.refuse(field, "the filter type %s is not supported yet; remove the filter (RequestHeaderModifier, ResponseHeaderModifier, RequestRedirect and URLRewrite are)", clip.Quote(typ))
+		c.refuse(field, "the filter type %s is not supported here; remove the filter (RequestHeaderModifier and ResponseHeaderModifier are, and on a rule also RequestRedirect, URLRewrite and RequestMirror)", clip.Quote(typ))
 	}
 }
 
@@ -442,10 +448,78 @@ func (c *ruleConverter) weights(bs []model.RouteBackend) {
 	}
 }
 
-func (c *ruleConverter) sessionPersistence(sp *gatewayv1.SessionPersistence) {
-	if sp != nil {
-		c.refuse("sessionPersistence", "session persistence is not supported yet; remove it")
+// mirror converts the RequestMirror filter k of a rule: its backend, and
+// the share of requests it copies (all, unless percent or fraction says).
+func (c *ruleConverter) mirror(k int, f *gatewayv1.HTTPRequestMirrorFilter) model.RouteMirror {
+	field := fmt.Sprintf("filters[%d].requestMirror", k)
+	out := model.RouteMirror{Filter: k, Numerator: 1, Denominator: 1}
+	if f == nil {
+		c.refuse(field, "the filter has no requestMirror; give its backendRef")
+		return out
 	}
+	out.Backend = c.backend(field+".backendRef", &gatewayv1.BackendRef{BackendObjectReference: f.BackendRef})
+	switch {
+	case f.Percent != nil && f.Fraction != nil:
+		c.refuse(field, "both percent and fraction are given; give one")
+	case f.Percent != nil:
+		out.Numerator, out.Denominator = *f.Percent, 100
+	case f.Fraction != nil:
+		out.Numerator, out.Denominator = f.Fraction.Numerator, ptr.Deref(f.Fraction.Denominator, 100)
+	}
+	if out.Denominator <= 0 || out.Numerator < 0 || out.Numerator > out.Denominator {
+		c.refuse(field, "%d/%d is not a share of requests; give a numerator from 0 to a denominator above 0", out.Numerator, out.Denominator)
+	}
+	return out
+}
+
+// Default session names, when sessionPersistence gives none.
+const (
+	defaultSessionCookie = "scopeplane-session"
+	defaultSessionHeader = "x-scopeplane-session"
+)
+
+// token is what a cookie or header name may hold (RFC 9110's token).
+var token = regexp.MustCompile("^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+
+// session converts a rule's sessionPersistence. What Envoy's session
+// states cannot keep is refused: a header-based session has no lifetime,
+// and a session cookie's absolute timeout would need the cookie to expire
+// while it is kept, which only a permanent cookie's Max-Age does.
+func (c *ruleConverter) session(sp *gatewayv1.SessionPersistence) *model.SessionPersistence {
+	if sp == nil {
+		return nil
+	}
+	const field = "sessionPersistence"
+	out := &model.SessionPersistence{Name: defaultSessionCookie}
+	switch t := ptr.Deref(sp.Type, gatewayv1.CookieBasedSessionPersistence); t {
+	case gatewayv1.HeaderBasedSessionPersistence:
+		out.Header, out.Name = true, defaultSessionHeader
+	case gatewayv1.CookieBasedSessionPersistence:
+	default:
+		c.refuse(field+".type", "%s is not a session persistence type; use Cookie or Header", clip.Quote(string(t)))
+	}
+	if n := sp.SessionName; n != nil {
+		if !token.MatchString(*n) {
+			c.refuse(field+".sessionName", "%s cannot name a cookie or a header; use letters, digits and !#$%%&'*+-.^_`|~", clip.Quote(*n))
+		}
+		out.Name = text(*n)
+	}
+	if out.Header {
+		out.Name = strings.ToLower(out.Name)
+	}
+	permanent := sp.CookieConfig != nil && ptr.Deref(sp.CookieConfig.LifetimeType, gatewayv1.SessionCookieLifetimeType) == gatewayv1.PermanentCookieLifetimeType
+	timeout := c.duration(field+".absoluteTimeout", sp.AbsoluteTimeout)
+	switch {
+	case out.Header && sp.AbsoluteTimeout != nil:
+		c.refuse(field+".absoluteTimeout", "a header-based session has no lifetime to bound; remove absoluteTimeout, or use a Permanent cookie")
+	case permanent && (timeout == nil || *timeout <= 0):
+		c.refuse(field+".absoluteTimeout", "a Permanent cookie needs its lifetime; give an absoluteTimeout above 0")
+	case permanent:
+		out.TTL = *timeout
+	case sp.AbsoluteTimeout != nil:
+		c.refuse(field+".absoluteTimeout", "a Session cookie is kept until the client's session ends, which cannot be bounded; remove absoluteTimeout, or set cookieConfig.lifetimeType to Permanent")
+	}
+	return out
 }
 
 // gatewayDuration is Gateway API's duration format (GEP-2257): up to four

@@ -2,6 +2,7 @@ package convert
 
 import (
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -147,6 +148,73 @@ func TestGRPCRoute(t *testing.T) {
 	}
 }
 
+// TestRouteMirrorsAndSessions checks the conversion of RequestMirror
+// filters (their backends, and the share of requests each copies) and of
+// sessionPersistence, on both route kinds.
+func TestRouteMirrorsAndSessions(t *testing.T) {
+	mirror := func(name string, percent *int32, fraction *gatewayv1.Fraction) *gatewayv1.HTTPRequestMirrorFilter {
+		return &gatewayv1.HTTPRequestMirrorFilter{BackendRef: backendRef("audit", name, 80, nil).BackendObjectReference, Percent: percent, Fraction: fraction}
+	}
+	hr := httpRoute(gatewayv1.HTTPRouteRule{
+		Filters: []gatewayv1.HTTPRouteFilter{
+			{Type: gatewayv1.HTTPRouteFilterRequestHeaderModifier, RequestHeaderModifier: &gatewayv1.HTTPHeaderFilter{Remove: []string{"x"}}},
+			{Type: gatewayv1.HTTPRouteFilterRequestMirror, RequestMirror: mirror("all", nil, nil)},
+			{Type: gatewayv1.HTTPRouteFilterRequestMirror, RequestMirror: mirror("some", ptr.To[int32](5), nil)},
+			{Type: gatewayv1.HTTPRouteFilterRequestMirror, RequestMirror: mirror("third", nil, &gatewayv1.Fraction{Numerator: 1, Denominator: ptr.To[int32](3)})},
+			{Type: gatewayv1.HTTPRouteFilterRequestMirror, RequestMirror: mirror("half", nil, &gatewayv1.Fraction{Numerator: 50})},
+		},
+		SessionPersistence: &gatewayv1.SessionPersistence{},
+	}, gatewayv1.HTTPRouteRule{
+		SessionPersistence: &gatewayv1.SessionPersistence{SessionName: ptr.To("Sticky"), AbsoluteTimeout: ptr.To(gatewayv1.Duration("1h30m")),
+			CookieConfig: &gatewayv1.CookieConfig{LifetimeType: ptr.To(gatewayv1.PermanentCookieLifetimeType)}},
+	})
+	got := HTTPRoute(hr)
+	if got.Refused != "" {
+		t.Fatalf("refused: %s", got.Refused)
+	}
+	at := func(name string) model.RouteBackend {
+		return model.RouteBackend{Service: model.Key{Namespace: "audit", Name: name}, Port: 80, Weight: 1}
+	}
+	wantMirrors := []model.RouteMirror{
+		{Backend: at("all"), Numerator: 1, Denominator: 1, Filter: 1},
+		{Backend: at("some"), Numerator: 5, Denominator: 100, Filter: 2},
+		{Backend: at("third"), Numerator: 1, Denominator: 3, Filter: 3},
+		{Backend: at("half"), Numerator: 50, Denominator: 100, Filter: 4},
+	}
+	if diff := cmp.Diff(wantMirrors, got.Rules[0].Mirrors); diff != "" {
+		t.Errorf("mirrors (-want +got):\n%s", diff)
+	}
+	var fields []string
+	for f, b := range got.Rules[0].Refs() {
+		fields = append(fields, f.String()+"="+b.Service.Name)
+	}
+	if want := []string{"filters[1].requestMirror.backendRef=all", "filters[2].requestMirror.backendRef=some", "filters[3].requestMirror.backendRef=third", "filters[4].requestMirror.backendRef=half"}; !slices.Equal(fields, want) {
+		t.Errorf("Refs = %q, want %q", fields, want)
+	}
+	if diff := cmp.Diff(&model.SessionPersistence{Name: "scopeplane-session"}, got.Rules[0].Session); diff != "" {
+		t.Errorf("default session (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(&model.SessionPersistence{Name: "Sticky", TTL: 90 * time.Minute}, got.Rules[1].Session); diff != "" {
+		t.Errorf("permanent cookie (-want +got):\n%s", diff)
+	}
+
+	gr := &gatewayv1.GRPCRoute{Spec: gatewayv1.GRPCRouteSpec{Rules: []gatewayv1.GRPCRouteRule{{
+		Filters:            []gatewayv1.GRPCRouteFilter{{Type: gatewayv1.GRPCRouteFilterRequestMirror, RequestMirror: mirror("all", nil, nil)}},
+		BackendRefs:        []gatewayv1.GRPCBackendRef{{BackendRef: backendRef("", "b", 80, nil)}},
+		SessionPersistence: &gatewayv1.SessionPersistence{Type: ptr.To(gatewayv1.HeaderBasedSessionPersistence), SessionName: ptr.To("X-Session")},
+	}}}}
+	g := GRPCRoute(gr)
+	if g.Refused != "" {
+		t.Fatalf("GRPCRoute refused: %s", g.Refused)
+	}
+	if diff := cmp.Diff([]model.RouteMirror{{Backend: at("all"), Numerator: 1, Denominator: 1}}, g.Rules[0].Mirrors); diff != "" {
+		t.Errorf("GRPCRoute mirrors (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(&model.SessionPersistence{Header: true, Name: "x-session"}, g.Rules[0].Session); diff != "" {
+		t.Errorf("header session (-want +got):\n%s", diff)
+	}
+}
+
 // TestRouteRefusals checks that what no client can serve refuses the
 // route with a sentence that names the rule, the field and the fix.
 func TestRouteRefusals(t *testing.T) {
@@ -165,11 +233,24 @@ func TestRouteRefusals(t *testing.T) {
 		{"rewrite, mirror, CORS, external auth, extension", gatewayv1.HTTPRouteRule{Filters: []gatewayv1.HTTPRouteFilter{
 			{Type: gatewayv1.HTTPRouteFilterURLRewrite}, {Type: gatewayv1.HTTPRouteFilterRequestMirror}, {Type: gatewayv1.HTTPRouteFilterCORS},
 			{Type: gatewayv1.HTTPRouteFilterExternalAuth}, {Type: gatewayv1.HTTPRouteFilterExtensionRef}}},
-			[]string{`filters[1]: the filter type "RequestMirror" is not supported yet`, `"CORS"`, `"ExternalAuth"`, `filters[4]: the filter type "ExtensionRef"`}},
+			[]string{`filters[1].requestMirror: the filter has no requestMirror; give its backendRef`, `"CORS"`, `"ExternalAuth"`, `filters[4]: the filter type "ExtensionRef"`}},
+		{"mirror shares", gatewayv1.HTTPRouteRule{Filters: []gatewayv1.HTTPRouteFilter{
+			{Type: gatewayv1.HTTPRouteFilterRequestMirror, RequestMirror: &gatewayv1.HTTPRequestMirrorFilter{BackendRef: backendRef("", "a", 80, nil).BackendObjectReference, Percent: ptr.To[int32](5), Fraction: &gatewayv1.Fraction{Numerator: 1}}},
+			{Type: gatewayv1.HTTPRouteFilterRequestMirror, RequestMirror: &gatewayv1.HTTPRequestMirrorFilter{BackendRef: backendRef("", "a", 80, nil).BackendObjectReference, Fraction: &gatewayv1.Fraction{Numerator: 3, Denominator: ptr.To[int32](2)}}}}},
+			[]string{"rule 0: filters[0].requestMirror: both percent and fraction are given; give one", "rule 0: filters[1].requestMirror: 3/2 is not a share of requests"}},
+		{"mirror of a Gateway", gatewayv1.HTTPRouteRule{Filters: []gatewayv1.HTTPRouteFilter{
+			{Type: gatewayv1.HTTPRouteFilterRequestMirror, RequestMirror: &gatewayv1.HTTPRequestMirrorFilter{BackendRef: gatewayv1.BackendObjectReference{Kind: ptr.To(gatewayv1.Kind("Gateway")), Name: "g"}}}}},
+			nil},
 		{"backend filters", gatewayv1.HTTPRouteRule{BackendRefs: []gatewayv1.HTTPBackendRef{{BackendRef: backendRef("", "a", 80, nil)}, {BackendRef: backendRef("", "b", 80, nil), Filters: []gatewayv1.HTTPRouteFilter{{Type: gatewayv1.HTTPRouteFilterRequestHeaderModifier}, {Type: gatewayv1.HTTPRouteFilterRequestMirror}}}}},
-			[]string{`rule 0: backendRefs[1].filters[1]: the filter type "RequestMirror" is not supported yet`}},
-		{"session persistence", gatewayv1.HTTPRouteRule{SessionPersistence: &gatewayv1.SessionPersistence{}},
-			[]string{"rule 0: sessionPersistence: session persistence is not supported yet"}},
+			[]string{`rule 0: backendRefs[1].filters[1]: the filter type "RequestMirror" is not supported here`, "on a rule also RequestRedirect, URLRewrite and RequestMirror"}},
+		{"session name", gatewayv1.HTTPRouteRule{SessionPersistence: &gatewayv1.SessionPersistence{SessionName: ptr.To("a b;")}},
+			[]string{`rule 0: sessionPersistence.sessionName: "a b;" cannot name a cookie or a header`}},
+		{"header session with a timeout", gatewayv1.HTTPRouteRule{SessionPersistence: &gatewayv1.SessionPersistence{Type: ptr.To(gatewayv1.HeaderBasedSessionPersistence), AbsoluteTimeout: ptr.To(gatewayv1.Duration("1h"))}},
+			[]string{"rule 0: sessionPersistence.absoluteTimeout: a header-based session has no lifetime to bound"}},
+		{"session cookie with a timeout", gatewayv1.HTTPRouteRule{SessionPersistence: &gatewayv1.SessionPersistence{AbsoluteTimeout: ptr.To(gatewayv1.Duration("1h"))}},
+			[]string{"rule 0: sessionPersistence.absoluteTimeout: a Session cookie is kept until the client's session ends", "set cookieConfig.lifetimeType to Permanent"}},
+		{"permanent cookie without a lifetime", gatewayv1.HTTPRouteRule{SessionPersistence: &gatewayv1.SessionPersistence{CookieConfig: &gatewayv1.CookieConfig{LifetimeType: ptr.To(gatewayv1.PermanentCookieLifetimeType)}, AbsoluteTimeout: ptr.To(gatewayv1.Duration("0s"))}},
+			[]string{"rule 0: sessionPersistence.absoluteTimeout: a Permanent cookie needs its lifetime"}},
 		{"weights past 2^32-1", gatewayv1.HTTPRouteRule{BackendRefs: []gatewayv1.HTTPBackendRef{
 			{BackendRef: backendRef("", "a", 80, ptr.To[int32](2147483647))}, {BackendRef: backendRef("", "b", 80, ptr.To[int32](2147483647))}, {BackendRef: backendRef("", "c", 80, ptr.To[int32](2))}}},
 			[]string{"rule 0: backendRefs: the weights sum to 4294967296, past 4294967295; scale them down"}},
@@ -180,6 +261,9 @@ func TestRouteRefusals(t *testing.T) {
 			// A good rule first, so that the index named is the bad one's.
 			hr := httpRoute(tc.rule)
 			got := HTTPRoute(hr).Refused
+			if len(tc.want) == 0 && got != "" {
+				t.Errorf("Refused = %q, want it served", got)
+			}
 			for _, w := range tc.want {
 				if !strings.Contains(got, w) {
 					t.Errorf("Refused = %q, want it to contain %q", got, w)
@@ -204,7 +288,7 @@ func TestGRPCRouteRefusals(t *testing.T) {
 		},
 	}}}
 	got := GRPCRoute(gr).Refused
-	for _, w := range []string{`rule 1: matches[0].method.method: the regular expression "Say("`, `rule 1: filters[0]: the filter type "RequestMirror" is not supported yet`} {
+	for _, w := range []string{`rule 1: matches[0].method.method: the regular expression "Say("`, `rule 1: filters[0].requestMirror: the filter has no requestMirror`} {
 		if !strings.Contains(got, w) {
 			t.Errorf("Refused = %q, want it to contain %q", got, w)
 		}

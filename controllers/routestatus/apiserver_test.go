@@ -230,6 +230,24 @@ func TestRouteStatusCrossNamespaceBackendNeedsAGrant(t *testing.T) {
 	waitFor(t, hr, "True/Accepted", "True/ResolvedRefs", "every backendRef resolves")
 }
 
+// TestRouteStatusMirrorBackendAndSession checks that the API server's
+// route schema lets a RequestMirror filter and sessionPersistence through
+// as they are converted, and that a mirror's backend is resolved as a
+// backendRef is: BackendNotFound naming the filter until its Service exists.
+func TestRouteStatusMirrorBackendAndSession(t *testing.T) {
+	create(t, namespace("shadow"), service("shadow", "web", 80))
+	hr := httpRoute("shadow", "copy", parent("web", 80), backend("", "web", 80))
+	hr.Spec.Rules[0].Filters = []gatewayv1.HTTPRouteFilter{{
+		Type:          gatewayv1.HTTPRouteFilterRequestMirror,
+		RequestMirror: &gatewayv1.HTTPRequestMirrorFilter{BackendRef: backend("", "audit", 8080).BackendObjectReference, Percent: ptr.To[int32](10)},
+	}}
+	hr.Spec.Rules[0].SessionPersistence = &gatewayv1.SessionPersistence{SessionName: ptr.To("sticky")}
+	create(t, hr)
+	waitFor(t, hr, "True/Accepted", "False/BackendNotFound", "rule 0: filters[0].requestMirror.backendRef: Service shadow/audit does not exist")
+	create(t, service("shadow", "audit", 8080))
+	waitFor(t, hr, "True/Accepted", "True/ResolvedRefs", "every backendRef resolves")
+}
+
 func TestRouteStatusRefusedRoute(t *testing.T) {
 	create(t, namespace("bad"), service("bad", "web", 80), service("bad", "web-v1", 80))
 	hr := httpRoute("bad", "regex", parent("web", 80), backend("", "web-v1", 80))

@@ -228,8 +228,8 @@ func resolvedRefs(in *Inputs) metav1.Condition {
 	var invalid, refused, missing []string
 	r := in.Route
 	for i, rule := range r.Rules {
-		for j, b := range rule.Backends {
-			at := fmt.Sprintf("%s: backendRefs[%d]", convert.RuleAt(i, rule.Name), j)
+		for field, b := range rule.Refs() {
+			at := fmt.Sprintf("%s: %s", convert.RuleAt(i, rule.Name), field)
 			switch {
 			case b.Invalid != "":
 				invalid = append(invalid, b.Invalid)

@@ -56,7 +56,7 @@ func Index(ctx context.Context, indexer client.FieldIndexer, kinds []model.Route
 			r, _ := convert.Route(o)
 			var out []string
 			for _, rule := range r.Rules {
-				for _, b := range rule.Backends {
+				for _, b := range rule.Refs() {
 					if b.Invalid == "" && b.Service.Namespace != r.Key.Namespace && !slices.Contains(out, b.Service.Namespace) {
 						out = append(out, b.Service.Namespace)
 					}
@@ -82,7 +82,7 @@ func routeServices(r *model.Route) []string {
 		add(p.Service)
 	}
 	for _, rule := range r.Rules {
-		for _, b := range rule.Backends {
+		for _, b := range rule.Refs() {
 			if b.Invalid == "" {
 				add(b.Service)
 			}
@@ -191,7 +191,7 @@ func (r *Reconciler) next(ctx context.Context, obj client.Object) ([]gatewayv1.R
 	if !in.Consent.Allow && !in.Consent.Unavailable {
 		in.Consent.Grants = map[string]model.Grants{}
 		for _, rule := range route.Rules {
-			for _, b := range rule.Backends {
+			for _, b := range rule.Refs() {
 				ns := b.Service.Namespace
 				if _, done := in.Consent.Grants[ns]; done || ns == route.Key.Namespace || b.Invalid != "" {
 					continue

@@ -78,7 +78,7 @@ func (o *options) routing(ctx context.Context, cl client.Client, svc *model.Serv
 		o.printf("  %s\n", model.RouteRef{Kind: r.Kind, Key: r.Key})
 		rt.Routes = append(rt.Routes, r)
 		for i := range r.Rules {
-			for _, b := range r.Rules[i].Backends {
+			for _, b := range r.Rules[i].Refs() {
 				if _, done := rt.Backends[b.Service]; done || b.Invalid != "" {
 					continue
 				}

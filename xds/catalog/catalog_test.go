@@ -899,3 +899,46 @@ func TestRouteBackendsNeedConsent(t *testing.T) {
 		t.Fatal("the scope is gone")
 	}
 }
+
+// TestMirrorBackendIsServed checks that the backend of a rule's
+// RequestMirror is served to the scopes of the route's parent, as its
+// other backends are: its cluster and assignment while the mirror exists,
+// its endpoint changes reaching those scopes, and nothing of it after the
+// mirror is removed.
+func TestMirrorBackendIsServed(t *testing.T) {
+	c := New()
+	c.UpsertService(service("shop", "reviews", nil, "10.0.0.1"))
+	c.UpsertService(service("shop", "audit", nil, "10.0.0.9"))
+	c.UpsertScope(scope("shop", "gw", model.ListenerEnvoy, model.Selection{Namespace: "shop", Names: names("reviews")}))
+	c.Take()
+	reviews := model.Key{Namespace: "shop", Name: "reviews"}
+	route := &model.Route{
+		Key: model.Key{Namespace: "shop", Name: "shadow"}, Kind: model.HTTPRoute,
+		Parents: []model.RouteParent{{Service: reviews}},
+		Rules: []model.RouteRule{{
+			Backends: []model.RouteBackend{{Service: reviews, Port: 80, Weight: 1}},
+			Mirrors:  []model.RouteMirror{{Backend: model.RouteBackend{Service: model.Key{Namespace: "shop", Name: "audit"}, Port: 80, Weight: 1}, Numerator: 1, Denominator: 1}},
+		}},
+	}
+	c.UpsertRoute(route)
+	us := c.Take()
+	assertClusters(t, c, "shop/gw", "shop/audit:80", "shop/reviews:80")
+	if len(us) != 1 || us[0].Resolution.RouteBackends != 1 {
+		t.Fatalf("updates %+v, want the scope's, with the mirror's backend counted", us)
+	}
+	res, _ := c.Resources(model.Key{Namespace: "shop", Name: "gw"})
+	if _, ok := res[xdstype.Endpoint]["shop/audit:80"]; !ok {
+		t.Error("the mirror's backend has no assignment in the scope")
+	}
+
+	c.UpsertService(service("shop", "audit", nil, "10.0.0.9", "10.0.0.10"))
+	if us := c.Take(); len(us) != 1 || us[0].Upserted[xdstype.Endpoint]["shop/audit:80"] == nil {
+		t.Errorf("the mirror backend's endpoint change: updates %+v, want the scope's assignment", us)
+	}
+
+	plain := *route
+	plain.Rules = []model.RouteRule{{Backends: route.Rules[0].Backends}}
+	c.UpsertRoute(&plain)
+	c.Take()
+	assertClusters(t, c, "shop/gw", "shop/reviews:80")
+}

@@ -53,7 +53,7 @@ func (c *Catalog) SetRouteGrants(ns string, g map[model.RouteKind]model.Grants) 
 
 func namesBackendIn(r *model.Route, ns string) bool {
 	for i := range r.Rules {
-		for _, b := range r.Rules[i].Backends {
+		for _, b := range r.Rules[i].Refs() {
 			if b.Service.Namespace == ns {
 				return true
 			}
@@ -108,7 +108,7 @@ func (c *Catalog) index(ref model.RouteRef, r *model.Route, add bool) {
 		}
 	}
 	for i := range r.Rules {
-		for _, b := range r.Rules[i].Backends {
+		for _, b := range r.Rules[i].Refs() {
 			refs := c.byBackend[b.Service]
 			switch {
 			case add && refs == nil:
@@ -208,7 +208,7 @@ func (c *Catalog) routing(svc model.Key, consumer string) *translate.Routing {
 		}
 		rt.Routes = append(rt.Routes, r)
 		for i := range r.Rules {
-			for _, b := range r.Rules[i].Backends {
+			for _, b := range r.Rules[i].Refs() {
 				if e, ok := c.services[b.Service]; ok && b.Invalid == "" && c.routePermits(r, b.Service) {
 					rt.Backends[b.Service] = e.svc
 				}

@@ -2,6 +2,8 @@ package model
 
 import (
 	"cmp"
+	"fmt"
+	"iter"
 	"strings"
 	"time"
 )
@@ -64,6 +66,68 @@ type RouteRule struct {
 	// Rewrite, when set, rewrites the host and path of the rule's requests
 	// on their way to the backends (a URLRewrite filter).
 	Rewrite *Rewrite
+	// Mirrors are the rule's RequestMirror filters: each sends a copy of a
+	// share of the rule's requests to its backend, whose answers are
+	// dropped.
+	Mirrors []RouteMirror
+	// Session, when set, keeps a client's requests on the endpoint its
+	// first one reached (sessionPersistence).
+	Session *SessionPersistence
+}
+
+// RouteMirror is a RequestMirror filter: Numerator out of Denominator of
+// the rule's requests are copied to Backend (whose Weight means nothing).
+type RouteMirror struct {
+	Backend                RouteBackend
+	Numerator, Denominator int32
+	// Filter is the filter's index in the rule, to name it in a status.
+	Filter int
+}
+
+// SessionPersistence keeps a client on one endpoint, by a cookie Envoy
+// sets on the first answer or a header the client sends back.
+type SessionPersistence struct {
+	// Header says the session travels in a header named Name; otherwise in
+	// a cookie named Name.
+	Header bool
+	Name   string
+	// TTL is a permanent cookie's lifetime (0: a session cookie, which ends
+	// with the client's session).
+	TTL time.Duration
+}
+
+// Refs yields every reference to a Service that the rule's requests may
+// reach, with the field that makes it: its backendRefs, then its mirrors'
+// backends. Everything that must serve, index or check a rule's backends
+// reads them here, so that a mirror's is never forgotten.
+func (r *RouteRule) Refs() iter.Seq2[RefField, *RouteBackend] {
+	return func(yield func(RefField, *RouteBackend) bool) {
+		for i := range r.Backends {
+			if !yield(RefField{Index: i}, &r.Backends[i]) {
+				return
+			}
+		}
+		for i := range r.Mirrors {
+			if !yield(RefField{Mirror: true, Index: r.Mirrors[i].Filter}, &r.Mirrors[i].Backend) {
+				return
+			}
+		}
+	}
+}
+
+// RefField is where in a rule a reference to a Service is: backendRef
+// Index, or the backendRef of the RequestMirror filter Index.
+type RefField struct {
+	Mirror bool
+	Index  int
+}
+
+// String is the field's path in the rule, for a status.
+func (f RefField) String() string {
+	if f.Mirror {
+		return fmt.Sprintf("filters[%d].requestMirror.backendRef", f.Index)
+	}
+	return fmt.Sprintf("backendRefs[%d]", f.Index)
 }
 
 // Redirect is a RequestRedirect filter: the fields set replace the

@@ -10,7 +10,13 @@ import (
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	statefulsessionv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/stateful_session/v3"
+	cookiesessionv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/http/stateful_session/cookie/v3"
+	headersessionv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/http/stateful_session/header/v3"
+	httpv3 "github.com/envoyproxy/go-control-plane/envoy/type/http/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
@@ -234,8 +240,76 @@ func buildEntry(m *model.RouteMatch, rule *model.RouteRule, backends map[model.K
 	if !proxyless {
 		rewriteAction(action, rule.Rewrite, m)
 		headerModifiers(out, rule)
+		action.RequestMirrorPolicies = mirrorPolicies(rule, backends)
+		if s := rule.Session; s != nil {
+			out.TypedPerFilterConfig = map[string]*anypb.Any{statefulSessionFilter: mustAny(sessionPerRoute(s, m))}
+		}
 	}
 	return out
+}
+
+// mirrorPolicies translates a rule's RequestMirror filters for Envoy: each
+// backend that can be served gets its share of copies, by
+// runtime_fraction's default value (no runtime key is consulted).
+func mirrorPolicies(rule *model.RouteRule, backends map[model.Key]*model.Service) []*routev3.RouteAction_RequestMirrorPolicy {
+	var out []*routev3.RouteAction_RequestMirrorPolicy
+	for i := range rule.Mirrors {
+		mr := &rule.Mirrors[i]
+		b := &mr.Backend
+		svc := backends[b.Service]
+		if b.Invalid != "" || svc == nil || !hasTCPPort(svc, b.Port) || mr.Numerator <= 0 {
+			continue
+		}
+		p := &routev3.RouteAction_RequestMirrorPolicy{Cluster: clusterName(svc, b.Port, model.ListenerEnvoy)}
+		if mr.Numerator < mr.Denominator {
+			p.RuntimeFraction = &corev3.RuntimeFractionalPercent{DefaultValue: fractionalPercent(mr.Numerator, mr.Denominator)}
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+// fractionalPercent is n/d in the coarsest of Envoy's denominators that
+// holds it exactly, or in millionths, rounded, when none does.
+func fractionalPercent(n, d int32) *typev3.FractionalPercent {
+	for _, den := range []struct {
+		v int64
+		d typev3.FractionalPercent_DenominatorType
+	}{{100, typev3.FractionalPercent_HUNDRED}, {10_000, typev3.FractionalPercent_TEN_THOUSAND}} {
+		if den.v%int64(d) == 0 {
+			return &typev3.FractionalPercent{Numerator: uint32(int64(n) * (den.v / int64(d))), Denominator: den.d}
+		}
+	}
+	return &typev3.FractionalPercent{Numerator: uint32((int64(n)*1_000_000 + int64(d)/2) / int64(d)), Denominator: typev3.FractionalPercent_MILLION}
+}
+
+// statefulSessionFilter is Envoy's stateful session filter. Every
+// Envoy-mode listener carries it unconfigured, which does nothing; a route
+// entry of a rule with sessionPersistence configures it for its requests.
+// So a route never changes a listener, which would drain its connections.
+const statefulSessionFilter = "envoy.filters.http.stateful_session"
+
+// sessionPerRoute is an entry's stateful session: a cookie whose path is
+// what the entry's match covers (Gateway API asks the cookie to be scoped
+// to the route's path), or a header.
+func sessionPerRoute(s *model.SessionPersistence, m *model.RouteMatch) *statefulsessionv3.StatefulSessionPerRoute {
+	var state *corev3.TypedExtensionConfig
+	if s.Header {
+		state = &corev3.TypedExtensionConfig{Name: "envoy.http.stateful_session.header", TypedConfig: mustAny(&headersessionv3.HeaderBasedSessionState{Name: s.Name})}
+	} else {
+		path := "/"
+		if !m.GRPC && m.PathType != model.PathRegex {
+			path = prefixPath(m.Path)
+		}
+		cookie := &httpv3.Cookie{Name: s.Name, Path: path}
+		if s.TTL > 0 {
+			cookie.Ttl = durationpb.New(s.TTL)
+		}
+		state = &corev3.TypedExtensionConfig{Name: "envoy.http.stateful_session.cookie", TypedConfig: mustAny(&cookiesessionv3.CookieBasedSessionState{Cookie: cookie})}
+	}
+	return &statefulsessionv3.StatefulSessionPerRoute{Override: &statefulsessionv3.StatefulSessionPerRoute_StatefulSession{
+		StatefulSession: &statefulsessionv3.StatefulSession{SessionState: state},
+	}}
 }
 
 // headerModifiers adds a rule's header modifiers to an Envoy route entry,
@@ -542,8 +616,9 @@ func headerOptions(h *model.HeaderModifier) []*corev3.HeaderValueOption {
 // ProxylessOmissions says what of a route proxyless gRPC clients are not
 // sent, one sentence per rule that loses something, for the route's status:
 // query parameter matches and HTTP methods other than POST (the matches are
-// left out), header modifiers (no gRPC client applies them), a per-try
-// timeout, and retry codes that map to no gRPC status.
+// left out), header modifiers, request mirrors and session persistence (no
+// gRPC client here applies them), a per-try timeout, and retry codes that
+// map to no gRPC status.
 func ProxylessOmissions(r *model.Route) []string {
 	var out []string
 	for i := range r.Rules {
@@ -577,6 +652,12 @@ func ProxylessOmissions(r *model.Route) []string {
 		}
 		if rule.Retry != nil && !slices.ContainsFunc(rule.Retry.Codes, grpcRetriable) {
 			lost = append(lost, "the retry policy (no code maps to UNAVAILABLE)")
+		}
+		if len(rule.Mirrors) > 0 {
+			lost = append(lost, "request mirrors")
+		}
+		if rule.Session != nil {
+			lost = append(lost, "session persistence")
 		}
 		if len(lost) > 0 {
 			name := fmt.Sprintf("rule %d", i)
@@ -625,8 +706,13 @@ func InvalidEntries(r *model.Route) []string {
 	for i := range r.Rules {
 		rule := &r.Rules[i]
 		backends := map[model.Key]*model.Service{}
-		for _, b := range rule.Backends {
-			backends[b.Service] = &model.Service{Key: b.Service, Ports: []model.ServicePort{{Port: b.Port, Protocol: model.ProtocolTCP}}}
+		for _, b := range rule.Refs() {
+			svc := backends[b.Service]
+			if svc == nil {
+				svc = &model.Service{Key: b.Service}
+				backends[b.Service] = svc
+			}
+			svc.Ports = append(svc.Ports, model.ServicePort{Port: b.Port, Protocol: model.ProtocolTCP})
 		}
 		matches := rule.Matches
 		if len(matches) == 0 {

@@ -1,6 +1,7 @@
 package translate
 
 import (
+	"fmt"
 	"regexp"
 	"slices"
 	"strings"
@@ -8,6 +9,12 @@ import (
 	"time"
 
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	statefulsessionv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/stateful_session/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	cookiesessionv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/http/stateful_session/cookie/v3"
+	headersessionv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/http/stateful_session/header/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/wellknown"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/scopeplane/scopeplane/xds/model"
 )
@@ -329,5 +336,99 @@ func TestBackendHeaderModifiers(t *testing.T) {
 	routes = routesOf(t, RoutedService(parent, Profile{Mode: model.ListenerProxylessGRPC}, &Routing{Routes: []*model.Route{r}, Backends: backends}), model.ListenerProxylessGRPC)
 	if len(routes[0].GetRequestHeadersToAdd()) != 0 {
 		t.Error("a backend's header modifier was sent to proxyless clients")
+	}
+}
+
+// TestMirrorsAndSessions checks that a rule's mirrors become request
+// mirror policies with their share, that a mirror whose backend cannot be
+// served is left out, that a session becomes the entry's stateful session
+// (a cookie scoped to the entry's path, or a header), and that proxyless
+// clients get neither and the route's status says so.
+func TestMirrorsAndSessions(t *testing.T) {
+	parent, backends := meshWorld()
+	r := canaryRoute()
+	mirror := func(name string, n, d int32) model.RouteMirror {
+		return model.RouteMirror{Backend: backend(name, 1), Numerator: n, Denominator: d}
+	}
+	r.Rules = []model.RouteRule{
+		{
+			Matches:  []model.RouteMatch{{PathType: model.PathPrefix, Path: "/cart/"}},
+			Backends: []model.RouteBackend{backend("reviews-v1", 1)},
+			Mirrors:  []model.RouteMirror{mirror("reviews-v2", 1, 1), mirror("reviews-v2", 5, 100), mirror("reviews-v2", 1, 3), mirror("missing", 1, 1), mirror("reviews-v2", 0, 1)},
+			Session:  &model.SessionPersistence{Name: "sticky", TTL: time.Hour},
+		},
+		{
+			Backends: []model.RouteBackend{backend("reviews-v1", 1)},
+			Session:  &model.SessionPersistence{Header: true, Name: "x-session"},
+		},
+	}
+	rt := &Routing{Routes: []*model.Route{r}, Backends: backends}
+	routes := routesOf(t, RoutedService(parent, Profile{Mode: model.ListenerEnvoy}, rt), model.ListenerEnvoy)
+	if len(routes) != 2 {
+		t.Fatalf("%d entries, want 2", len(routes))
+	}
+	var got []string
+	for _, p := range routes[0].GetRoute().GetRequestMirrorPolicies() {
+		f := p.GetRuntimeFraction().GetDefaultValue()
+		got = append(got, fmt.Sprintf("%s %d/%s", p.GetCluster(), f.GetNumerator(), f.GetDenominator()))
+	}
+	v2 := clusterName(backends[model.Key{Namespace: "shop", Name: "reviews-v2"}], 9080, model.ListenerEnvoy)
+	if want := []string{v2 + " 0/HUNDRED", v2 + " 5/HUNDRED", v2 + " 333333/MILLION"}; !slices.Equal(got, want) {
+		t.Errorf("mirror policies %q, want %q (all: no fraction)", got, want)
+	}
+	if routes[0].GetRoute().GetRequestMirrorPolicies()[0].GetRuntimeFraction() != nil {
+		t.Error("a mirror of every request has a runtime fraction")
+	}
+	session := func(r *routev3.Route) proto.Message {
+		t.Helper()
+		per := &statefulsessionv3.StatefulSessionPerRoute{}
+		if err := r.GetTypedPerFilterConfig()[statefulSessionFilter].UnmarshalTo(per); err != nil {
+			t.Fatalf("the entry's stateful session: %v", err)
+		}
+		m, err := per.GetStatefulSession().GetSessionState().GetTypedConfig().UnmarshalNew()
+		if err != nil {
+			t.Fatalf("its session state: %v", err)
+		}
+		// Envoy validates what a typed config holds; ValidateAll on the
+		// entry does not look inside.
+		for _, v := range []interface{ ValidateAll() error }{per, m.(interface{ ValidateAll() error })} {
+			if err := v.ValidateAll(); err != nil {
+				t.Errorf("Envoy would reject the session: %v", err)
+			}
+		}
+		return m
+	}
+	if c, ok := session(routes[0]).(*cookiesessionv3.CookieBasedSessionState); !ok || c.GetCookie().GetName() != "sticky" || c.GetCookie().GetPath() != "/cart" || c.GetCookie().GetTtl().AsDuration() != time.Hour {
+		t.Errorf("cookie session %v, want sticky on /cart for 1h", c)
+	}
+	if h, ok := session(routes[1]).(*headersessionv3.HeaderBasedSessionState); !ok || h.GetName() != "x-session" {
+		t.Errorf("header session %v, want x-session", h)
+	}
+
+	for _, e := range routesOf(t, RoutedService(parent, Profile{Mode: model.ListenerProxylessGRPC}, rt), model.ListenerProxylessGRPC) {
+		if len(e.GetRoute().GetRequestMirrorPolicies()) != 0 || len(e.GetTypedPerFilterConfig()) != 0 {
+			t.Errorf("proxyless entry %v carries a mirror or a session", e)
+		}
+	}
+	if got := ProxylessOmissions(r); len(got) != 2 || !strings.Contains(got[0], "request mirrors, session persistence") || !strings.Contains(got[1], "session persistence") {
+		t.Errorf("omissions %q", got)
+	}
+}
+
+// TestListenerCarriesStatefulSession checks that every Envoy-mode listener
+// has the stateful session filter, unconfigured, before the router, so that
+// a route's session persistence never changes the listener.
+func TestListenerCarriesStatefulSession(t *testing.T) {
+	hcm := &hcmv3.HttpConnectionManager{}
+	if err := httpListener(8080).GetFilterChains()[0].GetFilters()[0].GetTypedConfig().UnmarshalTo(hcm); err != nil {
+		t.Fatal(err)
+	}
+	fs := hcm.GetHttpFilters()
+	if len(fs) != 2 || fs[0].GetName() != statefulSessionFilter || fs[1].GetName() != wellknown.Router {
+		t.Fatalf("HTTP filters %v, want the stateful session filter, then the router", fs)
+	}
+	s := &statefulsessionv3.StatefulSession{}
+	if err := fs[0].GetTypedConfig().UnmarshalTo(s); err != nil || s.GetSessionState() != nil {
+		t.Errorf("stateful session %v (%v), want it unconfigured", s, err)
 	}
 }

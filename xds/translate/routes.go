@@ -8,6 +8,7 @@ import (
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
+	statefulsessionv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/stateful_session/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/wellknown"
 	"google.golang.org/protobuf/proto"
@@ -109,16 +110,22 @@ func routeTo(cluster string) *routev3.Route {
 // httpListener builds an Envoy-mode scope's listener: plain HTTP on all IPv4
 // addresses, routes fetched by RDS over ADS so that a Service change updates
 // only the route configuration, never the listener (which would drain its
-// connections).
+// connections), and the stateful session filter, unconfigured, which the
+// route entries of a rule with sessionPersistence configure.
 func httpListener(port int32) *listenerv3.Listener {
 	name := HTTPListenerName(port)
+	hcm := connectionManager(name, name)
+	hcm.HttpFilters = slices.Insert(hcm.HttpFilters, 0, &hcmv3.HttpFilter{
+		Name:       statefulSessionFilter,
+		ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(&statefulsessionv3.StatefulSession{})},
+	})
 	return &listenerv3.Listener{
 		Name:    name,
 		Address: socketAddress("0.0.0.0", uint32(port)),
 		FilterChains: []*listenerv3.FilterChain{{
 			Filters: []*listenerv3.Filter{{
 				Name:       wellknown.HTTPConnectionManager,
-				ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: mustAny(connectionManager(name, name))},
+				ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: mustAny(hcm)},
 			}},
 		}},
 	}
