@@ -188,6 +188,9 @@ func describeAction(r *routev3.Route) string {
 	if d := r.GetDirectResponse(); d != nil {
 		return fmt.Sprintf("answered %d: no backend of the rule can be served", d.GetStatus())
 	}
+	if d := r.GetRedirect(); d != nil {
+		return "redirected (" + strings.ToLower(strings.ReplaceAll(d.GetResponseCode().String(), "_", " ")) + ")"
+	}
 	a := r.GetRoute()
 	var out string
 	if c := a.GetCluster(); c != "" {
@@ -207,6 +210,15 @@ func describeAction(r *routev3.Route) string {
 	}
 	if p := a.GetRetryPolicy(); p != nil {
 		out += fmt.Sprintf(", retried on %s up to %d times", p.GetRetryOn(), p.GetNumRetries().GetValue())
+	}
+	for _, m := range a.GetRequestMirrorPolicies() {
+		out += ", copied to " + m.GetCluster()
+		if f := m.GetRuntimeFraction().GetDefaultValue(); f != nil {
+			out += fmt.Sprintf(" (%d per %s)", f.GetNumerator(), strings.ToLower(strings.ReplaceAll(f.GetDenominator().String(), "_", " ")))
+		}
+	}
+	if _, ok := r.GetTypedPerFilterConfig()[translate.StatefulSessionFilter]; ok {
+		out += ", a client kept on its endpoint (session persistence)"
 	}
 	return out
 }

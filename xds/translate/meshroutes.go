@@ -242,7 +242,7 @@ func buildEntry(m *model.RouteMatch, rule *model.RouteRule, backends map[model.K
 		headerModifiers(out, rule)
 		action.RequestMirrorPolicies = mirrorPolicies(rule, backends)
 		if s := rule.Session; s != nil {
-			out.TypedPerFilterConfig = map[string]*anypb.Any{statefulSessionFilter: mustAny(sessionPerRoute(s, m))}
+			out.TypedPerFilterConfig = map[string]*anypb.Any{StatefulSessionFilter: mustAny(sessionPerRoute(s, m))}
 		}
 	}
 	return out
@@ -283,11 +283,11 @@ func fractionalPercent(n, d int32) *typev3.FractionalPercent {
 	return &typev3.FractionalPercent{Numerator: uint32((int64(n)*1_000_000 + int64(d)/2) / int64(d)), Denominator: typev3.FractionalPercent_MILLION}
 }
 
-// statefulSessionFilter is Envoy's stateful session filter. Every
+// StatefulSessionFilter is Envoy's stateful session filter. Every
 // Envoy-mode listener carries it unconfigured, which does nothing; a route
 // entry of a rule with sessionPersistence configures it for its requests.
 // So a route never changes a listener, which would drain its connections.
-const statefulSessionFilter = "envoy.filters.http.stateful_session"
+const StatefulSessionFilter = "envoy.filters.http.stateful_session"
 
 // sessionPerRoute is an entry's stateful session: a cookie whose path is
 // what the entry's match covers (Gateway API asks the cookie to be scoped

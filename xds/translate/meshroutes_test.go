@@ -382,7 +382,7 @@ func TestMirrorsAndSessions(t *testing.T) {
 	session := func(r *routev3.Route) proto.Message {
 		t.Helper()
 		per := &statefulsessionv3.StatefulSessionPerRoute{}
-		if err := r.GetTypedPerFilterConfig()[statefulSessionFilter].UnmarshalTo(per); err != nil {
+		if err := r.GetTypedPerFilterConfig()[StatefulSessionFilter].UnmarshalTo(per); err != nil {
 			t.Fatalf("the entry's stateful session: %v", err)
 		}
 		m, err := per.GetStatefulSession().GetSessionState().GetTypedConfig().UnmarshalNew()
@@ -424,7 +424,7 @@ func TestListenerCarriesStatefulSession(t *testing.T) {
 		t.Fatal(err)
 	}
 	fs := hcm.GetHttpFilters()
-	if len(fs) != 2 || fs[0].GetName() != statefulSessionFilter || fs[1].GetName() != wellknown.Router {
+	if len(fs) != 2 || fs[0].GetName() != StatefulSessionFilter || fs[1].GetName() != wellknown.Router {
 		t.Fatalf("HTTP filters %v, want the stateful session filter, then the router", fs)
 	}
 	s := &statefulsessionv3.StatefulSession{}

@@ -116,7 +116,7 @@ func httpListener(port int32) *listenerv3.Listener {
 	name := HTTPListenerName(port)
 	hcm := connectionManager(name, name)
 	hcm.HttpFilters = slices.Insert(hcm.HttpFilters, 0, &hcmv3.HttpFilter{
-		Name:       statefulSessionFilter,
+		Name:       StatefulSessionFilter,
 		ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(&statefulsessionv3.StatefulSession{})},
 	})
 	return &listenerv3.Listener{
