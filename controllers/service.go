@@ -8,6 +8,7 @@ package controllers
 
 import (
 	"context"
+	"runtime"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -42,7 +43,10 @@ type ServiceReconciler struct {
 func (r *ServiceReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	key := model.Key{Namespace: req.Namespace, Name: req.Name}
 	svc := &corev1.Service{}
-	if err := r.Reader.Get(ctx, req.NamespacedName, svc); err != nil {
+	// The cache's own copies, not deep copies: convert only reads them, and
+	// the model keeps nothing of them that the informer would change in
+	// place (it replaces an object on update).
+	if err := r.Reader.Get(ctx, req.NamespacedName, svc, client.UnsafeDisableDeepCopy); err != nil {
 		if !apierrors.IsNotFound(err) {
 			return ctrl.Result{}, err
 		}
@@ -51,7 +55,7 @@ func (r *ServiceReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 		return ctrl.Result{}, nil
 	}
 	list := &discoveryv1.EndpointSliceList{}
-	if err := r.Reader.List(ctx, list, client.InNamespace(req.Namespace), client.MatchingFields{sliceServiceIndex: req.Name}); err != nil {
+	if err := r.Reader.List(ctx, list, client.InNamespace(req.Namespace), client.MatchingFields{sliceServiceIndex: req.Name}, client.UnsafeDisableDeepCopy); err != nil {
 		return ctrl.Result{}, err
 	}
 	slices := make([]*discoveryv1.EndpointSlice, len(list.Items))
@@ -75,9 +79,14 @@ func (r *ServiceReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manag
 	}); err != nil {
 		return err
 	}
+	// A start reconciles every Service of the cluster before anything is
+	// served: reading, converting and translating them on every processor
+	// (the catalog serialises only its own updates) shortens it.
+	opts := everyReplica
+	opts.MaxConcurrentReconciles = runtime.GOMAXPROCS(0)
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("service").
-		WithOptions(everyReplica).
+		WithOptions(opts).
 		For(&corev1.Service{}).
 		Watches(&discoveryv1.EndpointSlice{}, handler.EnqueueRequestsFromMapFunc(sliceToService)).
 		Complete(r)

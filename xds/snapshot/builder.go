@@ -8,9 +8,11 @@ import (
 	"hash/fnv"
 	"maps"
 	"reflect"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -145,11 +147,25 @@ func (b *Builder) ApplyWhole(updates []catalog.Update) {
 	b.whole.Do(func() { close(b.built) })
 }
 
+// apply versions and stores a batch of updates, its scopes in parallel on
+// every processor: each scope's revision is its own (its lock, its
+// resources, its log), and the marshalling of a start's hundreds of
+// thousands of resources is most of a first build. A batch holds one
+// update per scope.
 func (b *Builder) apply(updates []catalog.Update, observed time.Time) {
 	start := time.Now()
-	for i := range updates {
-		b.applyScope(&updates[i], observed)
+	var next atomic.Int64
+	work := func() {
+		for i := next.Add(1) - 1; i < int64(len(updates)); i = next.Add(1) - 1 {
+			b.applyScope(&updates[i], observed)
+		}
 	}
+	var wg sync.WaitGroup
+	for range min(len(updates), runtime.GOMAXPROCS(0)) - 1 {
+		wg.Go(work)
+	}
+	work()
+	wg.Wait()
 	metrics.SnapshotBuild.Observe(time.Since(start).Seconds())
 	for i := range updates {
 		b.store.changed.Add(updates[i].Key)
