@@ -321,6 +321,22 @@ func (r *revision) put(t xdstype.Type, name string, value []byte, version string
 	r.changes = append(r.changes, logEntry{rev: r.rev, typ: t, name: name})
 }
 
+// putAll is put of every upsert of type t into a scope that holds none of
+// the type (a new scope's first revision), with the tree built at once.
+func (r *revision) putAll(t xdstype.Type, upserts []marshalled, parent *typeState) {
+	ts := &r.s.types[t]
+	rs := make([]*Resource, len(upserts))
+	for i, m := range upserts {
+		res := NewResource(t, m.name, resourceVersion(m.hash, parent, m.name), m.value)
+		res.From = m.from
+		ts.count(res, 1)
+		r.touched[t][m.name] = struct{}{}
+		r.changes = append(r.changes, logEntry{rev: r.rev, typ: t, name: m.name})
+		rs[i] = res
+	}
+	ts.res = newTree(rs)
+}
+
 // remove drops the resource of type t named name, if the scope holds it.
 func (r *revision) remove(t xdstype.Type, name string) {
 	ts := &r.s.types[t]
@@ -367,8 +383,12 @@ func (r *revision) upsert(upserts [xdstype.Count][]marshalled) {
 		if info.VersionFollowsParent {
 			parent = &r.s.types[info.Parent]
 		}
-		for _, m := range upserts[t] {
-			r.put(t, m.name, m.value, resourceVersion(m.hash, parent, m.name), m.from)
+		if ts := &r.s.types[t]; ts.res.Len() == 0 && len(upserts[t]) > 1 {
+			r.putAll(t, upserts[t], parent)
+		} else {
+			for _, m := range upserts[t] {
+				r.put(t, m.name, m.value, resourceVersion(m.hash, parent, m.name), m.from)
+			}
 		}
 		if parent == nil {
 			continue

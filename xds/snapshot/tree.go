@@ -1,8 +1,10 @@
 package snapshot
 
 import (
+	"cmp"
 	"hash/maphash"
 	"math/bits"
+	"slices"
 )
 
 // tree is a persistent map from names to resources, a hash array mapped
@@ -130,6 +132,49 @@ func setNode(n *tnode, shift uint, h uint64, r *Resource) (*tnode, bool) {
 	sub, _ = setNode(sub, shift+tbits, h, r)
 	*s = tslot{sub: sub}
 	return out, true
+}
+
+// newTree builds the tree of rs, whose names are distinct, at once: the
+// tree that setting them one by one would build (its shape depends only on
+// its names), without the path copies that every set makes and the next
+// one drops. A scope's first revision holds thousands of resources of a
+// type, and a start builds every scope's.
+func newTree(rs []*Resource) tree {
+	leaves := make([]tslot, len(rs))
+	for i, r := range rs {
+		leaves[i] = tslot{hash: nameHash(r.Name), res: r}
+	}
+	return tree{root: buildNode(leaves, 0), n: len(rs)}
+}
+
+// buildNode builds the node at shift of the leaves whose hashes agree on
+// every bit below it: each leaf alone in its slot stays a leaf, two or
+// more in one slot go a level down, as setNode would have put them. It
+// reorders leaves.
+func buildNode(leaves []tslot, shift uint) *tnode {
+	switch {
+	case len(leaves) == 0:
+		return nil
+	case shift >= tdepth:
+		return &tnode{slots: slices.Clone(leaves)}
+	}
+	chunk := func(s tslot) uint64 { return s.hash >> shift & tmask }
+	slices.SortStableFunc(leaves, func(a, b tslot) int { return cmp.Compare(chunk(a), chunk(b)) })
+	n := &tnode{}
+	for i := 0; i < len(leaves); {
+		j := i + 1
+		for j < len(leaves) && chunk(leaves[j]) == chunk(leaves[i]) {
+			j++
+		}
+		n.bits |= 1 << chunk(leaves[i])
+		if j-i == 1 {
+			n.slots = append(n.slots, leaves[i])
+		} else {
+			n.slots = append(n.slots, tslot{sub: buildNode(leaves[i:j], shift+tbits)})
+		}
+		i = j
+	}
+	return n
 }
 
 func (n *tnode) slotsOrNil() []tslot {

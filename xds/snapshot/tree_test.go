@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"maps"
 	"math/rand/v2"
+	"reflect"
 	"slices"
 	"testing"
 )
@@ -81,4 +82,58 @@ func TestTreeCollisions(t *testing.T) {
 	if len(n.slots) != 1 || n.slots[0].res != b {
 		t.Fatalf("after removal: %+v", n.slots)
 	}
+}
+
+// TestNewTreeIsTheTreeOfSets checks that building a tree at once gives the
+// tree that setting its resources one by one gives, node for node, so that
+// either compares with the other slot by slot (treeChanges).
+func TestNewTreeIsTheTreeOfSets(t *testing.T) {
+	for _, n := range []int{0, 1, 2, 33, 1000, 20000} {
+		rs := make([]*Resource, n)
+		seq := tree{}
+		for i := range rs {
+			rs[i] = &Resource{Name: fmt.Sprintf("shop/svc-%d:80", i)}
+			seq = seq.set(rs[i])
+		}
+		bulk := newTree(slices.Clone(rs))
+		if !reflect.DeepEqual(bulk, seq) {
+			t.Fatalf("%d names: the tree built at once differs from the one set name by name", n)
+		}
+		changed := 0
+		treeChanges(seq, bulk, func(string) { changed++ })
+		if changed != 0 {
+			t.Errorf("%d names: treeChanges finds %d differences", n, changed)
+		}
+	}
+	// Colliding hashes below the last level, as setNode lists them.
+	a, b := tslot{hash: 7, res: &Resource{Name: "a"}}, tslot{hash: 7, res: &Resource{Name: "b"}}
+	seq, _ := setNode(nil, tdepth-tbits, 7, a.res)
+	seq, _ = setNode(seq, tdepth-tbits, 7, b.res)
+	if bulk := buildNode([]tslot{a, b}, tdepth-tbits); !reflect.DeepEqual(bulk, seq) {
+		t.Errorf("colliding names: built %+v, set %+v", bulk, seq)
+	}
+}
+
+// BenchmarkNewTree compares a scope's first revision of a type built at
+// once with the same resources set one by one.
+func BenchmarkNewTree(b *testing.B) {
+	rs := make([]*Resource, 4000)
+	for i := range rs {
+		rs[i] = &Resource{Name: fmt.Sprintf("shop/svc-%d:80", i)}
+	}
+	b.Run("at-once", func(b *testing.B) {
+		b.ReportAllocs()
+		for range b.N {
+			_ = newTree(slices.Clone(rs))
+		}
+	})
+	b.Run("one-by-one", func(b *testing.B) {
+		b.ReportAllocs()
+		for range b.N {
+			tr := tree{}
+			for _, r := range rs {
+				tr = tr.set(r)
+			}
+		}
+	})
 }
