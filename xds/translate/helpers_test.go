@@ -17,13 +17,15 @@ import (
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
-	upstreamhttpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/wellknown"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/types/known/anypb"
 	"sigs.k8s.io/yaml"
 
 	"github.com/scopeplane/scopeplane/xds/model"
+	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
 // testInput is the test-only YAML form of one scope and its selected
@@ -220,56 +222,75 @@ func wire(res Resources) ([]byte, error) {
 // validator is what protoc-gen-validate generates on every Envoy message.
 type validator interface{ ValidateAll() error }
 
-// validateAll runs Envoy's generated validation on every resource and on the
-// messages packed in their Any fields, which ValidateAll does not enter.
+// validateAll runs Envoy's generated validation on every resource and, as
+// Envoy does before it accepts one, on every message packed in its Any
+// fields (an HTTP filter's config, a route's per-filter config, a
+// cluster's protocol options, and what those pack in turn), which
+// ValidateAll does not enter. A packed type this binary does not know is
+// an error: Envoy refuses an extension it does not have.
 func validateAll(res Resources) error {
 	var errs []error
-	check := func(name string, m validator) {
-		if err := m.ValidateAll(); err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", name, err))
+	res.Each(func(t xdstype.Type, m proto.Message) {
+		if err := validateDeep(m.ProtoReflect()); err != nil {
+			errs = append(errs, fmt.Errorf("%s %s: %w", t, nameOf(m), err))
 		}
-	}
-	for _, c := range res.Clusters {
-		check("cluster "+c.GetName(), c)
-		for k, a := range c.GetTypedExtensionProtocolOptions() {
-			o := &upstreamhttpv3.HttpProtocolOptions{}
-			if err := a.UnmarshalTo(o); err != nil {
-				errs = append(errs, fmt.Errorf("cluster %s: options %s: %w", c.GetName(), k, err))
-				continue
-			}
-			check("cluster "+c.GetName()+" options", o)
-		}
-	}
-	for _, e := range res.Endpoints {
-		check("endpoints "+e.GetClusterName(), e)
-	}
+	})
 	for _, p := range res.Places {
 		for _, e := range p.Endpoints {
-			check("endpoints "+e.GetClusterName()+" at "+p.Place.String(), e)
-		}
-	}
-	for _, l := range res.Listeners {
-		check("listener "+l.GetName(), l)
-		hcm, err := connectionManagerOf(l)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("listener %s: %w", l.GetName(), err))
-			continue
-		}
-		check("listener "+l.GetName()+" connection manager", hcm)
-		for _, f := range hcm.GetHttpFilters() {
-			r := &routerv3.Router{}
-			if err := f.GetTypedConfig().UnmarshalTo(r); err == nil {
-				check("listener "+l.GetName()+" router", r)
+			if err := validateDeep(e.ProtoReflect()); err != nil {
+				errs = append(errs, fmt.Errorf("endpoints %s at %s: %w", e.GetClusterName(), p.Place, err))
 			}
 		}
 	}
-	for _, r := range res.Routes {
-		check("route "+r.GetName(), r)
-	}
-	for _, vh := range res.VirtualHosts {
-		check("virtual host "+vh.GetName(), vh)
-	}
 	return errors.Join(errs...)
+}
+
+// validateDeep validates m and every message under it, unpacking Anys.
+func validateDeep(m protoreflect.Message) error {
+	var errs []error
+	if v, ok := m.Interface().(validator); ok {
+		if err := v.ValidateAll(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if a, ok := m.Interface().(*anypb.Any); ok {
+		inner, err := a.UnmarshalNew()
+		if err != nil {
+			return fmt.Errorf("%s: %w", a.GetTypeUrl(), err)
+		}
+		if err := validateDeep(inner.ProtoReflect()); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", a.GetTypeUrl(), err))
+		}
+		return errors.Join(errs...)
+	}
+	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+		switch {
+		case fd.IsList() && fd.Message() != nil:
+			for i := range v.List().Len() {
+				errs = append(errs, validateDeep(v.List().Get(i).Message()))
+			}
+		case fd.IsMap() && fd.MapValue().Message() != nil:
+			v.Map().Range(func(_ protoreflect.MapKey, mv protoreflect.Value) bool {
+				errs = append(errs, validateDeep(mv.Message()))
+				return true
+			})
+		case !fd.IsList() && !fd.IsMap() && fd.Message() != nil:
+			errs = append(errs, validateDeep(v.Message()))
+		}
+		return true
+	})
+	return errors.Join(errs...)
+}
+
+// nameOf is a resource's name, whatever its type calls it.
+func nameOf(m proto.Message) string {
+	switch r := m.(type) {
+	case *endpointv3.ClusterLoadAssignment:
+		return r.GetClusterName()
+	case interface{ GetName() string }:
+		return r.GetName()
+	}
+	return "?"
 }
 
 // connectionManagerOf unpacks a listener's HttpConnectionManager, from its
