@@ -291,14 +291,17 @@ const StatefulSessionFilter = "envoy.filters.http.stateful_session"
 
 // sessionPerRoute is an entry's stateful session: a cookie whose path is
 // what the entry's match covers (Gateway API asks the cookie to be scoped
-// to the route's path), or a header.
+// to the route's path), or a header. A path with a ";", which Gateway API's
+// path pattern allows and a cookie's Path attribute cannot hold (it would
+// end the attribute and begin another, a Domain for one), scopes the
+// cookie to "/" instead.
 func sessionPerRoute(s *model.SessionPersistence, m *model.RouteMatch) *statefulsessionv3.StatefulSessionPerRoute {
 	var state *corev3.TypedExtensionConfig
 	if s.Header {
 		state = &corev3.TypedExtensionConfig{Name: "envoy.http.stateful_session.header", TypedConfig: mustAny(&headersessionv3.HeaderBasedSessionState{Name: s.Name})}
 	} else {
 		path := "/"
-		if !m.GRPC && m.PathType != model.PathRegex {
+		if !m.GRPC && m.PathType != model.PathRegex && !strings.Contains(m.Path, ";") {
 			path = prefixPath(m.Path)
 		}
 		cookie := &httpv3.Cookie{Name: s.Name, Path: path}

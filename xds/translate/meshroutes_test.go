@@ -404,6 +404,13 @@ func TestMirrorsAndSessions(t *testing.T) {
 	if h, ok := session(routes[1]).(*headersessionv3.HeaderBasedSessionState); !ok || h.GetName() != "x-session" {
 		t.Errorf("header session %v, want x-session", h)
 	}
+	// A path that would end the cookie's Path attribute and begin another.
+	r.Rules[0].Matches[0].Path = "/cart;Domain=.example.org"
+	routes = routesOf(t, RoutedService(parent, Profile{Mode: model.ListenerEnvoy}, rt), model.ListenerEnvoy)
+	if c := session(routes[0]).(*cookiesessionv3.CookieBasedSessionState); c.GetCookie().GetPath() != "/" {
+		t.Errorf("cookie path %q, want / for a path with a ;", c.GetCookie().GetPath())
+	}
+	r.Rules[0].Matches[0].Path = "/cart/"
 
 	for _, e := range routesOf(t, RoutedService(parent, Profile{Mode: model.ListenerProxylessGRPC}, rt), model.ListenerProxylessGRPC) {
 		if len(e.GetRoute().GetRequestMirrorPolicies()) != 0 || len(e.GetTypedPerFilterConfig()) != 0 {
