@@ -2,20 +2,29 @@ package adsclient
 
 import (
 	"fmt"
-	"github.com/scopeplane/scopeplane/xds/xdstype"
 	"slices"
 
-	// Registered so that names are found by descriptor and Config.Validate can decode the four
-	// types scopeplane serves even when the caller imports none of them.
+	// Registered so that names are found by descriptor and Config.Validate can decode the
+	// types scopeplane serves, and the extensions they pack, even when the caller imports
+	// none of them.
 	_ "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/stateful_session/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/http/stateful_session/cookie/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/http/stateful_session/header/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
 	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/scopeplane/scopeplane/xds/envoyvalid"
+	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
 // resourceWrapperType is the type URL of discoveryv3.Resource, which a SotW response may use to
@@ -75,17 +84,14 @@ func wireName(b []byte, num protowire.Number) (string, error) {
 	return name, nil
 }
 
-// validate decodes a and runs its generated validation, as Envoy does before accepting a
-// resource.
+// validate decodes a and validates it as Envoy does before accepting a
+// resource: its generated rules and those of every message it packs.
 func validate(a *anypb.Any) error {
 	m, err := a.UnmarshalNew()
 	if err != nil {
 		return fmt.Errorf("cannot decode %s: %w", a.GetTypeUrl(), err)
 	}
-	if v, ok := m.(interface{ ValidateAll() error }); ok {
-		return v.ValidateAll()
-	}
-	return nil
+	return envoyvalid.Message(m)
 }
 
 // received is one resource of a response, reduced to what the client keeps.

@@ -1,7 +1,6 @@
 package bootstrap
 
 import (
-	"errors"
 	"fmt"
 
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
@@ -9,9 +8,9 @@ import (
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/reflect/protoreflect"
-	"google.golang.org/protobuf/types/known/anypb"
 	"sigs.k8s.io/yaml"
+
+	"github.com/scopeplane/scopeplane/xds/envoyvalid"
 )
 
 // ValidateEnvoy checks an Envoy bootstrap (YAML or JSON) against Envoy's
@@ -26,7 +25,7 @@ func ValidateEnvoy(config []byte) error {
 	if err := unmarshalStrict(config, b); err != nil {
 		return err
 	}
-	return validateDeep(b)
+	return envoyvalid.Message(b)
 }
 
 // ValidateEnvoySDS checks a file-based SDS resource (YAML or JSON) as
@@ -43,7 +42,7 @@ func ValidateEnvoySDS(file []byte) error {
 	if !resp.GetResources()[0].MessageIs(&tlsv3.Secret{}) {
 		return fmt.Errorf("the SDS file holds a %s, want a Secret", resp.GetResources()[0].GetTypeUrl())
 	}
-	return validateDeep(resp)
+	return envoyvalid.Message(resp)
 }
 
 func unmarshalStrict(in []byte, m proto.Message) error {
@@ -57,59 +56,4 @@ func unmarshalStrict(in []byte, m proto.Message) error {
 		return fmt.Errorf("not a %s: %w", m.ProtoReflect().Descriptor().FullName(), err)
 	}
 	return nil
-}
-
-// validator is what protoc-gen-validate generates on every Envoy message.
-type validator interface{ ValidateAll() error }
-
-// validateDeep runs m's ValidateAll and, for every Any reachable from m,
-// unpacks it and validates its contents the same way.
-func validateDeep(m proto.Message) error {
-	if v, ok := m.(validator); ok {
-		if err := v.ValidateAll(); err != nil {
-			return err
-		}
-	}
-	return walkAnys(m.ProtoReflect(), func(a *anypb.Any) error {
-		inner, err := a.UnmarshalNew()
-		if err != nil {
-			return fmt.Errorf("typed config %s: %w", a.GetTypeUrl(), err)
-		}
-		if err := validateDeep(inner); err != nil {
-			return fmt.Errorf("typed config %s: %w", a.GetTypeUrl(), err)
-		}
-		return nil
-	})
-}
-
-// walkAnys calls f on every Any set in m, without descending into them
-// (f does).
-func walkAnys(m protoreflect.Message, f func(*anypb.Any) error) error {
-	if a, ok := m.Interface().(*anypb.Any); ok {
-		return f(a)
-	}
-	var errs []error
-	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
-		switch {
-		case fd.IsMap():
-			if fd.MapValue().Message() == nil {
-				return true
-			}
-			v.Map().Range(func(_ protoreflect.MapKey, mv protoreflect.Value) bool {
-				errs = append(errs, walkAnys(mv.Message(), f))
-				return true
-			})
-		case fd.IsList():
-			if fd.Message() == nil {
-				return true
-			}
-			for i := range v.List().Len() {
-				errs = append(errs, walkAnys(v.List().Get(i).Message(), f))
-			}
-		case fd.Message() != nil:
-			errs = append(errs, walkAnys(v.Message(), f))
-		}
-		return true
-	})
-	return errors.Join(errs...)
 }

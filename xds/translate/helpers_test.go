@@ -20,10 +20,9 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/wellknown"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/reflect/protoreflect"
-	"google.golang.org/protobuf/types/known/anypb"
 	"sigs.k8s.io/yaml"
 
+	"github.com/scopeplane/scopeplane/xds/envoyvalid"
 	"github.com/scopeplane/scopeplane/xds/model"
 	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
@@ -219,9 +218,6 @@ func wire(res Resources) ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
-// validator is what protoc-gen-validate generates on every Envoy message.
-type validator interface{ ValidateAll() error }
-
 // validateAll runs Envoy's generated validation on every resource and, as
 // Envoy does before it accepts one, on every message packed in its Any
 // fields (an HTTP filter's config, a route's per-filter config, a
@@ -231,54 +227,17 @@ type validator interface{ ValidateAll() error }
 func validateAll(res Resources) error {
 	var errs []error
 	res.Each(func(t xdstype.Type, m proto.Message) {
-		if err := validateDeep(m.ProtoReflect()); err != nil {
+		if err := envoyvalid.Message(m); err != nil {
 			errs = append(errs, fmt.Errorf("%s %s: %w", t, nameOf(m), err))
 		}
 	})
 	for _, p := range res.Places {
 		for _, e := range p.Endpoints {
-			if err := validateDeep(e.ProtoReflect()); err != nil {
+			if err := envoyvalid.Message(e); err != nil {
 				errs = append(errs, fmt.Errorf("endpoints %s at %s: %w", e.GetClusterName(), p.Place, err))
 			}
 		}
 	}
-	return errors.Join(errs...)
-}
-
-// validateDeep validates m and every message under it, unpacking Anys.
-func validateDeep(m protoreflect.Message) error {
-	var errs []error
-	if v, ok := m.Interface().(validator); ok {
-		if err := v.ValidateAll(); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if a, ok := m.Interface().(*anypb.Any); ok {
-		inner, err := a.UnmarshalNew()
-		if err != nil {
-			return fmt.Errorf("%s: %w", a.GetTypeUrl(), err)
-		}
-		if err := validateDeep(inner.ProtoReflect()); err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", a.GetTypeUrl(), err))
-		}
-		return errors.Join(errs...)
-	}
-	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
-		switch {
-		case fd.IsList() && fd.Message() != nil:
-			for i := range v.List().Len() {
-				errs = append(errs, validateDeep(v.List().Get(i).Message()))
-			}
-		case fd.IsMap() && fd.MapValue().Message() != nil:
-			v.Map().Range(func(_ protoreflect.MapKey, mv protoreflect.Value) bool {
-				errs = append(errs, validateDeep(mv.Message()))
-				return true
-			})
-		case !fd.IsList() && !fd.IsMap() && fd.Message() != nil:
-			errs = append(errs, validateDeep(v.Message()))
-		}
-		return true
-	})
 	return errors.Join(errs...)
 }
 
