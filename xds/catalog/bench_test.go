@@ -2,6 +2,7 @@ package catalog
 
 import (
 	"fmt"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -18,6 +19,8 @@ func BenchmarkEndpointChange(b *testing.B) {
 		for _, n := range []int{1000, 10000} {
 			b.Run(fmt.Sprintf("%s/services=%d", layout, n), func(b *testing.B) {
 				c := New()
+				// The scopes live in namespace gw and select in others.
+				c.SetCrossNamespace(CrossNamespaceAllow, false)
 				for i := range n {
 					c.UpsertService(service(fmt.Sprint("ns", i%20), fmt.Sprint("svc", i), nil, "10.0.0.1", "10.0.0.2", "10.0.0.3"))
 				}
@@ -85,4 +88,78 @@ func BenchmarkStart(b *testing.B) {
 			})
 		}
 	}
+}
+
+// worldService is Service i of the operator's world-scale benchmark
+// (hack/bench/apiworld.go) as the reconcilers hand it to the catalog: in
+// namespace ns(i mod 100) with its team's label, 60% with one HTTP port,
+// 30% also an h2c gRPC one, 10% also a metrics one, and two to four ready
+// endpoints over three zones.
+func worldService(i int) *model.Service {
+	ns := fmt.Sprint("ns-", i%100)
+	svc := &model.Service{
+		Key:    model.Key{Namespace: ns, Name: fmt.Sprint("svc-", i)},
+		Labels: map[string]string{"app": fmt.Sprint("svc-", i), "team": fmt.Sprint("team-", i%100), "tenant": fmt.Sprint("tenant-", i%10000)},
+		Ports:  []model.ServicePort{{Name: "http", Port: 80, Protocol: model.ProtocolTCP, TargetPort: 8080}},
+	}
+	eps := []model.EndpointPort{{Name: "http", Port: 8080, Protocol: model.ProtocolTCP}}
+	if i%10 >= 6 {
+		svc.Ports = append(svc.Ports, model.ServicePort{Name: "grpc", Port: 9090, Protocol: model.ProtocolTCP, AppProtocol: "kubernetes.io/h2c", TargetPort: 9090})
+		eps = append(eps, model.EndpointPort{Name: "grpc", Port: 9090, Protocol: model.ProtocolTCP})
+	}
+	if i%10 == 9 {
+		svc.Ports = append(svc.Ports, model.ServicePort{Name: "metrics", Port: 9100, Protocol: model.ProtocolTCP, TargetPortName: "metrics"})
+		eps = append(eps, model.EndpointPort{Name: "metrics", Port: 9100, Protocol: model.ProtocolTCP})
+	}
+	for e := range 2 + i%3 {
+		n := i*4 + e + 1
+		svc.Endpoints = append(svc.Endpoints, model.Endpoint{
+			Address: fmt.Sprintf("10.%d.%d.%d", n>>16&255, n>>8&255, n&255), Family: model.IPv4, Ready: true, Serving: true,
+			Zone: fmt.Sprint("zone-", e%3), Ports: eps,
+		})
+	}
+	return svc
+}
+
+// heapHeld keeps BenchmarkHeap's last catalog alive, so that the profile
+// -memprofile writes after the benchmark shows what it holds.
+var heapHeld *Catalog
+
+// BenchmarkHeap measures the live heap the catalog holds per Service once
+// it has loaded the world of the operator's world-scale benchmark (teams
+// layout: 100 Envoy-mode Delta scopes with virtual hosts by VHDS, each
+// selecting its team's Services) and handed it downstream with one Take:
+// the translated resources, their per-scope indexes and everything else
+// the catalog keeps, not the model Services it was given (B/service).
+// go test -run XXX -bench Heap -memprofile FILE shows what holds it.
+func BenchmarkHeap(b *testing.B) {
+	const n, scopes = 20000, 100
+	svcs := make([]*model.Service, n)
+	for i := range svcs {
+		svcs[i] = worldService(i)
+	}
+	var perService float64
+	for range b.N {
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		c := New()
+		for k := range scopes {
+			sc := scope(fmt.Sprint("ns-", k), fmt.Sprint("team-", k), model.ListenerEnvoy,
+				model.Selection{Namespace: fmt.Sprint("ns-", k), Selector: labels.SelectorFromSet(labels.Set{"team": fmt.Sprint("team-", k)})})
+			sc.Protocol, sc.Listener.VHDS = model.Delta, true
+			c.UpsertScope(sc)
+		}
+		for _, svc := range svcs {
+			c.UpsertService(svc)
+		}
+		if us := c.Take(); len(us) != scopes {
+			b.Fatalf("%d scopes taken, want %d", len(us), scopes)
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		perService = float64(int64(after.HeapAlloc)-int64(before.HeapAlloc)) / n
+		heapHeld = c
+	}
+	b.ReportMetric(perService, "B/service")
 }
