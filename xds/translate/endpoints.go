@@ -8,7 +8,6 @@ import (
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
-	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/scopeplane/scopeplane/xds/model"
 )
@@ -180,7 +179,7 @@ func assignment(name string, cands []candidate, keep func(*candidate) bool, zone
 		cla.Endpoints = append(cla.Endpoints, &endpointv3.LocalityLbEndpoints{
 			Locality:            &corev3.Locality{Zone: zone},
 			LbEndpoints:         lbs,
-			LoadBalancingWeight: wrapperspb.UInt32(uint32(len(lbs))),
+			LoadBalancingWeight: weight(uint32(len(lbs))),
 			Priority:            prio,
 		})
 	}
@@ -219,7 +218,7 @@ func lbEndpoint(address string, port uint32, health corev3.HealthStatus) *endpoi
 			Endpoint: &endpointv3.Endpoint{Address: socketAddress(address, port)},
 		},
 		HealthStatus:        health,
-		LoadBalancingWeight: wrapperspb.UInt32(1),
+		LoadBalancingWeight: weight(1),
 	}
 }
 

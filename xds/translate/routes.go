@@ -99,7 +99,7 @@ func VHDS(scope *model.Scope) bool {
 // routeTo sends every request to one cluster.
 func routeTo(cluster string) *routev3.Route {
 	return &routev3.Route{
-		Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
+		Match: matchAll,
 		Action: &routev3.Route_Route{Route: &routev3.RouteAction{
 			ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: cluster},
 		}},
@@ -240,7 +240,7 @@ func httpRouteConfig(port int32, vhosts []*routev3.VirtualHost, vhds bool) *rout
 // Envoy-mode scope: no virtual host, fetched by VHDS over ADS. The ADS
 // server prices what a SotW scope's proxies would be sent in delta with it.
 func VHDSRouteConfig(name string) *routev3.RouteConfiguration {
-	return &routev3.RouteConfiguration{Name: name, Vhds: &routev3.Vhds{ConfigSource: adsConfigSource()}}
+	return &routev3.RouteConfiguration{Name: name, Vhds: &routev3.Vhds{ConfigSource: adsSource}}
 }
 
 // GRPCRouteName is the name of a Service port's route configuration for
@@ -310,7 +310,7 @@ func connectionManager(statPrefix, routeConfig string) *hcmv3.HttpConnectionMana
 	return &hcmv3.HttpConnectionManager{
 		StatPrefix: statPrefix,
 		RouteSpecifier: &hcmv3.HttpConnectionManager_Rds{Rds: &hcmv3.Rds{
-			ConfigSource:    adsConfigSource(),
+			ConfigSource:    adsSource,
 			RouteConfigName: routeConfig,
 		}},
 		HttpFilters: []*hcmv3.HttpFilter{{
