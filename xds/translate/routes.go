@@ -43,13 +43,14 @@ func GRPCListenerNames(svc model.Key, port int32) (fqdn, short string) {
 // "<svc>.<ns>:<port>", the host entry VHDS names a virtual host by; every
 // byte of the name is sent to every proxy of the scope with every route
 // configuration or VHDS resource. The scope names it
-// "http-<listener port>/<svc>.<ns>:<port>" (see httpVirtualHosts).
+// "http-<listener port>/<svc>.<ns>:<port>" (see httpVirtualHosts), and so
+// does the fragment when listener is that port (not 0).
 //
 // The names without a port go to one port only, because Envoy rejects a
 // route configuration in which two virtual hosts share a domain: to port 80
 // when the Service has it (a Host without a port means 80 in HTTP), else to
 // its lowest port.
-func envoyVirtualHosts(svc *model.Service, ports []model.ServicePort, rt *Routing) []*routev3.VirtualHost {
+func envoyVirtualHosts(svc *model.Service, ports []model.ServicePort, rt *Routing, listener int32) []*routev3.VirtualHost {
 	key := svc.Key
 	if len(ports) == 0 {
 		return nil
@@ -66,6 +67,10 @@ func envoyVirtualHosts(svc *model.Service, ports []model.ServicePort, rt *Routin
 		key.Name + "." + key.Namespace + ".svc",
 		key.Name + "." + key.Namespace + ".svc." + ClusterDomain,
 	}
+	var scopeWide string
+	if listener != 0 {
+		scopeWide = HTTPListenerName(listener) + "/"
+	}
 	out := make([]*routev3.VirtualHost, 0, len(ports))
 	for i := range ports {
 		port := ports[i].Port
@@ -81,7 +86,7 @@ func envoyVirtualHosts(svc *model.Service, ports []model.ServicePort, rt *Routin
 		if !routed {
 			routes = []*routev3.Route{routeTo(model.ClusterName(key, port))}
 		}
-		out = append(out, &routev3.VirtualHost{Name: names[1] + p, Domains: domains, Routes: routes})
+		out = append(out, &routev3.VirtualHost{Name: scopeWide + names[1] + p, Domains: domains, Routes: routes})
 	}
 	return out
 }
@@ -139,9 +144,11 @@ func httpListener(port int32) *listenerv3.Listener {
 // loses it, since no choice would be right. A virtual host left with no
 // domain is dropped, and one that lost the domain it is named by (which only
 // keys with dots can share) is named by the first domain it kept instead,
-// unique as every kept domain is. Fragments are never modified: each virtual host is
-// a shallow copy under its scope-wide name, sharing the fragment's routes
-// (and domains, unless some were dropped). It returns, in the same order,
+// unique as every kept domain is. Fragments are never modified: a virtual
+// host is the fragment's own when the fragment named it for this port and
+// it kept every domain, else a shallow copy under its scope-wide name,
+// sharing the fragment's routes (and domains, unless some were dropped).
+// It returns, in the same order,
 // the Service port each virtual host was translated from: a renamed one's
 // name no longer says.
 //
@@ -186,6 +193,10 @@ func httpVirtualHosts(scope *model.Scope, port int32, fragments []*Fragment) ([]
 	var kept []string
 	for _, f := range fragments {
 		local := f.Service.Namespace == scope.Key.Namespace
+		named, own := f.hostsPort == port, prefix
+		if !named && f.hostsPort != 0 {
+			own = HTTPListenerName(f.hostsPort) + "/"
+		}
 		for i, vh := range f.Hosts {
 			kept = kept[:0]
 			for _, d := range vh.GetDomains() {
@@ -198,10 +209,18 @@ func httpVirtualHosts(scope *model.Scope, port int32, fragments []*Fragment) ([]
 				}
 			}
 			domains, host := vh.GetDomains(), vh.GetName()
+			if f.hostsPort != 0 {
+				host = strings.TrimPrefix(host, own)
+			}
 			switch len(kept) {
 			case 0:
 				continue
 			case len(domains):
+				if named {
+					vhosts = append(vhosts, vh)
+					from = append(from, originAt(f.hostsFrom, i))
+					continue
+				}
 			default:
 				domains = slices.Clone(kept)
 				if !slices.Contains(domains, host) {
@@ -211,15 +230,19 @@ func httpVirtualHosts(scope *model.Scope, port int32, fragments []*Fragment) ([]
 				}
 			}
 			vhosts = append(vhosts, &routev3.VirtualHost{Name: prefix + host, Domains: domains, Routes: vh.GetRoutes()})
-			var o *model.Origin
-			if i < len(f.hostsFrom) {
-				o = f.hostsFrom[i]
-			}
-			from = append(from, o)
+			from = append(from, originAt(f.hostsFrom, i))
 		}
 	}
 	sortFrom(vhosts, from, (*routev3.VirtualHost).GetName)
 	return vhosts, from
+}
+
+// originAt is from[i], or nil past its end.
+func originAt(from []*model.Origin, i int) *model.Origin {
+	if i < len(from) {
+		return from[i]
+	}
+	return nil
 }
 
 // httpRouteConfig builds an Envoy-mode scope's one route configuration:

@@ -9,16 +9,28 @@ import (
 )
 
 // Profile is what a Service's translation depends on besides the Service:
-// the listener mode of the scopes it is translated for, and whether they
-// order endpoints by zone. The catalog caches one fragment per profile in use.
+// the listener mode of the scopes it is translated for, whether they
+// order endpoints by zone, and in Envoy mode their listener port. The
+// catalog caches one fragment per profile in use.
 type Profile struct {
 	Mode         model.ListenerMode
 	ZonePriority bool
+	// Port is the Envoy-mode listener port, whose route configuration
+	// names the fragment's virtual hosts as the scope serves them
+	// ("http-<port>/<svc>.<ns>:<port>"), so that AssembleScope serves the
+	// fragment's own instead of a copy of each under that name (Envoy-mode
+	// scopes of different ports hold a fragment each); 0 (and always in
+	// ProxylessGRPC mode) for names without it.
+	Port int32
 }
 
 // ProfileOf is the profile of a scope.
 func ProfileOf(sc *model.Scope) Profile {
-	return Profile{Mode: sc.Listener.Mode, ZonePriority: sc.ZonePriority}
+	p := Profile{Mode: sc.Listener.Mode, ZonePriority: sc.ZonePriority}
+	if p.Mode == model.ListenerEnvoy && validPort(sc.Listener.Port) {
+		p.Port = sc.Listener.Port
+	}
+	return p
 }
 
 // PlaceEndpoints holds what proxies at one place see of some assignments
