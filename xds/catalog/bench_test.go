@@ -128,38 +128,44 @@ var heapHeld *Catalog
 // BenchmarkHeap measures the live heap the catalog holds per Service once
 // it has loaded the world of the operator's world-scale benchmark (teams
 // layout: 100 Envoy-mode Delta scopes with virtual hosts by VHDS, each
-// selecting its team's Services) and handed it downstream with one Take:
-// the translated resources, their per-scope indexes and everything else
-// the catalog keeps, not the model Services it was given (B/service).
-// go test -run XXX -bench Heap -memprofile FILE shows what holds it.
+// selecting its team's Services; with zone priority, each zone's view too)
+// and handed it downstream with one Take: the translated resources, their
+// per-scope indexes and everything else the catalog keeps, not the model
+// Services it was given (B/service). go test -run XXX -bench Heap
+// -memprofile FILE shows what holds it.
 func BenchmarkHeap(b *testing.B) {
 	const n, scopes = 20000, 100
 	svcs := make([]*model.Service, n)
 	for i := range svcs {
 		svcs[i] = worldService(i)
 	}
-	var perService float64
-	for range b.N {
-		var before, after runtime.MemStats
-		runtime.GC()
-		runtime.ReadMemStats(&before)
-		c := New()
-		for k := range scopes {
-			sc := scope(fmt.Sprint("ns-", k), fmt.Sprint("team-", k), model.ListenerEnvoy,
-				model.Selection{Namespace: fmt.Sprint("ns-", k), Selector: labels.SelectorFromSet(labels.Set{"team": fmt.Sprint("team-", k)})})
-			sc.Protocol, sc.Listener.VHDS = model.Delta, true
-			c.UpsertScope(sc)
-		}
-		for _, svc := range svcs {
-			c.UpsertService(svc)
-		}
-		if us := c.Take(); len(us) != scopes {
-			b.Fatalf("%d scopes taken, want %d", len(us), scopes)
-		}
-		runtime.GC()
-		runtime.ReadMemStats(&after)
-		perService = float64(int64(after.HeapAlloc)-int64(before.HeapAlloc)) / n
-		heapHeld = c
+	for _, layout := range []string{"teams", "teams-zonepriority"} {
+		b.Run(layout, func(b *testing.B) {
+			var perService float64
+			for range b.N {
+				heapHeld = nil
+				var before, after runtime.MemStats
+				runtime.GC()
+				runtime.ReadMemStats(&before)
+				c := New()
+				for k := range scopes {
+					sc := scope(fmt.Sprint("ns-", k), fmt.Sprint("team-", k), model.ListenerEnvoy,
+						model.Selection{Namespace: fmt.Sprint("ns-", k), Selector: labels.SelectorFromSet(labels.Set{"team": fmt.Sprint("team-", k)})})
+					sc.Protocol, sc.Listener.VHDS, sc.ZonePriority = model.Delta, true, layout == "teams-zonepriority"
+					c.UpsertScope(sc)
+				}
+				for _, svc := range svcs {
+					c.UpsertService(svc)
+				}
+				if us := c.Take(); len(us) != scopes {
+					b.Fatalf("%d scopes taken, want %d", len(us), scopes)
+				}
+				runtime.GC()
+				runtime.ReadMemStats(&after)
+				perService = float64(int64(after.HeapAlloc)-int64(before.HeapAlloc)) / n
+				heapHeld = c
+			}
+			b.ReportMetric(perService, "B/service")
+		})
 	}
-	b.ReportMetric(perService, "B/service")
 }
