@@ -49,7 +49,7 @@ func cluster(svc *model.Service, port *model.ServicePort, mode model.ListenerMod
 	if svc.ExternalName != "" {
 		externalName(c, svc.ExternalName, port.Port, mode)
 	} else {
-		c.ClusterDiscoveryType = &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS}
+		c.ClusterDiscoveryType = edsType
 		c.EdsClusterConfig = &clusterv3.Cluster_EdsClusterConfig{
 			EdsConfig:   adsSource,
 			ServiceName: name,

@@ -1,6 +1,7 @@
 package translate
 
 import (
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	upstreamhttpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
@@ -21,6 +22,8 @@ var (
 		ConfigSourceSpecifier: &corev3.ConfigSource_Ads{Ads: &corev3.AggregatedConfigSource{}},
 		ResourceApiVersion:    corev3.ApiVersion_V3,
 	}
+	// edsType is the discovery type of an EDS cluster.
+	edsType = &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS}
 	// connectTimeout is ConnectTimeout as every cluster holds it.
 	connectTimeout = durationpb.New(ConnectTimeout)
 	// http2Options are the protocol options of a cluster whose backend

@@ -3,6 +3,7 @@ package translate
 import (
 	"testing"
 
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	"google.golang.org/protobuf/proto"
@@ -30,6 +31,9 @@ func TestSharedPartsStayUnchanged(t *testing.T) {
 	}
 	if !proto.Equal(adsSource, &corev3.ConfigSource{ConfigSourceSpecifier: &corev3.ConfigSource_Ads{Ads: &corev3.AggregatedConfigSource{}}, ResourceApiVersion: corev3.ApiVersion_V3}) {
 		t.Errorf("the ADS config source changed: %v", adsSource)
+	}
+	if edsType.Type != clusterv3.Cluster_EDS {
+		t.Errorf("the EDS discovery type changed: %v", edsType)
 	}
 	if !proto.Equal(connectTimeout, durationpb.New(ConnectTimeout)) {
 		t.Errorf("the connect timeout changed: %v", connectTimeout)

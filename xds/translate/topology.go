@@ -61,7 +61,7 @@ type placedAssignment struct {
 // A zone view that keeps every endpoint is left out, since the scope-wide
 // assignment says the same; a Node view never is when zone views exist,
 // because it must win over them.
-func hintViews(name string, cands []candidate) []placedAssignment {
+func hintViews(name string, cands []candidate, locs *localities) []placedAssignment {
 	var zones, nodes []string
 	allZones, allNodes, ready := true, true, false
 	for i := range cands {
@@ -86,7 +86,7 @@ func hintViews(name string, cands []candidate) []placedAssignment {
 			if keepsAll(cands, hinted) {
 				continue
 			}
-			out = append(out, placedAssignment{model.Place{Zone: z}, assignment(name, cands, hinted, nil)})
+			out = append(out, placedAssignment{model.Place{Zone: z}, assignment(name, cands, hinted, nil, locs)})
 		}
 	}
 	if allNodes {
@@ -97,7 +97,7 @@ func hintViews(name string, cands []candidate) []placedAssignment {
 			if !zoned && keepsAll(cands, hinted) {
 				continue
 			}
-			out = append(out, placedAssignment{model.Place{Node: n}, assignment(name, cands, hinted, nil)})
+			out = append(out, placedAssignment{model.Place{Node: n}, assignment(name, cands, hinted, nil, locs)})
 		}
 	}
 	return out
@@ -111,7 +111,7 @@ func hintViews(name string, cands []candidate) []placedAssignment {
 // port whose endpoints are all in one zone has none, since every proxy
 // would see the scope-wide assignment; nor does a proxy of a zone that
 // holds none of them, for the same reason.
-func zonePriorityViews(name string, cands []candidate) []placedAssignment {
+func zonePriorityViews(name string, cands []candidate, locs *localities) []placedAssignment {
 	if len(cands) == 0 || cands[0].ep.Zone == cands[len(cands)-1].ep.Zone {
 		return nil // candidates are sorted by zone: one zone, or none
 	}
@@ -126,7 +126,7 @@ func zonePriorityViews(name string, cands []candidate) []placedAssignment {
 				return 0
 			}
 			return 1
-		})})
+		}, locs)})
 	}
 	return out
 }
