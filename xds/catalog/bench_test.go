@@ -8,6 +8,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/labels"
 
+	"github.com/scopeplane/scopeplane/internal/testkit"
 	"github.com/scopeplane/scopeplane/xds/model"
 )
 
@@ -90,37 +91,6 @@ func BenchmarkStart(b *testing.B) {
 	}
 }
 
-// worldService is Service i of the operator's world-scale benchmark
-// (hack/bench/apiworld.go) as the reconcilers hand it to the catalog: in
-// namespace ns(i mod 100) with its team's label, 60% with one HTTP port,
-// 30% also an h2c gRPC one, 10% also a metrics one, and two to four ready
-// endpoints over three zones.
-func worldService(i int) *model.Service {
-	ns := fmt.Sprint("ns-", i%100)
-	svc := &model.Service{
-		Key:    model.Key{Namespace: ns, Name: fmt.Sprint("svc-", i)},
-		Labels: map[string]string{"app": fmt.Sprint("svc-", i), "team": fmt.Sprint("team-", i%100), "tenant": fmt.Sprint("tenant-", i%10000)},
-		Ports:  []model.ServicePort{{Name: "http", Port: 80, Protocol: model.ProtocolTCP, TargetPort: 8080}},
-	}
-	eps := []model.EndpointPort{{Name: "http", Port: 8080, Protocol: model.ProtocolTCP}}
-	if i%10 >= 6 {
-		svc.Ports = append(svc.Ports, model.ServicePort{Name: "grpc", Port: 9090, Protocol: model.ProtocolTCP, AppProtocol: "kubernetes.io/h2c", TargetPort: 9090})
-		eps = append(eps, model.EndpointPort{Name: "grpc", Port: 9090, Protocol: model.ProtocolTCP})
-	}
-	if i%10 == 9 {
-		svc.Ports = append(svc.Ports, model.ServicePort{Name: "metrics", Port: 9100, Protocol: model.ProtocolTCP, TargetPortName: "metrics"})
-		eps = append(eps, model.EndpointPort{Name: "metrics", Port: 9100, Protocol: model.ProtocolTCP})
-	}
-	for e := range 2 + i%3 {
-		n := i*4 + e + 1
-		svc.Endpoints = append(svc.Endpoints, model.Endpoint{
-			Address: fmt.Sprintf("10.%d.%d.%d", n>>16&255, n>>8&255, n&255), Family: model.IPv4, Ready: true, Serving: true,
-			Zone: fmt.Sprint("zone-", e%3), Ports: eps,
-		})
-	}
-	return svc
-}
-
 // heapHeld keeps BenchmarkHeap's last catalog alive, so that the profile
 // -memprofile writes after the benchmark shows what it holds.
 var heapHeld *Catalog
@@ -137,7 +107,7 @@ func BenchmarkHeap(b *testing.B) {
 	const n, scopes = 20000, 100
 	svcs := make([]*model.Service, n)
 	for i := range svcs {
-		svcs[i] = worldService(i)
+		svcs[i] = testkit.WorldService(i)
 	}
 	for _, layout := range []string{"teams", "teams-zonepriority"} {
 		b.Run(layout, func(b *testing.B) {
@@ -149,9 +119,8 @@ func BenchmarkHeap(b *testing.B) {
 				runtime.ReadMemStats(&before)
 				c := New()
 				for k := range scopes {
-					sc := scope(fmt.Sprint("ns-", k), fmt.Sprint("team-", k), model.ListenerEnvoy,
-						model.Selection{Namespace: fmt.Sprint("ns-", k), Selector: labels.SelectorFromSet(labels.Set{"team": fmt.Sprint("team-", k)})})
-					sc.Protocol, sc.Listener.VHDS, sc.ZonePriority = model.Delta, true, layout == "teams-zonepriority"
+					sc := testkit.WorldTeam(k)
+					sc.ZonePriority = layout == "teams-zonepriority"
 					c.UpsertScope(sc)
 				}
 				for _, svc := range svcs {

@@ -2,13 +2,16 @@ package snapshot
 
 import (
 	"fmt"
+	"runtime"
 	"testing"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/scopeplane/scopeplane/internal/testkit"
 	"github.com/scopeplane/scopeplane/xds/catalog"
+	"github.com/scopeplane/scopeplane/xds/model"
 	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
@@ -35,4 +38,44 @@ func BenchmarkApplyEndpointChange(b *testing.B) {
 			}
 		})
 	}
+}
+
+// heapHeld keeps BenchmarkHeap's last store alive, so that the profile
+// -memprofile writes after the benchmark shows what it holds.
+var heapHeld *Store
+
+// BenchmarkHeap measures the live heap the snapshots hold per Service once
+// the builder has applied the catalog's first Take of the operator's
+// world-scale teams layout (see testkit.WorldService): the encoded
+// resources, their versions and indexes, not the catalog (B/service).
+func BenchmarkHeap(b *testing.B) {
+	const n, scopes = 20000, 100
+	svcs := make([]*model.Service, n)
+	for i := range svcs {
+		svcs[i] = testkit.WorldService(i)
+	}
+	var perService float64
+	for range b.N {
+		heapHeld = nil
+		c := catalog.New()
+		for k := range scopes {
+			c.UpsertScope(testkit.WorldTeam(k))
+		}
+		for _, svc := range svcs {
+			c.UpsertService(svc)
+		}
+		us := c.Take()
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		store := NewStore()
+		NewBuilder(c, store, 0).Apply(us)
+		us = nil
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		runtime.KeepAlive(c)
+		perService = float64(int64(after.HeapAlloc)-int64(before.HeapAlloc)) / n
+		heapHeld = store
+	}
+	b.ReportMetric(perService, "B/service")
 }
