@@ -69,8 +69,7 @@ func BenchmarkHeap(b *testing.B) {
 		runtime.GC()
 		runtime.ReadMemStats(&before)
 		store := NewStore()
-		NewBuilder(c, store, 0).Apply(us)
-		us = nil
+		NewBuilder(c, store, 0).Apply(us) // the last use of us: the collection below frees it
 		runtime.GC()
 		runtime.ReadMemStats(&after)
 		runtime.KeepAlive(c)
