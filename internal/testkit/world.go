@@ -2,6 +2,7 @@ package testkit
 
 import (
 	"fmt"
+	"runtime"
 
 	"k8s.io/apimachinery/pkg/labels"
 
@@ -37,6 +38,28 @@ func WorldService(i int) *model.Service {
 		})
 	}
 	return svc
+}
+
+// WorldServices is the world's first n Services.
+func WorldServices(n int) []*model.Service {
+	out := make([]*model.Service, n)
+	for i := range out {
+		out[i] = WorldService(i)
+	}
+	return out
+}
+
+// HeapGrowth is by how many bytes the live heap grew while fn ran, each
+// side counted after a full collection: what fn left reachable, which fn
+// must keep so (in a variable outside it, say) to be counted.
+func HeapGrowth(fn func()) int64 {
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	fn()
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	return int64(after.HeapAlloc) - int64(before.HeapAlloc)
 }
 
 // WorldTeam is scope k of the world-scale benchmark's teams layout: in

@@ -2,7 +2,6 @@ package catalog
 
 import (
 	"fmt"
-	"runtime"
 	"strings"
 	"testing"
 
@@ -105,36 +104,29 @@ var heapHeld *Catalog
 // -memprofile FILE shows what holds it.
 func BenchmarkHeap(b *testing.B) {
 	const n, scopes = 20000, 100
-	svcs := make([]*model.Service, n)
-	for i := range svcs {
-		svcs[i] = testkit.WorldService(i)
-	}
+	svcs := testkit.WorldServices(n)
 	for _, layout := range []string{"teams", "teams-zonepriority"} {
 		b.Run(layout, func(b *testing.B) {
-			var perService float64
+			var grown int64
 			for range b.N {
 				heapHeld = nil
-				var before, after runtime.MemStats
-				runtime.GC()
-				runtime.ReadMemStats(&before)
-				c := New()
-				for k := range scopes {
-					sc := testkit.WorldTeam(k)
-					sc.ZonePriority = layout == "teams-zonepriority"
-					c.UpsertScope(sc)
-				}
-				for _, svc := range svcs {
-					c.UpsertService(svc)
-				}
-				if us := c.Take(); len(us) != scopes {
-					b.Fatalf("%d scopes taken, want %d", len(us), scopes)
-				}
-				runtime.GC()
-				runtime.ReadMemStats(&after)
-				perService = float64(int64(after.HeapAlloc)-int64(before.HeapAlloc)) / n
-				heapHeld = c
+				grown = testkit.HeapGrowth(func() {
+					c := New()
+					for k := range scopes {
+						sc := testkit.WorldTeam(k)
+						sc.ZonePriority = layout == "teams-zonepriority"
+						c.UpsertScope(sc)
+					}
+					for _, svc := range svcs {
+						c.UpsertService(svc)
+					}
+					if us := c.Take(); len(us) != scopes {
+						b.Fatalf("%d scopes taken, want %d", len(us), scopes)
+					}
+					heapHeld = c
+				})
 			}
-			b.ReportMetric(perService, "B/service")
+			b.ReportMetric(float64(grown)/n, "B/service")
 		})
 	}
 }

@@ -11,7 +11,6 @@ import (
 
 	"github.com/scopeplane/scopeplane/internal/testkit"
 	"github.com/scopeplane/scopeplane/xds/catalog"
-	"github.com/scopeplane/scopeplane/xds/model"
 	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
@@ -50,11 +49,8 @@ var heapHeld *Store
 // resources, their versions and indexes, not the catalog (B/service).
 func BenchmarkHeap(b *testing.B) {
 	const n, scopes = 20000, 100
-	svcs := make([]*model.Service, n)
-	for i := range svcs {
-		svcs[i] = testkit.WorldService(i)
-	}
-	var perService float64
+	svcs := testkit.WorldServices(n)
+	var grown int64
 	for range b.N {
 		heapHeld = nil
 		c := catalog.New()
@@ -65,16 +61,12 @@ func BenchmarkHeap(b *testing.B) {
 			c.UpsertService(svc)
 		}
 		us := c.Take()
-		var before, after runtime.MemStats
-		runtime.GC()
-		runtime.ReadMemStats(&before)
-		store := NewStore()
-		NewBuilder(c, store, 0).Apply(us) // the last use of us: the collection below frees it
-		runtime.GC()
-		runtime.ReadMemStats(&after)
+		grown = testkit.HeapGrowth(func() {
+			store := NewStore()
+			NewBuilder(c, store, 0).Apply(us)
+			heapHeld = store
+		})
 		runtime.KeepAlive(c)
-		perService = float64(int64(after.HeapAlloc)-int64(before.HeapAlloc)) / n
-		heapHeld = store
 	}
-	b.ReportMetric(perService, "B/service")
+	b.ReportMetric(float64(grown)/n, "B/service")
 }
