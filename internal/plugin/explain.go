@@ -133,10 +133,10 @@ func (o *options) explain(ctx context.Context, args []string) error {
 	})
 	for _, vh := range frag.Hosts {
 		// Envoy mode: the Service's virtual hosts are the scope's, named
-		// after the route configuration of the listener port. A delta proxy
-		// fetches them by VHDS; a SotW proxy finds them inline.
-		route := translate.HTTPListenerName(scope.Listener.Port)
-		name := route + "/" + vh.GetName()
+		// after the route configuration of the listener port (see
+		// translate.Profile). A delta proxy fetches them by VHDS; a SotW
+		// proxy finds them inline.
+		route, name := translate.HTTPListenerName(scope.Listener.Port), vh.GetName()
 		if px.asked(xdstype.VirtualHost, name) {
 			if o.explainResource(xdstype.VirtualHost, name, served[xdstype.VirtualHost][name], px) {
 				asked++

@@ -550,7 +550,7 @@ func served(r *replica, ns, scope string) truth {
 	sn.Read(func(v snapshot.View) {
 		for _, t := range xdstype.All() {
 			out[t.URL()] = map[string][]byte{}
-			v.All(t, func(res *snapshot.Resource) { out[t.URL()][res.Name] = res.Body.GetValue() })
+			v.All(t, func(res *snapshot.Resource) { out[t.URL()][res.Name] = res.Value() })
 		}
 	})
 	return out

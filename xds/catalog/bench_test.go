@@ -7,6 +7,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/labels"
 
+	"github.com/scopeplane/scopeplane/internal/testkit"
 	"github.com/scopeplane/scopeplane/xds/model"
 )
 
@@ -18,6 +19,8 @@ func BenchmarkEndpointChange(b *testing.B) {
 		for _, n := range []int{1000, 10000} {
 			b.Run(fmt.Sprintf("%s/services=%d", layout, n), func(b *testing.B) {
 				c := New()
+				// The scopes live in namespace gw and select in others.
+				c.SetCrossNamespace(CrossNamespaceAllow, false)
 				for i := range n {
 					c.UpsertService(service(fmt.Sprint("ns", i%20), fmt.Sprint("svc", i), nil, "10.0.0.1", "10.0.0.2", "10.0.0.3"))
 				}
@@ -84,5 +87,46 @@ func BenchmarkStart(b *testing.B) {
 				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/service")
 			})
 		}
+	}
+}
+
+// heapHeld keeps BenchmarkHeap's last catalog alive, so that the profile
+// -memprofile writes after the benchmark shows what it holds.
+var heapHeld *Catalog
+
+// BenchmarkHeap measures the live heap the catalog holds per Service once
+// it has loaded the world of the operator's world-scale benchmark (teams
+// layout: 100 Envoy-mode Delta scopes with virtual hosts by VHDS, each
+// selecting its team's Services; with zone priority, each zone's view too)
+// and handed it downstream with one Take: the translated resources, their
+// per-scope indexes and everything else the catalog keeps, not the model
+// Services it was given (B/service). go test -run XXX -bench Heap
+// -memprofile FILE shows what holds it.
+func BenchmarkHeap(b *testing.B) {
+	const n, scopes = 20000, 100
+	svcs := testkit.WorldServices(n)
+	for _, layout := range []string{"teams", "teams-zonepriority"} {
+		b.Run(layout, func(b *testing.B) {
+			var grown int64
+			for range b.N {
+				heapHeld = nil
+				grown = testkit.HeapGrowth(func() {
+					c := New()
+					for k := range scopes {
+						sc := testkit.WorldTeam(k)
+						sc.ZonePriority = layout == "teams-zonepriority"
+						c.UpsertScope(sc)
+					}
+					for _, svc := range svcs {
+						c.UpsertService(svc)
+					}
+					if us := c.Take(); len(us) != scopes {
+						b.Fatalf("%d scopes taken, want %d", len(us), scopes)
+					}
+					heapHeld = c
+				})
+			}
+			b.ReportMetric(float64(grown)/n, "B/service")
+		})
 	}
 }

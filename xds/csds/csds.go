@@ -205,7 +205,7 @@ func scopeConfig(key model.Key, v snapshot.View, contents bool) *statusv3.Client
 				TypeUrl: t.URL(), Name: r.Name, VersionInfo: r.Version, ConfigStatus: statusv3.ConfigStatus_SYNCED,
 			}
 			if contents {
-				g.XdsConfig = r.Body
+				g.XdsConfig = r.Body()
 			}
 			cc.GenericXdsConfigs = append(cc.GenericXdsConfigs, g)
 		}

@@ -52,7 +52,7 @@ func clusters(tb testing.TB, n int) []*snapshot.Resource {
 func sotwProto(version, typeURL, nonce string, res []*snapshot.Resource) *discoveryv3.DiscoveryResponse {
 	resp := &discoveryv3.DiscoveryResponse{VersionInfo: version, TypeUrl: typeURL, Nonce: nonce, Resources: make([]*anypb.Any, len(res))}
 	for i, r := range res {
-		resp.Resources[i] = r.Body
+		resp.Resources[i] = r.Body()
 	}
 	return resp
 }
@@ -94,7 +94,7 @@ func TestWireResponsesDecode(t *testing.T) {
 	}
 	wantDelta := &discoveryv3.DeltaDiscoveryResponse{SystemVersionInfo: "v2", TypeUrl: url, Nonce: "8", RemovedResources: removed}
 	for _, r := range res {
-		wantDelta.Resources = append(wantDelta.Resources, &discoveryv3.Resource{Name: r.Name, Version: r.Version, Resource: r.Body})
+		wantDelta.Resources = append(wantDelta.Resources, &discoveryv3.Resource{Name: r.Name, Version: r.Version, Resource: r.Body()})
 	}
 	if !proto.Equal(&delta, wantDelta) {
 		t.Errorf("the delta response decodes to\n%v\nwant\n%v", &delta, wantDelta)

@@ -313,7 +313,7 @@ func scopeFingerprint(sc *snapshot.Snapshot) string {
 			fmt.Fprintf(&b, "%s at %s:\n", shortType(u), v.TypeVersion(t))
 			var lines []string
 			v.All(t, func(r *snapshot.Resource) {
-				lines = append(lines, fmt.Sprintf("  %s %s %x\n", r.Name, r.Version, r.Body.GetValue()))
+				lines = append(lines, fmt.Sprintf("  %s %s %x\n", r.Name, r.Version, r.Value()))
 			})
 			slices.Sort(lines)
 			b.WriteString(strings.Join(lines, ""))

@@ -2,12 +2,14 @@ package snapshot
 
 import (
 	"fmt"
+	"runtime"
 	"testing"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/scopeplane/scopeplane/internal/testkit"
 	"github.com/scopeplane/scopeplane/xds/catalog"
 	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
@@ -35,4 +37,36 @@ func BenchmarkApplyEndpointChange(b *testing.B) {
 			}
 		})
 	}
+}
+
+// heapHeld keeps BenchmarkHeap's last store alive, so that the profile
+// -memprofile writes after the benchmark shows what it holds.
+var heapHeld *Store
+
+// BenchmarkHeap measures the live heap the snapshots hold per Service once
+// the builder has applied the catalog's first Take of the operator's
+// world-scale teams layout (see testkit.WorldService): the encoded
+// resources, their versions and indexes, not the catalog (B/service).
+func BenchmarkHeap(b *testing.B) {
+	const n, scopes = 20000, 100
+	svcs := testkit.WorldServices(n)
+	var grown int64
+	for range b.N {
+		heapHeld = nil
+		c := catalog.New()
+		for k := range scopes {
+			c.UpsertScope(testkit.WorldTeam(k))
+		}
+		for _, svc := range svcs {
+			c.UpsertService(svc)
+		}
+		us := c.Take()
+		grown = testkit.HeapGrowth(func() {
+			store := NewStore()
+			NewBuilder(c, store, 0).Apply(us)
+			heapHeld = store
+		})
+		runtime.KeepAlive(c)
+	}
+	b.ReportMetric(float64(grown)/n, "B/service")
 }

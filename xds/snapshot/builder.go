@@ -398,7 +398,7 @@ func (r *revision) upsert(upserts [xdstype.Count][]marshalled) {
 				continue
 			}
 			if res := r.s.types[t].res.get(name); res != nil {
-				value := res.Body.GetValue()
+				value := res.Value()
 				r.put(t, name, value, resourceVersion(hash64(value), parent, name), res.From)
 			}
 		}

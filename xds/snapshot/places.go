@@ -164,7 +164,7 @@ func (s *Snapshot) applyPlaces(u *catalog.Update, upserts map[model.Place][]mars
 			if _, done := touched[place][name]; done {
 				continue
 			}
-			value := r.Body.GetValue()
+			value := r.Value()
 			again := NewResource(xdstype.Endpoint, name, resourceVersion(hash64(value), parent, name), value)
 			again.From = r.From
 			put(place, name, again)

@@ -163,7 +163,7 @@ func checkView(t *testing.T, step int, loc model.Location, v View, res catalog.S
 		if err != nil {
 			t.Fatal(err)
 		}
-		if string(r.Body.GetValue()) != string(value) {
+		if string(r.Value()) != string(value) {
 			t.Fatalf("step %d: %s at %+v is not what the catalog says a proxy there sees", step, r.Name, loc)
 		}
 		if g := v.Get(xdstype.Endpoint, r.Name); g != r {

@@ -32,26 +32,64 @@ import (
 type Resource struct {
 	Name    string
 	Version string
-	Body    *anypb.Any
-	// Wire is Body encoded as an entry of a SotW response's resources,
-	// which is also the resource field of a delta response's Resource
-	// (field 2 in both): tag, length, then the Any. Delta is the whole
-	// entry of a delta response's resources: tag, length, the Resource's
-	// version and name, then Wire. Wire is Delta's tail and Body's Value
-	// Wire's, so the bytes are held once. The ADS server hands Wire or
-	// Delta to gRPC's transport as they are, so that every stream's
-	// response refers to these bytes instead of carrying its own copy, one
-	// buffer per resource; they are gRPC buffers made once here, so that a
-	// response's reference costs no allocation either. Their Free does
-	// nothing: the bytes are garbage collected, never recycled.
+	// Wire is the resource's Any (see Body) encoded as an entry of a SotW
+	// response's resources, which is also the resource field of a delta
+	// response's Resource (field 2 in both): tag, length, then the Any.
+	// Delta is the whole entry of a delta response's resources: tag,
+	// length, the Resource's version and name, then Wire. Wire is Delta's
+	// tail and the encoded resource (Value) Wire's, so the bytes are held
+	// once, and nothing else holds them: not even an Any, which would add
+	// its own struct to every resource of every scope. The ADS server
+	// hands Wire or Delta to gRPC's transport as they are, so that every
+	// stream's response refers to these bytes instead of carrying its own
+	// copy, one buffer per resource; they are gRPC buffers made once here,
+	// so that a response's reference costs no allocation either. Their
+	// Free does nothing: the bytes are garbage collected, never recycled.
 	Wire, Delta mem.Buffer
-	// Size is the encoded size of Body, for pricing responses (package cost).
+	// Size is the encoded size of the resource's Any, for pricing
+	// responses (package cost).
 	Size int
+	// valueLen is the length of Value, the tail of Delta.
+	valueLen int
 	// From is the Service port the resource was translated from, as the
 	// translator said (see model.Origin), shared by every resource of that
 	// port; nil for a scope's own resource, an Envoy-mode listener or route
 	// configuration. The builder sets it; read it through Service.
 	From *model.Origin
+}
+
+// Value is the encoded resource, shared and read-only.
+func (r *Resource) Value() []byte {
+	d := r.Delta.ReadOnlyData()
+	return d[len(d)-r.valueLen:]
+}
+
+// Body is the resource as an Any whose value is Value, shared and
+// read-only: a new Any on every call, for the few readers that want one
+// (the client status service, tests).
+func (r *Resource) Body() *anypb.Any {
+	w := r.Wire.ReadOnlyData()
+	_, _, n := protowire.ConsumeTag(w)
+	msg, _ := protowire.ConsumeBytes(w[n:])
+	a := &anypb.Any{}
+	for len(msg) > 0 {
+		num, typ, n := protowire.ConsumeTag(msg)
+		if n < 0 || typ != protowire.BytesType {
+			break
+		}
+		v, m := protowire.ConsumeBytes(msg[n:])
+		if m < 0 {
+			break
+		}
+		switch num {
+		case 1:
+			a.TypeUrl = string(v)
+		case 2:
+			a.Value = v
+		}
+		msg = msg[n+m:]
+	}
+	return a
 }
 
 // Service is the Service the resource was translated from, and false for a
@@ -98,9 +136,7 @@ func NewResource(t xdstype.Type, name, version string, value []byte) *Resource {
 		b = protowire.AppendTag(b, 2, protowire.BytesType)
 		b = protowire.AppendBytes(b, value)
 	}
-	n := len(b)
-	body := &anypb.Any{TypeUrl: url, Value: b[n-len(value) : n : n]}
-	return &Resource{Name: name, Version: version, Body: body, Wire: mem.SliceBuffer(b[w:]), Delta: mem.SliceBuffer(b), Size: size}
+	return &Resource{Name: name, Version: version, Wire: mem.SliceBuffer(b[w:]), Delta: mem.SliceBuffer(b), Size: size, valueLen: len(value)}
 }
 
 // stringSize is what a string field adds to a message (proto3 leaves an
@@ -139,7 +175,7 @@ type typeState struct {
 func (ts *typeState) count(r *Resource, sign int) {
 	ts.digest ^= nameDigest(r.Name, r.Version)
 	ts.sotwBytes += sign * cost.SotWEntry(r.Size)
-	ts.inlineBytes += sign * inlineEntry(r.Body.GetValue())
+	ts.inlineBytes += sign * inlineEntry(r.Value())
 }
 
 // inlineEntry is what one resource of value bytes adds to a message that

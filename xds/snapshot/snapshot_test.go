@@ -199,10 +199,10 @@ func TestSotWBytesFollowsTheResources(t *testing.T) {
 		store.Get(key).Read(func(v View) {
 			want := 0
 			v.All(xdstype.Cluster, func(r *Resource) {
-				if r.Size != proto.Size(r.Body) {
-					t.Errorf("%s: %s Size %d, encoded %d", when, r.Name, r.Size, proto.Size(r.Body))
+				if r.Size != proto.Size(r.Body()) {
+					t.Errorf("%s: %s Size %d, encoded %d", when, r.Name, r.Size, proto.Size(r.Body()))
 				}
-				want += proto.Size(&discoveryv3.DiscoveryResponse{Resources: []*anypb.Any{r.Body}})
+				want += proto.Size(&discoveryv3.DiscoveryResponse{Resources: []*anypb.Any{r.Body()}})
 			})
 			if got := v.SotWBytes(xdstype.Cluster); got != want {
 				t.Errorf("%s: SotWBytes %d, sum of entries %d", when, got, want)

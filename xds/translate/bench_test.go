@@ -58,7 +58,7 @@ func BenchmarkAssembleScope(b *testing.B) {
 			scope := &model.Scope{Key: model.Key{Namespace: "ns0", Name: "s"}, Listener: model.Listener{Mode: mode, Port: 8080}}
 			fragments := make([]*Fragment, n)
 			for i := range fragments {
-				f := Service(benchService(fmt.Sprintf("ns%d", i%50), fmt.Sprintf("svc-%d", i), 3), Profile{Mode: mode})
+				f := Service(benchService(fmt.Sprintf("ns%d", i%50), fmt.Sprintf("svc-%d", i), 3), ProfileOf(scope))
 				fragments[i] = &f
 			}
 			b.Run(fmt.Sprintf("%s/services=%d", mode, n), func(b *testing.B) {

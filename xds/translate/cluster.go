@@ -7,9 +7,6 @@ import (
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
-	upstreamhttpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
-	"google.golang.org/protobuf/types/known/anypb"
-	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/scopeplane/scopeplane/xds/model"
 )
@@ -46,30 +43,20 @@ func cluster(svc *model.Service, port *model.ServicePort, mode model.ListenerMod
 	name := clusterName(svc, port.Port, mode)
 	c := &clusterv3.Cluster{
 		Name:           name,
-		ConnectTimeout: durationpb.New(ConnectTimeout),
+		ConnectTimeout: connectTimeout,
 		LbPolicy:       clusterv3.Cluster_ROUND_ROBIN,
 	}
 	if svc.ExternalName != "" {
 		externalName(c, svc.ExternalName, port.Port, mode)
 	} else {
-		c.ClusterDiscoveryType = &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS}
+		c.ClusterDiscoveryType = edsType
 		c.EdsClusterConfig = &clusterv3.Cluster_EdsClusterConfig{
-			EdsConfig:   adsConfigSource(),
+			EdsConfig:   adsSource,
 			ServiceName: name,
 		}
 	}
 	if isHTTP2(port) {
-		c.TypedExtensionProtocolOptions = map[string]*anypb.Any{
-			httpProtocolOptionsKey: mustAny(&upstreamhttpv3.HttpProtocolOptions{
-				UpstreamProtocolOptions: &upstreamhttpv3.HttpProtocolOptions_ExplicitHttpConfig_{
-					ExplicitHttpConfig: &upstreamhttpv3.HttpProtocolOptions_ExplicitHttpConfig{
-						ProtocolConfig: &upstreamhttpv3.HttpProtocolOptions_ExplicitHttpConfig_Http2ProtocolOptions{
-							Http2ProtocolOptions: &corev3.Http2ProtocolOptions{},
-						},
-					},
-				},
-			}),
-		}
+		c.TypedExtensionProtocolOptions = http2Options
 	}
 	return c
 }
@@ -95,14 +82,5 @@ func externalName(c *clusterv3.Cluster, host string, port int32, mode model.List
 			Locality:    &corev3.Locality{},
 			LbEndpoints: []*endpointv3.LbEndpoint{lbEndpoint(host, uint32(port), corev3.HealthStatus_UNKNOWN)},
 		}},
-	}
-}
-
-// adsConfigSource tells the client to fetch a resource on the same ADS
-// stream, which is the only source grpc-go accepts besides self.
-func adsConfigSource() *corev3.ConfigSource {
-	return &corev3.ConfigSource{
-		ConfigSourceSpecifier: &corev3.ConfigSource_Ads{Ads: &corev3.AggregatedConfigSource{}},
-		ResourceApiVersion:    corev3.ApiVersion_V3,
 	}
 }

@@ -8,7 +8,6 @@ import (
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
-	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/scopeplane/scopeplane/xds/model"
 )
@@ -33,17 +32,18 @@ func endpointsFor(svc *model.Service, ports []model.ServicePort, p Profile) ([]*
 	var (
 		scratch []candidate
 		placed  []placedAssignment
+		locs    localities
 	)
 	topology := svc.Topology()
 	for i := range ports {
 		name := clusterName(svc, ports[i].Port, p.Mode)
 		scratch = candidates(svc, &ports[i], scratch[:0])
-		out = append(out, assignment(name, scratch, nil, nil))
+		out = append(out, assignment(name, scratch, nil, nil, &locs))
 		switch {
 		case topology:
-			placed = append(placed, hintViews(name, scratch)...)
+			placed = append(placed, hintViews(name, scratch, &locs)...)
 		case p.ZonePriority:
-			placed = append(placed, zonePriorityViews(name, scratch)...)
+			placed = append(placed, zonePriorityViews(name, scratch, &locs)...)
 		}
 	}
 	return out, groupByPlace(placed)
@@ -58,6 +58,25 @@ type candidate struct {
 	// ready is false for a serving-but-terminating endpoint.
 	ready bool
 	ep    *model.Endpoint
+	// lb is the endpoint as assignments list it, made by the first that
+	// does: the scope-wide assignment and the views from places share it.
+	lb *endpointv3.LbEndpoint
+}
+
+// localities holds the localities of one Service's assignments, one per
+// zone, which all its ports' assignments and views share.
+type localities []*corev3.Locality
+
+// of returns the locality of zone.
+func (l *localities) of(zone string) *corev3.Locality {
+	for _, loc := range *l {
+		if loc.GetZone() == zone {
+			return loc
+		}
+	}
+	loc := &corev3.Locality{Zone: zone}
+	*l = append(*l, loc)
+	return loc
 }
 
 // candidates returns the endpoints that serve one Service port, appended to
@@ -111,7 +130,8 @@ func candidates(svc *model.Service, port *model.ServicePort, scratch []candidate
 
 // assignment builds the ClusterLoadAssignment named name of the candidates
 // that keep accepts (nil: all of them), zonePrio ranking the zones (nil:
-// all alike). A Service without endpoints still gets one, with no
+// all alike), with the localities of locs and the candidates' endpoints,
+// which it shares with the Service's other assignments. A Service without endpoints still gets one, with no
 // endpoints, so a proxy never waits for a name that would never come.
 //
 // Every endpoint is HEALTHY, and its priority says when it is used, as
@@ -132,7 +152,7 @@ func candidates(svc *model.Service, port *model.ServicePort, scratch []candidate
 // has a Locality message, even for the empty zone, because grpc-go rejects
 // a locality without one; its weight is its number of endpoints (grpc-go
 // drops a zero-weight locality and Envoy forbids it).
-func assignment(name string, cands []candidate, keep func(*candidate) bool, zonePrio func(zone string) uint32) *endpointv3.ClusterLoadAssignment {
+func assignment(name string, cands []candidate, keep func(*candidate) bool, zonePrio func(zone string) uint32, locs *localities) *endpointv3.ClusterLoadAssignment {
 	cla := &endpointv3.ClusterLoadAssignment{ClusterName: name}
 	// tiers is how many ranks ready endpoints may take, so that every
 	// terminating one ranks after all of them.
@@ -174,13 +194,16 @@ func assignment(name string, cands []candidate, keep func(*candidate) bool, zone
 		}
 		lbs := make([]*endpointv3.LbEndpoint, 0, end-start)
 		for _, k := range kept[start:end] {
-			lbs = append(lbs, lbEndpoint(k.c.raw, k.c.port, corev3.HealthStatus_HEALTHY))
+			if k.c.lb == nil {
+				k.c.lb = lbEndpoint(k.c.raw, k.c.port, corev3.HealthStatus_HEALTHY)
+			}
+			lbs = append(lbs, k.c.lb)
 		}
 		start = end
 		cla.Endpoints = append(cla.Endpoints, &endpointv3.LocalityLbEndpoints{
-			Locality:            &corev3.Locality{Zone: zone},
+			Locality:            locs.of(zone),
 			LbEndpoints:         lbs,
-			LoadBalancingWeight: wrapperspb.UInt32(uint32(len(lbs))),
+			LoadBalancingWeight: weight(uint32(len(lbs))),
 			Priority:            prio,
 		})
 	}
@@ -219,7 +242,7 @@ func lbEndpoint(address string, port uint32, health corev3.HealthStatus) *endpoi
 			Endpoint: &endpointv3.Endpoint{Address: socketAddress(address, port)},
 		},
 		HealthStatus:        health,
-		LoadBalancingWeight: wrapperspb.UInt32(1),
+		LoadBalancingWeight: weight(1),
 	}
 }
 

@@ -44,13 +44,14 @@ func GRPCListenerNames(svc model.Key, port int32) (fqdn, short string) {
 // "<svc>.<ns>:<port>", the host entry VHDS names a virtual host by; every
 // byte of the name is sent to every proxy of the scope with every route
 // configuration or VHDS resource. The scope names it
-// "http-<listener port>/<svc>.<ns>:<port>" (see httpVirtualHosts).
+// "http-<listener port>/<svc>.<ns>:<port>" (see httpVirtualHosts), and so
+// does the fragment when listener is that port (not 0).
 //
 // The names without a port go to one port only, because Envoy rejects a
 // route configuration in which two virtual hosts share a domain: to port 80
 // when the Service has it (a Host without a port means 80 in HTTP), else to
 // its lowest port.
-func envoyVirtualHosts(svc *model.Service, ports []model.ServicePort, rt *Routing) []*routev3.VirtualHost {
+func envoyVirtualHosts(svc *model.Service, ports []model.ServicePort, rt *Routing, listener int32) []*routev3.VirtualHost {
 	key := svc.Key
 	if len(ports) == 0 {
 		return nil
@@ -67,6 +68,10 @@ func envoyVirtualHosts(svc *model.Service, ports []model.ServicePort, rt *Routin
 		key.Name + "." + key.Namespace + ".svc",
 		key.Name + "." + key.Namespace + ".svc." + ClusterDomain,
 	}
+	var scopeWide string
+	if listener != 0 {
+		scopeWide = HTTPListenerName(listener) + "/"
+	}
 	out := make([]*routev3.VirtualHost, 0, len(ports))
 	for i := range ports {
 		port := ports[i].Port
@@ -82,7 +87,7 @@ func envoyVirtualHosts(svc *model.Service, ports []model.ServicePort, rt *Routin
 		if !routed {
 			routes = []*routev3.Route{routeTo(model.ClusterName(key, port))}
 		}
-		out = append(out, &routev3.VirtualHost{Name: names[1] + p, Domains: domains, Routes: routes})
+		out = append(out, &routev3.VirtualHost{Name: scopeWide + names[1] + p, Domains: domains, Routes: routes})
 	}
 	return out
 }
@@ -100,7 +105,7 @@ func VHDS(scope *model.Scope) bool {
 // routeTo sends every request to one cluster.
 func routeTo(cluster string) *routev3.Route {
 	return &routev3.Route{
-		Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
+		Match: matchAll,
 		Action: &routev3.Route_Route{Route: &routev3.RouteAction{
 			ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: cluster},
 		}},
@@ -146,9 +151,11 @@ func httpListener(port int32) *listenerv3.Listener {
 // loses it, since no choice would be right. A virtual host left with no
 // domain is dropped, and one that lost the domain it is named by (which only
 // keys with dots can share) is named by the first domain it kept instead,
-// unique as every kept domain is. Fragments are never modified: each virtual host is
-// a shallow copy under its scope-wide name, sharing the fragment's routes
-// (and domains, unless some were dropped). It returns, in the same order,
+// unique as every kept domain is. Fragments are never modified: a virtual
+// host is the fragment's own when the fragment named it for this port and
+// it kept every domain, else a shallow copy under its scope-wide name,
+// sharing the fragment's routes (and domains, unless some were dropped).
+// It returns, in the same order,
 // the Service port each virtual host was translated from: a renamed one's
 // name no longer says.
 //
@@ -193,6 +200,10 @@ func httpVirtualHosts(scope *model.Scope, port int32, fragments []*Fragment) ([]
 	var kept []string
 	for _, f := range fragments {
 		local := f.Service.Namespace == scope.Key.Namespace
+		named, own := f.hostsPort == port, prefix
+		if !named && f.hostsPort != 0 {
+			own = HTTPListenerName(f.hostsPort) + "/"
+		}
 		for i, vh := range f.Hosts {
 			kept = kept[:0]
 			for _, d := range vh.GetDomains() {
@@ -205,10 +216,18 @@ func httpVirtualHosts(scope *model.Scope, port int32, fragments []*Fragment) ([]
 				}
 			}
 			domains, host := vh.GetDomains(), vh.GetName()
+			if f.hostsPort != 0 {
+				host = strings.TrimPrefix(host, own)
+			}
 			switch len(kept) {
 			case 0:
 				continue
 			case len(domains):
+				if named {
+					vhosts = append(vhosts, vh)
+					from = append(from, originAt(f.hostsFrom, i))
+					continue
+				}
 			default:
 				domains = slices.Clone(kept)
 				if !slices.Contains(domains, host) {
@@ -218,15 +237,19 @@ func httpVirtualHosts(scope *model.Scope, port int32, fragments []*Fragment) ([]
 				}
 			}
 			vhosts = append(vhosts, &routev3.VirtualHost{Name: prefix + host, Domains: domains, Routes: vh.GetRoutes()})
-			var o *model.Origin
-			if i < len(f.hostsFrom) {
-				o = f.hostsFrom[i]
-			}
-			from = append(from, o)
+			from = append(from, originAt(f.hostsFrom, i))
 		}
 	}
 	sortFrom(vhosts, from, (*routev3.VirtualHost).GetName)
 	return vhosts, from
+}
+
+// originAt is from[i], or nil past its end.
+func originAt(from []*model.Origin, i int) *model.Origin {
+	if i < len(from) {
+		return from[i]
+	}
+	return nil
 }
 
 // httpRouteConfig builds an Envoy-mode scope's one route configuration:
@@ -247,7 +270,7 @@ func httpRouteConfig(port int32, vhosts []*routev3.VirtualHost, vhds bool) *rout
 // Envoy-mode scope: no virtual host, fetched by VHDS over ADS. The ADS
 // server prices what a SotW scope's proxies would be sent in delta with it.
 func VHDSRouteConfig(name string) *routev3.RouteConfiguration {
-	return &routev3.RouteConfiguration{Name: name, Vhds: &routev3.Vhds{ConfigSource: adsConfigSource()}}
+	return &routev3.RouteConfiguration{Name: name, Vhds: &routev3.Vhds{ConfigSource: adsSource}}
 }
 
 // GRPCRouteName is the name of a Service port's route configuration for
@@ -317,7 +340,7 @@ func connectionManager(statPrefix, routeConfig string) *hcmv3.HttpConnectionMana
 	return &hcmv3.HttpConnectionManager{
 		StatPrefix: statPrefix,
 		RouteSpecifier: &hcmv3.HttpConnectionManager_Rds{Rds: &hcmv3.Rds{
-			ConfigSource:    adsConfigSource(),
+			ConfigSource:    adsSource,
 			RouteConfigName: routeConfig,
 		}},
 		HttpFilters: []*hcmv3.HttpFilter{{

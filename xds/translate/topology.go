@@ -9,16 +9,28 @@ import (
 )
 
 // Profile is what a Service's translation depends on besides the Service:
-// the listener mode of the scopes it is translated for, and whether they
-// order endpoints by zone. The catalog caches one fragment per profile in use.
+// the listener mode of the scopes it is translated for, whether they
+// order endpoints by zone, and in Envoy mode their listener port. The
+// catalog caches one fragment per profile in use.
 type Profile struct {
 	Mode         model.ListenerMode
 	ZonePriority bool
+	// Port is the Envoy-mode listener port, whose route configuration
+	// names the fragment's virtual hosts as the scope serves them
+	// ("http-<port>/<svc>.<ns>:<port>"), so that AssembleScope serves the
+	// fragment's own instead of a copy of each under that name (Envoy-mode
+	// scopes of different ports hold a fragment each); 0 (and always in
+	// ProxylessGRPC mode) for names without it.
+	Port int32
 }
 
 // ProfileOf is the profile of a scope.
 func ProfileOf(sc *model.Scope) Profile {
-	return Profile{Mode: sc.Listener.Mode, ZonePriority: sc.ZonePriority}
+	p := Profile{Mode: sc.Listener.Mode, ZonePriority: sc.ZonePriority}
+	if p.Mode == model.ListenerEnvoy && validPort(sc.Listener.Port) {
+		p.Port = sc.Listener.Port
+	}
+	return p
 }
 
 // PlaceEndpoints holds what proxies at one place see of some assignments
@@ -49,7 +61,7 @@ type placedAssignment struct {
 // A zone view that keeps every endpoint is left out, since the scope-wide
 // assignment says the same; a Node view never is when zone views exist,
 // because it must win over them.
-func hintViews(name string, cands []candidate) []placedAssignment {
+func hintViews(name string, cands []candidate, locs *localities) []placedAssignment {
 	var zones, nodes []string
 	allZones, allNodes, ready := true, true, false
 	for i := range cands {
@@ -74,7 +86,7 @@ func hintViews(name string, cands []candidate) []placedAssignment {
 			if keepsAll(cands, hinted) {
 				continue
 			}
-			out = append(out, placedAssignment{model.Place{Zone: z}, assignment(name, cands, hinted, nil)})
+			out = append(out, placedAssignment{model.Place{Zone: z}, assignment(name, cands, hinted, nil, locs)})
 		}
 	}
 	if allNodes {
@@ -85,7 +97,7 @@ func hintViews(name string, cands []candidate) []placedAssignment {
 			if !zoned && keepsAll(cands, hinted) {
 				continue
 			}
-			out = append(out, placedAssignment{model.Place{Node: n}, assignment(name, cands, hinted, nil)})
+			out = append(out, placedAssignment{model.Place{Node: n}, assignment(name, cands, hinted, nil, locs)})
 		}
 	}
 	return out
@@ -99,7 +111,7 @@ func hintViews(name string, cands []candidate) []placedAssignment {
 // port whose endpoints are all in one zone has none, since every proxy
 // would see the scope-wide assignment; nor does a proxy of a zone that
 // holds none of them, for the same reason.
-func zonePriorityViews(name string, cands []candidate) []placedAssignment {
+func zonePriorityViews(name string, cands []candidate, locs *localities) []placedAssignment {
 	if len(cands) == 0 || cands[0].ep.Zone == cands[len(cands)-1].ep.Zone {
 		return nil // candidates are sorted by zone: one zone, or none
 	}
@@ -114,7 +126,7 @@ func zonePriorityViews(name string, cands []candidate) []placedAssignment {
 				return 0
 			}
 			return 1
-		})})
+		}, locs)})
 	}
 	return out
 }

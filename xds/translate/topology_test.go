@@ -57,3 +57,50 @@ func TestSeenFromWhereTheProxyRuns(t *testing.T) {
 		t.Errorf("Seen modified the scope-wide assignment: %v", got)
 	}
 }
+
+// TestAssignmentsShareTheirParts checks that one Service's assignments, of
+// its ports and as seen from its zones, share each endpoint's and each
+// zone's message rather than holding a copy each: with zone priority,
+// every zone's view lists every endpoint again.
+func TestAssignmentsShareTheirParts(t *testing.T) {
+	svc := &model.Service{Key: model.Key{Namespace: "a", Name: "web"}, Ports: []model.ServicePort{{Name: "http", Port: 80}, {Name: "grpc", Port: 9090}}}
+	for i, zone := range []string{"zone-a", "zone-b", "zone-a"} {
+		svc.Endpoints = append(svc.Endpoints, model.Endpoint{
+			Address: "10.0.0." + string(rune('1'+i)), Family: model.IPv4, Ready: true, Serving: true, Zone: zone,
+			Ports: []model.EndpointPort{{Name: "http", Port: 8080}, {Name: "grpc", Port: 9090}},
+		})
+	}
+	f := Service(svc, Profile{Mode: model.ListenerEnvoy, ZonePriority: true})
+	endpoints := map[*endpointv3.LbEndpoint]bool{}
+	localities := map[string]map[any]bool{}
+	count := func(cla *endpointv3.ClusterLoadAssignment) {
+		for _, l := range cla.GetEndpoints() {
+			if localities[l.GetLocality().GetZone()] == nil {
+				localities[l.GetLocality().GetZone()] = map[any]bool{}
+			}
+			localities[l.GetLocality().GetZone()][l.GetLocality()] = true
+			for _, e := range l.GetLbEndpoints() {
+				endpoints[e] = true
+			}
+		}
+	}
+	for _, cla := range f.Endpoints {
+		count(cla)
+	}
+	if len(f.Places) != 2 {
+		t.Fatalf("%d zone views, want 2", len(f.Places))
+	}
+	for _, p := range f.Places {
+		for _, cla := range p.Endpoints {
+			count(cla)
+		}
+	}
+	if len(endpoints) != 6 {
+		t.Errorf("3 endpoints of 2 ports are held as %d messages, want 6", len(endpoints))
+	}
+	for zone, ls := range localities {
+		if len(ls) != 1 {
+			t.Errorf("zone %s is held as %d messages, want 1", zone, len(ls))
+		}
+	}
+}

@@ -11,7 +11,7 @@
 //
 // Translation happens in two steps. Service turns ONE Service into a
 // Fragment, which depends only on that Service and the
-// scope's listener mode, so a change to one Service re-translates one
+// scope's Profile (its listener mode and port, its zone priority), so a change to one Service re-translates one
 // fragment. AssembleScope merges the fragments selected by a scope into the
 // scope's complete resource set, adding the scope-wide HTTP listener,
 // route configuration and virtual hosts in Envoy mode. Translate does both
@@ -53,8 +53,13 @@ type Fragment struct {
 	// builds them.
 	Resources
 	// Hosts holds one VirtualHost per Service port in Envoy mode, sorted by
-	// name, from which AssembleScope builds the scope's virtual hosts.
+	// name, from which AssembleScope builds the scope's virtual hosts. They
+	// are named as a scope of the profile's listener port serves them
+	// (see Profile.Port), hostsPort.
 	Hosts []*routev3.VirtualHost
+	// hostsPort is the listener port whose route configuration names
+	// Hosts, or 0 when their names carry none.
+	hostsPort int32
 	// hostsFrom is the Service port each of Hosts was translated from.
 	hostsFrom []*model.Origin
 }
@@ -159,7 +164,10 @@ func RoutedService(svc *model.Service, p Profile, rt *Routing) Fragment {
 			from[xdstype.Route] = append(from[xdstype.Route], &origins[i])
 		}
 	default:
-		out.Hosts = envoyVirtualHosts(svc, ports, rt)
+		if validPort(p.Port) {
+			out.hostsPort = p.Port
+		}
+		out.Hosts = envoyVirtualHosts(svc, ports, rt, out.hostsPort)
 		for i := range out.Hosts { // one per port, in the order of ports
 			out.hostsFrom = append(out.hostsFrom, &origins[i])
 		}

@@ -165,6 +165,25 @@ func TestAssembleDoesNotModifyFragments(t *testing.T) {
 	}
 }
 
+// TestAssembleServesTheFragmentsVirtualHosts checks that a scope serves
+// the virtual hosts of fragments translated for its listener port as they
+// are, rather than a copy of each per scope, and names those of fragments
+// translated for another port (or none) after its own.
+func TestAssembleServesTheFragmentsVirtualHosts(t *testing.T) {
+	svc := &model.Service{Key: model.Key{Namespace: "a", Name: "web"}, Ports: []model.ServicePort{{Name: "http", Port: 80}}}
+	sc := &model.Scope{Key: model.Key{Namespace: "a", Name: "s"}, Listener: model.Listener{Mode: model.ListenerEnvoy, Port: 8080}}
+	for _, p := range []Profile{ProfileOf(sc), {Mode: model.ListenerEnvoy}, {Mode: model.ListenerEnvoy, Port: 9090}} {
+		f := Service(svc, p)
+		res := AssembleScope(sc, []*Fragment{&f})
+		if len(res.VirtualHosts) != 1 || res.VirtualHosts[0].GetName() != "http-8080/web.a:80" {
+			t.Fatalf("profile %+v: virtual hosts %v, want one named http-8080/web.a:80", p, res.VirtualHosts)
+		}
+		if shared := res.VirtualHosts[0] == f.Hosts[0]; shared != (p.Port == 8080) {
+			t.Errorf("profile %+v: the scope serves the fragment's own virtual host: %v", p, shared)
+		}
+	}
+}
+
 // TestDottedNames checks the general conflict path: names Kubernetes would
 // refuse (with dots) can make longer domains collide, and still no domain
 // may appear twice.
