@@ -172,7 +172,7 @@ type serviceEntry struct {
 	// translations read.
 	cat *Catalog
 	// frags caches the Service's translation per key in use.
-	frags map[fragKey]*translate.Fragment
+	frags fragments
 	// scopes are the scopes that select the Service; backendOf those that
 	// serve it only as a mesh route's backend.
 	scopes    map[model.Key]struct{}
@@ -180,6 +180,38 @@ type serviceEntry struct {
 	// consumers holds the namespaces whose consumer routes attach to the
 	// Service: their scopes get a translation of their own.
 	consumers map[string]struct{}
+}
+
+// fragments are a Service's translations by key: a slice searched in
+// order, not a map, since a Service has one in most worlds (every scope
+// that selects it shares a profile) and rarely more than a few, and a map
+// would hold several hundred bytes for each of a hundred thousand
+// Services.
+type fragments []keyedFragment
+
+type keyedFragment struct {
+	key  fragKey
+	frag *translate.Fragment
+}
+
+// get returns the translation for k, or nil.
+func (fs fragments) get(k fragKey) *translate.Fragment {
+	for i := range fs {
+		if fs[i].key == k {
+			return fs[i].frag
+		}
+	}
+	return nil
+}
+
+// set records f as the translation for k, which it does not hold.
+func (fs *fragments) set(k fragKey, f *translate.Fragment) {
+	*fs = append(*fs, keyedFragment{k, f})
+}
+
+// keepBackends drops every translation but the backend parts.
+func (fs *fragments) keepBackends() {
+	*fs = slices.DeleteFunc(*fs, func(kf keyedFragment) bool { return !kf.key.backend })
 }
 
 // fragKey is what a Service's translation depends on besides the Service:
@@ -255,7 +287,7 @@ func (c *Catalog) markDirty(k model.Key) { c.dirty.Add(k) }
 
 // fragment returns the Service's translation for k, cached.
 func (e *serviceEntry) fragment(k fragKey) *translate.Fragment {
-	if f, ok := e.frags[k]; ok {
+	if f := e.frags.get(k); f != nil {
 		return f
 	}
 	var f translate.Fragment
@@ -264,7 +296,7 @@ func (e *serviceEntry) fragment(k fragKey) *translate.Fragment {
 	} else {
 		f = translate.RoutedService(e.svc, k.profile, e.cat.routing(e.svc.Key, k.consumer))
 	}
-	e.frags[k] = &f
+	e.frags.set(k, &f)
 	return &f
 }
 
@@ -275,7 +307,7 @@ func (c *Catalog) UpsertService(svc *model.Service) {
 	defer c.mu.Unlock()
 	e, ok := c.services[svc.Key]
 	if !ok {
-		e = &serviceEntry{svc: svc, cat: c, frags: map[fragKey]*translate.Fragment{}, scopes: map[model.Key]struct{}{}}
+		e = &serviceEntry{svc: svc, cat: c, scopes: map[model.Key]struct{}{}}
 		c.noteConsumers(e)
 		c.services[svc.Key] = e
 		if c.byNS[svc.Key.Namespace] == nil {
@@ -288,7 +320,7 @@ func (c *Catalog) UpsertService(svc *model.Service) {
 	}
 	old, before := e.frags, e.svc
 	e.svc = svc
-	e.frags = make(map[fragKey]*translate.Fragment, len(old))
+	e.frags = make(fragments, 0, len(old))
 	nsLabels, nsKnown := c.namespaces[svc.Key.Namespace]
 	// A scope selects the Service, or did, only where it can reach the
 	// Service's namespace.
@@ -297,11 +329,11 @@ func (c *Catalog) UpsertService(svc *model.Service) {
 		is, refusal := c.admits(sc, svc, nsLabels, nsKnown)
 		switch {
 		case was && is:
-			sc.replaceService(e, old[sc.keyOf(e)])
+			sc.replaceService(e, old.get(sc.keyOf(e)))
 		case is:
 			sc.addService(e)
 		case was:
-			sc.removeService(e, old[sc.keyOf(e)])
+			sc.removeService(e, old.get(sc.keyOf(e)))
 		}
 		if sc.settle() || refusal {
 			c.markDirty(key)
@@ -309,7 +341,7 @@ func (c *Catalog) UpsertService(svc *model.Service) {
 	})
 	for key := range e.backendOf {
 		sc := c.scopes[key]
-		sc.replaceBackend(e, old[sc.backendKey()])
+		sc.replaceBackend(e, old.get(sc.backendKey()))
 		if sc.settle() {
 			c.markDirty(key)
 		}
@@ -336,7 +368,7 @@ func (c *Catalog) DeleteService(key model.Key) {
 	}
 	for sk := range e.scopes {
 		sc := c.scopes[sk]
-		sc.removeService(e, e.frags[sc.keyOf(e)])
+		sc.removeService(e, e.frags.get(sc.keyOf(e)))
 		if sc.settle() {
 			c.markDirty(sk)
 		}
@@ -408,7 +440,7 @@ func (c *Catalog) reselect(sc *scopeEntry, ns string, nsLabels map[string]string
 		case is && !was:
 			sc.addService(e)
 		case was && !is:
-			sc.removeService(e, e.frags[sc.keyOf(e)])
+			sc.removeService(e, e.frags.get(sc.keyOf(e)))
 		}
 	}
 	return sc.settle() || changed

@@ -151,15 +151,11 @@ func (c *Catalog) retranslate(keys map[model.Key]struct{}) {
 		}
 		old := make(map[model.Key]*translate.Fragment, len(e.scopes))
 		for sk := range e.scopes {
-			old[sk] = e.frags[c.scopes[sk].keyOf(e)]
+			old[sk] = e.frags.get(c.scopes[sk].keyOf(e))
 		}
 		c.noteConsumers(e)
 		// The backend part depends on the Service alone: it is kept.
-		for k := range e.frags {
-			if !k.backend {
-				delete(e.frags, k)
-			}
-		}
+		e.frags.keepBackends()
 		for sk := range e.scopes {
 			sc := c.scopes[sk]
 			sc.replaceService(e, old[sk])
@@ -315,7 +311,7 @@ func (sc *scopeEntry) dropBackend(e *serviceEntry) {
 	if _, selected := sc.services[e.svc.Key]; selected {
 		keep = e.fragment(sc.keyOf(e))
 	}
-	sc.dropFragment(e.frags[sc.backendKey()], keep)
+	sc.dropFragment(e.frags.get(sc.backendKey()), keep)
 }
 
 // replaceBackend serves the new translation of a Service served as a
