@@ -3,6 +3,7 @@ package snapshot
 import (
 	"context"
 	"fmt"
+	"maps"
 	"testing"
 	"time"
 
@@ -67,5 +68,56 @@ func TestNextWaitWidensUnderChurnOnly(t *testing.T) {
 	// No window: never wait.
 	if w := nextWait(0, 0, 0); w != 0 {
 		t.Errorf("with no window the wait is %v", w)
+	}
+}
+
+// TestScopesAppliedInParallelAsOneByOne checks that a batch whose scopes
+// are applied in parallel (as a start's first build is) stores what
+// applying them one by one stores, though the scopes share the Services'
+// messages (and those messages share their read-only parts): every
+// resource at the same version with the same bytes, every scope at the
+// same version. Run with -race, it also checks that marshalling shared
+// messages at once is safe.
+func TestScopesAppliedInParallelAsOneByOne(t *testing.T) {
+	world := func() []catalog.Update {
+		cat := catalog.New()
+		for i := range 8 {
+			mode := model.ListenerEnvoy
+			if i%2 == 1 {
+				mode = model.ListenerProxylessGRPC
+			}
+			cat.UpsertScope(&model.Scope{Key: model.Key{Namespace: "shop", Name: fmt.Sprint("scope", i)}, Protocol: model.Delta, Listener: model.Listener{Mode: mode, Port: 8080},
+				Selections: []model.Selection{{Namespace: "shop", Selector: labels.Everything()}}})
+		}
+		for i := range 200 {
+			cat.UpsertService(testkit.Service("shop", fmt.Sprint("svc", i), "10.0.0.1", fmt.Sprintf("10.0.1.%d", i%250)))
+		}
+		return cat.Take()
+	}
+	parallel, oneByOne := NewStore(), NewStore()
+	NewBuilder(nil, parallel, 0).Apply(world())
+	b := NewBuilder(nil, oneByOne, 0)
+	for _, u := range world() {
+		b.Apply([]catalog.Update{u})
+	}
+	held := func(st *Store, k model.Key) map[string]string {
+		out := map[string]string{}
+		st.Get(k).Read(func(v View) {
+			out["scope"] = v.Version()
+			for t := range xdstype.Count {
+				v.All(t, func(r *Resource) { out[t.String()+" "+r.Name] = r.Version + " " + string(r.Value()) })
+			}
+		})
+		return out
+	}
+	keys := parallel.Keys()
+	if len(keys) != 8 || len(oneByOne.Keys()) != 8 {
+		t.Fatalf("%d and %d scopes stored, want 8", len(keys), len(oneByOne.Keys()))
+	}
+	for _, k := range keys {
+		p, o := held(parallel, k), held(oneByOne, k)
+		if len(p) < 400 || !maps.Equal(p, o) {
+			t.Errorf("%s: applied in parallel, %d entries; one by one, %d; equal: %v", k, len(p), len(o), maps.Equal(p, o))
+		}
 	}
 }
