@@ -234,6 +234,9 @@ type scopeEntry struct {
 	// backendsStale says they must be settled again before a Take.
 	backends      map[model.Key]*serviceEntry
 	backendsStale bool
+	// leaving holds the backends no route of the scope's Services reaches
+	// any more, still served until the next Take (see syncBackends).
+	leaving map[model.Key]struct{}
 	// refused holds the Services the selections match that their
 	// namespaces do not grant to the scope.
 	refused map[model.Key]struct{}

@@ -10,6 +10,7 @@ import (
 	"reflect"
 	"slices"
 	"sort"
+	"strings"
 	"testing"
 
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
@@ -387,7 +388,9 @@ func TestRandomChangesMatchTranslationFromScratch(t *testing.T) {
 			c.DeleteScope(k)
 		}
 		if rng.IntN(3) == 0 || step == steps-1 {
-			for _, u := range c.Take() {
+			// A route backend no route reaches any more leaves a Take
+			// later (see syncBackends): the second Take settles it.
+			for _, u := range slices.Concat(c.Take(), c.Take()) {
 				if u.Scope == nil {
 					delete(mirror, u.Key)
 					delete(mirrorAt, u.Key)
@@ -941,4 +944,46 @@ func TestMirrorBackendIsServed(t *testing.T) {
 	c.UpsertRoute(&plain)
 	c.Take()
 	assertClusters(t, c, "shop/gw", "shop/reviews:80")
+}
+
+// TestLeavingBackendGoesATakeAfterItsRoutes checks that a route backend no
+// route reaches any more is removed from the scope one Take after the
+// routes that stopped naming it changed, not with them: a proxy is pushed
+// the routes, answers, and only then is pushed the clusters' removal.
+func TestLeavingBackendGoesATakeAfterItsRoutes(t *testing.T) {
+	c := New()
+	c.UpsertService(service("shop", "reviews", nil, "10.0.0.1"))
+	c.UpsertService(service("shop", "reviews-v2", nil, "10.0.0.2"))
+	c.UpsertScope(scope("shop", "gw", model.ListenerProxylessGRPC, model.Selection{Namespace: "shop", Names: names("reviews")}))
+	reviews := model.Key{Namespace: "shop", Name: "reviews"}
+	route := &model.Route{
+		Key: model.Key{Namespace: "shop", Name: "canary"}, Kind: model.HTTPRoute,
+		Parents: []model.RouteParent{{Service: reviews}},
+		Rules: []model.RouteRule{{Backends: []model.RouteBackend{
+			{Service: reviews, Port: 80, Weight: 9}, {Service: model.Key{Namespace: "shop", Name: "reviews-v2"}, Port: 80, Weight: 1},
+		}}},
+	}
+	c.UpsertRoute(route)
+	c.Take()
+	c.DeleteRoute(model.RouteRef{Kind: model.HTTPRoute, Key: route.Key})
+	removed := func(us []Update) (routes, clusters int) {
+		for _, u := range us {
+			routes += len(u.Upserted[xdstype.Route])
+			for _, n := range u.Removed[xdstype.Cluster] {
+				if strings.Contains(n, "reviews-v2") {
+					clusters++
+				}
+			}
+		}
+		return routes, clusters
+	}
+	if r, cl := removed(c.Take()); r != 1 || cl != 0 {
+		t.Fatalf("the route's deletion: %d route configurations changed and %d of reviews-v2's clusters removed, want 1 and none yet", r, cl)
+	}
+	if r, cl := removed(c.Take()); r != 0 || cl != 1 {
+		t.Fatalf("the next Take: %d route configurations changed and %d of reviews-v2's clusters removed, want none and 1", r, cl)
+	}
+	if us := c.Take(); len(us) != 0 {
+		t.Errorf("a third Take has %d updates, want none", len(us))
+	}
 }

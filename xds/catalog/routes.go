@@ -282,6 +282,14 @@ func (sc *scopeEntry) eachRouted(fn func(*serviceEntry)) {
 }
 
 // syncBackends makes the Services served as route backends those wanted.
+// One no route reaches any more is dropped a Take later than the routes
+// stop naming it, never in the same revision: a proxy is then sent the
+// routes that no longer use its clusters, and only after it answered them
+// (a stream pushes only when its proxy answered the last push) the
+// clusters' removal. Sent in one push, in that order, a gRPC client still
+// routes some calls by the old routes when it applies the removal (it
+// applies route changes apart from the xDS stream), and they fail: gRPC
+// C-core 1.51 failed a call so ("CDS resource ... does not exist").
 func (sc *scopeEntry) syncBackends() {
 	if !sc.backendsStale {
 		return
@@ -289,9 +297,25 @@ func (sc *scopeEntry) syncBackends() {
 	sc.backendsStale = false
 	want := sc.wantedBackends()
 	for k, e := range sc.backends {
-		if _, ok := want[k]; !ok {
+		_, wanted := want[k]
+		_, left := sc.leaving[k]
+		switch {
+		case wanted:
+			delete(sc.leaving, k)
+		case left:
+			delete(sc.leaving, k)
 			sc.dropBackend(e)
+		default:
+			if sc.leaving == nil {
+				sc.leaving = map[model.Key]struct{}{}
+			}
+			sc.leaving[k] = struct{}{}
 		}
+	}
+	if len(sc.leaving) > 0 {
+		// The next Take drops them.
+		sc.backendsStale = true
+		sc.cat.markDirty(sc.scope.Key)
 	}
 	for k, e := range want {
 		if _, ok := sc.backends[k]; !ok {
