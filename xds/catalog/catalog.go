@@ -164,6 +164,9 @@ type Catalog struct {
 	// routeGrants holds each namespace's consent to routes of other
 	// namespaces, by route kind.
 	routeGrants map[string]map[model.RouteKind]model.Grants
+	// backendGrace is how long a route backend no route reaches any more
+	// stays served (see syncBackends).
+	backendGrace time.Duration
 }
 
 type serviceEntry struct {
@@ -235,8 +238,9 @@ type scopeEntry struct {
 	backends      map[model.Key]*serviceEntry
 	backendsStale bool
 	// leaving holds the backends no route of the scope's Services reaches
-	// any more, still served until the next Take (see syncBackends).
-	leaving map[model.Key]struct{}
+	// any more, still served for the catalog's backendGrace from when
+	// they began to leave (see syncBackends).
+	leaving map[model.Key]time.Time
 	// refused holds the Services the selections match that their
 	// namespaces do not grant to the scope.
 	refused map[model.Key]struct{}

@@ -987,3 +987,45 @@ func TestLeavingBackendGoesATakeAfterItsRoutes(t *testing.T) {
 		t.Errorf("a third Take has %d updates, want none", len(us))
 	}
 }
+
+// TestLeavingBackendStaysForItsGrace checks that with a grace, a route
+// backend no route reaches any more is still served by the Takes within
+// it, and that the catalog signals a change once it is over, whose Take
+// removes it.
+func TestLeavingBackendStaysForItsGrace(t *testing.T) {
+	c := New()
+	c.SetBackendGrace(200 * time.Millisecond)
+	c.UpsertService(service("shop", "reviews", nil, "10.0.0.1"))
+	c.UpsertService(service("shop", "reviews-v2", nil, "10.0.0.2"))
+	c.UpsertScope(scope("shop", "gw", model.ListenerEnvoy, model.Selection{Namespace: "shop", Names: names("reviews")}))
+	reviews := model.Key{Namespace: "shop", Name: "reviews"}
+	route := &model.Route{
+		Key: model.Key{Namespace: "shop", Name: "canary"}, Kind: model.HTTPRoute,
+		Parents: []model.RouteParent{{Service: reviews}},
+		Rules:   []model.RouteRule{{Backends: []model.RouteBackend{{Service: model.Key{Namespace: "shop", Name: "reviews-v2"}, Port: 80, Weight: 1}}}},
+	}
+	c.UpsertRoute(route)
+	c.Take()
+	assertClusters(t, c, "shop/gw", "shop/reviews-v2:80", "shop/reviews:80")
+	c.DeleteRoute(model.RouteRef{Kind: model.HTTPRoute, Key: route.Key})
+	start := time.Now()
+	c.Take()
+	c.Take()
+	if time.Since(start) < 200*time.Millisecond {
+		assertClusters(t, c, "shop/gw", "shop/reviews-v2:80", "shop/reviews:80")
+	}
+	// Changed may hold a signal of the Takes above: wait for the Take that
+	// removes the backend, which only the grace's end can bring.
+	deadline := time.After(testkit.Timeout)
+	for removed := false; !removed; {
+		select {
+		case <-c.Changed():
+		case <-deadline:
+			t.Fatalf("no Take removed the backend within %v", testkit.Timeout)
+		}
+		for _, u := range c.Take() {
+			removed = removed || slices.Contains(u.Removed[xdstype.Cluster], "shop/reviews-v2:80")
+		}
+	}
+	assertClusters(t, c, "shop/gw", "shop/reviews:80")
+}

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"reflect"
 	"slices"
+	"time"
 
 	"github.com/scopeplane/scopeplane/xds/model"
 	"github.com/scopeplane/scopeplane/xds/translate"
@@ -281,42 +282,58 @@ func (sc *scopeEntry) eachRouted(fn func(*serviceEntry)) {
 	}
 }
 
+// DefaultBackendGrace is how long the control plane keeps serving a route
+// backend after no route reaches it any more (SetBackendGrace): longer
+// than a call routed there just before takes to be retried (gRPC's
+// retries back off 25 ms, then up to 250 ms, for at most 5 attempts).
+const DefaultBackendGrace = 5 * time.Second
+
+// SetBackendGrace sets how long a route backend no route reaches any more
+// stays served (see syncBackends); zero, until the next Take.
+func (c *Catalog) SetBackendGrace(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.backendGrace = d
+}
+
 // syncBackends makes the Services served as route backends those wanted.
-// One no route reaches any more is dropped a Take later than the routes
-// stop naming it, never in the same revision: a proxy is then sent the
-// routes that no longer use its clusters, and only after it answered them
-// (a stream pushes only when its proxy answered the last push) the
-// clusters' removal. Sent in one push, in that order, a gRPC client still
-// routes some calls by the old routes when it applies the removal (it
-// applies route changes apart from the xDS stream), and they fail: gRPC
-// C-core 1.51 failed a call so ("CDS resource ... does not exist").
+// One no route reaches any more stays served for the catalog's
+// backendGrace, and at least until the Take after the routes stopped
+// naming it, never leaving in the same revision: a proxy is pushed the
+// routes that no longer use its clusters first, and only after it
+// answered them (a stream pushes only once its proxy answered the last
+// push) the clusters' removal. A gRPC client applies route changes apart
+// from its xDS stream and still routes, and retries, calls by the old
+// routes for a while: sent at once, the removal failed such calls (gRPC
+// C-core 1.51: "CDS resource ... does not exist"; grpc-go 1.85: a call
+// whose retries all failed).
 func (sc *scopeEntry) syncBackends() {
 	if !sc.backendsStale {
 		return
 	}
 	sc.backendsStale = false
+	c := sc.cat
 	want := sc.wantedBackends()
+	now := c.now()
 	for k, e := range sc.backends {
-		_, wanted := want[k]
-		_, left := sc.leaving[k]
-		switch {
-		case wanted:
+		if _, wanted := want[k]; wanted {
 			delete(sc.leaving, k)
-		case left:
+			continue
+		}
+		since, left := sc.leaving[k]
+		switch {
+		case !left:
+			if sc.leaving == nil {
+				sc.leaving = map[model.Key]time.Time{}
+			}
+			sc.leaving[k] = now
+			c.settleLater(sc)
+		case now.Sub(since) >= c.backendGrace:
 			delete(sc.leaving, k)
 			sc.dropBackend(e)
-		default:
-			if sc.leaving == nil {
-				sc.leaving = map[model.Key]struct{}{}
-			}
-			sc.leaving[k] = struct{}{}
 		}
 	}
-	if len(sc.leaving) > 0 {
-		// The next Take drops them.
-		sc.backendsStale = true
-		sc.cat.markDirty(sc.scope.Key)
-	}
+	sc.backendsStale = len(sc.leaving) > 0
 	for k, e := range want {
 		if _, ok := sc.backends[k]; !ok {
 			sc.backends[k] = e
@@ -324,6 +341,24 @@ func (sc *scopeEntry) syncBackends() {
 			sc.putFragment(e.fragment(sc.backendKey()))
 		}
 	}
+}
+
+// settleLater has the scope settle its backends again once the grace of
+// one that began to leave is over: at the next Take when there is none.
+func (c *Catalog) settleLater(sc *scopeEntry) {
+	key := sc.scope.Key
+	if c.backendGrace <= 0 {
+		c.markDirty(key)
+		return
+	}
+	time.AfterFunc(c.backendGrace, func() {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if c.scopes[key] == sc {
+			sc.backendsStale = true
+			c.markDirty(key)
+		}
+	})
 }
 
 // dropBackend stops serving the Service as a route backend, keeping what
