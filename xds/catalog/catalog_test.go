@@ -1029,3 +1029,31 @@ func TestLeavingBackendStaysForItsGrace(t *testing.T) {
 	}
 	assertClusters(t, c, "shop/gw", "shop/reviews:80")
 }
+
+// TestLeavingBackendDeletedLeavesNothingBehind checks that a leaving
+// backend whose Service is deleted during its grace is forgotten: the scope
+// settles, and further changes elsewhere do not keep marking it changed.
+func TestLeavingBackendDeletedLeavesNothingBehind(t *testing.T) {
+	c := New()
+	c.SetBackendGrace(time.Hour)
+	c.UpsertService(service("shop", "reviews", nil, "10.0.0.1"))
+	c.UpsertService(service("shop", "reviews-v2", nil, "10.0.0.2"))
+	c.UpsertScope(scope("shop", "gw", model.ListenerEnvoy, model.Selection{Namespace: "shop", Names: names("reviews")}))
+	reviews := model.Key{Namespace: "shop", Name: "reviews"}
+	route := &model.Route{
+		Key: model.Key{Namespace: "shop", Name: "canary"}, Kind: model.HTTPRoute,
+		Parents: []model.RouteParent{{Service: reviews}},
+		Rules:   []model.RouteRule{{Backends: []model.RouteBackend{{Service: model.Key{Namespace: "shop", Name: "reviews-v2"}, Port: 80, Weight: 1}}}},
+	}
+	c.UpsertRoute(route)
+	c.Take()
+	c.DeleteRoute(model.RouteRef{Kind: model.HTTPRoute, Key: route.Key})
+	c.Take()
+	c.DeleteService(model.Key{Namespace: "shop", Name: "reviews-v2"})
+	c.Take()
+	assertClusters(t, c, "shop/gw", "shop/reviews:80")
+	c.UpsertService(service("shop", "other", nil, "10.0.0.3"))
+	if us := c.Take(); len(us) != 0 {
+		t.Errorf("a Service the scope does not select marked it changed: %d updates", len(us))
+	}
+}

@@ -329,7 +329,6 @@ func (sc *scopeEntry) syncBackends() {
 			sc.leaving[k] = now
 			c.settleLater(sc)
 		case now.Sub(since) >= c.backendGrace:
-			delete(sc.leaving, k)
 			sc.dropBackend(e)
 		}
 	}
@@ -365,6 +364,7 @@ func (c *Catalog) settleLater(sc *scopeEntry) {
 // the scope now serves of it as a selected Service.
 func (sc *scopeEntry) dropBackend(e *serviceEntry) {
 	delete(sc.backends, e.svc.Key)
+	delete(sc.leaving, e.svc.Key)
 	delete(e.backendOf, sc.scope.Key)
 	var keep *translate.Fragment
 	if _, selected := sc.services[e.svc.Key]; selected {
