@@ -946,15 +946,17 @@ func TestMirrorBackendIsServed(t *testing.T) {
 	assertClusters(t, c, "shop/gw", "shop/reviews:80")
 }
 
-// TestLeavingBackendGoesATakeAfterItsRoutes checks that a route backend no
-// route reaches any more is removed from the scope one Take after the
-// routes that stopped naming it changed, not with them: a proxy is pushed
-// the routes, answers, and only then is pushed the clusters' removal.
-func TestLeavingBackendGoesATakeAfterItsRoutes(t *testing.T) {
+// canaryGone is a scope of Service shop/reviews in mode, whose canary
+// route to shop/reviews-v2 (which the scope does not select) was served
+// and is then deleted, with the catalog's backend grace: what the tests
+// of a leaving backend start from.
+func canaryGone(t *testing.T, mode model.ListenerMode, grace time.Duration) *Catalog {
+	t.Helper()
 	c := New()
+	c.SetBackendGrace(grace)
 	c.UpsertService(service("shop", "reviews", nil, "10.0.0.1"))
 	c.UpsertService(service("shop", "reviews-v2", nil, "10.0.0.2"))
-	c.UpsertScope(scope("shop", "gw", model.ListenerProxylessGRPC, model.Selection{Namespace: "shop", Names: names("reviews")}))
+	c.UpsertScope(scope("shop", "gw", mode, model.Selection{Namespace: "shop", Names: names("reviews")}))
 	reviews := model.Key{Namespace: "shop", Name: "reviews"}
 	route := &model.Route{
 		Key: model.Key{Namespace: "shop", Name: "canary"}, Kind: model.HTTPRoute,
@@ -965,7 +967,17 @@ func TestLeavingBackendGoesATakeAfterItsRoutes(t *testing.T) {
 	}
 	c.UpsertRoute(route)
 	c.Take()
+	assertClusters(t, c, "shop/gw", "shop/reviews-v2:80", "shop/reviews:80")
 	c.DeleteRoute(model.RouteRef{Kind: model.HTTPRoute, Key: route.Key})
+	return c
+}
+
+// TestLeavingBackendGoesATakeAfterItsRoutes checks that a route backend no
+// route reaches any more is removed from the scope one Take after the
+// routes that stopped naming it changed, not with them: a proxy is pushed
+// the routes, answers, and only then is pushed the clusters' removal.
+func TestLeavingBackendGoesATakeAfterItsRoutes(t *testing.T) {
+	c := canaryGone(t, model.ListenerProxylessGRPC, 0)
 	removed := func(us []Update) (routes, clusters int) {
 		for _, u := range us {
 			routes += len(u.Upserted[xdstype.Route])
@@ -993,21 +1005,7 @@ func TestLeavingBackendGoesATakeAfterItsRoutes(t *testing.T) {
 // it, and that the catalog signals a change once it is over, whose Take
 // removes it.
 func TestLeavingBackendStaysForItsGrace(t *testing.T) {
-	c := New()
-	c.SetBackendGrace(200 * time.Millisecond)
-	c.UpsertService(service("shop", "reviews", nil, "10.0.0.1"))
-	c.UpsertService(service("shop", "reviews-v2", nil, "10.0.0.2"))
-	c.UpsertScope(scope("shop", "gw", model.ListenerEnvoy, model.Selection{Namespace: "shop", Names: names("reviews")}))
-	reviews := model.Key{Namespace: "shop", Name: "reviews"}
-	route := &model.Route{
-		Key: model.Key{Namespace: "shop", Name: "canary"}, Kind: model.HTTPRoute,
-		Parents: []model.RouteParent{{Service: reviews}},
-		Rules:   []model.RouteRule{{Backends: []model.RouteBackend{{Service: model.Key{Namespace: "shop", Name: "reviews-v2"}, Port: 80, Weight: 1}}}},
-	}
-	c.UpsertRoute(route)
-	c.Take()
-	assertClusters(t, c, "shop/gw", "shop/reviews-v2:80", "shop/reviews:80")
-	c.DeleteRoute(model.RouteRef{Kind: model.HTTPRoute, Key: route.Key})
+	c := canaryGone(t, model.ListenerEnvoy, 200*time.Millisecond)
 	start := time.Now()
 	c.Take()
 	c.Take()
@@ -1034,20 +1032,7 @@ func TestLeavingBackendStaysForItsGrace(t *testing.T) {
 // backend whose Service is deleted during its grace is forgotten: the scope
 // settles, and further changes elsewhere do not keep marking it changed.
 func TestLeavingBackendDeletedLeavesNothingBehind(t *testing.T) {
-	c := New()
-	c.SetBackendGrace(time.Hour)
-	c.UpsertService(service("shop", "reviews", nil, "10.0.0.1"))
-	c.UpsertService(service("shop", "reviews-v2", nil, "10.0.0.2"))
-	c.UpsertScope(scope("shop", "gw", model.ListenerEnvoy, model.Selection{Namespace: "shop", Names: names("reviews")}))
-	reviews := model.Key{Namespace: "shop", Name: "reviews"}
-	route := &model.Route{
-		Key: model.Key{Namespace: "shop", Name: "canary"}, Kind: model.HTTPRoute,
-		Parents: []model.RouteParent{{Service: reviews}},
-		Rules:   []model.RouteRule{{Backends: []model.RouteBackend{{Service: model.Key{Namespace: "shop", Name: "reviews-v2"}, Port: 80, Weight: 1}}}},
-	}
-	c.UpsertRoute(route)
-	c.Take()
-	c.DeleteRoute(model.RouteRef{Kind: model.HTTPRoute, Key: route.Key})
+	c := canaryGone(t, model.ListenerEnvoy, time.Hour)
 	c.Take()
 	c.DeleteService(model.Key{Namespace: "shop", Name: "reviews-v2"})
 	c.Take()
