@@ -82,23 +82,13 @@ func split(conn *grpc.ClientConn, n int, md ...string) map[string]int {
 }
 
 // traffic calls without pause until stopped, as a client in production
-// does while its routes change, and counts the calls that failed: those
-// grpc-go's known new-cluster race failed apart (docs/routes.md, "Known
-// client bugs").
+// does while its routes change, and counts the calls that failed.
 type traffic struct {
 	stop          chan struct{}
 	done          sync.WaitGroup
-	calls         atomic.Int64
-	failed, known atomic.Int64
+	calls, failed atomic.Int64
 	mu            sync.Mutex
 	errs          []string
-}
-
-// newClusterRace reports the failure grpc-go 1.85 gives a call picked in
-// the moment a route change adds a cluster to the client, before the
-// cluster's balancer exists.
-func newClusterRace(err error) bool {
-	return status.Code(err) == codes.Unavailable && strings.Contains(err.Error(), "unknown cluster selected for RPC")
 }
 
 func startTraffic(conn *grpc.ClientConn) *traffic {
@@ -113,9 +103,7 @@ func startTraffic(conn *grpc.ClientConn) *traffic {
 			default:
 			}
 			tr.calls.Add(1)
-			if _, err := callMD(conn); newClusterRace(err) {
-				tr.known.Add(1)
-			} else if err != nil {
+			if _, err := callMD(conn); err != nil {
 				tr.failed.Add(1)
 				tr.mu.Lock()
 				if len(tr.errs) < 5 {
@@ -128,13 +116,12 @@ func startTraffic(conn *grpc.ClientConn) *traffic {
 	return tr
 }
 
-// end stops the calls and fails the test if any failed but by the known
-// race, which it logs.
+// end stops the calls and fails the test if any failed.
 func (tr *traffic) end(t *testing.T, what string) {
 	t.Helper()
 	close(tr.stop)
 	tr.done.Wait()
-	t.Logf("%s: %d calls, %d failed, %d more by grpc-go's known new-cluster race", what, tr.calls.Load(), tr.failed.Load(), tr.known.Load())
+	t.Logf("%s: %d calls, %d failed", what, tr.calls.Load(), tr.failed.Load())
 	if n := tr.failed.Load(); n > 0 {
 		t.Errorf("%s: %d of %d calls failed: %v", what, n, tr.calls.Load(), tr.errs)
 	}

@@ -69,13 +69,6 @@ type mark struct {
 	at   map[string]int
 }
 
-// grpcGoRace is how grpc-go 1.85 fails an RPC routed to a cluster that a
-// route change has just added: its ClientConn swaps in the resolver's new
-// config selector before the xds_cluster_manager balancer has made the
-// cluster's child, so a pick in between finds no such cluster (the race
-// grpc-java fixed in grpc/grpc-java#11947).
-const grpcGoRace = "unknown cluster selected for RPC"
-
 // meshRoutes drives every client through Gateway API routes on the
 // Service whoami (GAMMA): a canary rolled out step by step, a header
 // match, a GRPCRoute's method match, a timeout, a retry policy and the
@@ -528,8 +521,7 @@ func (ms *mesh) change(what string) map[string]int {
 
 // recordNoFailures records how many of the client's RPCs since its result
 // number from failed, each failure told by the route change it followed,
-// and fails the test for any, except grpc-go's known race (grpcGoRace),
-// which the cell names as such.
+// and fails the test for any.
 func (ms *mesh) recordNoFailures(scenario, kind string, from int) {
 	t := ms.t
 	t.Helper()
@@ -537,7 +529,7 @@ func (ms *mesh) recordNoFailures(scenario, kind string, from int) {
 	r.mu.Lock()
 	got := slices.Clone(r.results[min(from, len(r.results)):])
 	r.mu.Unlock()
-	race, other := counted{}, counted{}
+	failed, n := counted{}, 0
 	for i, res := range got {
 		if res.Error == "" {
 			continue
@@ -548,27 +540,13 @@ func (ms *mesh) recordNoFailures(scenario, kind string, from int) {
 				after = mk.what
 			}
 		}
-		note := fmt.Sprintf("after %s: %s", after, clipped(res.Error))
-		if kind == "grpc-go" && strings.Contains(res.Error, grpcGoRace) {
-			race[note]++
-		} else {
-			other[note]++
-		}
+		failed[fmt.Sprintf("after %s: %s", after, clipped(res.Error))]++
+		n++
 	}
-	failed := func(c counted) (n int) {
-		for _, v := range c {
-			n += v
-		}
-		return n
-	}
-	cell := fmt.Sprintf("%d failed of %d RPCs", failed(race)+failed(other), len(got))
-	if len(other) > 0 {
-		cell += fmt.Sprintf(" (%s)", other.times())
-		t.Errorf("%s: %s failed %d of %d RPCs: %s", scenario, kind, failed(other), len(got), other.times())
-	}
-	if len(race) > 0 {
-		cell += fmt.Sprintf(" (KNOWN grpc-go race, a newly routed cluster picked before its balancer exists: %s)", race.times())
-		t.Logf("%s: %s: %d RPCs failed by grpc-go's race on a newly routed cluster: %s", scenario, kind, failed(race), race.times())
+	cell := fmt.Sprintf("%d failed of %d RPCs", n, len(got))
+	if n > 0 {
+		cell += fmt.Sprintf(" (%s)", failed.times())
+		t.Errorf("%s: %s failed %d of %d RPCs: %s", scenario, kind, n, len(got), failed.times())
 	}
 	ms.m.add(scenario, kind, cell)
 }

@@ -134,7 +134,7 @@ func TestQuickstartOnANode(t *testing.T) {
 	run(t, "kubectl", "apply", "-f", quickstart("canary-route.yaml"))
 	canary := podNames(t, "app=whoami-v2")
 	after = c.waitFor(t, "RPCs reach the canary", func(n counts) bool { return n.reachedSince(before, append(canary, backends...)) })
-	c.noFailuresBut(t, "the canary", before, after, grpcGoNewClusterRace)
+	c.noFailures(t, "the canary", before, after)
 	t.Logf("counts: %s", after)
 	const split = "default/whoami:50051=50 default/whoami-v2:50051=50"
 	routed := envoy.waitFor(t, "the probe holds the canary's weighted route", func(s envoyprobe.Status) bool {
@@ -153,7 +153,7 @@ func TestQuickstartOnANode(t *testing.T) {
 	before = c.get(t)
 	run(t, "kubectl", "delete", "httproute", "whoami-canary")
 	after = c.waitFor(t, "RPCs go on after the route left", func(n counts) bool { return n.OK > before.OK+200 })
-	c.noFailuresBut(t, "the route's deletion", before, after, grpcGoNewClusterRace)
+	c.noFailures(t, "the route's deletion", before, after)
 	run(t, "kubectl", "delete", "deploy/whoami-v2", "svc/whoami-v2")
 
 	t.Log("step: a backend rollout")
@@ -451,42 +451,16 @@ func (c client) waitFor(t *testing.T, what string, ok func(counts) bool) counts 
 func (c client) noFailures(t *testing.T, during string, before, after counts) {
 	t.Helper()
 	if d := after.Failed - before.Failed; d != 0 {
-		t.Errorf("%d of %d RPCs failed during %s (last: %s)", d, after.OK+after.Failed-before.OK-before.Failed, during, after.LastError)
+		byError := map[string]int64{}
+		for msg, n := range after.ByError {
+			if n -= before.ByError[msg]; n > 0 {
+				byError[msg] = n
+			}
+		}
+		t.Errorf("%d of %d RPCs failed during %s: %v", d, after.OK+after.Failed-before.OK-before.Failed, during, byError)
 	} else {
 		t.Logf("%s: %d RPCs, none failed", during, after.OK-before.OK)
 	}
-}
-
-// noFailuresBut is noFailures that lets pass the failures known reports
-// as a known client bug, and logs them as such.
-func (c client) noFailuresBut(t *testing.T, during string, before, after counts, known func(string) bool) {
-	t.Helper()
-	var unknown, excused int64
-	for msg, n := range after.ByError {
-		n -= before.ByError[msg]
-		switch {
-		case n <= 0:
-		case known(msg):
-			excused += n
-			t.Logf("%s: %d RPCs failed by a known client bug: %s", during, n, msg)
-		default:
-			unknown += n
-			t.Errorf("%s: %d RPCs failed: %s", during, n, msg)
-		}
-	}
-	if d := after.Failed - before.Failed; d != unknown+excused {
-		t.Errorf("%s: %d RPCs failed, %d of them by errors the client counted", during, d, unknown+excused)
-	}
-	if unknown == 0 {
-		t.Logf("%s: %d RPCs, %d failed by a known client bug", during, after.OK-before.OK, excused)
-	}
-}
-
-// grpcGoNewClusterRace reports the failure grpc-go 1.85 gives an RPC picked
-// just after a route change added a cluster, before the cluster's balancer
-// exists (docs/routes.md, "Known client bugs").
-func grpcGoNewClusterRace(msg string) bool {
-	return strings.Contains(msg, "code = Unavailable desc = unknown cluster selected for RPC")
 }
 
 // gatewayRouteCRDs are the HTTPRoute and GRPCRoute CRDs of Gateway API's

@@ -167,6 +167,12 @@ type Catalog struct {
 	// backendGrace is how long a route backend no route reaches any more
 	// stays served (see syncBackends).
 	backendGrace time.Duration
+	// routeWarmUp is how long a ProxylessGRPC Service's route
+	// configurations warm up new clusters before they route to them (see
+	// warmUp); zero or less, they route at once. warming holds the
+	// Services with a translation warming up.
+	routeWarmUp time.Duration
+	warming     map[*serviceEntry]struct{}
 }
 
 type serviceEntry struct {
@@ -195,21 +201,39 @@ type fragments []keyedFragment
 type keyedFragment struct {
 	key  fragKey
 	frag *translate.Fragment
+	// warm is set while frag is a warm-up (translate.WarmUp) served
+	// before the translation it holds.
+	warm *warming
 }
 
-// get returns the translation for k, or nil.
+// warming is a Service's translation served once a warm-up is over: after
+// until (see warmUp).
+type warming struct {
+	final *translate.Fragment
+	until time.Time
+}
+
+// get returns the translation served for k, or nil.
 func (fs fragments) get(k fragKey) *translate.Fragment {
-	for i := range fs {
-		if fs[i].key == k {
-			return fs[i].frag
-		}
+	if i := fs.index(k); i >= 0 {
+		return fs[i].frag
 	}
 	return nil
 }
 
+// index returns where the translation for k is, or -1.
+func (fs fragments) index(k fragKey) int {
+	for i := range fs {
+		if fs[i].key == k {
+			return i
+		}
+	}
+	return -1
+}
+
 // set records f as the translation for k, which it does not hold.
 func (fs *fragments) set(k fragKey, f *translate.Fragment) {
-	*fs = append(*fs, keyedFragment{k, f})
+	*fs = append(*fs, keyedFragment{key: k, frag: f})
 }
 
 // keepBackends drops every translation but the backend parts.
@@ -283,6 +307,7 @@ func New() *Catalog {
 		byParent:    map[model.Key]map[model.RouteRef]*model.Route{},
 		byBackend:   map[model.Key]map[model.RouteRef]struct{}{},
 		routeGrants: map[string]map[model.RouteKind]model.Grants{},
+		warming:     map[*serviceEntry]struct{}{},
 	}
 }
 
@@ -297,13 +322,19 @@ func (e *serviceEntry) fragment(k fragKey) *translate.Fragment {
 	if f := e.frags.get(k); f != nil {
 		return f
 	}
+	f := e.translation(k)
+	e.frags.set(k, f)
+	return f
+}
+
+// translation translates the Service for k, uncached.
+func (e *serviceEntry) translation(k fragKey) *translate.Fragment {
 	var f translate.Fragment
 	if k.backend {
 		f = e.fragment(fragKey{profile: k.profile}).BackendPart()
 	} else {
 		f = translate.RoutedService(e.svc, k.profile, e.cat.routing(e.svc.Key, k.consumer))
 	}
-	e.frags.set(k, &f)
 	return &f
 }
 
@@ -328,6 +359,7 @@ func (c *Catalog) UpsertService(svc *model.Service) {
 	old, before := e.frags, e.svc
 	e.svc = svc
 	e.frags = make(fragments, 0, len(old))
+	delete(c.warming, e) // the new translations are served at once
 	nsLabels, nsKnown := c.namespaces[svc.Key.Namespace]
 	// A scope selects the Service, or did, only where it can reach the
 	// Service's namespace.
@@ -369,6 +401,7 @@ func (c *Catalog) DeleteService(key model.Key) {
 		return
 	}
 	delete(c.services, key)
+	delete(c.warming, e)
 	delete(c.byNS[key.Namespace], key)
 	if len(c.byNS[key.Namespace]) == 0 {
 		delete(c.byNS, key.Namespace)

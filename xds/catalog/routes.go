@@ -143,27 +143,140 @@ func (c *Catalog) retranslateBackendParents(key model.Key) {
 
 // retranslate translates the Services again after their routes (or their
 // routes' backends) changed, in every scope that serves them, and has those
-// scopes settle which backends they serve.
+// scopes settle which backends they serve. A ProxylessGRPC translation
+// that routes to clusters its scopes' clients were not sent before is
+// served after a warm-up (warmUp).
 func (c *Catalog) retranslate(keys map[model.Key]struct{}) {
 	for key := range keys {
 		e, ok := c.services[key]
 		if !ok {
 			continue
 		}
-		old := make(map[model.Key]*translate.Fragment, len(e.scopes))
+		// What each scope served, and each key's translation, before.
+		old := make(map[model.Key]keyedFragment, len(e.scopes))
 		for sk := range e.scopes {
-			old[sk] = e.frags.get(c.scopes[sk].keyOf(e))
+			k := c.scopes[sk].keyOf(e)
+			if i := e.frags.index(k); i >= 0 {
+				old[sk] = e.frags[i]
+			}
 		}
+		before := slices.Clone(e.frags)
 		c.noteConsumers(e)
 		// The backend part depends on the Service alone: it is kept.
 		e.frags.keepBackends()
 		for sk := range e.scopes {
 			sc := c.scopes[sk]
-			sc.replaceService(e, old[sk])
+			if k := sc.keyOf(e); e.frags.index(k) < 0 {
+				// A key in use before goes on from its own translation; a
+				// new one (a consumer namespace's first route) from the
+				// one its first scope served.
+				prev := old[sk]
+				if i := before.index(k); i >= 0 {
+					prev = before[i]
+				}
+				c.warmUp(e, k, prev)
+			}
+			sc.replaceService(e, old[sk].frag)
 			sc.backendsStale = true
 			c.markDirty(sk)
 		}
 	}
+}
+
+// DefaultRouteWarmUp is how long a ProxylessGRPC Service's route
+// configurations name new clusters in entries no call matches before
+// routing to them (SetRouteWarmUp): longer than a gRPC client on a loaded
+// control plane takes to be sent the route configuration, fetch the
+// clusters' CDS and EDS and build their balancers, and shorter than
+// DefaultBackendGrace, so that a route edited back and forth warms up
+// before its old backends leave.
+const DefaultRouteWarmUp = 2 * time.Second
+
+// SetRouteWarmUp sets how long a ProxylessGRPC Service's route
+// configurations warm up new clusters (see warmUp); zero or less, not at
+// all.
+func (c *Catalog) SetRouteWarmUp(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.routeWarmUp = d
+}
+
+// warmUp records the Service's new translation for k after its routes
+// changed, prev being what was served for k (or the scopes now using k)
+// before. When the new translation's route configurations name clusters
+// prev's do not, the scopes are served a warm-up first (translate.WarmUp)
+// and the translation only once the catalog's routeWarmUp has passed
+// (promote): a gRPC client that routed calls to a cluster the moment it
+// learnt of it failed some of them (see translate.WarmUp). While a warm-up
+// runs, a newer translation waits for its end, and one that names still
+// other clusters starts it again, adding them.
+func (c *Catalog) warmUp(e *serviceEntry, k fragKey, prev keyedFragment) {
+	final := e.translation(k)
+	if prev.frag == nil || c.routeWarmUp <= 0 {
+		e.frags.set(k, final)
+		return
+	}
+	warm, added := translate.WarmUp(prev.frag, final)
+	var w *warming
+	switch {
+	case added:
+		w = &warming{final: final, until: c.now().Add(c.routeWarmUp)}
+		time.AfterFunc(c.routeWarmUp, func() {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			c.promote(e, k)
+		})
+	case prev.warm != nil && prev.key == k:
+		w = &warming{final: final, until: prev.warm.until}
+	default:
+		e.frags.set(k, final)
+		return
+	}
+	e.frags = append(e.frags, keyedFragment{key: k, frag: &warm, warm: w})
+	c.warming[e] = struct{}{}
+}
+
+// promote serves, in place of the warm-up for k, the translation it
+// preceded, once the warm-up is over and neither the Service nor its
+// routes changed since (a change replaced it, and set its own end). The
+// route backends its scopes were letting go (which the warm-up's routes
+// may still name) begin to leave again from the next Take, so that they
+// go no earlier than the Take after the routes that stopped naming them.
+func (c *Catalog) promote(e *serviceEntry, k fragKey) {
+	i := e.frags.index(k)
+	if c.services[e.svc.Key] != e || i < 0 || e.frags[i].warm == nil || c.now().Before(e.frags[i].warm.until) {
+		return
+	}
+	served := e.frags[i].frag
+	e.frags[i] = keyedFragment{key: k, frag: e.frags[i].warm.final}
+	if !slices.ContainsFunc(e.frags, func(kf keyedFragment) bool { return kf.warm != nil }) {
+		delete(c.warming, e)
+	}
+	for sk := range e.scopes {
+		sc := c.scopes[sk]
+		if sc.keyOf(e) != k {
+			continue
+		}
+		sc.replaceService(e, served)
+		if len(sc.leaving) > 0 {
+			clear(sc.leaving)
+			sc.backendsStale = true
+		}
+		c.markDirty(sk)
+	}
+}
+
+// warmingUp reports whether a Service the scope selects is served a
+// warm-up, whose routes may name backends that no route reaches any more.
+func (sc *scopeEntry) warmingUp() bool {
+	for e := range sc.cat.warming {
+		if _, ok := e.scopes[sc.scope.Key]; ok {
+			if i := e.frags.index(sc.keyOf(e)); i >= 0 && e.frags[i].warm != nil {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // noteConsumers records the namespaces whose consumer routes attach to the
@@ -306,7 +419,8 @@ func (c *Catalog) SetBackendGrace(d time.Duration) {
 // from its xDS stream and still routes, and retries, calls by the old
 // routes for a while: sent at once, the removal failed such calls (gRPC
 // C-core 1.51: "CDS resource ... does not exist"; grpc-go 1.85: a call
-// whose retries all failed).
+// whose retries all failed). None leaves while a warm-up is served to the
+// scope (see warmUp): its routes are older ones, which may name it.
 func (sc *scopeEntry) syncBackends() {
 	if !sc.backendsStale {
 		return
@@ -328,7 +442,7 @@ func (sc *scopeEntry) syncBackends() {
 			}
 			sc.leaving[k] = now
 			c.settleLater(sc)
-		case now.Sub(since) >= c.backendGrace:
+		case now.Sub(since) >= c.backendGrace && !sc.warmingUp():
 			sc.dropBackend(e)
 		}
 	}

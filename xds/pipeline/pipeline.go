@@ -45,6 +45,7 @@ type Pipeline struct {
 func New(opts Options) *Pipeline {
 	p := &Pipeline{Catalog: catalog.New(), Store: snapshot.NewStore(), Feedback: feedback.New(opts.CostBucket)}
 	p.Catalog.SetBackendGrace(catalog.DefaultBackendGrace)
+	p.Catalog.SetRouteWarmUp(catalog.DefaultRouteWarmUp)
 	p.Builder = snapshot.NewBuilder(p.Catalog, p.Store, opts.CoalesceWindow)
 	p.Server = server.New(p.Store, p.Feedback, p.Builder.Built(), opts.Server)
 	p.Status = csds.New(p.Store, p.Feedback)

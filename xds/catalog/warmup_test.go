@@ -1,0 +1,209 @@
+package catalog
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+
+	"github.com/scopeplane/scopeplane/internal/testkit"
+	"github.com/scopeplane/scopeplane/xds/model"
+	"github.com/scopeplane/scopeplane/xds/translate"
+	"github.com/scopeplane/scopeplane/xds/xdstype"
+)
+
+// warmUpWorld is a ProxylessGRPC scope of Service shop/reviews, with
+// shop/reviews-v2 (which it does not select) to route to, and the
+// catalog's warm-up and backend grace.
+func warmUpWorld(t *testing.T, warmUp, grace time.Duration) *Catalog {
+	t.Helper()
+	c := New()
+	c.SetRouteWarmUp(warmUp)
+	c.SetBackendGrace(grace)
+	c.UpsertService(service("shop", "reviews", nil, "10.0.0.1"))
+	c.UpsertService(service("shop", "reviews-v2", nil, "10.0.0.2"))
+	c.UpsertScope(scope("shop", "gw", model.ListenerProxylessGRPC, model.Selection{Namespace: "shop", Names: names("reviews")}))
+	c.Take()
+	return c
+}
+
+var (
+	reviewsKey = model.Key{Namespace: "shop", Name: "reviews"}
+	gwKey      = model.Key{Namespace: "shop", Name: "gw"}
+)
+
+// toV2 is a route of shop/reviews that sends calls with header h to
+// reviews-v2 (every call when h is empty).
+func toV2(h string) *model.Route {
+	rule := model.RouteRule{Backends: []model.RouteBackend{{Service: model.Key{Namespace: "shop", Name: "reviews-v2"}, Port: 80, Weight: 1}}}
+	if h != "" {
+		rule.Matches = []model.RouteMatch{{PathType: model.PathPrefix, Path: "/", Headers: []model.ValueMatch{{Name: h, Value: "1"}}}}
+	}
+	return &model.Route{
+		Key: model.Key{Namespace: "shop", Name: "canary"}, Kind: model.HTTPRoute,
+		Parents: []model.RouteParent{{Service: reviewsKey}},
+		Rules:   []model.RouteRule{rule},
+	}
+}
+
+// entries is the route configuration of shop/reviews:80 the scope serves,
+// as "cluster" for an entry that matches, "warm-up cluster" for one that
+// never does, in order.
+func entries(t *testing.T, c *Catalog) []string {
+	t.Helper()
+	res, _ := c.Resources(gwKey)
+	var out []string
+	for _, m := range res[xdstype.Route] {
+		for _, vh := range m.(*routev3.RouteConfiguration).GetVirtualHosts() {
+			for _, r := range vh.GetRoutes() {
+				name := r.GetRoute().GetCluster()
+				for _, w := range r.GetRoute().GetWeightedClusters().GetClusters() {
+					name += w.GetName()
+				}
+				if r.GetMatch().GetPath() == translate.WarmUpPath {
+					name = "warm-up " + name
+				}
+				out = append(out, name)
+			}
+		}
+	}
+	return out
+}
+
+func assertEntries(t *testing.T, c *Catalog, what string, want ...string) {
+	t.Helper()
+	if got := entries(t, c); !slices.Equal(got, want) {
+		t.Fatalf("%s: the scope's route entries are %q, want %q", what, got, want)
+	}
+}
+
+// takeUntil takes the catalog's changes as it signals them until ok holds.
+func takeUntil(t *testing.T, c *Catalog, what string, ok func([]Update) bool) {
+	t.Helper()
+	deadline := time.After(testkit.Timeout)
+	for {
+		if ok(c.Take()) {
+			return
+		}
+		select {
+		case <-c.Changed():
+		case <-deadline:
+			t.Fatalf("%s: not within %v", what, testkit.Timeout)
+		}
+	}
+}
+
+// TestRouteWarmsUpNewClusters checks that a route that sends a
+// ProxylessGRPC scope's calls to a cluster its route configuration did not
+// name is served, first, as the old entries plus one that names the
+// cluster and matches nothing, with the cluster served; then, once the
+// warm-up is over, as itself. Its deletion warms the Service's own
+// cluster up the same way, and the backend it no longer reaches leaves
+// only a Take after the routes stopped naming it, however short its grace.
+func TestRouteWarmsUpNewClusters(t *testing.T) {
+	c := warmUpWorld(t, 100*time.Millisecond, 0)
+	assertEntries(t, c, "before the route", "shop/reviews:80")
+
+	c.UpsertRoute(toV2(""))
+	c.Take()
+	assertEntries(t, c, "the route's first Take", "shop/reviews:80", "warm-up shop/reviews-v2:80")
+	assertClusters(t, c, "shop/gw", "shop/reviews-v2:80", "shop/reviews:80")
+	takeUntil(t, c, "the warm-up's end", func([]Update) bool { return slices.Equal(entries(t, c), []string{"shop/reviews-v2:80"}) })
+
+	c.DeleteRoute(model.RouteRef{Kind: model.HTTPRoute, Key: toV2("").Key})
+	c.Take()
+	assertEntries(t, c, "the deletion's first Take", "shop/reviews-v2:80", "warm-up shop/reviews:80")
+	assertClusters(t, c, "shop/gw", "shop/reviews-v2:80", "shop/reviews:80")
+	c.Take() // the backend's grace of zero is over, its routes not
+	assertClusters(t, c, "shop/gw", "shop/reviews-v2:80", "shop/reviews:80")
+	takeUntil(t, c, "the deletion's warm-up's end", func(us []Update) bool {
+		for _, u := range us {
+			if len(u.Upserted[xdstype.Route]) > 0 {
+				if slices.Contains(u.Removed[xdstype.Cluster], "shop/reviews-v2:80") {
+					t.Fatal("the backend left with the routes that stopped naming it")
+				}
+				return true
+			}
+		}
+		return false
+	})
+	assertEntries(t, c, "the deletion's warm-up's end", "shop/reviews:80")
+	takeUntil(t, c, "the backend's removal", func(us []Update) bool {
+		for _, u := range us {
+			if slices.Contains(u.Removed[xdstype.Cluster], "shop/reviews-v2:80") {
+				return true
+			}
+		}
+		return false
+	})
+	assertClusters(t, c, "shop/gw", "shop/reviews:80")
+}
+
+// TestRouteWarmUpHoldsLaterEdits checks that a route edited during a
+// warm-up is served only at its end, and that an edit naming another new
+// cluster starts the warm-up again, adding that cluster; that a warm-up
+// is not served once the Service itself changed; and that an Envoy-mode
+// scope, whose proxies build clusters before routes use them, routes at
+// once.
+func TestRouteWarmUpHoldsLaterEdits(t *testing.T) {
+	c := warmUpWorld(t, time.Hour, time.Hour)
+	now := time.Now()
+	c.now = func() time.Time { return now }
+	promote := func() {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		e := c.services[reviewsKey]
+		c.promote(e, c.scopes[gwKey].keyOf(e))
+	}
+
+	c.UpsertRoute(toV2("x-canary"))
+	c.Take()
+	assertEntries(t, c, "the route", "shop/reviews:80", "warm-up shop/reviews-v2:80")
+
+	c.UpsertRoute(toV2("x-other"))
+	if us := c.Take(); len(us) != 1 || len(us[0].Upserted[xdstype.Route]) != 0 {
+		t.Fatalf("an edit during the warm-up changed the scope's routes: %+v", us)
+	}
+	now = now.Add(30 * time.Minute)
+	promote()
+	assertEntries(t, c, "half-way", "shop/reviews:80", "warm-up shop/reviews-v2:80")
+
+	c.UpsertService(service("shop", "reviews-v3", nil, "10.0.0.3"))
+	c.Take()
+	v3 := toV2("x-other")
+	v3.Rules = append(v3.Rules, model.RouteRule{Backends: []model.RouteBackend{{Service: model.Key{Namespace: "shop", Name: "reviews-v3"}, Port: 80, Weight: 1}}})
+	c.UpsertRoute(v3)
+	c.Take()
+	assertEntries(t, c, "a new cluster during the warm-up", "shop/reviews:80", "warm-up shop/reviews-v2:80", "warm-up shop/reviews-v3:80")
+
+	now = now.Add(45 * time.Minute) // past the first warm-up's end, not the second's
+	promote()
+	assertEntries(t, c, "past the first end", "shop/reviews:80", "warm-up shop/reviews-v2:80", "warm-up shop/reviews-v3:80")
+	now = now.Add(30 * time.Minute)
+	promote()
+	assertEntries(t, c, "past the second end", "shop/reviews-v2:80", "shop/reviews-v3:80")
+
+	c.DeleteRoute(model.RouteRef{Kind: model.HTTPRoute, Key: v3.Key})
+	c.Take()
+	assertEntries(t, c, "the deletion", "shop/reviews-v2:80", "shop/reviews-v3:80", "warm-up shop/reviews:80")
+	c.UpsertService(service("shop", "reviews", nil, "10.0.0.1", "10.0.0.4"))
+	c.Take()
+	assertEntries(t, c, "the Service changed", "shop/reviews:80")
+
+	envoy := New()
+	envoy.SetRouteWarmUp(time.Hour)
+	envoy.UpsertService(service("shop", "reviews", nil, "10.0.0.1"))
+	envoy.UpsertService(service("shop", "reviews-v2", nil, "10.0.0.2"))
+	envoy.UpsertScope(scope("shop", "gw", model.ListenerEnvoy, model.Selection{Namespace: "shop", Names: names("reviews")}))
+	envoy.Take()
+	envoy.UpsertRoute(toV2(""))
+	envoy.Take()
+	res, _ := envoy.Resources(gwKey)
+	for _, m := range res[xdstype.VirtualHost] {
+		vh := m.(*routev3.VirtualHost)
+		if len(vh.GetRoutes()) != 1 || vh.GetRoutes()[0].GetRoute().GetCluster() != "shop/reviews-v2:80" {
+			t.Errorf("Envoy mode: virtual host %s routes %v, want every request to reviews-v2 at once", vh.GetName(), vh.GetRoutes())
+		}
+	}
+}
