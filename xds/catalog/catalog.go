@@ -359,7 +359,7 @@ func (c *Catalog) UpsertService(svc *model.Service) {
 	old, before := e.frags, e.svc
 	e.svc = svc
 	e.frags = make(fragments, 0, len(old))
-	delete(c.warming, e) // the new translations are served at once
+	c.keepWarming(e, old)
 	nsLabels, nsKnown := c.namespaces[svc.Key.Namespace]
 	// A scope selects the Service, or did, only where it can reach the
 	// Service's namespace.

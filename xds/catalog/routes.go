@@ -236,6 +236,28 @@ func (c *Catalog) warmUp(e *serviceEntry, k fragKey, prev keyedFragment) {
 	c.warming[e] = struct{}{}
 }
 
+// keepWarming carries the warm-ups of old, the Service's translations
+// before the Service itself changed (an endpoint, a port), over to its new
+// ones: each new translation is served after the warm-up's routes, with
+// the Service's new clusters and endpoints, at the same end. A Service's
+// endpoints change all the time; without this, any change of them during
+// a warm-up would cut it short.
+func (c *Catalog) keepWarming(e *serviceEntry, old fragments) {
+	warm := false
+	for _, kf := range old {
+		if kf.warm == nil {
+			continue
+		}
+		final := e.translation(kf.key)
+		served, _ := translate.WarmUp(kf.frag, final)
+		e.frags = append(e.frags, keyedFragment{key: kf.key, frag: &served, warm: &warming{final: final, until: kf.warm.until}})
+		warm = true
+	}
+	if !warm {
+		delete(c.warming, e)
+	}
+}
+
 // promote serves, in place of the warm-up for k, the translation it
 // preceded, once the warm-up is over and neither the Service nor its
 // routes changed since (a change replaced it, and set its own end). The

@@ -142,8 +142,9 @@ func TestRouteWarmsUpNewClusters(t *testing.T) {
 
 // TestRouteWarmUpHoldsLaterEdits checks that a route edited during a
 // warm-up is served only at its end, and that an edit naming another new
-// cluster starts the warm-up again, adding that cluster; that a warm-up
-// is not served once the Service itself changed; and that an Envoy-mode
+// cluster starts the warm-up again, adding that cluster; that a change of
+// the Service itself (its endpoints) keeps the warm-up to its end; and
+// that an Envoy-mode
 // scope, whose proxies build clusters before routes use them, routes at
 // once.
 func TestRouteWarmUpHoldsLaterEdits(t *testing.T) {
@@ -188,8 +189,13 @@ func TestRouteWarmUpHoldsLaterEdits(t *testing.T) {
 	c.Take()
 	assertEntries(t, c, "the deletion", "shop/reviews-v2:80", "shop/reviews-v3:80", "warm-up shop/reviews:80")
 	c.UpsertService(service("shop", "reviews", nil, "10.0.0.1", "10.0.0.4"))
-	c.Take()
-	assertEntries(t, c, "the Service changed", "shop/reviews:80")
+	if us := c.Take(); len(us) != 1 || len(us[0].Upserted[xdstype.Route]) != 0 || us[0].Upserted[xdstype.Endpoint]["shop/reviews:80"] == nil {
+		t.Fatalf("an endpoint change during the warm-up: %+v, want the assignment changed and the routes not", us)
+	}
+	assertEntries(t, c, "the Service changed", "shop/reviews-v2:80", "shop/reviews-v3:80", "warm-up shop/reviews:80")
+	now = now.Add(time.Hour)
+	promote()
+	assertEntries(t, c, "the warm-up's end after the Service changed", "shop/reviews:80")
 
 	envoy := New()
 	envoy.SetRouteWarmUp(time.Hour)
