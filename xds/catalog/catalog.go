@@ -184,7 +184,7 @@ type serviceEntry struct {
 	frags fragments
 	// scopes are the scopes that select the Service; backendOf those that
 	// serve it only as a mesh route's backend.
-	scopes    map[model.Key]struct{}
+	scopes    scopeSet
 	backendOf map[model.Key]struct{}
 	// consumers holds the namespaces whose consumer routes attach to the
 	// Service: their scopes get a translation of their own.
@@ -345,7 +345,7 @@ func (c *Catalog) UpsertService(svc *model.Service) {
 	defer c.mu.Unlock()
 	e, ok := c.services[svc.Key]
 	if !ok {
-		e = &serviceEntry{svc: svc, cat: c, scopes: map[model.Key]struct{}{}}
+		e = &serviceEntry{svc: svc, cat: c}
 		c.noteConsumers(e)
 		c.services[svc.Key] = e
 		if c.byNS[svc.Key.Namespace] == nil {
@@ -406,7 +406,7 @@ func (c *Catalog) DeleteService(key model.Key) {
 	if len(c.byNS[key.Namespace]) == 0 {
 		delete(c.byNS, key.Namespace)
 	}
-	for sk := range e.scopes {
+	for _, sk := range e.scopes.keys() {
 		sc := c.scopes[sk]
 		sc.removeService(e, e.frags.get(sc.keyOf(e)))
 		if sc.settle() {
@@ -583,7 +583,7 @@ func (c *Catalog) UpsertScope(scope *model.Scope) {
 		delete(c.rejected, scope.Key)
 	}
 	for _, e := range sc.services {
-		delete(e.scopes, scope.Key)
+		e.scopes.remove(scope.Key)
 	}
 	for _, e := range sc.backends {
 		delete(e.backendOf, scope.Key)
@@ -604,7 +604,7 @@ func (c *Catalog) UpsertScope(scope *model.Scope) {
 		nsLabels, nsKnown := c.namespaces[e.svc.Key.Namespace]
 		if is, _ := c.admits(sc, e.svc, nsLabels, nsKnown); is {
 			sc.services[e.svc.Key] = e
-			e.scopes[scope.Key] = struct{}{}
+			e.scopes.add(scope.Key)
 		}
 	})
 	sc.backends = sc.wantedBackends()

@@ -153,8 +153,8 @@ func (c *Catalog) retranslate(keys map[model.Key]struct{}) {
 			continue
 		}
 		// What each scope served, and each key's translation, before.
-		old := make(map[model.Key]keyedFragment, len(e.scopes))
-		for sk := range e.scopes {
+		old := make(map[model.Key]keyedFragment, e.scopes.len())
+		for sk := range e.scopes.all() {
 			k := c.scopes[sk].keyOf(e)
 			if i := e.frags.index(k); i >= 0 {
 				old[sk] = e.frags[i]
@@ -164,7 +164,7 @@ func (c *Catalog) retranslate(keys map[model.Key]struct{}) {
 		c.noteConsumers(e)
 		// The backend part depends on the Service alone: it is kept.
 		e.frags.keepBackends()
-		for sk := range e.scopes {
+		for sk := range e.scopes.all() {
 			sc := c.scopes[sk]
 			if k := sc.keyOf(e); e.frags.index(k) < 0 {
 				// A key in use before goes on from its own translation; a
@@ -274,7 +274,7 @@ func (c *Catalog) promote(e *serviceEntry, k fragKey) {
 	if !slices.ContainsFunc(e.frags, func(kf keyedFragment) bool { return kf.warm != nil }) {
 		delete(c.warming, e)
 	}
-	for sk := range e.scopes {
+	for sk := range e.scopes.all() {
 		sc := c.scopes[sk]
 		if sc.keyOf(e) != k {
 			continue
@@ -292,7 +292,7 @@ func (c *Catalog) promote(e *serviceEntry, k fragKey) {
 // warm-up, whose routes may name backends that no route reaches any more.
 func (sc *scopeEntry) warmingUp() bool {
 	for e := range sc.cat.warming {
-		if _, ok := e.scopes[sc.scope.Key]; ok {
+		if e.scopes.has(sc.scope.Key) {
 			if i := e.frags.index(sc.keyOf(e)); i >= 0 && e.frags[i].warm != nil {
 				return true
 			}
@@ -531,7 +531,7 @@ func (sc *scopeEntry) backendKey() fragKey {
 // forget unlinks the scope from the Services it serves, as it goes away.
 func (sc *scopeEntry) forget() {
 	for _, e := range sc.services {
-		delete(e.scopes, sc.scope.Key)
+		e.scopes.remove(sc.scope.Key)
 	}
 	for _, e := range sc.backends {
 		delete(e.backendOf, sc.scope.Key)

@@ -210,7 +210,7 @@ func (sc *scopeEntry) dropFragment(old, keep *translate.Fragment) {
 
 func (sc *scopeEntry) addService(e *serviceEntry) {
 	sc.services[e.svc.Key] = e
-	e.scopes[sc.scope.Key] = struct{}{}
+	e.scopes.add(sc.scope.Key)
 	sc.putFragment(e.fragment(sc.keyOf(e)))
 	sc.routesStale = sc.envoyMode()
 	sc.noteRouted()
@@ -218,7 +218,7 @@ func (sc *scopeEntry) addService(e *serviceEntry) {
 
 func (sc *scopeEntry) removeService(e *serviceEntry, old *translate.Fragment) {
 	delete(sc.services, e.svc.Key)
-	delete(e.scopes, sc.scope.Key)
+	e.scopes.remove(sc.scope.Key)
 	sc.dropFragment(old, nil)
 	if _, ok := sc.backends[e.svc.Key]; ok {
 		// Still a route backend (until the backends settle): its
