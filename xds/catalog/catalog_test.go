@@ -1042,3 +1042,23 @@ func TestLeavingBackendDeletedLeavesNothingBehind(t *testing.T) {
 		t.Errorf("a Service the scope does not select marked it changed: %d updates", len(us))
 	}
 }
+
+// TestLeavingBackendSettlesAtItsGraceEnd checks that a scope with a
+// backend leaving does not settle its backends again at each Take of its
+// grace (a walk of its routed Services each time), only when the grace
+// ends or its routes change.
+func TestLeavingBackendSettlesAtItsGraceEnd(t *testing.T) {
+	c := canaryGone(t, model.ListenerEnvoy, time.Hour)
+	c.Take()
+	c.UpsertService(service("shop", "reviews", nil, "10.0.0.1", "10.0.0.5"))
+	c.Take()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	sc := c.scopes[model.Key{Namespace: "shop", Name: "gw"}]
+	if len(sc.leaving) != 1 {
+		t.Fatalf("%d backends leaving, want reviews-v2", len(sc.leaving))
+	}
+	if sc.backendsStale {
+		t.Error("the scope settles its backends again at every Take of the grace")
+	}
+}

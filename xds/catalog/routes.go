@@ -468,7 +468,6 @@ func (sc *scopeEntry) syncBackends() {
 			sc.dropBackend(e)
 		}
 	}
-	sc.backendsStale = len(sc.leaving) > 0
 	for k, e := range want {
 		if _, ok := sc.backends[k]; !ok {
 			sc.backends[k] = e
@@ -483,6 +482,7 @@ func (sc *scopeEntry) syncBackends() {
 func (c *Catalog) settleLater(sc *scopeEntry) {
 	key := sc.scope.Key
 	if c.backendGrace <= 0 {
+		sc.backendsStale = true
 		c.markDirty(key)
 		return
 	}
