@@ -206,11 +206,11 @@ type keyedFragment struct {
 	warm *warming
 }
 
-// warming is a Service's translation served once a warm-up is over: after
-// until (see warmUp).
+// warming is a Service's translation served once a warm-up that began at
+// since is over: after until (see warmUp).
 type warming struct {
-	final *translate.Fragment
-	until time.Time
+	final        *translate.Fragment
+	since, until time.Time
 }
 
 // get returns the translation served for k, or nil.
@@ -599,6 +599,7 @@ func (c *Catalog) UpsertScope(scope *model.Scope) {
 	}
 	sc.services = map[model.Key]*serviceEntry{}
 	sc.backends = map[model.Key]*serviceEntry{}
+	sc.leaving = nil // the backends are chosen again, from the routes served
 	sc.refused = map[model.Key]struct{}{}
 	c.eachReachable(scope, func(e *serviceEntry) {
 		nsLabels, nsKnown := c.namespaces[e.svc.Key.Namespace]

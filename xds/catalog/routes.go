@@ -180,6 +180,7 @@ func (c *Catalog) retranslate(keys map[model.Key]struct{}) {
 			sc.backendsStale = true
 			c.markDirty(sk)
 		}
+		c.noteWarming(e)
 	}
 }
 
@@ -203,37 +204,55 @@ func (c *Catalog) SetRouteWarmUp(d time.Duration) {
 
 // warmUp records the Service's new translation for k after its routes
 // changed, prev being what was served for k (or the scopes now using k)
-// before. When the new translation's route configurations name clusters
-// prev's do not, the scopes are served a warm-up first (translate.WarmUp)
-// and the translation only once the catalog's routeWarmUp has passed
-// (promote): a gRPC client that routed calls to a cluster the moment it
-// learnt of it failed some of them (see translate.WarmUp). While a warm-up
-// runs, a newer translation waits for its end, and one that names still
-// other clusters starts it again, adding them.
+// before. When the new translation's route configurations route to
+// clusters prev's do not, the scopes are served a warm-up first
+// (translate.WarmUp) and the translation only once the catalog's
+// routeWarmUp has passed (promote): a gRPC client that routed calls to a
+// cluster the moment it learnt of it failed some of them (see
+// translate.WarmUp). A newer translation during a warm-up is served at its
+// end, or at once if it routes only where the warm-up's routes do; one
+// that adds still other clusters starts the warm-up's time again, but a
+// warm-up lasts no longer than maxWarmUps times it in all, so that routes
+// whose backends are re-created over and over (new cluster names each
+// time) are served nonetheless.
 func (c *Catalog) warmUp(e *serviceEntry, k fragKey, prev keyedFragment) {
 	final := e.translation(k)
 	if prev.frag == nil || c.routeWarmUp <= 0 {
 		e.frags.set(k, final)
 		return
 	}
-	warm, added := translate.WarmUp(prev.frag, final)
-	var w *warming
-	switch {
-	case added:
-		w = &warming{final: final, until: c.now().Add(c.routeWarmUp)}
-		time.AfterFunc(c.routeWarmUp, func() {
+	warm, needed, added := translate.WarmUp(prev.frag, final)
+	if !needed {
+		e.frags.set(k, final)
+		return
+	}
+	now := c.now()
+	w := &warming{final: final, since: now}
+	going := prev.warm != nil && prev.key == k
+	if going {
+		w.since, w.until = prev.warm.since, prev.warm.until
+	}
+	if added || !going {
+		w.until = minTime(now.Add(c.routeWarmUp), w.since.Add(maxWarmUps*c.routeWarmUp))
+		time.AfterFunc(w.until.Sub(now), func() {
 			c.mu.Lock()
 			defer c.mu.Unlock()
 			c.promote(e, k)
 		})
-	case prev.warm != nil && prev.key == k:
-		w = &warming{final: final, until: prev.warm.until}
-	default:
-		e.frags.set(k, final)
-		return
 	}
 	e.frags = append(e.frags, keyedFragment{key: k, frag: &warm, warm: w})
 	c.warming[e] = struct{}{}
+}
+
+// maxWarmUps bounds a warm-up that added clusters keep going, in warm-up
+// times from its start.
+const maxWarmUps = 3
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
 }
 
 // keepWarming carries the warm-ups of old, the Service's translations
@@ -249,8 +268,12 @@ func (c *Catalog) keepWarming(e *serviceEntry, old fragments) {
 			continue
 		}
 		final := e.translation(kf.key)
-		served, _ := translate.WarmUp(kf.frag, final)
-		e.frags = append(e.frags, keyedFragment{key: kf.key, frag: &served, warm: &warming{final: final, until: kf.warm.until}})
+		served, needed, _ := translate.WarmUp(kf.frag, final)
+		if !needed {
+			e.frags.set(kf.key, final)
+			continue
+		}
+		e.frags = append(e.frags, keyedFragment{key: kf.key, frag: &served, warm: &warming{final: final, since: kf.warm.since, until: kf.warm.until}})
 		warm = true
 	}
 	if !warm {
@@ -261,9 +284,8 @@ func (c *Catalog) keepWarming(e *serviceEntry, old fragments) {
 // promote serves, in place of the warm-up for k, the translation it
 // preceded, once the warm-up is over and neither the Service nor its
 // routes changed since (a change replaced it, and set its own end). The
-// route backends its scopes were letting go (which the warm-up's routes
-// may still name) begin to leave again from the next Take, so that they
-// go no earlier than the Take after the routes that stopped naming them.
+// route backends that only the warm-up's routes reached begin to leave
+// then (see wantedBackends).
 func (c *Catalog) promote(e *serviceEntry, k fragKey) {
 	i := e.frags.index(k)
 	if c.services[e.svc.Key] != e || i < 0 || e.frags[i].warm == nil || c.now().Before(e.frags[i].warm.until) {
@@ -271,34 +293,26 @@ func (c *Catalog) promote(e *serviceEntry, k fragKey) {
 	}
 	served := e.frags[i].frag
 	e.frags[i] = keyedFragment{key: k, frag: e.frags[i].warm.final}
-	if !slices.ContainsFunc(e.frags, func(kf keyedFragment) bool { return kf.warm != nil }) {
-		delete(c.warming, e)
-	}
+	c.noteWarming(e)
 	for sk := range e.scopes.all() {
 		sc := c.scopes[sk]
 		if sc.keyOf(e) != k {
 			continue
 		}
 		sc.replaceService(e, served)
-		if len(sc.leaving) > 0 {
-			clear(sc.leaving)
-			sc.backendsStale = true
-		}
+		sc.backendsStale = true
 		c.markDirty(sk)
 	}
 }
 
-// warmingUp reports whether a Service the scope selects is served a
-// warm-up, whose routes may name backends that no route reaches any more.
-func (sc *scopeEntry) warmingUp() bool {
-	for e := range sc.cat.warming {
-		if e.scopes.has(sc.scope.Key) {
-			if i := e.frags.index(sc.keyOf(e)); i >= 0 && e.frags[i].warm != nil {
-				return true
-			}
-		}
+// noteWarming keeps the Service in the catalog's warming set while, and
+// only while, it has a warm-up.
+func (c *Catalog) noteWarming(e *serviceEntry) {
+	if slices.ContainsFunc(e.frags, func(kf keyedFragment) bool { return kf.warm != nil }) {
+		c.warming[e] = struct{}{}
+	} else {
+		delete(c.warming, e)
 	}
-	return false
 }
 
 // noteConsumers records the namespaces whose consumer routes attach to the
@@ -378,23 +392,27 @@ func routeIdentityChanged(a, b *model.Service) bool {
 }
 
 // wantedBackends returns the Services the scope must serve as route
-// backends: those the routes of its selected Services may reach, that it
-// does not select.
+// backends: those the routes it serves of its selected Services may reach
+// (RoutesTo of what it serves of them: during a warm-up, the older routes'
+// too), that it does not select.
 func (sc *scopeEntry) wantedBackends() map[model.Key]*serviceEntry {
 	c := sc.cat
 	out := map[model.Key]*serviceEntry{}
 	visit := func(e *serviceEntry) {
-		rt := c.routing(e.svc.Key, e.consumerFor(sc.scope.Key.Namespace))
-		if rt == nil {
-			return
-		}
-		for k := range rt.Backends {
+		for _, k := range e.fragment(sc.keyOf(e)).RoutesTo {
 			if _, selected := sc.services[k]; !selected {
-				out[k] = c.services[k]
+				if b, ok := c.services[k]; ok {
+					out[k] = b
+				}
 			}
 		}
 	}
 	sc.eachRouted(visit)
+	for e := range c.warming {
+		if _, routed := c.byParent[e.svc.Key]; !routed && sc.services[e.svc.Key] == e {
+			visit(e) // its routes are gone, its warm-up's are not
+		}
+	}
 	return out
 }
 
@@ -441,8 +459,7 @@ func (c *Catalog) SetBackendGrace(d time.Duration) {
 // from its xDS stream and still routes, and retries, calls by the old
 // routes for a while: sent at once, the removal failed such calls (gRPC
 // C-core 1.51: "CDS resource ... does not exist"; grpc-go 1.85: a call
-// whose retries all failed). None leaves while a warm-up is served to the
-// scope (see warmUp): its routes are older ones, which may name it.
+// whose retries all failed).
 func (sc *scopeEntry) syncBackends() {
 	if !sc.backendsStale {
 		return
@@ -464,7 +481,7 @@ func (sc *scopeEntry) syncBackends() {
 			}
 			sc.leaving[k] = now
 			c.settleLater(sc)
-		case now.Sub(since) >= c.backendGrace && !sc.warmingUp():
+		case now.Sub(since) >= c.backendGrace:
 			sc.dropBackend(e)
 		}
 	}

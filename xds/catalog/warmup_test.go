@@ -1,6 +1,7 @@
 package catalog
 
 import (
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -151,12 +152,6 @@ func TestRouteWarmUpHoldsLaterEdits(t *testing.T) {
 	c := warmUpWorld(t, time.Hour, time.Hour)
 	now := time.Now()
 	c.now = func() time.Time { return now }
-	promote := func() {
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		e := c.services[reviewsKey]
-		c.promote(e, c.scopes[gwKey].keyOf(e))
-	}
 
 	c.UpsertRoute(toV2("x-canary"))
 	c.Take()
@@ -167,7 +162,7 @@ func TestRouteWarmUpHoldsLaterEdits(t *testing.T) {
 		t.Fatalf("an edit during the warm-up changed the scope's routes: %+v", us)
 	}
 	now = now.Add(30 * time.Minute)
-	promote()
+	promoteReviews(c)
 	assertEntries(t, c, "half-way", "shop/reviews:80", "warm-up shop/reviews-v2:80")
 
 	c.UpsertService(service("shop", "reviews-v3", nil, "10.0.0.3"))
@@ -179,10 +174,10 @@ func TestRouteWarmUpHoldsLaterEdits(t *testing.T) {
 	assertEntries(t, c, "a new cluster during the warm-up", "shop/reviews:80", "warm-up shop/reviews-v2:80", "warm-up shop/reviews-v3:80")
 
 	now = now.Add(45 * time.Minute) // past the first warm-up's end, not the second's
-	promote()
+	promoteReviews(c)
 	assertEntries(t, c, "past the first end", "shop/reviews:80", "warm-up shop/reviews-v2:80", "warm-up shop/reviews-v3:80")
 	now = now.Add(30 * time.Minute)
-	promote()
+	promoteReviews(c)
 	assertEntries(t, c, "past the second end", "shop/reviews-v2:80", "shop/reviews-v3:80")
 
 	c.DeleteRoute(model.RouteRef{Kind: model.HTTPRoute, Key: v3.Key})
@@ -194,7 +189,7 @@ func TestRouteWarmUpHoldsLaterEdits(t *testing.T) {
 	}
 	assertEntries(t, c, "the Service changed", "shop/reviews-v2:80", "shop/reviews-v3:80", "warm-up shop/reviews:80")
 	now = now.Add(time.Hour)
-	promote()
+	promoteReviews(c)
 	assertEntries(t, c, "the warm-up's end after the Service changed", "shop/reviews:80")
 
 	envoy := New()
@@ -212,4 +207,103 @@ func TestRouteWarmUpHoldsLaterEdits(t *testing.T) {
 			t.Errorf("Envoy mode: virtual host %s routes %v, want every request to reviews-v2 at once", vh.GetName(), vh.GetRoutes())
 		}
 	}
+}
+
+// TestRouteWarmUpBackendsServedToEveryScope checks that a warm-up's older
+// routes reach their backends in every scope that is served the warm-up:
+// one that starts selecting the Service during it, and one whose spec is
+// edited during it (both choose their backends again from scratch); and
+// that a scope's edit forgets which backends were leaving.
+func TestRouteWarmUpBackendsServedToEveryScope(t *testing.T) {
+	c := warmUpWorld(t, time.Hour, time.Hour)
+	now := time.Now()
+	c.now = func() time.Time { return now }
+	c.UpsertService(service("shop", "reviews-v3", nil, "10.0.0.3"))
+	c.UpsertRoute(toV2(""))
+	c.Take()
+	now = now.Add(time.Hour)
+	promoteReviews(c)
+	c.Take()
+	assertEntries(t, c, "the route to v2", "shop/reviews-v2:80")
+
+	toV3 := toV2("")
+	toV3.Rules[0].Backends[0].Service.Name = "reviews-v3"
+	c.UpsertRoute(toV3)
+	c.Take()
+	assertEntries(t, c, "the route to v3", "shop/reviews-v2:80", "warm-up shop/reviews-v3:80")
+	all := []string{"shop/reviews-v2:80", "shop/reviews-v3:80", "shop/reviews:80"}
+	assertClusters(t, c, "shop/gw", all...)
+
+	c.UpsertScope(scope("shop", "gw2", model.ListenerProxylessGRPC, model.Selection{Namespace: "shop", Names: names("reviews")}))
+	c.Take()
+	assertClusters(t, c, "shop/gw2", all...)
+	edited := scope("shop", "gw", model.ListenerProxylessGRPC, model.Selection{Namespace: "shop", Names: names("reviews")})
+	edited.Generation = 2
+	c.UpsertScope(edited)
+	c.Take()
+	assertClusters(t, c, "shop/gw", all...)
+
+	now = now.Add(time.Hour)
+	promoteReviews(c)
+	c.Take()
+	assertEntries(t, c, "the warm-up's end", "shop/reviews-v3:80")
+	assertClusters(t, c, "shop/gw2", all...) // v2 leaves after its grace
+	c.mu.Lock()
+	leaving := len(c.scopes[model.Key{Namespace: "shop", Name: "gw"}].leaving)
+	c.mu.Unlock()
+	if leaving != 1 {
+		t.Fatalf("gw has %d backends leaving after the warm-up's end, want reviews-v2", leaving)
+	}
+	again := scope("shop", "gw", model.ListenerProxylessGRPC, model.Selection{Namespace: "shop", Names: names("reviews")})
+	again.Generation = 3
+	c.UpsertScope(again)
+	c.mu.Lock()
+	leaving = len(c.scopes[model.Key{Namespace: "shop", Name: "gw"}].leaving)
+	c.mu.Unlock()
+	if leaving != 0 {
+		t.Errorf("gw's edit left %d backends leaving, whose grace began under its old spec", leaving)
+	}
+}
+
+// TestRouteWarmUpEndsUnderChurn checks that a warm-up kept going by a
+// backend re-created over and over (a new cluster name each time) keeps
+// one warm-up entry, not one per name, and serves the routes within
+// maxWarmUps warm-up times of its start.
+func TestRouteWarmUpEndsUnderChurn(t *testing.T) {
+	c := warmUpWorld(t, time.Hour, time.Hour)
+	start := time.Now()
+	now := start
+	c.now = func() time.Time { return now }
+	c.UpsertRoute(toV2(""))
+	c.Take()
+	for i := 1; ; i++ {
+		now = now.Add(20 * time.Minute)
+		v2 := service("shop", "reviews-v2", nil, "10.0.0.2")
+		v2.UID = fmt.Sprint("uid-", i)
+		c.UpsertService(v2)
+		c.Take()
+		promoteReviews(c)
+		got := entries(t, c)
+		if len(got) > 2 {
+			t.Fatalf("re-creation %d: %d entries %q, want the Service's own and one warm-up", i, len(got), got)
+		}
+		if len(got) == 1 && got[0] == "shop/reviews-v2:80@uid-"+fmt.Sprint(i) {
+			if took := now.Sub(start); took > maxWarmUps*time.Hour {
+				t.Errorf("the routes were served %v after the warm-up began, want at most %v", took, maxWarmUps*time.Hour)
+			}
+			return
+		}
+		if now.Sub(start) > 2*maxWarmUps*time.Hour {
+			t.Fatalf("the routes are still warming up %v after they changed: %q", now.Sub(start), got)
+		}
+	}
+}
+
+// promoteReviews ends shop/reviews's warm-up for scope gw, as its timer
+// would once the catalog's clock is past its end.
+func promoteReviews(c *Catalog) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e := c.services[reviewsKey]
+	c.promote(e, c.scopes[gwKey].keyOf(e))
 }

@@ -24,6 +24,7 @@ package translate
 
 import (
 	"cmp"
+	"maps"
 	"slices"
 	"strings"
 
@@ -62,6 +63,11 @@ type Fragment struct {
 	hostsPort int32
 	// hostsFrom is the Service port each of Hosts was translated from.
 	hostsFrom []*model.Origin
+	// RoutesTo holds, sorted, the other Services its routes may send calls
+	// to (the routing's backends; a warm-up's, those of the routes it
+	// keeps too): what a scope that serves the fragment must serve as
+	// route backends.
+	RoutesTo []model.Key
 }
 
 // Resources is a set of xDS resources, each type sorted by resource name:
@@ -135,6 +141,9 @@ func RoutedService(svc *model.Service, p Profile, rt *Routing) Fragment {
 	mode := p.Mode
 	ports := tcpPorts(svc)
 	out := Fragment{Service: svc.Key}
+	if rt != nil {
+		out.RoutesTo = slices.SortedFunc(maps.Keys(rt.Backends), model.Key.Compare)
+	}
 	// Every resource of a port shares its Origin; one allocation holds all.
 	origins := make([]model.Origin, len(ports))
 	for i := range ports {

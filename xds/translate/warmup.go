@@ -5,18 +5,26 @@ import (
 
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/scopeplane/scopeplane/xds/model"
 )
 
 // WarmUpPath is the path of a warm-up entry: exact "/", which no gRPC call
 // has (a call's path is "/<service>/<method>"), so the entry never matches.
 const WarmUpPath = "/"
 
+// warmUpName names a warm-up entry, which tells it from the route entries
+// a warm-up keeps.
+const warmUpName = "scopeplane.dev/warm-up"
+
 // WarmUp returns what to serve of a ProxylessGRPC Service's translation
 // before final, when final's route configurations name clusters that
-// served's (what the scope's clients were last sent) do not: final with
-// served's route configurations, to each of which one entry per such
+// served's (what the scope's clients were last sent) do not route to:
+// final with served's route entries, after which one entry per such
 // cluster is appended that no call matches (WarmUpPath). It reports
-// whether any was appended; when none was, final can be served at once.
+// whether it is needed (any such cluster; if none, final can be served at
+// once) and whether any such cluster is added, one that served does not
+// name even in a warm-up entry.
 //
 // A gRPC client builds a child balancer for every cluster its route
 // configuration names, matched or not, once it has the cluster's CDS and
@@ -28,13 +36,16 @@ const WarmUpPath = "/"
 // every call still goes where it went; final, served after it, only moves
 // calls to clusters the client has built.
 //
-// A route configuration final has and served has not (a new port) is
-// final's: no call was routed by it before. served and final are not
-// modified; the result shares what it does not change with them.
-func WarmUp(served, final *Fragment) (Fragment, bool) {
-	out := *final
-	out.Routes = slices.Clone(final.Routes)
-	added := false
+// served may be a warm-up itself: its warm-up entries are replaced, not
+// added to, so a warm-up names at most final's clusters. A route
+// configuration final has and served has not (a new port) is final's: no
+// call was routed by it before. The result routes to the Services of both
+// (RoutesTo). served and final are not modified; the result shares what it
+// does not change with them.
+func WarmUp(served, final *Fragment) (warm Fragment, needed, added bool) {
+	warm = *final
+	warm.Routes = slices.Clone(final.Routes)
+	warm.RoutesTo = mergeKeys(served.RoutesTo, final.RoutesTo)
 	for i, rc := range final.Routes {
 		j, found := slices.BinarySearchFunc(served.Routes, rc.GetName(), func(r *routev3.RouteConfiguration, name string) int {
 			switch {
@@ -49,55 +60,81 @@ func WarmUp(served, final *Fragment) (Fragment, bool) {
 			continue
 		}
 		was := served.Routes[j]
-		had := routeClusters(was)
+		routed, warming := routeClusters(was)
 		var fresh []string
-		for name := range routeClusters(rc) {
-			if _, ok := had[name]; !ok {
+		wants, _ := routeClusters(rc)
+		for name := range wants {
+			if _, ok := routed[name]; !ok {
 				fresh = append(fresh, name)
+				needed = true
+				if _, ok := warming[name]; !ok {
+					added = true
+				}
 			}
 		}
-		if len(fresh) == 0 {
-			out.Routes[i] = was
+		if len(fresh) == 0 && len(warming) == 0 {
+			warm.Routes[i] = was
 			continue
 		}
-		added = true
 		slices.Sort(fresh)
-		warm := proto.Clone(was).(*routev3.RouteConfiguration)
-		for _, vh := range warm.GetVirtualHosts() {
+		kept := proto.Clone(was).(*routev3.RouteConfiguration)
+		for _, vh := range kept.GetVirtualHosts() {
+			vh.Routes = slices.DeleteFunc(vh.Routes, isWarmUp)
 			for _, name := range fresh {
 				vh.Routes = append(vh.Routes, warmUpEntry(name))
 			}
 		}
-		out.Routes[i] = warm
+		warm.Routes[i] = kept
 	}
-	return out, added
+	return warm, needed, added
 }
 
-// routeClusters is the set of clusters a route configuration's entries
-// send calls to.
-func routeClusters(rc *routev3.RouteConfiguration) map[string]struct{} {
-	out := map[string]struct{}{}
+// routeClusters returns the clusters a route configuration's entries send
+// calls to, and apart those only its warm-up entries name.
+func routeClusters(rc *routev3.RouteConfiguration) (routed, warming map[string]struct{}) {
+	routed, warming = map[string]struct{}{}, map[string]struct{}{}
 	for _, vh := range rc.GetVirtualHosts() {
 		for _, r := range vh.GetRoutes() {
+			into := routed
+			if isWarmUp(r) {
+				into = warming
+			}
 			a := r.GetRoute()
 			if name := a.GetCluster(); name != "" {
-				out[name] = struct{}{}
+				into[name] = struct{}{}
 			}
 			for _, w := range a.GetWeightedClusters().GetClusters() {
-				out[w.GetName()] = struct{}{}
+				into[w.GetName()] = struct{}{}
 			}
 		}
 	}
-	return out
+	for name := range routed {
+		delete(warming, name)
+	}
+	return routed, warming
+}
+
+func isWarmUp(r *routev3.Route) bool {
+	return r.GetName() == warmUpName && r.GetMatch().GetPath() == WarmUpPath
 }
 
 // warmUpEntry is an entry that no call matches, naming a cluster.
 func warmUpEntry(cluster string) *routev3.Route {
 	return &routev3.Route{
-		Name:  "warm-up",
+		Name:  warmUpName,
 		Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Path{Path: WarmUpPath}},
 		Action: &routev3.Route_Route{Route: &routev3.RouteAction{
 			ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: cluster},
 		}},
 	}
+}
+
+// mergeKeys returns the sorted union of two sorted lists.
+func mergeKeys(a, b []model.Key) []model.Key {
+	if len(a) == 0 {
+		return b
+	}
+	out := slices.Concat(a, b)
+	slices.SortFunc(out, model.Key.Compare)
+	return slices.Compact(out)
 }

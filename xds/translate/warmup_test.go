@@ -21,9 +21,9 @@ func TestWarmUp(t *testing.T) {
 	final := RoutedService(parent, proxyless, &Routing{Routes: []*model.Route{canaryRoute()}, Backends: backends})
 	servedCopy, finalCopy := proto.Clone(served.Routes[0]), proto.Clone(final.Routes[0])
 
-	warm, added := WarmUp(&served, &final)
-	if !added {
-		t.Fatal("routes to new clusters: nothing warmed up")
+	warm, needed, added := WarmUp(&served, &final)
+	if !needed || !added {
+		t.Fatalf("routes to new clusters: warm-up needed %v, clusters added %v", needed, added)
 	}
 	if !proto.Equal(served.Routes[0], servedCopy) || !proto.Equal(final.Routes[0], finalCopy) {
 		t.Fatal("WarmUp changed its inputs")
@@ -47,15 +47,23 @@ func TestWarmUp(t *testing.T) {
 		t.Error("the warm-up's other resources are not the final translation's")
 	}
 
-	if again, added := WarmUp(&warm, &final); added || again.Routes[0] != warm.Routes[0] {
-		t.Errorf("from the warm-up, which names every cluster, nothing is warmed up and it stays served: added %v", added)
+	if !slices.Equal(warm.RoutesTo, final.RoutesTo) {
+		t.Errorf("the warm-up routes to %v, want the final routes' %v", warm.RoutesTo, final.RoutesTo)
 	}
-	if _, added := WarmUp(&final, &served); !added {
-		t.Error("back to the Service's own cluster, which the routes did not name: nothing warmed up")
+	again, needed, added := WarmUp(&warm, &final)
+	if !needed || added || !proto.Equal(again.Routes[0], warm.Routes[0]) {
+		t.Errorf("from the warm-up, which names every cluster: needed %v (want true), added %v (want false), the same entries %v", needed, added, proto.Equal(again.Routes[0], warm.Routes[0]))
+	}
+	if _, needed, _ := WarmUp(&warm, &served); needed {
+		t.Error("back to the Service's own cluster, which the warm-up's routes send calls to: warmed up")
+	}
+	back, needed, added := WarmUp(&final, &served)
+	if !needed || !added || len(back.RoutesTo) != len(final.RoutesTo) {
+		t.Errorf("back from the routes to the Service's own cluster: needed %v, added %v, routes to %v (want the routes' backends, which its entries still reach)", needed, added, back.RoutesTo)
 	}
 	envoy := Profile{Mode: model.ListenerEnvoy, Port: 10080}
 	plain, routed := Service(parent, envoy), RoutedService(parent, envoy, &Routing{Routes: []*model.Route{canaryRoute()}, Backends: backends})
-	if _, added := WarmUp(&plain, &routed); added {
+	if _, needed, _ := WarmUp(&plain, &routed); needed {
 		t.Error("Envoy mode warmed up: Envoy builds clusters before routes use them")
 	}
 }
