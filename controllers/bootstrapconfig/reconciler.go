@@ -46,6 +46,9 @@ const ManagedBy = "scopeplane"
 // and rewritten when the protocol changes. It runs on the leader only.
 type Reconciler struct {
 	Client client.Client
+	// APIReader reads from the API server, not the cache: what a create
+	// finds in the way, which the cache may not show yet (nil: Client).
+	APIReader client.Reader
 	// XDSServer is the host:port proxies dial to reach the ADS server.
 	XDSServer string
 	// Conflicts records the scopes whose ConfigMap name is taken, for the
@@ -224,6 +227,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		return controllerutil.SetControllerReference(ps, cm, r.Client.Scheme())
 	})
 	if apierrors.IsAlreadyExists(err) {
+		if ours, err := r.labelled(ctx, cm); err != nil || ours {
+			// Scopeplane's, created a moment ago and not in the cache
+			// yet: judged again (adopted, or its owner named) once it is.
+			return ctrl.Result{RequeueAfter: caWait}, err
+		}
 		r.Conflicts.set(key, fmt.Sprintf("ConfigMap %s/%s already exists without the label %s=%s, so it is not scopeplane's and its bootstraps are not written: rename or delete that ConfigMap",
 			cm.Namespace, cm.Name, ManagedByLabel, ManagedBy))
 		return ctrl.Result{RequeueAfter: conflictRecheck}, nil
@@ -232,6 +240,20 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		r.Conflicts.set(key, "")
 	}
 	return ctrl.Result{}, err
+}
+
+// labelled reports whether the ConfigMap cm names, as the API server has
+// it, carries scopeplane's label; false when it is gone.
+func (r *Reconciler) labelled(ctx context.Context, cm *corev1.ConfigMap) (bool, error) {
+	var reader client.Reader = r.Client
+	if r.APIReader != nil {
+		reader = r.APIReader
+	}
+	got := &corev1.ConfigMap{}
+	if err := reader.Get(ctx, client.ObjectKeyFromObject(cm), got); err != nil {
+		return false, client.IgnoreNotFound(err)
+	}
+	return got.Labels[ManagedByLabel] == ManagedBy, nil
 }
 
 // tlsOnlyKey returns the install's published key (bootstrap.TLSOnlyKeyKey):

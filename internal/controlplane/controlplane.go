@@ -295,7 +295,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) (*ControlPlane, 
 	// term (see elector).
 	leaderOnly := func(m manager.Manager) error {
 		if !opts.NoBootstrapConfigMaps {
-			r := &bootstrapconfig.Reconciler{Client: m.GetClient(), XDSServer: opts.XDSServerAddress, Conflicts: conflicts, MountPath: opts.BootstrapMountPath, Namespaces: opts.BootstrapNamespaces}
+			r := &bootstrapconfig.Reconciler{Client: m.GetClient(), APIReader: m.GetAPIReader(), XDSServer: opts.XDSServerAddress, Conflicts: conflicts, MountPath: opts.BootstrapMountPath, Namespaces: opts.BootstrapNamespaces}
 			if cp.Certificates != nil {
 				r.CA = cp.Certificates
 			}

@@ -22,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	kstatus "sigs.k8s.io/cli-utils/pkg/kstatus/status"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
@@ -30,6 +31,7 @@ import (
 	"github.com/scopeplane/scopeplane/xds/adsclient"
 	"github.com/scopeplane/scopeplane/xds/bootstrap"
 	"github.com/scopeplane/scopeplane/xds/metrics"
+	"github.com/scopeplane/scopeplane/xds/model"
 	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
@@ -419,5 +421,50 @@ func TestBootstrapConfigMapOfARecreatedScope(t *testing.T) {
 	got := &corev1.ConfigMap{}
 	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(theirs), got); err != nil || got.Data["envoy.yaml"] != "phoenix's" {
 		t.Errorf("the other scope's ConfigMap was changed: %v %v", got.Data, err)
+	}
+}
+
+// cacheBehind is a client whose cache has not seen any ConfigMap yet: a
+// Get of one finds nothing, as right after another writer created it.
+type cacheBehind struct{ client.Client }
+
+func (c cacheBehind) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	if _, ok := obj.(*corev1.ConfigMap); ok {
+		return apierrors.NewNotFound(corev1.Resource("configmaps"), key.Name)
+	}
+	return c.Client.Get(ctx, key, obj, opts...)
+}
+
+// TestBootstrapConfigMapNotCachedYetIsNoConflict checks that a scope whose
+// ConfigMap name is taken by one of scopeplane's own, which the cache does
+// not show yet, is not told the ConfigMap lacks scopeplane's label: it is
+// tried again shortly, when the cache shows who controls it.
+func TestBootstrapConfigMapNotCachedYetIsNoConflict(t *testing.T) {
+	ctx := context.Background()
+	owner := &xdsv1alpha1.ProxyScope{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "behind", Name: "owner"},
+		Spec: xdsv1alpha1.ProxyScopeSpec{
+			Services: []xdsv1alpha1.ServiceSelection{{Selector: &metav1.LabelSelector{}}},
+			Listener: xdsv1alpha1.ListenerSpec{Mode: xdsv1alpha1.ListenerModeProxylessGRPC},
+		},
+	}
+	late := owner.DeepCopy()
+	late.Name = "late"
+	create(t, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "behind"}}, owner)
+	owner = getScope(t, "behind", "owner")
+	create(t, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "behind", Name: bootstrap.ConfigMapName("late"),
+		Labels: map[string]string{bootstrapconfig.ManagedByLabel: bootstrapconfig.ManagedBy},
+		OwnerReferences: []metav1.OwnerReference{{APIVersion: xdsv1alpha1.GroupVersion.String(), Kind: "ProxyScope",
+			Name: owner.Name, UID: owner.UID, Controller: ptr.To(true)}}}}, late)
+	r := &bootstrapconfig.Reconciler{Client: cacheBehind{env.Client}, APIReader: env.Client, XDSServer: "xds.invalid:1", Conflicts: bootstrapconfig.NewConflicts()}
+	res, err := r.Reconcile(ctx, ctrl.Request{NamespacedName: types.NamespacedName{Namespace: "behind", Name: "late"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := r.Conflicts.Get(model.Key{Namespace: "behind", Name: "late"}); got != "" {
+		t.Errorf("conflict %q for a ConfigMap the cache has not seen yet", got)
+	}
+	if res.RequeueAfter <= 0 {
+		t.Errorf("not tried again: %+v", res)
 	}
 }
