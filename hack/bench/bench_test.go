@@ -448,6 +448,9 @@ func TestWorldCorrectness(t *testing.T) {
 		if r.Start.Built == 0 || r.Restart.Built == 0 || r.Heap["informer caches"] == 0 || r.Heap["snapshots"] == 0 {
 			t.Errorf("%s: start %s, restart %s, heap %v", c, r.Start, r.Restart, r.Heap)
 		}
+		if !strings.Contains(r.StartPeaks, "serve:rss=") || !strings.Contains(r.StartPeaks, "events:rss=") || !strings.Contains(r.RestartPeaks, "serve:rss=") {
+			t.Errorf("%s: highest resident set per phase: first start %q, restart %q", c, r.StartPeaks, r.RestartPeaks)
+		}
 	}
 	if t.Failed() {
 		t.Log(log.String())

@@ -37,7 +37,14 @@ import (
 //	         from this process's start until the informer caches had listed
 //	         every kind, every listed object was reconciled, and the first
 //	         snapshots were built (0: not yet)
-func serveOperator(kubeconfig, addr string, protocol model.Protocol, cpuprofile string) error {
+//	peaks    answers "peaks <phase>:<sample> ...": per phase of the process's
+//	         life (list, reconcile, build, serve, then what "phase" named), the
+//	         sample of its highest resident set (peakWatch)
+//	phase <name>  names the phase from now on (the driver's events); answers "ok"
+//
+// With heapprofiles, it writes heap profiles at the ends of the start's
+// phases and at its highest resident set (see serveMain's -heapprofiles).
+func serveOperator(kubeconfig, addr string, protocol model.Protocol, cpuprofile, heapprofiles string) error {
 	start := time.Now()
 	// A heap sample every 64 KiB rather than 512 KiB, so that the heap
 	// profile splits even a small world into its layers.
@@ -89,22 +96,54 @@ func serveOperator(kubeconfig, addr string, protocol model.Protocol, cpuprofile 
 		return err
 	}
 	var listed, reconciled, built atomic.Int64
-	since := func(v *atomic.Int64) { v.Store(int64(time.Since(start))) }
+	var named atomic.Pointer[string]
+	heapAt := func(what string) {
+		if heapprofiles != "" {
+			_ = writeHeapProfile(heapprofiles + "." + what + ".heap.pprof")
+		}
+	}
+	since := func(v *atomic.Int64, what string) {
+		v.Store(int64(time.Since(start)))
+		heapAt(what)
+	}
+	phase := func() string {
+		switch {
+		case named.Load() != nil:
+			return *named.Load()
+		case listed.Load() == 0:
+			return "list"
+		case reconciled.Load() == 0:
+			return "reconcile"
+		case built.Load() == 0:
+			return "build"
+		}
+		return "serve"
+	}
+	var profiled int64 // the resident set at the last peak profile
+	watch := newPeakWatch(start, phase, func(s peakSample) {
+		if s.RSS >= 1<<30 && s.RSS >= profiled+64<<20 {
+			profiled = s.RSS
+			heapAt("peak")
+		}
+	})
+	stopWatch := make(chan struct{})
+	defer close(stopWatch)
+	go watch.run(stopWatch)
 	go func() {
 		if mgr.GetCache().WaitForCacheSync(ctx) {
-			since(&listed)
+			since(&listed, "listed")
 		}
 	}()
 	go func() {
 		select {
 		case <-cp.Sync.Synced():
-			since(&reconciled)
+			since(&reconciled, "reconciled")
 		case <-ctx.Done():
 			return
 		}
 		select {
 		case <-cp.Builder.Built():
-			since(&built)
+			since(&built, "built")
 		case <-ctx.Done():
 		}
 	}()
@@ -119,7 +158,8 @@ func serveOperator(kubeconfig, addr string, protocol model.Protocol, cpuprofile 
 	phases := func() string {
 		return fmt.Sprintf("phases %d %d %d", listed.Load(), reconciled.Load(), built.Load())
 	}
-	return cmd.loop(operatorCP{sp, phases}, nil, out, managed, func() error {
+	setPhase := func(name string) { named.Store(&name) }
+	return cmd.loop(operatorCP{sp, phases, watch, setPhase}, nil, out, managed, func() error {
 		cancel()
 		select {
 		case err := <-managed:
@@ -134,7 +174,9 @@ func serveOperator(kubeconfig, addr string, protocol model.Protocol, cpuprofile 
 // pipeline's counts, and the phases of its start.
 type operatorCP struct {
 	*scopeplaneCP
-	phases func() string
+	phases   func() string
+	peaks    fmt.Stringer
+	setPhase func(string)
 }
 
 // Apply is never called: the driver changes the world through the API server.
@@ -142,8 +184,15 @@ func (operatorCP) Apply(Change) {}
 
 // answer answers the commands only the operator knows.
 func (o operatorCP) answer(cmd string) (string, bool) {
-	if strings.TrimSpace(cmd) == "phases" {
+	name, arg, _ := strings.Cut(strings.TrimSpace(cmd), " ")
+	switch name {
+	case "phases":
 		return o.phases(), true
+	case "peaks":
+		return o.peaks.String(), true
+	case "phase":
+		o.setPhase(arg)
+		return "ok", true
 	}
 	return "", false
 }

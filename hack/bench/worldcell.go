@@ -68,6 +68,9 @@ type WorldResult struct {
 	// RSSAfter is the resident set after the sync and a forced GC; PeakRSS
 	// the high-water mark of both processes.
 	RSSAfter, PeakRSS int64
+	// StartPeaks and RestartPeaks are, per phase of each process's life,
+	// the memory at its highest resident set (the "peaks" command).
+	StartPeaks, RestartPeaks string
 	// Heap is the live heap after the sync by what holds it (heapLayers).
 	Heap map[string]int64
 	Err  string
@@ -121,7 +124,8 @@ func runWorldCellErr(c WorldCell, o RunOptions, res *WorldResult) error {
 	args := func(addr, start string) []string {
 		a := []string{"serve", "-impl", "operator", "-kubeconfig", env.kubeconfig, "-protocol", string(c.Protocol), "-addr", addr}
 		if o.ProfileDir != "" {
-			a = append(a, "-cpuprofile", filepath.Join(o.ProfileDir, fileName(c.String())+"."+start+".cpu.pprof"))
+			prefix := filepath.Join(o.ProfileDir, fileName(c.String())+"."+start)
+			a = append(a, "-cpuprofile", prefix+".cpu.pprof", "-heapprofiles", prefix)
 		}
 		return a
 	}
@@ -176,8 +180,15 @@ func runWorldCellErr(c WorldCell, o RunOptions, res *WorldResult) error {
 	if res.Start, err = coldStart(cp, ph, armed); err != nil {
 		return err
 	}
+	if res.StartPeaks, err = peaks(cp); err != nil {
+		return err
+	}
 	res.StatusStart = statuses.wait(cp.started, env, writes0, worldTimeout)
 	logf(o, "  %s: start %s; statuses %s", c, res.Start, res.StatusStart)
+	logf(o, "  %s: start's highest RSS per phase: %s", c, res.StartPeaks)
+	if _, err := cp.do("phase events"); err != nil {
+		return err
+	}
 	if res.RSSAfter, err = cp.rss(); err != nil {
 		return err
 	}
@@ -235,6 +246,9 @@ func runWorldCellErr(c WorldCell, o RunOptions, res *WorldResult) error {
 	if res.PeakRSS, err = cp.peakRSS(); err != nil {
 		return err
 	}
+	if res.StartPeaks, err = peaks(cp); err != nil {
+		return err
+	}
 	if writes0, err = env.statusWrites(); err != nil {
 		return err
 	}
@@ -265,6 +279,10 @@ func runWorldCellErr(c WorldCell, o RunOptions, res *WorldResult) error {
 		return err
 	}
 	res.PeakRSS = max(res.PeakRSS, peak)
+	if res.RestartPeaks, err = peaks(cp); err != nil {
+		return err
+	}
+	logf(o, "  %s: restart's highest RSS per phase: %s", c, res.RestartPeaks)
 	ph.Reopened = l.opens() - opens - c.N
 	finish(l, ph, t0, before, truths)
 	res.Phases = append(res.Phases, ph)
@@ -278,6 +296,20 @@ func runWorldCellErr(c WorldCell, o RunOptions, res *WorldResult) error {
 	res.StatusRestart = statuses.wait(t0, env, writes0, worldTimeout)
 	logf(o, "  %s: restart %s; statuses %s", c, res.Restart, res.StatusRestart)
 	return nil
+}
+
+// peaks is the process's highest resident set per phase of its life so
+// far, as the operator's "peaks" command answers it.
+func peaks(cp *cpProc) (string, error) {
+	l, err := cp.do("peaks")
+	if err != nil {
+		return "", err
+	}
+	p, ok := strings.CutPrefix(l, "peaks")
+	if !ok {
+		return "", fmt.Errorf("peaks: %q", l)
+	}
+	return strings.TrimSpace(p), nil
 }
 
 // waitBuilt waits until the process has built its first snapshots.

@@ -143,6 +143,16 @@ func WorldReport(w io.Writer, results []*WorldResult, header string) {
 			ms(r.Start.Listed), ms(r.Start.Built), ms(r.Start.AllServed), ms(r.Restart.Listed), ms(r.Restart.Built), ms(r.Restart.AllServed), okText(r.Failures()))
 	}
 	fmt.Fprintln(w)
+	fmt.Fprintln(w, "### The highest resident set per phase of each process's life")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "Sampled every 50 ms: the resident set, the heap the last collection found live, the heap's objects (live or not yet swept) and the collector's goal, when the resident set was highest in the phase. list: until the informers had listed; reconcile: until the listed objects were in the catalog; build: until the first snapshots; serve: until the driver's events (the first start: the initial sync of every proxy); events.")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "| cell | first start | restart |")
+	fmt.Fprintln(w, "|---|---|---|")
+	for _, r := range results {
+		fmt.Fprintf(w, "| %s | %s | %s |\n", r.WorldCell, r.StartPeaks, r.RestartPeaks)
+	}
+	fmt.Fprintln(w)
 	fmt.Fprintln(w, "### Status writes")
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "| cell | scopes | first start: all current after / writes / rate | restart: all current after / writes / rate |")

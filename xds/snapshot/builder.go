@@ -137,7 +137,8 @@ func nextWait(prev, base, idle time.Duration) time.Duration {
 	return min(2*prev, widest*base)
 }
 
-// Apply versions and stores one batch of catalog updates.
+// Apply versions and stores one batch of catalog updates. It takes the
+// batch: each update is left with its key alone once applied (see apply).
 func (b *Builder) Apply(updates []catalog.Update) { b.apply(updates, time.Now()) }
 
 // ApplyWhole is Apply of a batch after which the catalog holds the whole
@@ -152,12 +153,20 @@ func (b *Builder) ApplyWhole(updates []catalog.Update) {
 // resources, its log), and the marshalling of a start's hundreds of
 // thousands of resources is most of a first build. A batch holds one
 // update per scope.
+//
+// Each update is cleared, but for its key, once its scope is applied: a
+// start's batch names every resource of every scope in maps of its own
+// (55 MB of the live heap at S=100,000 in the teams layout, with the
+// messages they point at held by the catalog anyway), and holding all of
+// them until the last scope is built put them on top of the finished
+// snapshots, at the start's highest resident set.
 func (b *Builder) apply(updates []catalog.Update, observed time.Time) {
 	start := time.Now()
 	var next atomic.Int64
 	work := func() {
 		for i := next.Add(1) - 1; i < int64(len(updates)); i = next.Add(1) - 1 {
 			b.applyScope(&updates[i], observed)
+			updates[i] = catalog.Update{Key: updates[i].Key}
 		}
 	}
 	var wg sync.WaitGroup

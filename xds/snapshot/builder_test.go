@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"reflect"
 	"testing"
 	"time"
 
@@ -118,6 +119,46 @@ func TestScopesAppliedInParallelAsOneByOne(t *testing.T) {
 		p, o := held(parallel, k), held(oneByOne, k)
 		if len(p) < 400 || !maps.Equal(p, o) {
 			t.Errorf("%s: applied in parallel, %d entries; one by one, %d; equal: %v", k, len(p), len(o), maps.Equal(p, o))
+		}
+	}
+}
+
+// TestApplyLetsGoOfEachUpdate applies a start's batch, every scope of a
+// catalog at once: each scope is built, and each update is left with its
+// key alone, so that what the batch named (maps of every resource of every
+// scope) is not held until the last scope is built, on top of the
+// snapshots already made.
+func TestApplyLetsGoOfEachUpdate(t *testing.T) {
+	cat, store := catalog.New(), NewStore()
+	for k := range 3 {
+		cat.UpsertScope(testkit.WorldTeam(k))
+		for i := range 5 {
+			svc := testkit.Service(fmt.Sprint("ns-", k), fmt.Sprint("svc-", i), "10.0.0.1")
+			svc.Labels = map[string]string{"team": fmt.Sprint("team-", k)}
+			cat.UpsertService(svc)
+		}
+	}
+	updates := cat.Take()
+	if len(updates) != 3 {
+		t.Fatalf("the catalog's first batch has %d updates, want 3", len(updates))
+	}
+	keys := make([]model.Key, len(updates))
+	for i := range updates {
+		keys[i] = updates[i].Key
+	}
+	NewBuilder(cat, store, 0).ApplyWhole(updates)
+	for i, k := range keys {
+		sc := store.Get(k)
+		if sc == nil {
+			t.Fatalf("scope %s was not built", k)
+		}
+		clusters := 0
+		sc.Read(func(v View) { clusters = v.Len(xdstype.Cluster) })
+		if clusters != 5 {
+			t.Errorf("scope %s serves %d clusters, want 5", k, clusters)
+		}
+		if u := updates[i]; !reflect.DeepEqual(u, catalog.Update{Key: k}) {
+			t.Errorf("update %d still holds more than its key after it was applied: %+v", i, u)
 		}
 	}
 }
