@@ -270,7 +270,13 @@ func (c *Catalog) keepWarming(e *serviceEntry, old fragments) {
 		final := e.translation(kf.key)
 		served, needed, _ := translate.WarmUp(kf.frag, final)
 		if !needed {
+			// Over: the backends only its routes reached begin to leave.
 			e.frags.set(kf.key, final)
+			for sk := range e.scopes.all() {
+				if sc := c.scopes[sk]; sc.keyOf(e) == kf.key {
+					sc.backendsStale = true
+				}
+			}
 			continue
 		}
 		e.frags = append(e.frags, keyedFragment{key: kf.key, frag: &served, warm: &warming{final: final, since: kf.warm.since, until: kf.warm.until}})

@@ -307,3 +307,36 @@ func promoteReviews(c *Catalog) {
 	e := c.services[reviewsKey]
 	c.promote(e, c.scopes[gwKey].keyOf(e))
 }
+
+// TestRouteWarmUpEndedByTheServiceLetsItsBackendsGo checks that a warm-up
+// the Service's own change ends (re-created under a new UID, its route
+// configuration is a new one, which nothing was routed by) lets the
+// backends only its older routes reached begin to leave.
+func TestRouteWarmUpEndedByTheServiceLetsItsBackendsGo(t *testing.T) {
+	c := warmUpWorld(t, time.Hour, time.Hour)
+	now := time.Now()
+	c.now = func() time.Time { return now }
+	c.UpsertService(service("shop", "reviews-v3", nil, "10.0.0.3"))
+	c.UpsertRoute(toV2(""))
+	c.Take()
+	now = now.Add(time.Hour)
+	promoteReviews(c)
+	c.Take()
+	toV3 := toV2("")
+	toV3.Rules[0].Backends[0].Service.Name = "reviews-v3"
+	c.UpsertRoute(toV3)
+	c.Take()
+	assertEntries(t, c, "the route to v3", "shop/reviews-v2:80", "warm-up shop/reviews-v3:80")
+
+	recreated := service("shop", "reviews", nil, "10.0.0.1")
+	recreated.UID = "again"
+	c.UpsertService(recreated)
+	c.Take()
+	assertEntries(t, c, "the Service re-created", "shop/reviews-v3:80")
+	c.mu.Lock()
+	_, leaving := c.scopes[gwKey].leaving[model.Key{Namespace: "shop", Name: "reviews-v2"}]
+	c.mu.Unlock()
+	if !leaving {
+		t.Error("reviews-v2, which no route served reaches any more, is not leaving")
+	}
+}
