@@ -62,7 +62,7 @@ func entries(t *testing.T, c *Catalog) []string {
 				for _, w := range r.GetRoute().GetWeightedClusters().GetClusters() {
 					name += w.GetName()
 				}
-				if r.GetMatch().GetPath() == translate.WarmUpPath {
+				if r.GetMatch().GetPath() == translate.NoCallPath {
 					name = "warm-up " + name
 				}
 				out = append(out, name)
@@ -215,22 +215,7 @@ func TestRouteWarmUpHoldsLaterEdits(t *testing.T) {
 // edited during it (both choose their backends again from scratch); and
 // that a scope's edit forgets which backends were leaving.
 func TestRouteWarmUpBackendsServedToEveryScope(t *testing.T) {
-	c := warmUpWorld(t, time.Hour, time.Hour)
-	now := time.Now()
-	c.now = func() time.Time { return now }
-	c.UpsertService(service("shop", "reviews-v3", nil, "10.0.0.3"))
-	c.UpsertRoute(toV2(""))
-	c.Take()
-	now = now.Add(time.Hour)
-	promoteReviews(c)
-	c.Take()
-	assertEntries(t, c, "the route to v2", "shop/reviews-v2:80")
-
-	toV3 := toV2("")
-	toV3.Rules[0].Backends[0].Service.Name = "reviews-v3"
-	c.UpsertRoute(toV3)
-	c.Take()
-	assertEntries(t, c, "the route to v3", "shop/reviews-v2:80", "warm-up shop/reviews-v3:80")
+	c, advance := v2ToV3(t)
 	all := []string{"shop/reviews-v2:80", "shop/reviews-v3:80", "shop/reviews:80"}
 	assertClusters(t, c, "shop/gw", all...)
 
@@ -243,7 +228,7 @@ func TestRouteWarmUpBackendsServedToEveryScope(t *testing.T) {
 	c.Take()
 	assertClusters(t, c, "shop/gw", all...)
 
-	now = now.Add(time.Hour)
+	advance(time.Hour)
 	promoteReviews(c)
 	c.Take()
 	assertEntries(t, c, "the warm-up's end", "shop/reviews-v3:80")
@@ -299,6 +284,31 @@ func TestRouteWarmUpEndsUnderChurn(t *testing.T) {
 	}
 }
 
+// v2ToV3 is warmUpWorld with an hour's warm-up and grace on a clock the
+// test moves (advance), and shop/reviews-v3 too: its route to reviews-v2
+// was served, then moved to reviews-v3, whose warm-up the scope is served.
+func v2ToV3(t *testing.T) (c *Catalog, advance func(time.Duration)) {
+	t.Helper()
+	c = warmUpWorld(t, time.Hour, time.Hour)
+	now := time.Now()
+	c.now = func() time.Time { return now }
+	advance = func(d time.Duration) { now = now.Add(d) }
+	c.UpsertService(service("shop", "reviews-v3", nil, "10.0.0.3"))
+	c.UpsertRoute(toV2(""))
+	c.Take()
+	advance(time.Hour)
+	promoteReviews(c)
+	c.Take()
+	assertEntries(t, c, "the route to v2", "shop/reviews-v2:80")
+
+	toV3 := toV2("")
+	toV3.Rules[0].Backends[0].Service.Name = "reviews-v3"
+	c.UpsertRoute(toV3)
+	c.Take()
+	assertEntries(t, c, "the route to v3", "shop/reviews-v2:80", "warm-up shop/reviews-v3:80")
+	return c, advance
+}
+
 // promoteReviews ends shop/reviews's warm-up for scope gw, as its timer
 // would once the catalog's clock is past its end.
 func promoteReviews(c *Catalog) {
@@ -313,20 +323,7 @@ func promoteReviews(c *Catalog) {
 // configuration is a new one, which nothing was routed by) lets the
 // backends only its older routes reached begin to leave.
 func TestRouteWarmUpEndedByTheServiceLetsItsBackendsGo(t *testing.T) {
-	c := warmUpWorld(t, time.Hour, time.Hour)
-	now := time.Now()
-	c.now = func() time.Time { return now }
-	c.UpsertService(service("shop", "reviews-v3", nil, "10.0.0.3"))
-	c.UpsertRoute(toV2(""))
-	c.Take()
-	now = now.Add(time.Hour)
-	promoteReviews(c)
-	c.Take()
-	toV3 := toV2("")
-	toV3.Rules[0].Backends[0].Service.Name = "reviews-v3"
-	c.UpsertRoute(toV3)
-	c.Take()
-	assertEntries(t, c, "the route to v3", "shop/reviews-v2:80", "warm-up shop/reviews-v3:80")
+	c, _ := v2ToV3(t)
 
 	recreated := service("shop", "reviews", nil, "10.0.0.1")
 	recreated.UID = "again"

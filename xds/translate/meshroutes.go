@@ -117,14 +117,22 @@ func portRoutes(svc *model.Service, port int32, rt *Routing, mode model.Listener
 	}
 	if len(out) == 0 && mode == model.ListenerProxylessGRPC {
 		// Every rule was left out: no request may match, yet gRPC C-core
-		// refuses a virtual host without routes. The path "/" is one no
-		// gRPC method has.
-		out = append(out, &routev3.Route{
-			Match:  &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Path{Path: "/"}},
-			Action: &routev3.Route_Route{Route: &routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: clusterName(svc, port, mode)}}},
-		})
+		// refuses a virtual host without routes.
+		out = append(out, noCallTo(clusterName(svc, port, mode)))
 	}
 	return out, true
+}
+
+// NoCallPath is a path no gRPC call has (a call's is
+// "/<service>/<method>"): an exact match of it never matches.
+const NoCallPath = "/"
+
+// noCallTo is a route entry that no gRPC call matches, naming a cluster.
+func noCallTo(cluster string) *routev3.Route {
+	return &routev3.Route{
+		Match:  &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Path{Path: NoCallPath}},
+		Action: &routev3.Route_Route{Route: &routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: cluster}}},
+	}
 }
 
 // precedence orders two matches as Gateway API orders route entries: for

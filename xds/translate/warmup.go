@@ -2,16 +2,13 @@ package translate
 
 import (
 	"slices"
+	"strings"
 
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/scopeplane/scopeplane/xds/model"
 )
-
-// WarmUpPath is the path of a warm-up entry: exact "/", which no gRPC call
-// has (a call's path is "/<service>/<method>"), so the entry never matches.
-const WarmUpPath = "/"
 
 // warmUpName names a warm-up entry, which tells it from the route entries
 // a warm-up keeps.
@@ -21,7 +18,7 @@ const warmUpName = "scopeplane.dev/warm-up"
 // before final, when final's route configurations name clusters that
 // served's (what the scope's clients were last sent) do not route to:
 // final with served's route entries, after which one entry per such
-// cluster is appended that no call matches (WarmUpPath). It reports
+// cluster is appended that no call matches (NoCallPath). It reports
 // whether it is needed (any such cluster; if none, final can be served at
 // once) and whether any such cluster is added, one that served does not
 // name even in a warm-up entry.
@@ -48,13 +45,7 @@ func WarmUp(served, final *Fragment) (warm Fragment, needed, added bool) {
 	warm.RoutesTo = mergeKeys(served.RoutesTo, final.RoutesTo)
 	for i, rc := range final.Routes {
 		j, found := slices.BinarySearchFunc(served.Routes, rc.GetName(), func(r *routev3.RouteConfiguration, name string) int {
-			switch {
-			case r.GetName() < name:
-				return -1
-			case r.GetName() > name:
-				return 1
-			}
-			return 0
+			return strings.Compare(r.GetName(), name)
 		})
 		if !found {
 			continue
@@ -115,18 +106,14 @@ func routeClusters(rc *routev3.RouteConfiguration) (routed, warming map[string]s
 }
 
 func isWarmUp(r *routev3.Route) bool {
-	return r.GetName() == warmUpName && r.GetMatch().GetPath() == WarmUpPath
+	return r.GetName() == warmUpName && r.GetMatch().GetPath() == NoCallPath
 }
 
-// warmUpEntry is an entry that no call matches, naming a cluster.
+// warmUpEntry is a warm-up's entry naming a cluster, which no call matches.
 func warmUpEntry(cluster string) *routev3.Route {
-	return &routev3.Route{
-		Name:  warmUpName,
-		Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Path{Path: WarmUpPath}},
-		Action: &routev3.Route_Route{Route: &routev3.RouteAction{
-			ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: cluster},
-		}},
-	}
+	r := noCallTo(cluster)
+	r.Name = warmUpName
+	return r
 }
 
 // mergeKeys returns the sorted union of two sorted lists.

@@ -33,7 +33,7 @@ func TestWarmUp(t *testing.T) {
 	}
 	var got []string
 	for _, r := range routesOf(t, warm, model.ListenerProxylessGRPC) {
-		if r.GetMatch().GetPath() == WarmUpPath {
+		if r.GetMatch().GetPath() == NoCallPath {
 			got = append(got, "warm-up "+r.GetRoute().GetCluster())
 		} else {
 			got = append(got, r.GetRoute().GetCluster())
