@@ -227,9 +227,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		return controllerutil.SetControllerReference(ps, cm, r.Client.Scheme())
 	})
 	if apierrors.IsAlreadyExists(err) {
-		if ours, err := r.labelled(ctx, cm); err != nil || ours {
-			// Scopeplane's, created a moment ago and not in the cache
-			// yet: judged again (adopted, or its owner named) once it is.
+		if behind, err := r.cacheBehind(ctx, cm); err != nil || behind {
+			// Judged again (adopted, its owner named, or created) once
+			// the cache shows what is there.
 			return ctrl.Result{RequeueAfter: caWait}, err
 		}
 		r.Conflicts.set(key, fmt.Sprintf("ConfigMap %s/%s already exists without the label %s=%s, so it is not scopeplane's and its bootstraps are not written: rename or delete that ConfigMap",
@@ -242,16 +242,17 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	return ctrl.Result{}, err
 }
 
-// labelled reports whether the ConfigMap cm names, as the API server has
-// it, carries scopeplane's label; false when it is gone.
-func (r *Reconciler) labelled(ctx context.Context, cm *corev1.ConfigMap) (bool, error) {
+// cacheBehind reports whether the ConfigMap a create found in the way of
+// cm is one the cache does not show yet, as the API server has it: one
+// carrying scopeplane's label (the cache holds those), or one gone since.
+func (r *Reconciler) cacheBehind(ctx context.Context, cm *corev1.ConfigMap) (bool, error) {
 	var reader client.Reader = r.Client
 	if r.APIReader != nil {
 		reader = r.APIReader
 	}
 	got := &corev1.ConfigMap{}
 	if err := reader.Get(ctx, client.ObjectKeyFromObject(cm), got); err != nil {
-		return false, client.IgnoreNotFound(err)
+		return apierrors.IsNotFound(err), client.IgnoreNotFound(err)
 	}
 	return got.Labels[ManagedByLabel] == ManagedBy, nil
 }
