@@ -32,6 +32,7 @@ import (
 	"github.com/scopeplane/scopeplane/xds/catalog"
 	"github.com/scopeplane/scopeplane/xds/metrics"
 	"github.com/scopeplane/scopeplane/xds/server"
+	"github.com/scopeplane/scopeplane/xds/shard"
 )
 
 // version is the binary's version, set at build time from the Helm chart's
@@ -50,6 +51,7 @@ type config struct {
 	replicaName   string
 	xdsAddr       string
 	xdsServer     string
+	shards, shard int
 	window        time.Duration
 	costBucket    time.Duration
 	metricsScopes string
@@ -98,7 +100,9 @@ func bindFlags(fs *flag.FlagSet) *config {
 	fs.StringVar(&c.leaderNS, "leader-election-namespace", "", "Namespace of the leader election Lease and of each replica's proxy-feedback ConfigMap, which the leader merges into status (default: the pod's namespace).")
 	fs.StringVar(&c.replicaName, "replica-name", "", "This replica's name among the replicas, unique: it names the replica's proxy-feedback ConfigMap (default: $POD_NAME, else the host name). With $POD_UID set, the Pod owns that ConfigMap.")
 	fs.StringVar(&c.xdsAddr, "xds-bind-address", ":18000", "Address the ADS gRPC server (SotW and delta) binds to.")
-	fs.StringVar(&c.xdsServer, "xds-server-address", "127.0.0.1:18000", "host:port proxies dial to reach this control plane, written into each scope's bootstrap ConfigMap (in a cluster: the xDS Service's DNS name).")
+	fs.StringVar(&c.xdsServer, "xds-server-address", "127.0.0.1:18000", "host:port proxies dial to reach this control plane, written into each scope's bootstrap ConfigMap (in a cluster: the xDS Service's DNS name). With --shards N above 1: the N shards' addresses, comma-separated, shard 0's first.")
+	fs.IntVar(&c.shards, "shards", 1, "Shards the ProxyScopes are divided among (docs/sharding.md): each shard is replicas of its own, with its own Service (its address in --xds-server-address) and leader, that translate and serve only the scopes a hash of their namespace and name puts on it. 1 serves every scope from every replica.")
+	fs.IntVar(&c.shard, "shard", 0, "This replica's shard, 0 to --shards minus 1.")
 	fs.BoolVar(&c.xdsInsecure, "xds-insecure", false, "Serve xDS in plaintext: anyone who can reach the port can read every scope's configuration and alter what proxies receive, and proxies cannot verify the control plane. Off by default: xDS is served over TLS.")
 	fs.StringVar(&c.xdsTLSDir, "xds-tls-dir", "", "Directory holding the xDS serving certificate as tls.crt, tls.key and the CA bundle proxies trust as ca.crt (a mounted Secret, e.g. cert-manager's); reloaded when the files change. Empty: scopeplane keeps its own CA in --xds-tls-secret.")
 	fs.StringVar(&c.xdsTLSSecret, "xds-tls-secret", "scopeplane-xds-tls", "Secret of the self-managed xDS CA and serving certificate (used without --xds-tls-dir): the leader creates it when missing and renews it before expiry; every replica serves from it.")
@@ -237,6 +241,27 @@ func (c *config) tls() (controlplane.TLS, error) {
 	return t, nil
 }
 
+// sharding is this replica's shard: one, serving every scope, unless
+// --shards is above 1, when --xds-server-address lists every shard's
+// address.
+func (c *config) sharding() (shard.Shards, error) {
+	if c.shards < 1 {
+		return shard.Shards{}, fmt.Errorf("--shards=%d: there is at least one shard", c.shards)
+	}
+	if c.shards == 1 {
+		if c.shard != 0 {
+			return shard.Shards{}, fmt.Errorf("--shard=%d with one shard: the only shard is 0", c.shard)
+		}
+		return shard.Shards{}, nil
+	}
+	addrs := strings.Split(c.xdsServer, ",")
+	if len(addrs) != c.shards {
+		return shard.Shards{}, fmt.Errorf("--xds-server-address names %d address(es) for --shards=%d: give each shard's, comma-separated, shard 0's first", len(addrs), c.shards)
+	}
+	s := shard.Shards{Index: c.shard, Addresses: addrs}
+	return s, s.Check()
+}
+
 // replica names this replica for leader election's feedback ConfigMaps:
 // by the flags, else by the Pod's name and namespace (the chart passes
 // them from the downward API, the namespace is the service account's).
@@ -336,12 +361,17 @@ func main() {
 			os.Exit(2)
 		}
 	}
+	shards, err := c.sharding()
+	if err != nil {
+		log.Error(err, "shards")
+		os.Exit(2)
+	}
 	ctx := ctrl.SetupSignalHandler()
 	if _, err := controlplane.Setup(ctx, mgr, controlplane.Options{
 		XDSAddress: c.xdsAddr, XDSServerAddress: c.xdsServer, CoalesceWindow: c.window, AdminAddress: c.adminAddr,
 		CostBucket: c.costBucket, NoBootstrapConfigMaps: !c.bootstrapCMs, BootstrapNamespaces: c.bootstrapNS, Server: c.limits,
 		LeaderElection: controlplane.LeaderElection{Enabled: c.leaderElect, Namespace: c.leaderNS}, Replica: replica, TLS: xdsTLS,
-		CrossNamespace: c.crossNS, StatusWrites: c.statusWrites, RouteControllerName: c.routeCtrlName,
+		CrossNamespace: c.crossNS, StatusWrites: c.statusWrites, RouteControllerName: c.routeCtrlName, Shards: shards,
 	}); err != nil {
 		log.Error(err, "setting up the control plane")
 		os.Exit(1)

@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -31,6 +32,7 @@ import (
 	"github.com/scopeplane/scopeplane/internal/localapi"
 	"github.com/scopeplane/scopeplane/internal/testkit"
 	"github.com/scopeplane/scopeplane/xds/server"
+	"github.com/scopeplane/scopeplane/xds/shard"
 )
 
 func freePort(t *testing.T) string {
@@ -285,7 +287,7 @@ Every flag of the scopeplane binary (` + "`scopeplane --help`" + `), generated f
 flag definitions by ` + "`go test . -run TestFlagsReference -update`" + `; the test fails when this page is stale.
 The Helm chart ([install.md](install.md)) sets these from its values: the addresses
 (` + "`--metrics-bind-address`, `--health-probe-bind-address`, `--xds-bind-address`," + `
-` + "`--xds-server-address`, `--admin-bind-address`, `--pprof-bind-address`" + `), ` + "`--leader-elect`" + `,
+` + "`--xds-server-address`, `--admin-bind-address`, `--pprof-bind-address`" + `), ` + "`--leader-elect`, `--shards`, `--shard`" + `,
 ` + "`--metrics-secure`, `--metrics-scope-labels`, `--bootstrap-configmaps`, `--bootstrap-configmap-namespaces`," + `
 ` + "`--cross-namespace`, `--route-controller-name`, `--status-writes-per-second`, `--status-writes-burst`, `--kube-api-qps`," + `
 ` + "`--kube-api-burst`" + `; TLS (` + "`--xds-insecure`" + `,
@@ -388,6 +390,43 @@ func TestIPv6PrefixLengthFlag(t *testing.T) {
 	for _, bad := range []string{"0", "129", "-1", "sixty-four"} {
 		if err := fs.Parse([]string{"--xds-ipv6-prefix-length=" + bad}); err == nil || !strings.Contains(err.Error(), "1 to 128") {
 			t.Errorf("%s was not refused with the range: %v", bad, err)
+		}
+	}
+}
+
+// --shards above 1 takes one address per shard in --xds-server-address;
+// the count, the index and the addresses are checked before the start.
+func TestShardFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args      []string
+		want      shard.Shards
+		wantError string
+	}{
+		{args: nil},
+		{args: []string{"--shards=1", "--xds-server-address=xds.system.svc:18000"}},
+		{args: []string{"--shards=2", "--shard=1", "--xds-server-address=a.system.svc:18000,b.system.svc:18000"},
+			want: shard.Shards{Index: 1, Addresses: []string{"a.system.svc:18000", "b.system.svc:18000"}}},
+		{args: []string{"--shards=0"}, wantError: "--shards=0"},
+		{args: []string{"--shard=1"}, wantError: "--shard=1 with one shard"},
+		{args: []string{"--shards=3", "--xds-server-address=a:1,b:1"}, wantError: "names 2 address(es) for --shards=3"},
+		{args: []string{"--shards=2", "--shard=2", "--xds-server-address=a:1,b:1"}, wantError: "shard 2 is not one of the 2 shards"},
+		{args: []string{"--shards=2", "--xds-server-address=a:1,b"}, wantError: `shard 1's xDS address "b"`},
+	} {
+		fs := flag.NewFlagSet("scopeplane", flag.ContinueOnError)
+		c := bindFlags(fs)
+		if err := fs.Parse(tc.args); err != nil {
+			t.Fatal(err)
+		}
+		got, err := c.sharding()
+		switch {
+		case tc.wantError != "":
+			if err == nil || !strings.Contains(err.Error(), tc.wantError) {
+				t.Errorf("%v: error %v, want one saying %q", tc.args, err, tc.wantError)
+			}
+		case err != nil:
+			t.Errorf("%v: %v", tc.args, err)
+		case got.Index != tc.want.Index || !slices.Equal(got.Addresses, tc.want.Addresses):
+			t.Errorf("%v: %+v, want %+v", tc.args, got, tc.want)
 		}
 	}
 }

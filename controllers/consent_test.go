@@ -21,6 +21,7 @@ import (
 	"github.com/scopeplane/scopeplane/internal/testkit"
 	"github.com/scopeplane/scopeplane/xds/catalog"
 	"github.com/scopeplane/scopeplane/xds/model"
+	"github.com/scopeplane/scopeplane/xds/shard"
 	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
@@ -94,7 +95,7 @@ func startReplica(t *testing.T, e *localapi.Env, c *catalog.Catalog, crossNS cat
 	if err != nil {
 		t.Fatal(err)
 	}
-	sync, err := controllers.Setup(ctx, mgr, c, crossNS)
+	sync, err := controllers.Setup(ctx, mgr, c, crossNS, shard.Shards{})
 	if err != nil {
 		t.Fatalf("setup: %v", err)
 	}

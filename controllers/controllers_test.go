@@ -29,6 +29,7 @@ import (
 	"github.com/scopeplane/scopeplane/internal/testkit"
 	"github.com/scopeplane/scopeplane/xds/catalog"
 	"github.com/scopeplane/scopeplane/xds/model"
+	"github.com/scopeplane/scopeplane/xds/shard"
 	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
@@ -73,7 +74,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	cat = catalog.New()
-	if initialSync, err = controllers.Setup(ctx, mgr, cat, catalog.CrossNamespaceGrant); err != nil {
+	if initialSync, err = controllers.Setup(ctx, mgr, cat, catalog.CrossNamespaceGrant, shard.Shards{}); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}

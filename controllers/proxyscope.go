@@ -16,6 +16,7 @@ import (
 	"github.com/scopeplane/scopeplane/xds/catalog"
 	"github.com/scopeplane/scopeplane/xds/metrics"
 	"github.com/scopeplane/scopeplane/xds/model"
+	"github.com/scopeplane/scopeplane/xds/shard"
 )
 
 // ProxyScopeReconciler records each ProxyScope's protocol, listener and
@@ -24,6 +25,10 @@ type ProxyScopeReconciler struct {
 	Reader  client.Reader
 	Catalog *catalog.Catalog
 	Sync    *InitialSync
+	// Shards is this replica's shard: a scope of another shard is
+	// recorded as absent, so that the catalog translates, and the replica
+	// holds, only its shard's scopes and the Services they select.
+	Shards shard.Shards
 }
 
 // Reconcile records the scope's spec, or its deletion. A spec whose selector
@@ -33,6 +38,11 @@ type ProxyScopeReconciler struct {
 // again.
 func (r *ProxyScopeReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	key := model.Key{Namespace: req.Namespace, Name: req.Name}
+	if !r.Shards.Owns(key) {
+		r.Catalog.DeleteScope(key)
+		r.Sync.Done(kindProxyScope, req.NamespacedName)
+		return ctrl.Result{}, nil
+	}
 	ps := &xdsv1alpha1.ProxyScope{}
 	if err := r.Reader.Get(ctx, req.NamespacedName, ps); err != nil {
 		if !apierrors.IsNotFound(err) {

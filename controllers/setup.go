@@ -12,6 +12,7 @@ import (
 
 	"github.com/scopeplane/scopeplane/xds/catalog"
 	"github.com/scopeplane/scopeplane/xds/model"
+	"github.com/scopeplane/scopeplane/xds/shard"
 )
 
 // everyReplica makes a controller run on every replica, not only on the
@@ -25,8 +26,10 @@ var everyReplica = controller.Options{NeedLeaderElection: ptr.To(false)}
 // (the scopes' status says why) until the control plane restarts after the
 // CRD is installed. It watches HTTPRoutes and GRPCRoutes
 // (gateway.networking.k8s.io/v1), each kind when the cluster serves it
-// (InitialSync.RouteKinds), likewise until a restart.
-func Setup(ctx context.Context, mgr ctrl.Manager, cat *catalog.Catalog, crossNS catalog.CrossNamespace) (*InitialSync, error) {
+// (InitialSync.RouteKinds), likewise until a restart. Of the ProxyScopes it
+// records only those of this replica's shard (shards; the zero value is
+// every scope).
+func Setup(ctx context.Context, mgr ctrl.Manager, cat *catalog.Catalog, crossNS catalog.CrossNamespace, shards shard.Shards) (*InitialSync, error) {
 	sync := NewInitialSync(mgr.GetCache())
 	watchGrants := false
 	if crossNS == catalog.CrossNamespaceGrant {
@@ -71,7 +74,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, cat *catalog.Catalog, crossNS 
 	if err := (&NamespaceReconciler{Reader: reader, Catalog: cat, Sync: sync}).SetupWithManager(mgr); err != nil {
 		return nil, err
 	}
-	if err := (&ProxyScopeReconciler{Reader: reader, Catalog: cat, Sync: sync}).SetupWithManager(mgr); err != nil {
+	if err := (&ProxyScopeReconciler{Reader: reader, Catalog: cat, Sync: sync, Shards: shards}).SetupWithManager(mgr); err != nil {
 		return nil, err
 	}
 	return sync, nil

@@ -31,6 +31,7 @@ import (
 	"github.com/scopeplane/scopeplane/xds/bootstrap"
 	"github.com/scopeplane/scopeplane/xds/keyset"
 	"github.com/scopeplane/scopeplane/xds/model"
+	"github.com/scopeplane/scopeplane/xds/shard"
 )
 
 // ManagedByLabel marks the objects scopeplane writes; the manager caches
@@ -49,8 +50,12 @@ type Reconciler struct {
 	// APIReader reads from the API server, not the cache: what a create
 	// finds in the way, which the cache may not show yet (nil: Client).
 	APIReader client.Reader
-	// XDSServer is the host:port proxies dial to reach the ADS server.
+	// XDSServer is the host:port proxies dial to reach the ADS server:
+	// this replica's shard's, which serves the scopes it writes for.
 	XDSServer string
+	// Shards is this replica's shard: the leader of each shard writes the
+	// ConfigMaps of its shard's scopes only.
+	Shards shard.Shards
 	// Conflicts records the scopes whose ConfigMap name is taken, for the
 	// status.
 	Conflicts *Conflicts
@@ -75,9 +80,10 @@ type Reconciler struct {
 	key   []byte
 }
 
-// writes reports whether the scopes of namespace ns get a ConfigMap.
-func (r *Reconciler) writes(ns string) bool {
-	return len(r.Namespaces) == 0 || slices.Contains(r.Namespaces, ns)
+// writes reports whether this replica writes the ConfigMap of the scope
+// named ns/name: one of its shard's, in a namespace that gets ConfigMaps.
+func (r *Reconciler) writes(ns, name string) bool {
+	return (len(r.Namespaces) == 0 || slices.Contains(r.Namespaces, ns)) && r.Shards.Owns(model.Key{Namespace: ns, Name: name})
 }
 
 // CABundle is the CA bundle of the xDS port's certificate, as
@@ -138,7 +144,7 @@ func (c *Conflicts) set(key model.Key, reason string) {
 // Reconcile renders the scope's bootstraps into its ConfigMap.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	key := model.Key{Namespace: req.Namespace, Name: req.Name}
-	if !r.writes(req.Namespace) {
+	if !r.writes(req.Namespace, req.Name) {
 		return ctrl.Result{}, nil
 	}
 	ps := &xdsv1alpha1.ProxyScope{}
@@ -334,7 +340,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	b := ctrl.NewControllerManagedBy(mgr).
 		Named("bootstrap").
 		For(&xdsv1alpha1.ProxyScope{}, builder.WithPredicates(predicate.GenerationChangedPredicate{},
-			predicate.NewPredicateFuncs(func(o client.Object) bool { return r.writes(o.GetNamespace()) }))).
+			predicate.NewPredicateFuncs(func(o client.Object) bool { return r.writes(o.GetNamespace(), o.GetName()) }))).
 		Owns(&corev1.ConfigMap{})
 	if r.CA != nil {
 		b = b.WatchesRawSource(source.Func(r.watchCA))
@@ -362,7 +368,7 @@ func (r *Reconciler) watchCA(ctx context.Context, q workqueue.TypedRateLimitingI
 				continue
 			}
 			for _, ps := range scopes.Items {
-				if !r.writes(ps.Namespace) {
+				if !r.writes(ps.Namespace, ps.Name) {
 					continue
 				}
 				q.Add(reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&ps)})

@@ -45,6 +45,7 @@ import (
 	"github.com/scopeplane/scopeplane/xds/keyset"
 	"github.com/scopeplane/scopeplane/xds/metrics"
 	"github.com/scopeplane/scopeplane/xds/model"
+	"github.com/scopeplane/scopeplane/xds/shard"
 	"github.com/scopeplane/scopeplane/xds/snapshot"
 	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
@@ -78,6 +79,10 @@ type Reconciler struct {
 	// when zero): enough that the write limiter, not the API server's
 	// round trip, bounds the rate.
 	Workers int
+
+	// Shards is this replica's shard: the leader of each shard writes the
+	// status of its shard's scopes only, the scopes its store holds.
+	Shards shard.Shards
 
 	// Built, when set, is closed once the pipeline's first build is done:
 	// no status is written before it, since every scope's would say
@@ -171,6 +176,9 @@ type Replicas interface {
 
 // Reconcile computes the scope's status and patches it when it changed.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	if !r.Shards.Owns(model.Key{Namespace: req.Namespace, Name: req.Name}) {
+		return ctrl.Result{}, nil
+	}
 	if r.Built != nil {
 		select {
 		case <-r.Built:
@@ -416,7 +424,9 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("status").
 		WithOptions(controller.Options{RateLimiter: RetryLimiter(), MaxConcurrentReconciles: r.workers()}).
-		For(&xdsv1alpha1.ProxyScope{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		For(&xdsv1alpha1.ProxyScope{}, builder.WithPredicates(predicate.GenerationChangedPredicate{}, predicate.NewPredicateFuncs(func(o client.Object) bool {
+			return r.Shards.Owns(model.Key{Namespace: o.GetNamespace(), Name: o.GetName()})
+		}))).
 		WatchesRawSource(source.Channel(changes, &handler.TypedEnqueueRequestForObject[*xdsv1alpha1.ProxyScope]{})).
 		Complete(r)
 }

@@ -41,6 +41,7 @@ import (
 	"github.com/scopeplane/scopeplane/xds/catalog"
 	"github.com/scopeplane/scopeplane/xds/pipeline"
 	"github.com/scopeplane/scopeplane/xds/server"
+	"github.com/scopeplane/scopeplane/xds/shard"
 	"github.com/scopeplane/scopeplane/xds/translate"
 )
 
@@ -55,7 +56,18 @@ type Options struct {
 	Server         server.Options
 	// XDSServerAddress is the host:port written into bootstrap ConfigMaps:
 	// how proxies reach this control plane (its Service, in a cluster).
+	// With shards it is this replica's shard's address, which Setup takes
+	// from Shards.
 	XDSServerAddress string
+	// Shards divides the scopes among shards of replicas
+	// (docs/sharding.md): this replica translates and serves the scopes of
+	// its shard only, refuses the others' proxies with their shard's
+	// address, and its shard elects a leader of its own (a Lease named
+	// after LeaderElection.ID and the shard), which writes the status and
+	// bootstrap ConfigMaps of the shard's scopes. Shard 0's leader also
+	// writes the routes' status and renews the self-managed CA. The zero
+	// value is one shard.
+	Shards shard.Shards
 	// StatusWindow coalesces changes into status writes, per burst.
 	StatusWindow time.Duration
 	// StatusWrites paces the leader's status patches.
@@ -229,6 +241,14 @@ func (cp *ControlPlane) Leading() bool { return cp.elector.Leading() }
 // election: losing the Lease then stops only the writing, never the
 // manager and the ADS streams it serves.
 func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) (*ControlPlane, error) {
+	if err := opts.Shards.Check(); err != nil {
+		return nil, fmt.Errorf("shards: %w", err)
+	}
+	if opts.Shards.Sharded() {
+		opts.XDSServerAddress = opts.Shards.Address(opts.Shards.Index)
+		opts.LeaderElection.ID = fmt.Sprintf("%s-shard-%d", cmp.Or(opts.LeaderElection.ID, LeaseName), opts.Shards.Index)
+	}
+	opts.Server.Shards = opts.Shards
 	if opts.Server.Zones == nil {
 		zones, err := nodezones.New(ctx, mgr.GetCache())
 		if err != nil {
@@ -259,7 +279,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) (*ControlPlane, 
 		return nil, err
 	}
 	var err error
-	if cp.Sync, err = controllers.Setup(ctx, mgr, cp.Catalog, opts.CrossNamespace); err != nil {
+	if cp.Sync, err = controllers.Setup(ctx, mgr, cp.Catalog, opts.CrossNamespace, opts.Shards); err != nil {
 		return nil, err
 	}
 	routeKinds := cp.Sync.RouteKinds()
@@ -295,7 +315,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) (*ControlPlane, 
 	// term (see elector).
 	leaderOnly := func(m manager.Manager) error {
 		if !opts.NoBootstrapConfigMaps {
-			r := &bootstrapconfig.Reconciler{Client: m.GetClient(), APIReader: m.GetAPIReader(), XDSServer: opts.XDSServerAddress, Conflicts: conflicts, MountPath: opts.BootstrapMountPath, Namespaces: opts.BootstrapNamespaces}
+			r := &bootstrapconfig.Reconciler{Client: m.GetClient(), APIReader: m.GetAPIReader(), XDSServer: opts.XDSServerAddress, Shards: opts.Shards, Conflicts: conflicts, MountPath: opts.BootstrapMountPath, Namespaces: opts.BootstrapNamespaces}
 			if cp.Certificates != nil {
 				r.CA = cp.Certificates
 			}
@@ -311,8 +331,12 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) (*ControlPlane, 
 			}
 		}
 		// The routes' entries are written at the scopes' status pace,
-		// from the same limiter.
+		// from the same limiter, by one shard: they are computed from the
+		// routes and Services, which every shard reads whole.
 		for _, k := range routeKinds {
+			if opts.Shards.Index != 0 {
+				break
+			}
 			if err := (&routestatus.Reconciler{
 				Kind: k, Client: m.GetClient(), APIReader: m.GetAPIReader(), ControllerName: opts.RouteControllerName, Consent: routeConsent,
 				Kinds: routeKinds, Grants: cp.Sync.GrantsWatched(), Omissions: translate.ProxylessOmissions, Invalid: translate.InvalidEntries, Writes: writes, Workers: status.Workers(float64(writes.Limit())),
@@ -322,7 +346,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) (*ControlPlane, 
 		}
 		return (&status.Reconciler{
 			Client: m.GetClient(), Store: cp.Store, Feedback: cp.Feedback, Replicas: replicas, Bootstrap: conflicts, NoBootstrapConfigMaps: opts.NoBootstrapConfigMaps,
-			BootstrapNamespaces: opts.BootstrapNamespaces, Recorder: recorder, Window: opts.StatusWindow, Writes: writes, Built: cp.Builder.Built(),
+			BootstrapNamespaces: opts.BootstrapNamespaces, Recorder: recorder, Window: opts.StatusWindow, Writes: writes, Built: cp.Builder.Built(), Shards: opts.Shards,
 		}).SetupWithManager(m)
 	}
 	if cp.elector, err = newElector(mgr, opts.LeaderElection, leaderOnly); err != nil {
@@ -386,13 +410,28 @@ func (cp *ControlPlane) setupTLS(mgr ctrl.Manager) (func(context.Context) error,
 	if t.Secret.Name == "" || t.Secret.Namespace == "" {
 		return nil, errors.New("xDS TLS: name a directory holding the certificate, or the Secret (name and namespace) of the self-managed CA; or serve plaintext explicitly")
 	}
-	dns, ips, err := xdstls.ServingNames(cp.opts.XDSServerAddress)
-	if err != nil {
-		return nil, fmt.Errorf("xDS TLS: the serving certificate's names: %w", err)
+	// One certificate, which the leader of shard 0 issues, serves every
+	// shard: it names every shard's address.
+	addrs := []string{cp.opts.XDSServerAddress}
+	if cp.opts.Shards.Sharded() {
+		addrs = cp.opts.Shards.Addresses
+	}
+	var (
+		dns []string
+		ips []net.IP
+	)
+	for _, a := range addrs {
+		d, i, err := xdstls.ServingNames(a)
+		if err != nil {
+			return nil, fmt.Errorf("xDS TLS: the serving certificate's names: %w", err)
+		}
+		dns, ips = append(dns, d...), append(ips, i...)
 	}
 	ss := &xdstls.SelfSigned{Reader: mgr.GetAPIReader(), Writer: mgr.GetClient(), Secret: t.Secret, DNSNames: dns, IPs: ips}
 	refresh := cmp.Or(t.Refresh, time.Minute)
-	return func(ctx context.Context) error { return ss.Run(ctx, cp.Certificates, cp.Leading, refresh, log) }, nil
+	// One leader renews the CA that every shard's replicas read.
+	renews := func() bool { return cp.Leading() && cp.opts.Shards.Index == 0 }
+	return func(ctx context.Context) error { return ss.Run(ctx, cp.Certificates, renews, refresh, log) }, nil
 }
 
 func (cp *ControlPlane) serve(ctx context.Context) error {

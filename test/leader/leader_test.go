@@ -36,6 +36,7 @@ import (
 	"github.com/scopeplane/scopeplane/xds/adsclient"
 	"github.com/scopeplane/scopeplane/xds/auth"
 	"github.com/scopeplane/scopeplane/xds/server"
+	"github.com/scopeplane/scopeplane/xds/shard"
 	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
@@ -67,6 +68,14 @@ type replica struct {
 // startReplica starts replica name, campaigning for the Lease lease in
 // namespace default.
 func startReplica(t *testing.T, env *localapi.Env, name, lease string) *replica {
+	t.Helper()
+	return startShardReplica(t, env, name, lease, shard.Shards{})
+}
+
+// startShardReplica starts replica name of shards' shard, as
+// startReplica does; its shard campaigns for a Lease named after lease and
+// the shard.
+func startShardReplica(t *testing.T, env *localapi.Env, name, lease string, shards shard.Shards) *replica {
 	t.Helper()
 	r := &replica{name: name, stopped: make(chan struct{}), xds: &connSet{}, api: &connSet{}}
 	// The replica reaches the API server through connections it can lose
@@ -106,6 +115,7 @@ func startReplica(t *testing.T, env *localapi.Env, name, lease string) *replica 
 			LeaseDuration: leaseDuration, RenewDeadline: renewDeadline, RetryPeriod: retryPeriod,
 		},
 		Replica: replicafeedback.Replica{Name: name},
+		Shards:  shards,
 	})
 	if err != nil {
 		cancel()

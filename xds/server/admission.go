@@ -19,6 +19,7 @@ import (
 	"github.com/scopeplane/scopeplane/xds/feedback"
 	"github.com/scopeplane/scopeplane/xds/model"
 	"github.com/scopeplane/scopeplane/xds/peerrate"
+	"github.com/scopeplane/scopeplane/xds/shard"
 	"github.com/scopeplane/scopeplane/xds/snapshot"
 	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
@@ -62,6 +63,9 @@ const (
 	// someone else's scope Degraded.
 	RefusedUnauthenticated = "Unauthenticated"
 	RefusedNotAdmitted     = "NotAdmitted"
+	// RefusedWrongShard counts streams naming a scope of another shard
+	// (Options.Shards), globally: the name may be made up.
+	RefusedWrongShard = "WrongShard"
 )
 
 // admit refuses a new stream before it reads anything: while the replica
@@ -243,6 +247,10 @@ func (s *Server) resolve(node *corev3.Node, p model.Protocol, id *auth.Identity)
 			"node %s: node.metadata[%q] = %s is not \"<namespace>/<name>\" of a ProxyScope: %v",
 			clip.Quote(node.GetId()), model.ScopeMetadataKey, clip.Quote(value), err)
 	}
+	if !s.opts.Shards.Owns(key) {
+		s.fb.Refuse(model.Key{}, RefusedWrongShard)
+		return model.Key{}, nil, wrongShard(key, s.opts.Shards)
+	}
 	sc := s.store.Get(key)
 	var spec *model.Scope
 	if sc != nil {
@@ -263,6 +271,17 @@ func (s *Server) resolve(node *corev3.Node, p model.Protocol, id *auth.Identity)
 		return model.Key{}, nil, wrongProtocol(key, spec.Protocol, p, isGRPC(node))
 	}
 	return key, sc, nil
+}
+
+// wrongShard is the refusal of a stream that reached a replica of another
+// shard than its scope's. It tells the proxy where the scope is served: the
+// shard follows from the name alone, so it says nothing of whether the
+// scope exists or admits the proxy.
+func wrongShard(key model.Key, s shard.Shards) error {
+	own := shard.Of(key, s.Count())
+	return status.Errorf(codes.FailedPrecondition,
+		"ProxyScope %q is served by shard %d of %d, at %s; this replica is shard %d: point the proxy's xDS server at %s (the scope's bootstrap ConfigMap names it; a proxy reads its bootstrap when it starts)",
+		key.String(), own, s.Count(), s.Address(own), s.Index, s.Address(own))
 }
 
 // wrongProtocol is the refusal for a stream of the other xDS variant. A

@@ -25,6 +25,7 @@ import (
 	"github.com/scopeplane/scopeplane/xds/auth"
 	"github.com/scopeplane/scopeplane/xds/feedback"
 	"github.com/scopeplane/scopeplane/xds/peerrate"
+	"github.com/scopeplane/scopeplane/xds/shard"
 	"github.com/scopeplane/scopeplane/xds/snapshot"
 )
 
@@ -144,6 +145,10 @@ type Options struct {
 	// names the Node their pod runs on; nil trusts only what bootstraps
 	// declare.
 	Zones Zones
+	// Shards is this replica's shard: a stream naming a scope of another
+	// shard is refused with that shard's address. The zero value serves
+	// every scope.
+	Shards shard.Shards
 }
 
 // DefaultOptions are the limits used when an Options field is zero.

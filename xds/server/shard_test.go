@@ -1,0 +1,91 @@
+package server_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"testing"
+	"time"
+
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/scopeplane/scopeplane/internal/testkit"
+	"github.com/scopeplane/scopeplane/xds/auth"
+	"github.com/scopeplane/scopeplane/xds/model"
+	"github.com/scopeplane/scopeplane/xds/pipeline"
+	"github.com/scopeplane/scopeplane/xds/server"
+	"github.com/scopeplane/scopeplane/xds/shard"
+	"github.com/scopeplane/scopeplane/xds/xdstype"
+)
+
+// scopeOfShard is the first scope of namespace shop, named scope-<i>, that
+// shard want of count owns.
+func scopeOfShard(want, count int) model.Key {
+	for i := 0; ; i++ {
+		k := model.Key{Namespace: "shop", Name: fmt.Sprintf("scope-%d", i)}
+		if shard.Of(k, count) == want {
+			return k
+		}
+	}
+}
+
+// TestStreamOfAnotherShardIsToldWhereToGo serves as shard 1 of 3. A stream
+// naming a scope of shard 2 is refused with FailedPrecondition naming shard
+// 2's address, and counted WrongShard for no scope, even when no such
+// scope exists here; a stream of shard 1's scope is served.
+func TestStreamOfAnotherShardIsToldWhereToGo(t *testing.T) {
+	shards := shard.Shards{Index: 1, Addresses: []string{"xds-0.system.svc:18000", "xds-1.system.svc:18000", "xds-2.system.svc:18000"}}
+	p := pipeline.New(pipeline.Options{Server: server.Options{Authenticator: &auth.Authenticator{AllowAnonymous: true}, Shards: shards}})
+	own, other := scopeOfShard(1, 3), scopeOfShard(2, 3)
+	p.Catalog.UpsertService(testkit.Service("shop", "one", "10.0.0.1"))
+	sc := &model.Scope{Key: own, Protocol: model.SotW, Listener: model.Listener{Mode: model.ListenerEnvoy, Port: 10080},
+		Selections: []model.Selection{{Namespace: "shop", Selector: labels.Everything()}}}
+	p.Catalog.UpsertScope(sc)
+	p.Sync()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go func() { _ = p.Server.ServeListener(ctx, lis) }()
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	open := func(key model.Key) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		s, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Send(&discoveryv3.DiscoveryRequest{Node: testkit.Node("n", key.String()), TypeUrl: xdstype.Cluster.URL()}); err != nil && !errors.Is(err, io.EOF) {
+			t.Fatal(err)
+		}
+		_, err = s.Recv()
+		return err
+	}
+	if err := open(own); err != nil {
+		t.Fatalf("a stream of this shard's scope %s: %v", own, err)
+	}
+	st := status.Convert(open(other))
+	want := fmt.Sprintf(`ProxyScope %q is served by shard 2 of 3, at xds-2.system.svc:18000; this replica is shard 1: point the proxy's xDS server at xds-2.system.svc:18000 (the scope's bootstrap ConfigMap names it; a proxy reads its bootstrap when it starts)`, other.String())
+	if st.Code() != codes.FailedPrecondition || st.Message() != want {
+		t.Fatalf("a stream of shard 2's scope ended with %v %q,\nwant %v %q", st.Code(), st.Message(), codes.FailedPrecondition, want)
+	}
+	if n := p.Feedback.Get(model.Key{}).Refused[server.RefusedWrongShard]; n != 1 {
+		t.Errorf("%d refusals counted %s, want 1", n, server.RefusedWrongShard)
+	}
+	if r := p.Feedback.Get(other).Refused; len(r) != 0 {
+		t.Errorf("the other shard's scope counts refusals %v here, want none", r)
+	}
+}

@@ -1,0 +1,91 @@
+// Package shard divides the ProxyScopes among shards of replicas, so that
+// a replica holds the translations and snapshots of its shard's scopes
+// only (docs/sharding.md). A scope's shard is a pure function of its key
+// and the shard count: every replica computes it alike, with nothing
+// stored and nothing to agree on.
+package shard
+
+import (
+	"fmt"
+	"hash/fnv"
+	"net"
+	"strconv"
+
+	"github.com/scopeplane/scopeplane/xds/model"
+)
+
+// Shards is this replica's place among the shards. The zero value is one
+// shard that owns every scope: today's unsharded control plane.
+type Shards struct {
+	// Index is this replica's shard, from 0.
+	Index int
+	// Addresses are the shards' xDS addresses (host:port), in shard
+	// order: what each shard's bootstraps name, and what a refusal tells a
+	// proxy that reached the wrong shard. Their number is the shard count;
+	// none means one shard.
+	Addresses []string
+}
+
+// Count is the number of shards.
+func (s Shards) Count() int { return max(1, len(s.Addresses)) }
+
+// Sharded reports whether there is more than one shard.
+func (s Shards) Sharded() bool { return s.Count() > 1 }
+
+// Owns reports whether key's scope is this replica's shard's.
+func (s Shards) Owns(key model.Key) bool { return Of(key, s.Count()) == s.Index }
+
+// Address is shard i's xDS address.
+func (s Shards) Address(i int) string { return s.Addresses[i] }
+
+// Check refuses an index outside the shards and addresses that are not
+// host:port.
+func (s Shards) Check() error {
+	if s.Index < 0 || s.Index >= s.Count() {
+		return fmt.Errorf("shard %d is not one of the %d shards (0 to %d)", s.Index, s.Count(), s.Count()-1)
+	}
+	for i, a := range s.Addresses {
+		host, port, err := net.SplitHostPort(a)
+		if err != nil {
+			return fmt.Errorf("shard %d's xDS address %q: %w", i, a, err)
+		}
+		if host == "" {
+			return fmt.Errorf("shard %d's xDS address %q names no host", i, a)
+		}
+		if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
+			return fmt.Errorf("shard %d's xDS address %q: the port is not 1-65535", i, a)
+		}
+	}
+	return nil
+}
+
+// Of is the shard, of count, that owns key's scope: jump consistent
+// hashing (Lamping and Veach, 2014) of the scope's namespace and name.
+// Scopes spread evenly; when the count grows by one, only the scopes the
+// new shard takes move (1/count of them), and when it shrinks by one, only
+// the last shard's scopes move. Count below 1 is taken as 1.
+func Of(key model.Key, count int) int {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(key.Namespace))
+	_, _ = h.Write([]byte{'/'})
+	_, _ = h.Write([]byte(key.Name))
+	k := mix(h.Sum64())
+	b, j := int64(-1), int64(0)
+	for j < int64(max(1, count)) {
+		b = j
+		k = k*2862933555777941757 + 1
+		j = int64(float64(b+1) * (float64(int64(1)<<31) / float64((k>>33)+1)))
+	}
+	return int(b)
+}
+
+// mix spreads FNV's bits over the whole word (splitmix64's finalizer):
+// the jump's steps read the high bits, where FNV of similar names differs
+// little.
+func mix(z uint64) uint64 {
+	z ^= z >> 30
+	z *= 0xbf58476d1ce4e5b9
+	z ^= z >> 27
+	z *= 0x94d049bb133111eb
+	return z ^ z>>31
+}
