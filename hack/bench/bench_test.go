@@ -413,7 +413,9 @@ func TestPlotWithoutEndpointEvents(t *testing.T) {
 // world into a real API server, runs scopeplane's operator against it and
 // checks every proxy against the truth after the start, every event written
 // to the API server and a restart, and every scope's status counting all
-// its proxies in sync after each start. It asserts no timing.
+// its proxies in sync after each start; and the same in delta with the
+// operator as one shard of four, serving and writing its shard's scopes.
+// It asserts no timing.
 func TestWorldCorrectness(t *testing.T) {
 	if testing.Short() {
 		t.Skip("spawns the operator against a real API server")
@@ -421,7 +423,8 @@ func TestWorldCorrectness(t *testing.T) {
 	t.Setenv("XDG_CACHE_HOME", t.TempDir()) // build the world, as a first run does
 	p := WorldPresets["world-tiny"]
 	var log strings.Builder
-	for _, c := range p.Cells([]model.Protocol{model.SotW, model.Delta}, "") {
+	cells := append(p.Cells([]model.Protocol{model.SotW, model.Delta}, "", 1), p.Cells([]model.Protocol{model.Delta}, "", 4)...)
+	for _, c := range cells {
 		r := runWorldCell(c, RunOptions{Log: &log})
 		if r.Err != "" {
 			t.Errorf("%s: %s", c, r.Err)

@@ -145,6 +145,7 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 	profile := fs.String("profile", "", "write into this directory a CPU profile of each control plane per phase (sync, each event), and a heap profile after the initial sync; with a world preset, also heap profiles of each start (the first, the restart) when its informers have listed, its objects are reconciled and its first snapshots built, and at its highest resident set")
 	loadprofile := fs.String("loadprofile", "", "write a CPU profile of this (the proxies') process to this file")
 	routes := fs.Int("routes", 0, "give this many Services of each event cell a mesh route (a 90/10 canary to the next Service of its namespace), and add two events that move route 0's weights")
+	shards := fs.Int("shards", 1, "with a world preset: run the operator as one shard of this many (the shard of the scope the events change), with its share of the layout's proxies")
 	goMemLimit := fs.String("gomemlimit", "", "run each control plane with this GOMEMLIMIT; the Helm chart sets 90% of the container's memory limit (483183820 for its default 512Mi)")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -180,7 +181,11 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 		for _, s := range strings.Split(*protocols, ",") {
 			protos = append(protos, model.Protocol(s))
 		}
-		return runWorld(wp.Cells(protos, *layouts), RunOptions{ProfileDir: *profile, GoMemLimit: *goMemLimit, Log: stderr},
+		if *shards < 1 {
+			fmt.Fprintf(stderr, "-shards %d: want at least 1\n", *shards)
+			return 2
+		}
+		return runWorld(wp.Cells(protos, *layouts, *shards), RunOptions{ProfileDir: *profile, GoMemLimit: *goMemLimit, Log: stderr},
 			"go run ./hack/bench "+strings.Join(args, " "), *out, stdout, stderr)
 	}
 	p, ok := Presets[*preset]

@@ -23,6 +23,7 @@ import (
 	"github.com/scopeplane/scopeplane/xds/auth"
 	"github.com/scopeplane/scopeplane/xds/model"
 	"github.com/scopeplane/scopeplane/xds/server"
+	"github.com/scopeplane/scopeplane/xds/shard"
 )
 
 // serveOperator is the control-plane process of a world cell: scopeplane as
@@ -44,7 +45,10 @@ import (
 //
 // With heapprofiles, it writes heap profiles at the ends of the start's
 // phases and at its highest resident set (see serveMain's -heapprofiles).
-func serveOperator(kubeconfig, addr string, protocol model.Protocol, cpuprofile, heapprofiles string) error {
+//
+// With shards above 1 it is shard shardIndex of them; the others' addresses
+// are names that do not resolve, for the refusals to name.
+func serveOperator(kubeconfig, addr string, protocol model.Protocol, shards, shardIndex int, cpuprofile, heapprofiles string) error {
 	start := time.Now()
 	// A heap sample every 64 KiB rather than 512 KiB, so that the heap
 	// profile splits even a small world into its layers.
@@ -79,9 +83,21 @@ func serveOperator(kubeconfig, addr string, protocol model.Protocol, cpuprofile,
 	if err != nil {
 		return err
 	}
+	var sh shard.Shards
+	if shards > 1 {
+		sh.Index = shardIndex
+		for i := range shards {
+			a := fmt.Sprintf("shard-%d.bench.invalid:18000", i)
+			if i == shardIndex {
+				a = lis.Addr().String()
+			}
+			sh.Addresses = append(sh.Addresses, a)
+		}
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	cp, err := controlplane.Setup(ctx, mgr, controlplane.Options{
+		Shards:           sh,
 		XDSListener:      lis,
 		XDSServerAddress: lis.Addr().String(),
 		CoalesceWindow:   churnWindow,

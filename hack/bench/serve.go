@@ -83,12 +83,14 @@ func serveMain(args []string) int {
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of this process's whole life to this file")
 	kubeconfig := fs.String("kubeconfig", "", "with -impl operator: the API server to run scopeplane's operator against")
 	heapprofiles := fs.String("heapprofiles", "", "with -impl operator: write heap profiles to files starting with this: when the informers have listed, the listed objects are reconciled and the first snapshots are built (<prefix>.listed, .reconciled, .built.heap.pprof), and at the process's highest resident set (.peak.heap.pprof, rewritten each time it rises 64 MiB above the last one written, past 1 GiB)")
+	shards := fs.Int("shards", 1, "with -impl operator: the number of shards (scopeplane's --shards); the operator is one of them")
+	shardIndex := fs.Int("shard", 0, "with -impl operator: the operator's shard (scopeplane's --shard)")
 	window := fs.Duration("coalesce-window", 0, "build changes in the background as they arrive, coalescing those within this window, as scopeplane's --coalesce-window (0: build each event as one batch before answering it)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	if *impl == "operator" {
-		if err := serveOperator(*kubeconfig, *addr, model.Protocol(*protocol), *cpuprofile, *heapprofiles); err != nil {
+		if err := serveOperator(*kubeconfig, *addr, model.Protocol(*protocol), *shards, *shardIndex, *cpuprofile, *heapprofiles); err != nil {
 			fmt.Fprintln(os.Stderr, "bench serve:", err)
 			return 1
 		}

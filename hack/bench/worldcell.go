@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 
 	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
 	"github.com/scopeplane/scopeplane/xds/model"
+	"github.com/scopeplane/scopeplane/xds/shard"
 )
 
 // WorldCell is one world-scale cell: scopeplane's whole operator against a
@@ -23,10 +25,34 @@ type WorldCell struct {
 	Protocol model.Protocol
 	Layout   Layout
 	S, N     int
+	// Shards, above 1, makes the operator one shard of that many
+	// (docs/sharding.md): the shard of team-0 (or tenant-0), whose scopes
+	// the events change. Its proxies are N, that shard's share of the
+	// layout's.
+	Shards int
 }
 
 func (c WorldCell) String() string {
-	return fmt.Sprintf("operator/%s/%s/S=%d/N=%d", c.Protocol, c.Layout, c.S, c.N)
+	s := fmt.Sprintf("operator/%s/%s/S=%d/N=%d", c.Protocol, c.Layout, c.S, c.N)
+	if c.Shards > 1 {
+		s += fmt.Sprintf("/shard %d of %d", c.shard(), c.Shards)
+	}
+	return s
+}
+
+// worldScopeKey is the key of the layout's scope k.
+func worldScopeKey(l Layout, k int) model.Key {
+	ps := worldScope(l, k, model.SotW)
+	return model.Key{Namespace: ps.Namespace, Name: ps.Name}
+}
+
+// shard is the shard the cell's operator is: the one of the scope the
+// events change (see moveEndpoint), 0 unsharded.
+func (c WorldCell) shard() int {
+	if c.Shards <= 1 {
+		return 0
+	}
+	return shard.Of(worldScopeKey(c.Layout, 0), c.Shards)
 }
 
 // ColdStart is how long a control-plane process took from its start to
@@ -106,6 +132,10 @@ func runWorldCellErr(c WorldCell, o RunOptions, res *WorldResult) error {
 	if err != nil {
 		return fmt.Errorf("reading the world back: %w (the servers said: %s)", err, env.logTail())
 	}
+	if c.Shards > 1 {
+		// The proxies, truths and statuses are of the shard's scopes.
+		aw.Scopes = slices.DeleteFunc(aw.Scopes, func(sc *model.Scope) bool { return shard.Of(sc.Key, c.Shards) != c.shard() })
+	}
 	truths, err := aw.truths(c.N, nil, nil)
 	if err != nil {
 		return err
@@ -122,7 +152,8 @@ func runWorldCellErr(c WorldCell, o RunOptions, res *WorldResult) error {
 	// With a profile directory, each start is profiled until its proxies
 	// are served.
 	args := func(addr, start string) []string {
-		a := []string{"serve", "-impl", "operator", "-kubeconfig", env.kubeconfig, "-protocol", string(c.Protocol), "-addr", addr}
+		a := []string{"serve", "-impl", "operator", "-kubeconfig", env.kubeconfig, "-protocol", string(c.Protocol), "-addr", addr,
+			"-shards", fmt.Sprint(max(1, c.Shards)), "-shard", fmt.Sprint(c.shard())}
 		if o.ProfileDir != "" {
 			prefix := filepath.Join(o.ProfileDir, fileName(c.String())+"."+start)
 			a = append(a, "-cpuprofile", prefix+".cpu.pprof", "-heapprofiles", prefix)
@@ -326,11 +357,14 @@ func waitBuilt(cp *cpProc, deadline time.Time) error {
 	}
 }
 
-// proxiesOf counts, per scope, how many of n proxies hold it: proxy i holds
-// view i modulo the views, one view per scope here.
+// proxiesOf counts, per scope of w, how many of n proxies hold it: proxy i
+// holds view i modulo the views, one view per scope here.
 func proxiesOf(w *World, n int) map[model.Key]int32 {
 	views := w.Views()
 	out := make(map[model.Key]int32, len(views))
+	for _, sc := range w.Scopes {
+		out[sc.Key] = 0
+	}
 	for i := range n {
 		out[w.Scopes[views[i%len(views)].Scope].Key]++
 	}

@@ -30,8 +30,9 @@ var WorldPresets = map[string]WorldPreset{
 }
 
 // Cells lists the preset's cells, layout by layout, the sizes of a layout
-// and protocol next to each other.
-func (p WorldPreset) Cells(protocols []model.Protocol, layouts string) []WorldCell {
+// and protocol next to each other; with shards above 1, each cell's
+// operator is one shard of that many, with its share of the proxies.
+func (p WorldPreset) Cells(protocols []model.Protocol, layouts string, shards int) []WorldCell {
 	var out []WorldCell
 	for _, l := range []Layout{Teams, Tenants} {
 		n, ok := p.Proxies[l]
@@ -40,7 +41,7 @@ func (p WorldPreset) Cells(protocols []model.Protocol, layouts string) []WorldCe
 		}
 		for _, proto := range protocols {
 			for _, s := range p.Sizes {
-				out = append(out, WorldCell{Protocol: proto, Layout: l, S: s, N: n})
+				out = append(out, WorldCell{Protocol: proto, Layout: l, S: s, N: max(1, n/shards), Shards: shards})
 			}
 		}
 	}

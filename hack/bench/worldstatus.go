@@ -73,7 +73,10 @@ func watchStatuses(env *worldEnv, want map[model.Key]int32) (*statusWatch, error
 // of the scope connected and in sync, at the scope's generation.
 func (s *statusWatch) see(old, ps *xdsv1alpha1.ProxyScope) {
 	k := model.Key{Namespace: ps.Namespace, Name: ps.Name}
-	n := s.want[k]
+	n, ok := s.want[k]
+	if !ok {
+		return // another shard's
+	}
 	st := ps.Status
 	cur := st.ObservedGeneration == ps.Generation && st.SyncedProxies == n && st.ConnectedProxies != nil && *st.ConnectedProxies == n
 	s.mu.Lock()
