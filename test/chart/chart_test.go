@@ -202,6 +202,15 @@ var renderCases = []renderCase{
 			}
 		},
 	},
+	{
+		name: "sharded", release: "edge", namespace: "mesh",
+		check: func(t *testing.T, objs []*unstructured.Unstructured) {
+			checkShards(t, objs, "edge-scopeplane", 3)
+			find(t, objs, "Certificate")
+			find(t, objs, "NetworkPolicy")
+			find(t, objs, "ServiceMonitor")
+		},
+	},
 }
 
 // checkDefaultSpread checks that the default topology spread constraints
@@ -403,6 +412,8 @@ func TestSchemaRefusesInvalidValues(t *testing.T) {
 		{"metrics.secure as a string", `metrics: {secure: "no"}`, []string{"at '/metrics/secure': got string, want boolean"}},
 		{"connection age without a unit", `xds: {limits: {maxConnectionAge: "30"}}`, []string{"at '/xds/limits/maxConnectionAge': '30' does not match pattern"}},
 		{"unknown authentication method", `xds: {auth: {methods: kerberos}}`, []string{"at '/xds/auth/methods': 'kerberos' does not match pattern"}},
+		{"no shards", `sharding: {shards: 0}`, []string{"at '/sharding/shards': minimum: got 0, want 1"}},
+		{"shards as a word", `sharding: {shards: three}`, []string{"at '/sharding/shards': got string, want integer"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			values := filepath.Join(t.TempDir(), "values.yaml")
@@ -435,6 +446,8 @@ func TestRefusesUselessValues(t *testing.T) {
 			"serviceMonitor.enabled with metrics.secure needs rbac.create"},
 		{"SPIFFE without a trust bundle", "xds.auth.methods=spiffe",
 			"xds.auth.methods includes spiffe: set xds.auth.spiffe.trustBundleConfigMap"},
+		{"one advertised address for several shards", "sharding.shards=2,xds.advertisedAddress=xds.example.com:443",
+			"xds.advertisedAddress cannot be set with sharding.shards=2: one address cannot name 2 shards"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			out, stderr, err := runHelm(t, "template", "scopeplane", chartDir, "--set", c.set)

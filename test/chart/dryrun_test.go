@@ -3,6 +3,7 @@ package chart_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -175,8 +176,17 @@ func TestNotes(t *testing.T) {
 					addr = v
 				}
 			}
+			reach := "Proxies reach its xDS server (ADS gRPC, SotW and delta) at " + addr + "."
+			if shards := strings.Split(addr, ","); len(shards) > 1 {
+				// One line per shard: its Service and that Service's address.
+				var lines []string
+				for k, a := range shards {
+					lines = append(lines, fmt.Sprintf("   shard %d: Service %s at %s", k, strings.Split(a, ".")[0], a))
+				}
+				reach = "proxies reach each shard at its Service:\n" + strings.Join(lines, "\n") + "\n"
+			}
 			want := []string{
-				"Proxies reach its xDS server (ADS gRPC, SotW and delta) at " + addr + ".",
+				reach,
 				"kind: ProxyScope",
 				"scopeplane.dev/scope: default/storefront",
 				"status.bootstrapConfigMap",

@@ -53,21 +53,84 @@ scopeplane.serviceAccountName is the ServiceAccount the pods run as.
 {{- end }}
 
 {{/*
-scopeplane.xdsAddress is the host:port proxies dial, written into the bootstrap ConfigMaps:
-xds.advertisedAddress, or the DNS name of the chart's Service.
+scopeplane.xdsAddress is what the pods are told proxies dial (--xds-server-address), written
+into the bootstrap ConfigMaps: xds.advertisedAddress, or the DNS name and xDS port of the
+chart's Service; with shards, that of every shard's Service, shard 0 first, comma-separated.
 */}}
 {{- define "scopeplane.xdsAddress" -}}
-{{- if .Values.xds.advertisedAddress }}
+{{- $shards := int (include "scopeplane.shards" .) }}
+{{- if and .Values.xds.advertisedAddress (gt $shards 1) }}
+{{- fail (printf "xds.advertisedAddress cannot be set with sharding.shards=%d: one address cannot name %d shards, and each shard is reached at its own Service; leave it empty" $shards $shards) }}
+{{- else if .Values.xds.advertisedAddress }}
 {{- .Values.xds.advertisedAddress }}
 {{- else }}
-{{- printf "%s.%s.svc:%d" (include "scopeplane.fullname" .) .Release.Namespace (int .Values.service.xdsPort) }}
+{{- $addresses := list }}
+{{- range $shard := until $shards }}
+{{- $addresses = append $addresses (include "scopeplane.shardXdsAddress" (list $ $shard)) }}
+{{- end }}
+{{- join "," $addresses }}
 {{- end }}
 {{- end }}
 
 {{/*
 scopeplane.leaderElect is "true" when the pods elect a leader: always with more than one
-replica, and on request with one.
+replica or more than one shard (each shard elects its own), and on request with one.
 */}}
 {{- define "scopeplane.leaderElect" -}}
-{{- if or .Values.leaderElection.enabled (gt (int .Values.replicas) 1) }}true{{ end }}
+{{- if or .Values.leaderElection.enabled (gt (int .Values.replicas) 1) (gt (int (include "scopeplane.shards" .)) 1) }}true{{ end }}
+{{- end }}
+
+{{/*
+scopeplane.shards is the number of shards the replicas are divided into: sharding.shards,
+at least 1.
+*/}}
+{{- define "scopeplane.shards" -}}
+{{- max 1 (int .Values.sharding.shards) }}
+{{- end }}
+
+{{/*
+scopeplane.shardName names shard K's Deployment, Service and PodDisruptionBudget, given
+(list $ K): the full name with one shard; <fullname>-shard-K with more, the full name
+shortened so that the whole fits in 63 characters.
+*/}}
+{{- define "scopeplane.shardName" -}}
+{{- $fullname := include "scopeplane.fullname" (index . 0) }}
+{{- if eq (include "scopeplane.shards" (index . 0)) "1" }}
+{{- $fullname }}
+{{- else }}
+{{- $suffix := printf "-shard-%d" (index . 1) }}
+{{- printf "%s%s" ($fullname | trunc (sub 63 (len $suffix) | int) | trimSuffix "-") $suffix }}
+{{- end }}
+{{- end }}
+
+{{/*
+scopeplane.shardLabel is, with more than one shard, the label that keeps shard K's pods
+(given (list $ K)) to its own Deployment and Service, on a line of its own; nothing with one.
+*/}}
+{{- define "scopeplane.shardLabel" -}}
+{{- if ne (include "scopeplane.shards" (index . 0)) "1" }}
+scopeplane.dev/shard: {{ index . 1 | toString | quote }}
+{{- end }}
+{{- end }}
+
+{{/*
+scopeplane.shardLabels are the common labels of shard K's objects and pods, given (list $ K).
+*/}}
+{{- define "scopeplane.shardLabels" -}}
+{{ include "scopeplane.labels" (index . 0) }}{{ include "scopeplane.shardLabel" . }}
+{{- end }}
+
+{{/*
+scopeplane.shardSelectorLabels select shard K's pods, given (list $ K).
+*/}}
+{{- define "scopeplane.shardSelectorLabels" -}}
+{{ include "scopeplane.selectorLabels" (index . 0) }}{{ include "scopeplane.shardLabel" . }}
+{{- end }}
+
+{{/*
+scopeplane.shardXdsAddress is the host:port of shard K's Service, given (list $ K).
+*/}}
+{{- define "scopeplane.shardXdsAddress" -}}
+{{- $root := index . 0 }}
+{{- printf "%s.%s.svc:%d" (include "scopeplane.shardName" .) $root.Release.Namespace (int $root.Values.service.xdsPort) }}
 {{- end }}
