@@ -99,6 +99,9 @@ type WorldResult struct {
 	StartPeaks, RestartPeaks string
 	// Heap is the live heap after the sync by what holds it (heapLayers).
 	Heap map[string]int64
+	// Scopes is how many scopes the operator serves and writes: all of
+	// the layout's, or its shard's.
+	Scopes int
 	Err  string
 }
 
@@ -136,6 +139,7 @@ func runWorldCellErr(c WorldCell, o RunOptions, res *WorldResult) error {
 		// The proxies, truths and statuses are of the shard's scopes.
 		aw.Scopes = slices.DeleteFunc(aw.Scopes, func(sc *model.Scope) bool { return shard.Of(sc.Key, c.Shards) != c.shard() })
 	}
+	res.Scopes = len(aw.Scopes)
 	truths, err := aw.truths(c.N, nil, nil)
 	if err != nil {
 		return err

@@ -159,7 +159,7 @@ func WorldReport(w io.Writer, results []*WorldResult, header string) {
 	fmt.Fprintln(w, "| cell | scopes | first start: all current after / writes / rate | restart: all current after / writes / rate |")
 	fmt.Fprintln(w, "|---|---|---|---|")
 	for _, r := range results {
-		fmt.Fprintf(w, "| %s | %d | %s / %d / %.0f/s%s | %s / %d / %.0f/s%s |\n", r.WorldCell, worldScopes(r.Layout),
+		fmt.Fprintf(w, "| %s | %d | %s / %d / %.0f/s%s | %s / %d / %.0f/s%s |\n", r.WorldCell, r.Scopes,
 			ms(r.StatusStart.Current), r.StatusStart.Writes, r.StatusStart.Rate, staleText(r.StatusStart.Stale),
 			ms(r.StatusRestart.Current), r.StatusRestart.Writes, r.StatusRestart.Rate, staleText(r.StatusRestart.Stale))
 	}
