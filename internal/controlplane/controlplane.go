@@ -39,6 +39,7 @@ import (
 	"github.com/scopeplane/scopeplane/internal/xdstls"
 	"github.com/scopeplane/scopeplane/xds/bootstrap"
 	"github.com/scopeplane/scopeplane/xds/catalog"
+	"github.com/scopeplane/scopeplane/xds/metrics"
 	"github.com/scopeplane/scopeplane/xds/pipeline"
 	"github.com/scopeplane/scopeplane/xds/server"
 	"github.com/scopeplane/scopeplane/xds/shard"
@@ -249,6 +250,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) (*ControlPlane, 
 		opts.LeaderElection.ID = fmt.Sprintf("%s-shard-%d", cmp.Or(opts.LeaderElection.ID, LeaseName), opts.Shards.Index)
 	}
 	opts.Server.Shards = opts.Shards
+	metrics.SetShard(opts.Shards.Index, opts.Shards.Count())
 	if opts.Server.Zones == nil {
 		zones, err := nodezones.New(ctx, mgr.GetCache())
 		if err != nil {

@@ -7,6 +7,7 @@ package metrics
 import (
 	"fmt"
 	"runtime"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -177,7 +178,21 @@ var (
 		Name: "scopeplane_build_info",
 		Help: "Always 1; the labels say which scopeplane version and Go version this replica runs.",
 	}, []string{"version", "goversion"})
+	// Shards is the number of shards, labelled with this replica's own
+	// (docs/sharding.md): a shard none of whose replicas is scraped
+	// shows as fewer shards seen than their number, while the others are
+	// (ScopeplaneShardAbsent).
+	Shards = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "scopeplane_shards",
+		Help: "The number of shards the scopes are divided among (1 unsharded); the label is this replica's shard.",
+	}, []string{"shard"})
 )
+
+// SetShard records this replica's shard, of count.
+func SetShard(index, count int) {
+	Shards.Reset()
+	Shards.WithLabelValues(strconv.Itoa(index)).Set(float64(count))
+}
 
 // SetBuildInfo records the binary's version in BuildInfo.
 func SetBuildInfo(version string) {
@@ -187,7 +202,7 @@ func SetBuildInfo(version string) {
 
 func init() {
 	ctrlmetrics.Registry.MustRegister(ConnectedProxies, Pushes, ResourcesSent, BytesSent, OtherProtocolBytes,
-		ConnectBytes, ConnectOtherProtocolBytes, HeldBack, OtherProtocolHeldBack, NACKs, NACKsPaced, Refusals, Convergence, Translation, SnapshotBuild, UnservableResources, ScopeCondition, StatusWriteFailures, FeedbackWrites, FeedbackParts, WatchAge, CertificateExpiry, BuildInfo, GRPC)
+		ConnectBytes, ConnectOtherProtocolBytes, HeldBack, OtherProtocolHeldBack, NACKs, NACKsPaced, Refusals, Convergence, Translation, SnapshotBuild, UnservableResources, ScopeCondition, StatusWriteFailures, FeedbackWrites, FeedbackParts, WatchAge, CertificateExpiry, BuildInfo, Shards, GRPC)
 	// Both series exist from the start, so that their absence says the
 	// replica is not scraped rather than that it has no certificate yet.
 	for _, c := range []string{CertificateServing, CertificateCA} {
