@@ -102,7 +102,7 @@ type WorldResult struct {
 	// Scopes is how many scopes the operator serves and writes: all of
 	// the layout's, or its shard's.
 	Scopes int
-	Err  string
+	Err    string
 }
 
 // worldEndpointEvents is how many endpoint moves a world cell measures:
