@@ -61,18 +61,26 @@ func (o *options) configDump(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	// Every replica serves the same content-hash versions once it has seen
-	// the same objects, so the first answer stands for all.
-	r := replicas[0]
-	var scope *statusv3.ClientConfig
-	for _, cc := range r.resp.GetConfig() {
-		if cc.GetNode() == nil && cc.GetClientScope() == args[0] {
-			scope = cc
+	// Every replica that serves the scope serves the same content-hash
+	// versions once it has seen the same objects, so the first answer that
+	// holds it stands for all; with shards, only its shard's replicas do.
+	var (
+		r     replica
+		scope *statusv3.ClientConfig
+	)
+	for _, rr := range replicas {
+		for _, cc := range rr.resp.GetConfig() {
+			if cc.GetNode() == nil && cc.GetClientScope() == args[0] {
+				r, scope = rr, cc
+			}
+		}
+		if scope != nil {
+			break
 		}
 	}
 	if scope == nil {
-		return fmt.Errorf("replica %s serves no ProxyScope %s: it does not exist, or is not Accepted (kubectl get proxyscope -n %s)",
-			r.name, args[0], strings.Split(args[0], "/")[0])
+		return fmt.Errorf("no replica (of %d asked) serves ProxyScope %s: it does not exist, or is not Accepted (kubectl get proxyscope -n %s)",
+			len(replicas), args[0], strings.Split(args[0], "/")[0])
 	}
 	out := dump{Scope: args[0], Replica: r.name, Versions: map[string]any{}, Resources: []dumpResource{}}
 	for _, g := range scope.GetGenericXdsConfigs() {

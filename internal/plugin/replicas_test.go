@@ -154,7 +154,26 @@ current-context: shop
 		t.Errorf("config-dump edge in context shop: exit %d, %s%s", code, out.String(), errOut.String())
 	}
 	code = Main(context.Background(), []string{"config-dump", "edge", "--kubeconfig", kubeconfig, "--context", "plain", "--address", addr}, &out, &errOut)
-	if code != 1 || !strings.Contains(errOut.String(), "serves no ProxyScope default/edge") {
+	if code != 1 || !strings.Contains(errOut.String(), "no replica (of 1 asked) serves ProxyScope default/edge") {
 		t.Errorf("config-dump edge in context plain: exit %d, %s; want default/edge", code, errOut.String())
+	}
+}
+
+// With shards, a scope is served by its shard's replicas only: config-dump
+// takes its answer from a replica that serves the scope, wherever it is in
+// the order asked, and fails only when none does.
+func TestConfigDumpFindsTheScopesShard(t *testing.T) {
+	first, _ := startReplica(t, model.Key{Namespace: "shop", Name: "cart"})
+	second, _ := startReplica(t, model.Key{Namespace: "shop", Name: "edge"})
+	var out, errOut bytes.Buffer
+	code := Main(context.Background(), []string{"config-dump", "shop/edge", "--address", first + "," + second, "--names-only"}, &out, &errOut)
+	if code != 0 || !strings.Contains(out.String(), `"replica": "`+second+`"`) {
+		t.Errorf("config-dump of the second replica's scope: exit %d, stderr %q:\n%s", code, errOut.String(), out.String())
+	}
+	out.Reset()
+	errOut.Reset()
+	code = Main(context.Background(), []string{"config-dump", "shop/none", "--address", first + "," + second}, &out, &errOut)
+	if code != 1 || !strings.Contains(errOut.String(), "no replica (of 2 asked) serves ProxyScope shop/none") {
+		t.Errorf("config-dump of a scope no replica serves: exit %d, stderr %q", code, errOut.String())
 	}
 }
