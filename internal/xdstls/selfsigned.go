@@ -165,7 +165,7 @@ func (s *SelfSigned) renew(data map[string][]byte) (map[string][]byte, bool, err
 		if err != nil {
 			return nil, false, err
 		}
-		return s.withServing(ca, key, []*x509.Certificate{ca}, key, now)
+		return s.withServing(ca, key, []*x509.Certificate{ca}, key, now, nil, nil)
 	}
 	// CAs that expired leave the bundle.
 	bundle = slices.DeleteFunc(bundle, func(ca *x509.Certificate) bool { return !now.Before(ca.NotAfter) })
@@ -176,10 +176,10 @@ func (s *SelfSigned) renew(data map[string][]byte) (map[string][]byte, bool, err
 		if err != nil {
 			return nil, false, err
 		}
-		return s.withServing(signer, signerKey, append(bundle, next), nextKey, now)
+		return s.withServing(signer, signerKey, append(bundle, next), nextKey, now, nil, nil)
 	}
-	if s.servingDue(data, bundle, now) {
-		return s.withServing(signer, signerKey, bundle, signerKey, now)
+	if due, keepDNS, keepIPs := s.servingDue(data, bundle, now); due {
+		return s.withServing(signer, signerKey, bundle, signerKey, now, keepDNS, keepIPs)
 	}
 	if len(bundle) != len(parseCerts(data[CAFile])) {
 		out := maps.Clone(data)
@@ -191,37 +191,57 @@ func (s *SelfSigned) renew(data map[string][]byte) (map[string][]byte, bool, err
 
 // servingDue reports whether the serving certificate in data must be
 // issued again: missing, unreadable, past two thirds of its life, not
-// verified by the bundle, or naming other hosts than s.
-func (s *SelfSigned) servingDue(data map[string][]byte, bundle []*x509.Certificate, now time.Time) bool {
+// verified by the bundle, or lacking a host of s. One due only for the
+// hosts it lacks keeps the hosts it names (keepDNS, keepIPs): leaders that
+// ask for different names (of two shard counts, while the count changes)
+// then converge on a certificate naming all of them instead of each
+// issuing its own in turn. The names no leader asks for go at the next
+// renewal.
+func (s *SelfSigned) servingDue(data map[string][]byte, bundle []*x509.Certificate, now time.Time) (due bool, keepDNS []string, keepIPs []net.IP) {
 	certs := parseCerts(data[CertFile])
 	if len(certs) == 0 || len(data[KeyFile]) == 0 {
-		return true
+		return true, nil, nil
 	}
 	leaf := certs[0]
 	if !now.Before(twoThirds(leaf)) {
-		return true
+		return true, nil, nil
 	}
 	roots := x509.NewCertPool()
 	for _, ca := range bundle {
 		roots.AddCert(ca)
 	}
 	if _, err := leaf.Verify(x509.VerifyOptions{Roots: roots, CurrentTime: now, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err != nil {
-		return true
+		return true, nil, nil
 	}
-	ips := func(l []net.IP) []string {
-		out := make([]string, 0, len(l))
-		for _, ip := range l {
-			out = append(out, ip.String())
+	for _, name := range s.DNSNames {
+		if !slices.Contains(leaf.DNSNames, name) {
+			return true, leaf.DNSNames, leaf.IPAddresses
 		}
-		slices.Sort(out)
-		return out
 	}
-	return !slices.Equal(sorted(leaf.DNSNames), sorted(s.DNSNames)) || !slices.Equal(ips(leaf.IPAddresses), ips(s.IPs))
+	for _, ip := range s.IPs {
+		if !slices.ContainsFunc(leaf.IPAddresses, ip.Equal) {
+			return true, leaf.DNSNames, leaf.IPAddresses
+		}
+	}
+	return false, nil, nil
 }
 
 // withServing is data holding bundle, signerKey (the key of the CA that
-// signs from now on) and a serving certificate issued now by issuer.
-func (s *SelfSigned) withServing(issuer *x509.Certificate, issuerKey crypto.Signer, bundle []*x509.Certificate, signerKey crypto.Signer, now time.Time) (map[string][]byte, bool, error) {
+// signs from now on) and a serving certificate issued now by issuer, for
+// s's hosts and those of keepDNS and keepIPs.
+func (s *SelfSigned) withServing(issuer *x509.Certificate, issuerKey crypto.Signer, bundle []*x509.Certificate, signerKey crypto.Signer, now time.Time, keepDNS []string, keepIPs []net.IP) (map[string][]byte, bool, error) {
+	dns := slices.Clone(s.DNSNames)
+	for _, name := range keepDNS {
+		if !slices.Contains(dns, name) {
+			dns = append(dns, name)
+		}
+	}
+	ips := slices.Clone(s.IPs)
+	for _, ip := range keepIPs {
+		if !slices.ContainsFunc(ips, ip.Equal) {
+			ips = append(ips, ip)
+		}
+	}
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, false, err
@@ -237,8 +257,8 @@ func (s *SelfSigned) withServing(issuer *x509.Certificate, issuerKey crypto.Sign
 		NotAfter:     minTime(now.Add(ServingLifetime), issuer.NotAfter),
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		DNSNames:     s.DNSNames,
-		IPAddresses:  s.IPs,
+		DNSNames:     dns,
+		IPAddresses:  ips,
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, issuer, key.Public(), issuerKey)
 	if err != nil {
@@ -348,12 +368,6 @@ func minTime(a, b time.Time) time.Time {
 		return a
 	}
 	return b
-}
-
-func sorted(s []string) []string {
-	s = slices.Clone(s)
-	slices.Sort(s)
-	return s
 }
 
 // ServingNames are the names a serving certificate for addr (host:port,

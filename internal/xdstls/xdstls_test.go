@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -353,5 +354,44 @@ func TestCertificateExpiryMetric(t *testing.T) {
 	}
 	if ca != unix(bundle[1]) {
 		t.Errorf("after the new CA signs, ca is %v, want its expiry %v (the old CA's is %v)", ca, unix(bundle[1]), unix(oldCA))
+	}
+}
+
+// TestLeadersOfTwoShardCountsConverge renews one Secret's data in turn by
+// two leaders that ask for different names, as the leaders of two shard
+// counts do while the count changes: the second adds its names to the
+// first's certificate, and after that neither issues again, where two
+// leaders each issuing for its own names alone would take turns for as
+// long as both lead. The names no leader asks for go at the next renewal.
+func TestLeadersOfTwoShardCountsConverge(t *testing.T) {
+	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	clock := func() time.Time { return now }
+	two := &SelfSigned{DNSNames: []string{"xds", "xds-shard-1"}, IPs: []net.IP{net.ParseIP("10.0.0.1")}, Now: clock}
+	three := &SelfSigned{DNSNames: []string{"xds", "xds-shard-1", "xds-shard-2"}, IPs: []net.IP{net.ParseIP("10.0.0.2")}, Now: clock}
+	data, _, err := two.renew(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, changed, err := three.renew(data)
+	if err != nil || !changed {
+		t.Fatalf("the leader whose names the certificate lacks did not issue it again: %v %v", changed, err)
+	}
+	for range 3 {
+		for _, s := range []*SelfSigned{two, three} {
+			if data, changed, err = s.renew(data); err != nil || changed {
+				t.Fatalf("leader of %v issued again: %v %v", s.DNSNames, changed, err)
+			}
+		}
+	}
+	leaf := parseCerts(data[CertFile])[0]
+	if got := fmt.Sprint(leaf.DNSNames, leaf.IPAddresses); got != "[xds xds-shard-1 xds-shard-2] [10.0.0.2 10.0.0.1]" {
+		t.Errorf("names %s", got)
+	}
+	now = twoThirds(leaf)
+	if data, _, err = two.renew(data); err != nil {
+		t.Fatal(err)
+	}
+	if leaf = parseCerts(data[CertFile])[0]; fmt.Sprint(leaf.DNSNames, leaf.IPAddresses) != "[xds xds-shard-1] [10.0.0.1]" {
+		t.Errorf("after the renewal the names are %v %v, want only the renewing leader's", leaf.DNSNames, leaf.IPAddresses)
 	}
 }
