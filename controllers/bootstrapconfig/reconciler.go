@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"path"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -56,6 +57,12 @@ type Reconciler struct {
 	// Shards is this replica's shard: the leader of each shard writes the
 	// ConfigMaps of its shard's scopes only.
 	Shards shard.Shards
+	// Started is when this replica started. While the shard count changes,
+	// replicas of both counts run, and a scope that moves has a leader of
+	// each: a ConfigMap written under another count by a replica started
+	// later is left as it is (see layoutNewer), so that the newest count's
+	// bootstrap stands instead of the two leaders rewriting it in turn.
+	Started time.Time
 	// Conflicts records the scopes whose ConfigMap name is taken, for the
 	// status.
 	Conflicts *Conflicts
@@ -210,6 +217,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		}
 	} else if err != nil && !apierrors.IsNotFound(err) {
 		return ctrl.Result{}, err
+	} else if err == nil && r.layoutNewer(cm) {
+		return ctrl.Result{}, nil
 	}
 	_, err = controllerutil.CreateOrUpdate(ctx, r.Client, cm, func() error {
 		if cm.Labels == nil {
@@ -225,6 +234,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		for key, out := range sds {
 			cm.Data[key] = string(out)
 		}
+		r.stampLayout(cm)
 		// Adopted: the previous controller, a ProxyScope that no longer
 		// exists (liveOwner), gives way.
 		if c := metav1.GetControllerOf(cm); c != nil && c.UID != ps.UID {
@@ -246,6 +256,56 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		r.Conflicts.set(key, "")
 	}
 	return ctrl.Result{}, err
+}
+
+// The annotations that say under which shard count a ConfigMap was last
+// written, and when the first replica to write it under that count
+// started; unsharded ConfigMaps carry neither.
+const (
+	ShardsAnnotation        = "scopeplane.dev/shards"
+	WriterStartedAnnotation = "scopeplane.dev/writer-started"
+)
+
+// layoutNewer reports whether cm was written under another shard count by
+// a replica that started after this one: during a change of the count
+// (a rollout), the newest count's replicas are the later ones, and the old
+// ones, about to stop, leave their bootstraps alone.
+func (r *Reconciler) layoutNewer(cm *corev1.ConfigMap) bool {
+	if cm.Annotations[ShardsAnnotation] == r.layout() {
+		return false
+	}
+	started, err := time.Parse(time.RFC3339Nano, cm.Annotations[WriterStartedAnnotation])
+	return err == nil && started.After(r.Started)
+}
+
+// layout is this replica's shard count as ShardsAnnotation says it, ""
+// unsharded.
+func (r *Reconciler) layout() string {
+	if !r.Shards.Sharded() {
+		return ""
+	}
+	return strconv.Itoa(r.Shards.Count())
+}
+
+// stampLayout marks cm as written under this replica's shard count: with
+// shards, the count and, when it changes, this replica's start; unsharded,
+// neither. A write under the same count keeps the stamp, so that leaders
+// taking turns do not rewrite every ConfigMap.
+func (r *Reconciler) stampLayout(cm *corev1.ConfigMap) {
+	layout := r.layout()
+	if cm.Annotations[ShardsAnnotation] == layout && (layout == "" || cm.Annotations[WriterStartedAnnotation] != "") {
+		return
+	}
+	if layout == "" {
+		delete(cm.Annotations, ShardsAnnotation)
+		delete(cm.Annotations, WriterStartedAnnotation)
+		return
+	}
+	if cm.Annotations == nil {
+		cm.Annotations = map[string]string{}
+	}
+	cm.Annotations[ShardsAnnotation] = layout
+	cm.Annotations[WriterStartedAnnotation] = r.Started.UTC().Format(time.RFC3339Nano)
 }
 
 // cacheBehind reports whether the ConfigMap a create found in the way of

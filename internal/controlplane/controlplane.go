@@ -63,11 +63,11 @@ type Options struct {
 	// Shards divides the scopes among shards of replicas
 	// (docs/sharding.md): this replica translates and serves the scopes of
 	// its shard only, refuses the others' proxies with their shard's
-	// address, and its shard elects a leader of its own (a Lease named
-	// after LeaderElection.ID and the shard), which writes the status and
+	// address, and its shard elects a leader of its own (shard 0 for
+	// LeaderElection.ID's Lease, shard K for "<ID>-shard-K"), which writes
+	// the status and
 	// bootstrap ConfigMaps of the shard's scopes. Shard 0's leader also
-	// writes the routes' status and renews the self-managed CA. The zero
-	// value is one shard.
+	// writes the routes' status. The zero value is one shard.
 	Shards shard.Shards
 	// StatusWindow coalesces changes into status writes, per burst.
 	StatusWindow time.Duration
@@ -242,12 +242,18 @@ func (cp *ControlPlane) Leading() bool { return cp.elector.Leading() }
 // election: losing the Lease then stops only the writing, never the
 // manager and the ADS streams it serves.
 func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) (*ControlPlane, error) {
+	started := time.Now()
 	if err := opts.Shards.Check(); err != nil {
 		return nil, fmt.Errorf("shards: %w", err)
 	}
 	if opts.Shards.Sharded() {
 		opts.XDSServerAddress = opts.Shards.Address(opts.Shards.Index)
-		opts.LeaderElection.ID = fmt.Sprintf("%s-shard-%d", cmp.Or(opts.LeaderElection.ID, LeaseName), opts.Shards.Index)
+		// Shard 0 campaigns for the unsharded Lease, so that when the
+		// count changes from one, the unsharded leader and shard 0's
+		// never lead at once.
+		if opts.Shards.Index > 0 {
+			opts.LeaderElection.ID = fmt.Sprintf("%s-shard-%d", cmp.Or(opts.LeaderElection.ID, LeaseName), opts.Shards.Index)
+		}
 	}
 	opts.Server.Shards = opts.Shards
 	metrics.SetShard(opts.Shards.Index, opts.Shards.Count())
@@ -317,7 +323,8 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) (*ControlPlane, 
 	// term (see elector).
 	leaderOnly := func(m manager.Manager) error {
 		if !opts.NoBootstrapConfigMaps {
-			r := &bootstrapconfig.Reconciler{Client: m.GetClient(), APIReader: m.GetAPIReader(), XDSServer: opts.XDSServerAddress, Shards: opts.Shards, Conflicts: conflicts, MountPath: opts.BootstrapMountPath, Namespaces: opts.BootstrapNamespaces}
+			r := &bootstrapconfig.Reconciler{Client: m.GetClient(), APIReader: m.GetAPIReader(), XDSServer: opts.XDSServerAddress, Shards: opts.Shards, Started: started,
+				Conflicts: conflicts, MountPath: opts.BootstrapMountPath, Namespaces: opts.BootstrapNamespaces}
 			if cp.Certificates != nil {
 				r.CA = cp.Certificates
 			}
@@ -412,8 +419,7 @@ func (cp *ControlPlane) setupTLS(mgr ctrl.Manager) (func(context.Context) error,
 	if t.Secret.Name == "" || t.Secret.Namespace == "" {
 		return nil, errors.New("xDS TLS: name a directory holding the certificate, or the Secret (name and namespace) of the self-managed CA; or serve plaintext explicitly")
 	}
-	// One certificate, which the leader of shard 0 issues, serves every
-	// shard: it names every shard's address.
+	// One certificate serves every shard: it names every shard's address.
 	addrs := []string{cp.opts.XDSServerAddress}
 	if cp.opts.Shards.Sharded() {
 		addrs = cp.opts.Shards.Addresses
@@ -431,9 +437,11 @@ func (cp *ControlPlane) setupTLS(mgr ctrl.Manager) (func(context.Context) error,
 	}
 	ss := &xdstls.SelfSigned{Reader: mgr.GetAPIReader(), Writer: mgr.GetClient(), Secret: t.Secret, DNSNames: dns, IPs: ips}
 	refresh := cmp.Or(t.Refresh, time.Minute)
-	// One leader renews the CA that every shard's replicas read.
-	renews := func() bool { return cp.Leading() && cp.opts.Shards.Index == 0 }
-	return func(ctx context.Context) error { return ss.Run(ctx, cp.Certificates, renews, refresh, log) }, nil
+	// Every shard's leader keeps the one Secret: each asks for every
+	// shard's names, and re-issues only a certificate that lacks one, so
+	// they agree (and leaders of two shard counts, during a change,
+	// converge on both counts' names).
+	return func(ctx context.Context) error { return ss.Run(ctx, cp.Certificates, cp.Leading, refresh, log) }, nil
 }
 
 func (cp *ControlPlane) serve(ctx context.Context) error {

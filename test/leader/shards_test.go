@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -110,7 +111,8 @@ func (sf *shardedFleet) bootstrapsNameTheirShards() (bool, string) {
 }
 
 // oneLeaderPerShard reports whether each shard has exactly one leader
-// among its replicas, holding a Lease of its own.
+// among its replicas, holding a Lease of its own: shard 0 the unsharded
+// one, so that it and an unsharded leader never lead at once.
 func (sf *shardedFleet) oneLeaderPerShard() (bool, string) {
 	for i, rs := range sf.shards {
 		leaders := 0
@@ -123,7 +125,10 @@ func (sf *shardedFleet) oneLeaderPerShard() (bool, string) {
 			return false, fmt.Sprintf("shard %d has %d leaders among its %d replicas", i, leaders, len(rs))
 		}
 		lease := &coordinationv1.Lease{}
-		name := fmt.Sprintf("%s-shard-%d", sf.f.lease, i)
+		name := sf.f.lease // shard 0's is the unsharded Lease
+		if i > 0 {
+			name = fmt.Sprintf("%s-shard-%d", sf.f.lease, i)
+		}
 		if err := sf.f.env.Client.Get(context.Background(), client.ObjectKey{Namespace: "default", Name: name}, lease); err != nil {
 			return false, fmt.Sprintf("shard %d's Lease %s: %v", i, name, err)
 		}
@@ -244,4 +249,56 @@ func TestShardsDivideTheScopes(t *testing.T) {
 		want := fmt.Sprintf("is served by shard 2 of 3, at %s", shardAddresses(3)[2])
 		return err != nil && strings.Contains(status.Convert(err).Message(), want), fmt.Sprint(err)
 	})
+}
+
+// TestShardCountChangeOverlap runs the replicas of two shard counts at once,
+// as a rollout from two shards to three does: the new count's replicas,
+// started later, write the bootstraps of the scopes that move, and the old
+// count's leaders leave them alone instead of writing them back in turn.
+// Every bootstrap names its shard of three, and stays so while both run.
+func TestShardCountChangeOverlap(t *testing.T) {
+	env := startEnv(t)
+	f := newFleet(t, env, "overlap", []string{"web"}, nil)
+	old := &shardedFleet{t: t, f: f}
+	for i := range 12 {
+		k := model.Key{Namespace: f.ns, Name: fmt.Sprintf("scope-%d", i)}
+		ps := &xdsv1alpha1.ProxyScope{ObjectMeta: metav1.ObjectMeta{Namespace: k.Namespace, Name: k.Name}, Spec: xdsv1alpha1.ProxyScopeSpec{
+			Protocol: xdsv1alpha1.ProtocolSotW,
+			Services: []xdsv1alpha1.ServiceSelection{{Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "fleet"}}}},
+			Listener: xdsv1alpha1.ListenerSpec{Mode: xdsv1alpha1.ListenerModeEnvoy, Port: ptr.To[int32](10080)},
+		}}
+		if err := env.Client.Create(context.Background(), ps); err != nil {
+			t.Fatal(err)
+		}
+		old.keys = append(old.keys, k)
+	}
+	old.startShards([][]string{{"old-a"}, {"old-b"}})
+	testkit.Eventually(t, "every bootstrap naming its shard of two", old.bootstrapsNameTheirShards)
+
+	next := &shardedFleet{t: t, f: f, keys: old.keys}
+	next.startShards([][]string{{"new-a"}, {"new-b"}, {"new-c"}})
+	testkit.Eventually(t, "every bootstrap naming its shard of three, both counts running", next.bootstrapsNameTheirShards)
+	versions := func() map[model.Key]string {
+		out := map[model.Key]string{}
+		for _, k := range next.keys {
+			cm := &corev1.ConfigMap{}
+			if err := env.Client.Get(context.Background(), client.ObjectKey{Namespace: k.Namespace, Name: bootstrap.ConfigMapName(k.Name)}, cm); err != nil {
+				t.Fatal(err)
+			}
+			out[k] = cm.ResourceVersion
+		}
+		return out
+	}
+	before := versions()
+	// Both counts' leaders keep running; a fight would rewrite the moved
+	// scopes' ConfigMaps many times a second.
+	time.Sleep(3 * time.Second)
+	if ok, why := next.bootstrapsNameTheirShards(); !ok {
+		t.Fatalf("with both counts running: %s", why)
+	}
+	for k, rv := range versions() {
+		if rv != before[k] {
+			t.Errorf("scope %s's bootstrap ConfigMap was written again (resourceVersion %s, then %s) while both counts ran", k, before[k], rv)
+		}
+	}
 }
