@@ -17,7 +17,10 @@ const shardLabel = "scopeplane.dev/shard"
 
 // checkShards checks a render with sharding.shards = shards: for each shard
 // K, a Deployment, a Service and (with more than one replica) a
-// PodDisruptionBudget named <fullname>-shard-K, none named <fullname>; each
+// PodDisruptionBudget named <fullname>-shard-K (shard 0's Service named
+// <fullname>, the unsharded Service's name, so that the bootstraps of the
+// scopes that stay on shard 0 keep naming it), no unsharded Deployment or
+// budget; each
 // Deployment runs --shard=K --shards=N with leader election and the same
 // list of every shard Service's address in shard order; each Deployment,
 // Service and budget selects its own shard's pods and no other's; and the
@@ -25,7 +28,7 @@ const shardLabel = "scopeplane.dev/shard"
 // when rendered) cover every shard.
 func checkShards(t *testing.T, objs []*unstructured.Unstructured, fullname string, shards int) {
 	t.Helper()
-	for _, kind := range []string{"Deployment", "Service", "PodDisruptionBudget"} {
+	for _, kind := range []string{"Deployment", "PodDisruptionBudget"} {
 		if o := findNamedOptional(objs, kind, fullname); o != nil {
 			t.Errorf("with %d shards the unsharded %s %s must not be rendered", shards, kind, fullname)
 		}
@@ -38,7 +41,11 @@ func checkShards(t *testing.T, objs []*unstructured.Unstructured, fullname strin
 	for k := range shards {
 		name := fmt.Sprintf("%s-shard-%d", fullname, k)
 		d := findNamed(t, objs, "Deployment", name)
-		svc := findNamed(t, objs, "Service", name)
+		svcName := name
+		if k == 0 {
+			svcName = fullname
+		}
+		svc := findNamed(t, objs, "Service", svcName)
 		deployments, services = append(deployments, d), append(services, svc)
 		labels, _, _ := unstructured.NestedStringMap(d.Object, "spec", "template", "metadata", "labels")
 		podLabels = append(podLabels, labels)
@@ -49,7 +56,7 @@ func checkShards(t *testing.T, objs []*unstructured.Unstructured, fullname strin
 		if !ok {
 			t.Fatalf("Service %s has no port named xds", name)
 		}
-		want = append(want, fmt.Sprintf("%s.%s.svc:%d", name, svc.GetNamespace(), port))
+		want = append(want, fmt.Sprintf("%s.%s.svc:%d", svcName, svc.GetNamespace(), port))
 	}
 	if got := countKind(objs, "Deployment"); got != shards {
 		t.Errorf("%d Deployments rendered, want one per shard (%d)", got, shards)

@@ -104,6 +104,19 @@ shortened so that the whole fits in 63 characters.
 {{- end }}
 
 {{/*
+scopeplane.shardServiceName names shard K's Service, given (list $ K): shard 0's is the
+unsharded Service's name, so that the bootstraps of the scopes that stay on shard 0 when
+sharding is turned on keep naming the Service they named; shard K's is scopeplane.shardName.
+*/}}
+{{- define "scopeplane.shardServiceName" -}}
+{{- if eq (index . 1) 0 }}
+{{- include "scopeplane.fullname" (index . 0) }}
+{{- else }}
+{{- include "scopeplane.shardName" . }}
+{{- end }}
+{{- end }}
+
+{{/*
 scopeplane.shardLabel is, with more than one shard, the label that keeps shard K's pods
 (given (list $ K)) to its own Deployment and Service, on a line of its own; nothing with one.
 */}}
@@ -132,5 +145,5 @@ scopeplane.shardXdsAddress is the host:port of shard K's Service, given (list $ 
 */}}
 {{- define "scopeplane.shardXdsAddress" -}}
 {{- $root := index . 0 }}
-{{- printf "%s.%s.svc:%d" (include "scopeplane.shardName" .) $root.Release.Namespace (int $root.Values.service.xdsPort) }}
+{{- printf "%s.%s.svc:%d" (include "scopeplane.shardServiceName" .) $root.Release.Namespace (int $root.Values.service.xdsPort) }}
 {{- end }}
