@@ -70,17 +70,26 @@ type viewPart struct {
 }
 
 // NewCollector reads the feedback ConfigMaps of self.Namespace, other than
-// self's own, with mgr's configuration; it adds its cache and expiry to
-// mgr.
+// self's own, with mgr's configuration (with shards, those of self's shard
+// only: another shard's replicas serve none of its scopes, and their
+// failures are not its scopes'); it adds its cache and expiry to mgr.
 func NewCollector(mgr manager.Manager, self Replica, log logr.Logger) (*Collector, error) {
 	req, err := labels.NewRequirement(Label, selection.Exists, nil)
 	if err != nil {
 		return nil, err
 	}
+	selector := labels.NewSelector().Add(*req)
+	if self.Shard != "" {
+		shard, err := labels.NewRequirement(ShardLabel, selection.Equals, []string{self.Shard})
+		if err != nil {
+			return nil, err
+		}
+		selector = selector.Add(*shard)
+	}
 	c, err := cache.New(mgr.GetConfig(), cache.Options{
 		Scheme: scheme.Scheme, Mapper: mgr.GetRESTMapper(),
 		DefaultNamespaces: map[string]cache.Config{self.Namespace: {}},
-		ByObject:          map[client.Object]cache.ByObject{&corev1.ConfigMap{}: {Label: labels.NewSelector().Add(*req)}},
+		ByObject:          map[client.Object]cache.ByObject{&corev1.ConfigMap{}: {Label: selector}},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("replica feedback cache: %w", err)

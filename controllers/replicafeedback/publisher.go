@@ -46,6 +46,11 @@ type Replica struct {
 	// Interval, Heartbeat and Expiry are the timings (the defaults when
 	// zero).
 	Interval, Heartbeat, Expiry time.Duration
+	// Shard, with shards, is the replica's shard (its number): its
+	// ConfigMaps carry it (ShardLabel), and its collector reads only its
+	// own shard's, whose replicas alone serve the shard's scopes. Empty
+	// unsharded.
+	Shard string
 }
 
 func (r *Replica) interval() time.Duration  { return cmp.Or(r.Interval, DefaultInterval) }
@@ -200,6 +205,9 @@ func (p *Publisher) partConfigMap(i int, gz []byte) *corev1.ConfigMap {
 
 func (p *Publisher) configMap(name string) *corev1.ConfigMap {
 	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: p.Replica.Namespace, Name: name, Labels: map[string]string{Label: p.Replica.Name}}}
+	if p.Replica.Shard != "" {
+		cm.Labels[ShardLabel] = p.Replica.Shard
+	}
 	if p.Replica.PodUID != "" {
 		cm.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: p.Replica.Name, UID: p.Replica.PodUID, Controller: ptr.To(true)}}
 	}

@@ -268,3 +268,30 @@ func TestUnwrittenPartIsReported(t *testing.T) {
 		return synced == 1 && len(u) == 0, fmt.Sprintf("%d at v2, %v", synced, u)
 	})
 }
+
+// With shards, a collector counts the reports of its own shard's replicas
+// only: another shard's replica serves none of its scopes, and a part it
+// fails to write is not its scopes' failure.
+func TestCollectorReadsItsShardOnly(t *testing.T) {
+	ns := namespace(t, "shards")
+	leader := collector(t, Replica{Name: "leader", Namespace: ns, Shard: "1"})
+	for _, r := range []Replica{{Name: "same", Namespace: ns, Shard: "1"}, {Name: "other", Namespace: ns, Shard: "0"}} {
+		tr := feedback.New(0)
+		id := tr.Connect(web, &corev3.Node{Id: r.Name}, model.Delta, "127.0.0.1:1", "", model.Location{})
+		tr.AtVersion(web, id, "v1", time.Time{})
+		run(t, (&Publisher{Client: env.Client, Feedback: tr, Replica: r, Log: logr.Discard()}).Start)
+	}
+	testkit.Eventually(t, "the report of the shard's replica counted", func() (bool, string) {
+		all, _ := connected(leader, "v1")
+		return all == 1 && leader.Replicas() == 1, fmt.Sprintf("%d connected from %d replicas", all, leader.Replicas())
+	})
+	// The other shard's report is there, and stays out.
+	cms := &corev1.ConfigMapList{}
+	if err := env.Client.List(context.Background(), cms, client.InNamespace(ns), client.MatchingLabels{ShardLabel: "0"}); err != nil || len(cms.Items) == 0 {
+		t.Fatalf("the other shard's report was not written (%v)", err)
+	}
+	time.Sleep(time.Second)
+	if all, _ := connected(leader, "v1"); all != 1 || leader.Replicas() != 1 {
+		t.Errorf("%d connected from %d replicas, want the shard's one", all, leader.Replicas())
+	}
+}

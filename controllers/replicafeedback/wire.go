@@ -27,6 +27,10 @@ import (
 // Label marks the feedback ConfigMaps; its value is the replica's name.
 const Label = "xds.scopeplane.dev/replica-feedback"
 
+// ShardLabel marks, with shards, the feedback ConfigMaps of a shard's
+// replicas; its value is the shard's number (Replica.Shard).
+const ShardLabel = "xds.scopeplane.dev/replica-feedback-shard"
+
 // RenewedAnnotation is when the replica last said it is alive (RFC 3339):
 // a heartbeat must change the object, or the API server drops the write as
 // a no-op and nobody sees it.

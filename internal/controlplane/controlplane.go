@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -390,6 +391,9 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) (*ControlPlane, 
 func (cp *ControlPlane) setupReplicaFeedback(mgr ctrl.Manager) (*replicafeedback.Collector, error) {
 	r := cp.opts.Replica
 	r.Namespace = cmp.Or(r.Namespace, cp.opts.LeaderElection.Namespace)
+	if cp.opts.Shards.Sharded() {
+		r.Shard = strconv.Itoa(cp.opts.Shards.Index)
+	}
 	if r.Name == "" || r.Namespace == "" {
 		return nil, errors.New("replica feedback: with leader election every replica needs a name, unique among them, and the namespace of its feedback ConfigMap")
 	}
