@@ -28,6 +28,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
 	"github.com/scopeplane/scopeplane/controllers"
 	"github.com/scopeplane/scopeplane/controllers/bootstrapconfig"
 	"github.com/scopeplane/scopeplane/controllers/nodezones"
@@ -38,9 +39,11 @@ import (
 	"github.com/scopeplane/scopeplane/internal/apiwatch"
 	"github.com/scopeplane/scopeplane/internal/scheme"
 	"github.com/scopeplane/scopeplane/internal/xdstls"
+	"github.com/scopeplane/scopeplane/xds/auth"
 	"github.com/scopeplane/scopeplane/xds/bootstrap"
 	"github.com/scopeplane/scopeplane/xds/catalog"
 	"github.com/scopeplane/scopeplane/xds/metrics"
+	"github.com/scopeplane/scopeplane/xds/model"
 	"github.com/scopeplane/scopeplane/xds/pipeline"
 	"github.com/scopeplane/scopeplane/xds/server"
 	"github.com/scopeplane/scopeplane/xds/shard"
@@ -257,6 +260,9 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) (*ControlPlane, 
 		}
 	}
 	opts.Server.Shards = opts.Shards
+	if a := opts.Server.Authenticator; a != nil && a.PeerAddress && opts.Shards.Sharded() {
+		opts.Server.OtherShardsAdmit = otherShardsAdmit(mgr.GetCache(), opts.Shards)
+	}
 	metrics.SetShard(opts.Shards.Index, opts.Shards.Count())
 	if opts.Server.Zones == nil {
 		zones, err := nodezones.New(ctx, mgr.GetCache())
@@ -488,6 +494,35 @@ func (cp *ControlPlane) Ready(req *http.Request) error {
 		return nil
 	default:
 		return errors.New("the first snapshot build has not finished")
+	}
+}
+
+// otherShardsAdmit reports whether a ProxyScope of another shard than
+// shards', read from the cache, which holds every shard's, admits id by its
+// peer address.
+func otherShardsAdmit(reader client.Reader, shards shard.Shards) func(*auth.Identity) bool {
+	return func(id *auth.Identity) bool {
+		if id.Namespace == "" {
+			return false
+		}
+		list := &xdsv1alpha1.ProxyScopeList{}
+		if err := reader.List(context.Background(), list, client.InNamespace(id.Namespace)); err != nil {
+			return false
+		}
+		for i := range list.Items {
+			ps := &list.Items[i]
+			if !ps.Spec.AdmitByPeerAddress || shards.Owns(model.Key{Namespace: ps.Namespace, Name: ps.Name}) {
+				continue
+			}
+			proxies := make([]string, len(ps.Spec.Proxies))
+			for j, sa := range ps.Spec.Proxies {
+				proxies[j] = string(sa)
+			}
+			if auth.Admits(id, ps.Namespace, proxies, true) {
+				return true
+			}
+		}
+		return false
 	}
 }
 

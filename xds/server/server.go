@@ -149,6 +149,12 @@ type Options struct {
 	// shard is refused with that shard's address. The zero value serves
 	// every scope.
 	Shards shard.Shards
+	// OtherShardsAdmit, with shards and the peer-address method, reports
+	// whether a scope of another shard admits a client identified by its
+	// address alone: such a stream is let on to its first request, where
+	// it is told its scope's shard, rather than refused as admitted by no
+	// scope this replica holds. Nil: only this replica's scopes count.
+	OtherShardsAdmit func(*auth.Identity) bool
 }
 
 // DefaultOptions are the limits used when an Options field is zero.

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -18,6 +20,7 @@ import (
 
 	"github.com/scopeplane/scopeplane/internal/testkit"
 	"github.com/scopeplane/scopeplane/xds/auth"
+	"github.com/scopeplane/scopeplane/xds/auth/authtest"
 	"github.com/scopeplane/scopeplane/xds/model"
 	"github.com/scopeplane/scopeplane/xds/pipeline"
 	"github.com/scopeplane/scopeplane/xds/server"
@@ -87,5 +90,41 @@ func TestStreamOfAnotherShardIsToldWhereToGo(t *testing.T) {
 	}
 	if r := p.Feedback.Get(other).Refused; len(r) != 0 {
 		t.Errorf("the other shard's scope counts refusals %v here, want none", r)
+	}
+}
+
+// TestPeerAddressProxyOfAnotherShardIsToldWhereToGo serves as shard 1 of 3
+// with the peer-address method, holding no scope of namespace shop. A
+// proxy without a credential, of a Pod of shop, naming a scope of shard 2
+// that admits it, is let on to its first request and told shard 2's
+// address; without OtherShardsAdmit it would be refused before it, as
+// admitted by no scope.
+func TestPeerAddressProxyOfAnotherShardIsToldWhereToGo(t *testing.T) {
+	ca := authtest.NewCA(t, "proxies")
+	pods := holders{netip.MustParseAddr("127.0.0.1"): {{Namespace: "shop", Name: "client", UID: "u1", ServiceAccount: "grpc", Running: true}}}
+	shards := shard.Shards{Index: 1, Addresses: []string{"xds-0:18000", "xds-1:18000", "xds-2:18000"}}
+	other := scopeOfShard(2, 3)
+	for _, tc := range []struct {
+		name        string
+		otherShards func(*auth.Identity) bool
+		code        codes.Code
+		refused     string
+	}{
+		{"another shard's scope admits it", func(id *auth.Identity) bool { return id.Namespace == "shop" }, codes.FailedPrecondition, server.RefusedWrongShard},
+		{"no scope of any shard admits it", func(*auth.Identity) bool { return false }, codes.PermissionDenied, server.RefusedNotAdmitted},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := &auth.Authenticator{Tokens: auth.NewTokenVerifier("scopeplane", authtest.NewIssuer(t, "k1"), nil), PeerAddress: true, Pods: pods}
+			p := pipeline.New(pipeline.Options{Server: server.Options{Authenticator: a, Shards: shards, OtherShardsAdmit: tc.otherShards}})
+			p.Sync()
+			ap := &authnPlane{p: p, addr: testkit.ServeTLS(t, p.Server.ServeListener, ca.ServerTLS()), ca: ca}
+			st := status.Convert(ap.open(t, other.String(), nil, nil, ""))
+			if st.Code() != tc.code || (tc.code == codes.FailedPrecondition && !strings.Contains(st.Message(), "served by shard 2 of 3, at xds-2:18000")) {
+				t.Fatalf("ended with %v %q, want %v", st.Code(), st.Message(), tc.code)
+			}
+			if n := p.Feedback.Get(model.Key{}).Refused[tc.refused]; n != 1 {
+				t.Errorf("refusals %v, want one %s", p.Feedback.Get(model.Key{}).Refused, tc.refused)
+			}
+		})
 	}
 }
