@@ -94,18 +94,28 @@ func (s *Server) admit(ctx context.Context) error {
 // identified by its peer address alone spends its address's budget of
 // streams that fail authentication instead (credentialless), so that a
 // client without credentials cannot use up the replica's pace for proxies
-// that have them.
-func (s *Server) paced(id *auth.Identity) error {
+// that have them. It reports whether the stream spent a share of the pace,
+// which it gives back when it turns out to be another shard's (resolve).
+func (s *Server) paced(id *auth.Identity) (spent bool, err error) {
 	if id != nil && id.Method == auth.MethodPeerAddress {
-		return nil
+		return false, nil
 	}
 	if !s.pace.Allow() {
 		s.fb.Refuse(model.Key{}, RefusedPaced)
-		return status.Errorf(codes.ResourceExhausted,
+		return false, status.Errorf(codes.ResourceExhausted,
 			"this replica accepts at most %g new ADS streams a second (burst %d), and they are used up: reconnect with backoff, or raise --xds-new-streams-per-second / --xds-new-streams-burst",
 			s.opts.NewStreamsPerSecond, s.opts.NewStreamsBurst)
 	}
-	return nil
+	return true, nil
+}
+
+// givePaceBack returns a share of the pace of new streams that a stream
+// spent. rate.Limiter has no refund of a used token (a Reservation's
+// Cancel restores only one not acted on yet); taking -1 tokens adds one,
+// and the bucket's next refill caps it at the burst as always, so a give
+// back never lets more than the burst through at once.
+func (s *Server) givePaceBack() {
+	s.pace.AllowN(time.Now(), -1)
 }
 
 // checkNode refuses a node larger than the limits: a stream keeps its node
@@ -228,8 +238,11 @@ func notAdmitted(value string, id *auth.Identity) error {
 // resolve binds a stream to the scope its node names, or refuses it.
 // Refusals quote what the proxy sent only through clip.Quote. Until a
 // scope admits id, refusals are counted globally and say nothing about the
-// scope.
-func (s *Server) resolve(node *corev3.Node, p model.Protocol, id *auth.Identity) (model.Key, *snapshot.Snapshot, error) {
+// scope. A stream of another shard's scope gives its share of the pace
+// back (paid: it spent one): proxies left on the wrong shard by a change
+// of the shard count retry for as long as they run, and must not use up
+// the pace of the shard's own proxies.
+func (s *Server) resolve(node *corev3.Node, p model.Protocol, id *auth.Identity, paid bool) (model.Key, *snapshot.Snapshot, error) {
 	if err := s.checkNode(node); err != nil {
 		return model.Key{}, nil, err
 	}
@@ -248,6 +261,9 @@ func (s *Server) resolve(node *corev3.Node, p model.Protocol, id *auth.Identity)
 			clip.Quote(node.GetId()), model.ScopeMetadataKey, clip.Quote(value), err)
 	}
 	if !s.opts.Shards.Owns(key) {
+		if paid {
+			s.givePaceBack()
+		}
 		s.fb.Refuse(model.Key{}, RefusedWrongShard)
 		return model.Key{}, nil, wrongShard(key, s.opts.Shards)
 	}

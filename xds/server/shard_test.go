@@ -128,3 +128,52 @@ func TestPeerAddressProxyOfAnotherShardIsToldWhereToGo(t *testing.T) {
 		})
 	}
 }
+
+// TestStreamOfAnotherShardGivesItsPaceBack opens, on a replica whose pace
+// admits one new stream and then none for hours, first a stream of another
+// shard's scope, then one of its own: the first gives its share of the pace
+// back, so that proxies left on the wrong shard, which retry for as long as
+// they run, do not keep the shard's own proxies out.
+func TestStreamOfAnotherShardGivesItsPaceBack(t *testing.T) {
+	shards := shard.Shards{Index: 1, Addresses: []string{"xds-0:18000", "xds-1:18000"}}
+	p := pipeline.New(pipeline.Options{Server: server.Options{Authenticator: &auth.Authenticator{AllowAnonymous: true}, Shards: shards,
+		NewStreamsPerSecond: 1e-4, NewStreamsBurst: 1}})
+	own, other := scopeOfShard(1, 2), scopeOfShard(0, 2)
+	p.Catalog.UpsertScope(&model.Scope{Key: own, Protocol: model.SotW, Listener: model.Listener{Mode: model.ListenerEnvoy, Port: 10080},
+		Selections: []model.Selection{{Namespace: "shop", Selector: labels.Everything()}}})
+	p.Sync()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go func() { _ = p.Server.ServeListener(ctx, lis) }()
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	open := func(key model.Key) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		s, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Send(&discoveryv3.DiscoveryRequest{Node: testkit.Node("n", key.String()), TypeUrl: xdstype.Cluster.URL()}); err != nil && !errors.Is(err, io.EOF) {
+			t.Fatal(err)
+		}
+		_, err = s.Recv()
+		return err
+	}
+	if code := status.Code(open(other)); code != codes.FailedPrecondition {
+		t.Fatalf("the other shard's stream ended with %v, want FailedPrecondition", code)
+	}
+	if err := open(own); err != nil {
+		t.Fatalf("this shard's stream after it: %v", err)
+	}
+	if code := status.Code(open(own)); code != codes.ResourceExhausted {
+		t.Errorf("a second stream of this shard ended with %v, want ResourceExhausted: the pace is spent", code)
+	}
+}

@@ -177,7 +177,8 @@ func serve[Req request](s *Server, p model.Protocol, srv interface {
 			who, s.peerIP(ctx), s.opts.MaxStreamsPerClient)
 	}
 	defer s.clients.release(client)
-	if err := s.paced(id); err != nil {
+	paid, err := s.paced(id)
+	if err != nil {
 		return err
 	}
 	charged, err := s.budget.take(client)
@@ -209,7 +210,7 @@ func serve[Req request](s *Server, p model.Protocol, srv interface {
 		return s.shedError()
 	}
 	// The node is on the first request (the only one, in delta).
-	key, sc, err := s.resolve(first.GetNode(), p, id)
+	key, sc, err := s.resolve(first.GetNode(), p, id, paid)
 	if err != nil {
 		return err
 	}
