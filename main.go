@@ -255,6 +255,9 @@ func (c *config) sharding() (shard.Shards, error) {
 		return shard.Shards{}, nil
 	}
 	addrs := strings.Split(c.xdsServer, ",")
+	for i := range addrs {
+		addrs[i] = strings.TrimSpace(addrs[i])
+	}
 	if len(addrs) != c.shards {
 		return shard.Shards{}, fmt.Errorf("--xds-server-address names %d address(es) for --shards=%d: give each shard's, comma-separated, shard 0's first", len(addrs), c.shards)
 	}

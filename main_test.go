@@ -411,6 +411,8 @@ func TestShardFlags(t *testing.T) {
 		{args: []string{"--shards=3", "--xds-server-address=a:1,b:1"}, wantError: "names 2 address(es) for --shards=3"},
 		{args: []string{"--shards=2", "--shard=2", "--xds-server-address=a:1,b:1"}, wantError: "shard 2 is not one of the 2 shards"},
 		{args: []string{"--shards=2", "--xds-server-address=a:1,b"}, wantError: `shard 1's xDS address "b"`},
+		{args: []string{"--shards=2", "--shard=1", "--xds-server-address=a.system.svc:18000, b.system.svc:18000"},
+			want: shard.Shards{Index: 1, Addresses: []string{"a.system.svc:18000", "b.system.svc:18000"}}},
 	} {
 		fs := flag.NewFlagSet("scopeplane", flag.ContinueOnError)
 		c := bindFlags(fs)

@@ -11,6 +11,7 @@ import (
 	"path"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -57,6 +59,11 @@ type Reconciler struct {
 	// Shards is this replica's shard: the leader of each shard writes the
 	// ConfigMaps of its shard's scopes only.
 	Shards shard.Shards
+	// Recorder, when set, records an Event on a scope whose bootstrap is
+	// rewritten to name another xDS address (ShardMoved): with shards, the
+	// scope moved to this shard, and its running proxies, which read the
+	// old bootstrap, follow only once restarted.
+	Recorder events.EventRecorder
 	// Started is when this replica started. While the shard count changes,
 	// replicas of both counts run, and a scope that moves has a leader of
 	// each: a ConfigMap written under another count by a replica started
@@ -220,6 +227,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	} else if err == nil && r.layoutNewer(cm) {
 		return ctrl.Result{}, nil
 	}
+	// Written before, naming another address: the scope moved here.
+	moved := r.Shards.Sharded() && cm.Data[bootstrap.GRPCKey] != "" && !strings.Contains(cm.Data[bootstrap.GRPCKey], strconv.Quote(r.XDSServer))
 	_, err = controllerutil.CreateOrUpdate(ctx, r.Client, cm, func() error {
 		if cm.Labels == nil {
 			cm.Labels = map[string]string{}
@@ -254,9 +263,18 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	}
 	if err == nil {
 		r.Conflicts.set(key, "")
+		if moved && r.Recorder != nil {
+			r.Recorder.Eventf(ps, nil, corev1.EventTypeWarning, ShardMovedReason, "RewriteBootstrap",
+				"this scope is now served by shard %d of %d at %s, which its bootstrap ConfigMap %s names now; proxies started before read the old address and follow only once restarted",
+				r.Shards.Index, r.Shards.Count(), r.XDSServer, cm.Name)
+		}
 	}
 	return ctrl.Result{}, err
 }
+
+// ShardMovedReason is the reason of the Event on a scope whose bootstrap
+// now names another shard's address.
+const ShardMovedReason = "ShardMoved"
 
 // The annotations that say under which shard count a ConfigMap was last
 // written, and when the first replica to write it under that count

@@ -330,7 +330,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) (*ControlPlane, 
 	// term (see elector).
 	leaderOnly := func(m manager.Manager) error {
 		if !opts.NoBootstrapConfigMaps {
-			r := &bootstrapconfig.Reconciler{Client: m.GetClient(), APIReader: m.GetAPIReader(), XDSServer: opts.XDSServerAddress, Shards: opts.Shards, Started: started,
+			r := &bootstrapconfig.Reconciler{Client: m.GetClient(), APIReader: m.GetAPIReader(), XDSServer: opts.XDSServerAddress, Shards: opts.Shards, Started: started, Recorder: recorder,
 				Conflicts: conflicts, MountPath: opts.BootstrapMountPath, Namespaces: opts.BootstrapNamespaces}
 			if cp.Certificates != nil {
 				r.CA = cp.Certificates

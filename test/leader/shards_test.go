@@ -3,6 +3,7 @@ package leader
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -11,11 +12,13 @@ import (
 	"google.golang.org/grpc/status"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
+	"github.com/scopeplane/scopeplane/controllers/bootstrapconfig"
 	"github.com/scopeplane/scopeplane/internal/testkit"
 	"github.com/scopeplane/scopeplane/xds/adsclient"
 	"github.com/scopeplane/scopeplane/xds/bootstrap"
@@ -241,6 +244,25 @@ func TestShardsDivideTheScopes(t *testing.T) {
 	testkit.Eventually(t, "each replica of three shards holding its shard's scopes only", sf.holdOnlyTheirShards)
 	testkit.Eventually(t, "one leader per shard of three", sf.oneLeaderPerShard)
 	testkit.Eventually(t, "every bootstrap naming its shard of three", sf.bootstrapsNameTheirShards)
+	// The moved scopes, and only they, carry an Event saying so.
+	testkit.Eventually(t, "a ShardMoved Event on each moved scope", func() (bool, string) {
+		var list eventsv1.EventList
+		if err := env.Client.List(context.Background(), &list, client.InNamespace(f.ns)); err != nil {
+			return false, err.Error()
+		}
+		told := map[string]bool{}
+		for _, e := range list.Items {
+			if e.Reason == bootstrapconfig.ShardMovedReason {
+				told[e.Regarding.Name] = true
+			}
+		}
+		for _, k := range sf.keys {
+			if isMoved := slices.Contains(moved, k); told[k.Name] != isMoved {
+				return false, fmt.Sprintf("scope %s: moved %v, ShardMoved Event %v", k, isMoved, told[k.Name])
+			}
+		}
+		return true, ""
+	})
 	// A proxy of a moved scope that still dials its old shard.
 	old := shard.Of(moved[0], 2)
 	stale := runProxy(t, sf.shards[old][0], moved[0])

@@ -9,7 +9,11 @@ import (
 	"fmt"
 	"hash/fnv"
 	"net"
+	"slices"
 	"strconv"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/scopeplane/scopeplane/xds/model"
 )
@@ -38,8 +42,8 @@ func (s Shards) Owns(key model.Key) bool { return Of(key, s.Count()) == s.Index 
 // Address is shard i's xDS address.
 func (s Shards) Address(i int) string { return s.Addresses[i] }
 
-// Check refuses an index outside the shards and addresses that are not
-// host:port.
+// Check refuses an index outside the shards, addresses that are not
+// host:port of an IP or a DNS name, and an address given to two shards.
 func (s Shards) Check() error {
 	if s.Index < 0 || s.Index >= s.Count() {
 		return fmt.Errorf("shard %d is not one of the %d shards (0 to %d)", s.Index, s.Count(), s.Count()-1)
@@ -49,8 +53,13 @@ func (s Shards) Check() error {
 		if err != nil {
 			return fmt.Errorf("shard %d's xDS address %q: %w", i, a, err)
 		}
-		if host == "" {
-			return fmt.Errorf("shard %d's xDS address %q names no host", i, a)
+		if net.ParseIP(host) == nil {
+			if errs := validation.IsDNS1123Subdomain(host); len(errs) > 0 {
+				return fmt.Errorf("shard %d's xDS address %q: the host is neither an IP nor a DNS name: %s", i, a, strings.Join(errs, "; "))
+			}
+		}
+		if j := slices.Index(s.Addresses, a); j < i {
+			return fmt.Errorf("shards %d and %d have the same xDS address %q: each shard is reached at its own", j, i, a)
 		}
 		if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
 			return fmt.Errorf("shard %d's xDS address %q: the port is not 1-65535", i, a)

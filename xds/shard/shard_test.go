@@ -113,6 +113,9 @@ func TestShardsOwnAndCheck(t *testing.T) {
 		{Addresses: []string{"xds-0:18000", "xds-1"}},
 		{Addresses: []string{":18000", "x:1"}},
 		{Addresses: []string{"a:0", "b:1"}},
+		{Addresses: []string{"a:1", " b:1"}},
+		{Addresses: []string{"a:1", "bad host!:1"}},
+		{Addresses: []string{"a:1", "b:1", "a:1"}},
 	} {
 		if err := bad.Check(); err == nil {
 			t.Errorf("%+v passed the check", bad)
