@@ -69,9 +69,8 @@ type Options struct {
 	// its shard only, refuses the others' proxies with their shard's
 	// address, and its shard elects a leader of its own (shard 0 for
 	// LeaderElection.ID's Lease, shard K for "<ID>-shard-K"), which writes
-	// the status and
-	// bootstrap ConfigMaps of the shard's scopes. Shard 0's leader also
-	// writes the routes' status. The zero value is one shard.
+	// the status and bootstrap ConfigMaps of the shard's scopes. Shard 0's
+	// leader also writes the routes' status. The zero value is one shard.
 	Shards shard.Shards
 	// StatusWindow coalesces changes into status writes, per burst.
 	StatusWindow time.Duration
@@ -349,10 +348,11 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) (*ControlPlane, 
 		// The routes' entries are written at the scopes' status pace,
 		// from the same limiter, by one shard: they are computed from the
 		// routes and Services, which every shard reads whole.
-		for _, k := range routeKinds {
-			if opts.Shards.Index != 0 {
-				break
-			}
+		routeWriters := routeKinds
+		if opts.Shards.Index != 0 {
+			routeWriters = nil
+		}
+		for _, k := range routeWriters {
 			if err := (&routestatus.Reconciler{
 				Kind: k, Client: m.GetClient(), APIReader: m.GetAPIReader(), ControllerName: opts.RouteControllerName, Consent: routeConsent,
 				Kinds: routeKinds, Grants: cp.Sync.GrantsWatched(), Omissions: translate.ProxylessOmissions, Invalid: translate.InvalidEntries, Writes: writes, Workers: status.Workers(float64(writes.Limit())),
