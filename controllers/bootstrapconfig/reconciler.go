@@ -67,9 +67,12 @@ type Reconciler struct {
 	// Started is when this replica started. While the shard count changes,
 	// replicas of both counts run, and a scope that moves has a leader of
 	// each: a ConfigMap written under another count by a replica started
-	// later is left as it is (see layoutNewer), so that the newest count's
-	// bootstrap stands instead of the two leaders rewriting it in turn.
+	// later is left as it is for a while (see deferral), so that the
+	// newest count's bootstrap stands instead of the two leaders rewriting
+	// it in turn.
 	Started time.Time
+	// Now is the clock (time.Now when nil).
+	Now func() time.Time
 	// Conflicts records the scopes whose ConfigMap name is taken, for the
 	// status.
 	Conflicts *Conflicts
@@ -92,6 +95,9 @@ type Reconciler struct {
 	// keyMu guards key, the install's published key (tlsOnlyKey).
 	keyMu sync.Mutex
 	key   []byte
+	// deferred holds, per scope, when this replica first left its
+	// ConfigMap to a newer count's replica (deferral).
+	deferred sync.Map
 }
 
 // writes reports whether this replica writes the ConfigMap of the scope
@@ -224,11 +230,15 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		}
 	} else if err != nil && !apierrors.IsNotFound(err) {
 		return ctrl.Result{}, err
-	} else if err == nil && r.layoutNewer(cm) {
-		return ctrl.Result{}, nil
+	} else if err == nil {
+		if wait := r.deferral(key, cm); wait > 0 {
+			return ctrl.Result{RequeueAfter: wait}, nil
+		}
 	}
-	// Written before, naming another address: the scope moved here.
-	moved := r.Shards.Sharded() && cm.Data[bootstrap.GRPCKey] != "" && !strings.Contains(cm.Data[bootstrap.GRPCKey], strconv.Quote(r.XDSServer))
+	// Written before under shards, naming another address: the scope
+	// moved here.
+	sharded := r.Shards.Sharded() || cm.Annotations[ShardsAnnotation] != ""
+	moved := sharded && cm.Data[bootstrap.GRPCKey] != "" && !strings.Contains(cm.Data[bootstrap.GRPCKey], strconv.Quote(r.XDSServer))
 	_, err = controllerutil.CreateOrUpdate(ctx, r.Client, cm, func() error {
 		if cm.Labels == nil {
 			cm.Labels = map[string]string{}
@@ -278,51 +288,70 @@ const ShardMovedReason = "ShardMoved"
 
 // The annotations that say under which shard count a ConfigMap was last
 // written, and when the first replica to write it under that count
-// started; unsharded ConfigMaps carry neither.
+// started; ConfigMaps only ever written unsharded carry neither.
 const (
 	ShardsAnnotation        = "scopeplane.dev/shards"
 	WriterStartedAnnotation = "scopeplane.dev/writer-started"
 )
 
-// layoutNewer reports whether cm was written under another shard count by
-// a replica that started after this one: during a change of the count
-// (a rollout), the newest count's replicas are the later ones, and the old
-// ones, about to stop, leave their bootstraps alone.
-func (r *Reconciler) layoutNewer(cm *corev1.ConfigMap) bool {
-	if cm.Annotations[ShardsAnnotation] == r.layout() {
-		return false
-	}
+// LayoutDefer bounds how long a replica leaves a scope's ConfigMap to a
+// replica of another shard count that started after it: longer than a
+// rollout takes to stop the old count's replicas, after which the
+// deferring replica writes anyway. A count that outlives it (a rollout
+// stuck or aborted, a stamp left by a replica gone since, or written by
+// hand) costs one rewrite per LayoutDefer, never a frozen bootstrap.
+const LayoutDefer = 2 * time.Minute
+
+// stampSkew is how far in this replica's future a stamp's start may be
+// (the clocks of two nodes differ) before it is taken for no stamp.
+const stampSkew = time.Minute
+
+// deferral is how much longer this replica leaves cm, the ConfigMap of
+// key, as it is: while cm was written under another shard count by a
+// replica that started after this one, for at most LayoutDefer from when
+// this replica first found it so. During a change of the count (a
+// rollout) the newest count's replicas are the later ones, and the old
+// ones, about to stop, leave their bootstraps alone. A ConfigMap without a
+// stamp was written unsharded.
+func (r *Reconciler) deferral(key model.Key, cm *corev1.ConfigMap) time.Duration {
+	now := r.now()
 	started, err := time.Parse(time.RFC3339Nano, cm.Annotations[WriterStartedAnnotation])
-	return err == nil && started.After(r.Started)
-}
-
-// layout is this replica's shard count as ShardsAnnotation says it, ""
-// unsharded.
-func (r *Reconciler) layout() string {
-	if !r.Shards.Sharded() {
-		return ""
+	if cmp.Or(cm.Annotations[ShardsAnnotation], "1") == r.layout() || err != nil || !started.After(r.Started) || started.After(now.Add(stampSkew)) {
+		r.deferred.Delete(key)
+		return 0
 	}
-	return strconv.Itoa(r.Shards.Count())
+	first, _ := r.deferred.LoadOrStore(key, now)
+	if left := LayoutDefer - now.Sub(first.(time.Time)); left > 0 {
+		return left
+	}
+	r.deferred.Delete(key)
+	return 0
 }
 
-// stampLayout marks cm as written under this replica's shard count: with
-// shards, the count and, when it changes, this replica's start; unsharded,
-// neither. A write under the same count keeps the stamp, so that leaders
-// taking turns do not rewrite every ConfigMap.
+func (r *Reconciler) now() time.Time {
+	if r.Now != nil {
+		return r.Now()
+	}
+	return time.Now()
+}
+
+// layout is this replica's shard count as ShardsAnnotation says it.
+func (r *Reconciler) layout() string { return strconv.Itoa(r.Shards.Count()) }
+
+// stampLayout marks cm as written under this replica's shard count: the
+// count and, when it changes, this replica's start. A write under the same
+// count keeps the stamp, so that leaders taking turns do not rewrite every
+// ConfigMap, and an unsharded replica leaves a ConfigMap that never had a
+// stamp without one.
 func (r *Reconciler) stampLayout(cm *corev1.ConfigMap) {
-	layout := r.layout()
-	if cm.Annotations[ShardsAnnotation] == layout && (layout == "" || cm.Annotations[WriterStartedAnnotation] != "") {
-		return
-	}
-	if layout == "" {
-		delete(cm.Annotations, ShardsAnnotation)
-		delete(cm.Annotations, WriterStartedAnnotation)
+	theirs := cm.Annotations[ShardsAnnotation]
+	if cmp.Or(theirs, "1") == r.layout() && (theirs == "" || cm.Annotations[WriterStartedAnnotation] != "") {
 		return
 	}
 	if cm.Annotations == nil {
 		cm.Annotations = map[string]string{}
 	}
-	cm.Annotations[ShardsAnnotation] = layout
+	cm.Annotations[ShardsAnnotation] = r.layout()
 	cm.Annotations[WriterStartedAnnotation] = r.Started.UTC().Format(time.RFC3339Nano)
 }
 

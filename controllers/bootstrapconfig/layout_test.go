@@ -1,0 +1,81 @@
+package bootstrapconfig
+
+import (
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/scopeplane/scopeplane/xds/model"
+	"github.com/scopeplane/scopeplane/xds/shard"
+)
+
+// The stamps of the shard counts, as two replicas of two counts write
+// them in turn: the newer-started count's stands, the older replica leaves
+// it for at most LayoutDefer, an unsharded install never gets a stamp,
+// and a stamp dated in the future is no stamp.
+func TestLayoutStamps(t *testing.T) {
+	t0 := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	now := t0.Add(time.Hour)
+	clock := func() time.Time { return now }
+	key := model.Key{Namespace: "shop", Name: "edge"}
+	replica := func(count int, started time.Time) *Reconciler {
+		s := shard.Shards{}
+		for i := range count {
+			if count > 1 {
+				s.Addresses = append(s.Addresses, "xds-"+string(rune('0'+i))+":18000")
+			}
+		}
+		return &Reconciler{Shards: s, Started: started, Now: clock}
+	}
+	unsharded, oldTwo := replica(1, t0.Add(30*time.Minute)), replica(2, t0)
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "b"}}
+
+	// An unsharded install writes no stamp, and defers to none.
+	unsharded.stampLayout(cm)
+	if len(cm.Annotations) != 0 || unsharded.deferral(key, cm) != 0 {
+		t.Fatalf("unsharded: annotations %v", cm.Annotations)
+	}
+	// Sharding turned off: a replica of two shards wrote it, and the
+	// unsharded replica, started later, writes over it and stamps "1".
+	oldTwo.stampLayout(cm)
+	if cm.Annotations[ShardsAnnotation] != "2" {
+		t.Fatalf("count 2 stamped %v", cm.Annotations)
+	}
+	if d := unsharded.deferral(key, cm); d != 0 {
+		t.Fatalf("the later unsharded replica defers %v to an older count", d)
+	}
+	unsharded.stampLayout(cm)
+	if cm.Annotations[ShardsAnnotation] != "1" || cm.Annotations[WriterStartedAnnotation] != unsharded.Started.Format(time.RFC3339Nano) {
+		t.Fatalf("the unsharded replica over another count stamped %v", cm.Annotations)
+	}
+	// The older count's replica leaves it, for LayoutDefer at most.
+	if d := oldTwo.deferral(key, cm); d != LayoutDefer {
+		t.Fatalf("the older count defers %v, want %v", d, LayoutDefer)
+	}
+	now = now.Add(LayoutDefer / 2)
+	if d := oldTwo.deferral(key, cm); d != LayoutDefer/2 {
+		t.Fatalf("half way, the older count defers %v more, want %v", d, LayoutDefer/2)
+	}
+	now = now.Add(LayoutDefer / 2)
+	if d := oldTwo.deferral(key, cm); d != 0 {
+		t.Fatalf("after LayoutDefer, the older count still defers %v", d)
+	}
+	// Same count, another leader of it: no deferral, the stamp kept.
+	same := replica(1, t0.Add(50*time.Minute))
+	before := cm.Annotations[WriterStartedAnnotation]
+	if d := same.deferral(key, cm); d != 0 {
+		t.Fatalf("a leader of the same count defers %v", d)
+	}
+	if same.stampLayout(cm); cm.Annotations[WriterStartedAnnotation] != before {
+		t.Fatalf("a leader of the same count restamped %v", cm.Annotations)
+	}
+	// A stamp dated beyond the skew in the future (a clock gone wrong, or
+	// a hand's edit) is no stamp.
+	cm.Annotations[ShardsAnnotation] = "7"
+	cm.Annotations[WriterStartedAnnotation] = now.Add(stampSkew + time.Second).Format(time.RFC3339Nano)
+	if d := oldTwo.deferral(key, cm); d != 0 {
+		t.Fatalf("a future stamp deferred %v", d)
+	}
+}
