@@ -499,14 +499,15 @@ func (cp *ControlPlane) Ready(req *http.Request) error {
 
 // otherShardsAdmit reports whether a ProxyScope of another shard than
 // shards', read from the cache, which holds every shard's, admits id by its
-// peer address.
+// peer address. It reads the cache's objects in place: it runs for streams
+// that no scope of this replica admits, and copies nothing per stream.
 func otherShardsAdmit(reader client.Reader, shards shard.Shards) func(*auth.Identity) bool {
 	return func(id *auth.Identity) bool {
 		if id.Namespace == "" {
 			return false
 		}
 		list := &xdsv1alpha1.ProxyScopeList{}
-		if err := reader.List(context.Background(), list, client.InNamespace(id.Namespace)); err != nil {
+		if err := reader.List(context.Background(), list, client.InNamespace(id.Namespace), client.UnsafeDisableDeepCopy); err != nil {
 			return false
 		}
 		for i := range list.Items {
