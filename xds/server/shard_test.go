@@ -39,18 +39,17 @@ func scopeOfShard(want, count int) model.Key {
 	}
 }
 
-// TestStreamOfAnotherShardIsToldWhereToGo serves as shard 1 of 3. A stream
-// naming a scope of shard 2 is refused with FailedPrecondition naming shard
-// 2's address, and counted WrongShard for no scope, even when no such
-// scope exists here; a stream of shard 1's scope is served.
-func TestStreamOfAnotherShardIsToldWhereToGo(t *testing.T) {
-	shards := shard.Shards{Index: 1, Addresses: []string{"xds-0.system.svc:18000", "xds-1.system.svc:18000", "xds-2.system.svc:18000"}}
-	p := pipeline.New(pipeline.Options{Server: server.Options{Authenticator: &auth.Authenticator{AllowAnonymous: true}, Shards: shards}})
-	own, other := scopeOfShard(1, 3), scopeOfShard(2, 3)
+// shardPlane serves, in plaintext to anonymous proxies, shard opts.Shards
+// holding scope own, which selects namespace shop with Service one; open
+// opens a SotW stream naming a scope and returns how it ends: nil when it
+// is answered.
+func shardPlane(t *testing.T, opts server.Options, own model.Key) (p *pipeline.Pipeline, open func(model.Key) error) {
+	t.Helper()
+	opts.Authenticator = &auth.Authenticator{AllowAnonymous: true}
+	p = pipeline.New(pipeline.Options{Server: opts})
 	p.Catalog.UpsertService(testkit.Service("shop", "one", "10.0.0.1"))
-	sc := &model.Scope{Key: own, Protocol: model.SotW, Listener: model.Listener{Mode: model.ListenerEnvoy, Port: 10080},
-		Selections: []model.Selection{{Namespace: "shop", Selector: labels.Everything()}}}
-	p.Catalog.UpsertScope(sc)
+	p.Catalog.UpsertScope(&model.Scope{Key: own, Protocol: model.SotW, Listener: model.Listener{Mode: model.ListenerEnvoy, Port: 10080},
+		Selections: []model.Selection{{Namespace: "shop", Selector: labels.Everything()}}})
 	p.Sync()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -64,7 +63,7 @@ func TestStreamOfAnotherShardIsToldWhereToGo(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = conn.Close() })
-	open := func(key model.Key) error {
+	return p, func(key model.Key) error {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		s, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
@@ -77,6 +76,15 @@ func TestStreamOfAnotherShardIsToldWhereToGo(t *testing.T) {
 		_, err = s.Recv()
 		return err
 	}
+}
+
+// TestStreamOfAnotherShardIsToldWhereToGo serves as shard 1 of 3. A stream
+// naming a scope of shard 2 is refused with FailedPrecondition naming shard
+// 2's address, and counted WrongShard for no scope, even when no such
+// scope exists here; a stream of shard 1's scope is served.
+func TestStreamOfAnotherShardIsToldWhereToGo(t *testing.T) {
+	own, other := scopeOfShard(1, 3), scopeOfShard(2, 3)
+	p, open := shardPlane(t, server.Options{Shards: shard.Shards{Index: 1, Addresses: []string{"xds-0.system.svc:18000", "xds-1.system.svc:18000", "xds-2.system.svc:18000"}}}, own)
 	if err := open(own); err != nil {
 		t.Fatalf("a stream of this shard's scope %s: %v", own, err)
 	}
@@ -135,38 +143,8 @@ func TestPeerAddressProxyOfAnotherShardIsToldWhereToGo(t *testing.T) {
 // back, so that proxies left on the wrong shard, which retry for as long as
 // they run, do not keep the shard's own proxies out.
 func TestStreamOfAnotherShardGivesItsPaceBack(t *testing.T) {
-	shards := shard.Shards{Index: 1, Addresses: []string{"xds-0:18000", "xds-1:18000"}}
-	p := pipeline.New(pipeline.Options{Server: server.Options{Authenticator: &auth.Authenticator{AllowAnonymous: true}, Shards: shards,
-		NewStreamsPerSecond: 1e-4, NewStreamsBurst: 1}})
 	own, other := scopeOfShard(1, 2), scopeOfShard(0, 2)
-	p.Catalog.UpsertScope(&model.Scope{Key: own, Protocol: model.SotW, Listener: model.Listener{Mode: model.ListenerEnvoy, Port: 10080},
-		Selections: []model.Selection{{Namespace: "shop", Selector: labels.Everything()}}})
-	p.Sync()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	go func() { _ = p.Server.ServeListener(ctx, lis) }()
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
-	open := func(key model.Key) error {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		s, err := discoveryv3.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := s.Send(&discoveryv3.DiscoveryRequest{Node: testkit.Node("n", key.String()), TypeUrl: xdstype.Cluster.URL()}); err != nil && !errors.Is(err, io.EOF) {
-			t.Fatal(err)
-		}
-		_, err = s.Recv()
-		return err
-	}
+	_, open := shardPlane(t, server.Options{Shards: shard.Shards{Index: 1, Addresses: []string{"xds-0:18000", "xds-1:18000"}}, NewStreamsPerSecond: 1e-4, NewStreamsBurst: 1}, own)
 	if code := status.Code(open(other)); code != codes.FailedPrecondition {
 		t.Fatalf("the other shard's stream ended with %v, want FailedPrecondition", code)
 	}
