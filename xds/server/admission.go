@@ -239,10 +239,12 @@ func notAdmitted(value string, id *auth.Identity) error {
 // Refusals quote what the proxy sent only through clip.Quote. Until a
 // scope admits id, refusals are counted globally and say nothing about the
 // scope. A stream of another shard's scope gives its share of the pace
-// back (paid: it spent one): proxies left on the wrong shard by a change
-// of the shard count retry for as long as they run, and must not use up
-// the pace of the shard's own proxies.
-func (s *Server) resolve(node *corev3.Node, p model.Protocol, id *auth.Identity, paid bool) (model.Key, *snapshot.Snapshot, error) {
+// back (paid: it spent one), since proxies left on the wrong shard by a
+// change of the shard count retry for as long as they run and must not use
+// up the pace of the shard's own proxies; it spends its address's budget
+// of failed streams instead, as a stream that fails authentication does,
+// so that a client cannot open such streams without bound.
+func (s *Server) resolve(ctx context.Context, node *corev3.Node, p model.Protocol, id *auth.Identity, paid bool) (model.Key, *snapshot.Snapshot, error) {
 	if err := s.checkNode(node); err != nil {
 		return model.Key{}, nil, err
 	}
@@ -264,6 +266,7 @@ func (s *Server) resolve(node *corev3.Node, p model.Protocol, id *auth.Identity,
 		if paid {
 			s.givePaceBack()
 		}
+		s.unauthenticated.Spend(s.peerIP(ctx))
 		s.fb.Refuse(model.Key{}, RefusedWrongShard)
 		return model.Key{}, nil, wrongShard(key, s.opts.Shards)
 	}

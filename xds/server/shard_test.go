@@ -155,3 +155,24 @@ func TestStreamOfAnotherShardGivesItsPaceBack(t *testing.T) {
 		t.Errorf("a second stream of this shard ended with %v, want ResourceExhausted: the pace is spent", code)
 	}
 }
+
+// TestStreamsOfAnotherShardSpendTheAddressBudget opens, from one address,
+// streams of another shard's scope: each spends the address's budget of
+// failed streams, as a failed authentication does, so that with the
+// replica's pace given back a client still cannot open them without bound.
+func TestStreamsOfAnotherShardSpendTheAddressBudget(t *testing.T) {
+	own, other := scopeOfShard(1, 2), scopeOfShard(0, 2)
+	p, open := shardPlane(t, server.Options{Shards: shard.Shards{Index: 1, Addresses: []string{"xds-0:18000", "xds-1:18000"}},
+		UnauthenticatedStreamsPerPeerPerSecond: 1e-4, UnauthenticatedStreamsPerPeerBurst: 2}, own)
+	for i := range 2 {
+		if code := status.Code(open(other)); code != codes.FailedPrecondition {
+			t.Fatalf("the other shard's stream %d ended with %v, want FailedPrecondition", i+1, code)
+		}
+	}
+	if code := status.Code(open(other)); code != codes.ResourceExhausted {
+		t.Fatalf("a third stream of the other shard ended with %v, want ResourceExhausted: the address spent its budget", code)
+	}
+	if n := p.Feedback.Get(model.Key{}).Refused[server.RefusedPeerPaced]; n != 1 {
+		t.Errorf("refusals %v, want one %s", p.Feedback.Get(model.Key{}).Refused, server.RefusedPeerPaced)
+	}
+}

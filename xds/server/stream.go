@@ -210,7 +210,7 @@ func serve[Req request](s *Server, p model.Protocol, srv interface {
 		return s.shedError()
 	}
 	// The node is on the first request (the only one, in delta).
-	key, sc, err := s.resolve(first.GetNode(), p, id, paid)
+	key, sc, err := s.resolve(ctx, first.GetNode(), p, id, paid)
 	if err != nil {
 		return err
 	}
