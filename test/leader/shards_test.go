@@ -139,6 +139,26 @@ func (sf *shardedFleet) oneLeaderPerShard() (bool, string) {
 	return true, ""
 }
 
+// createScopes creates n SotW scopes of f's namespace, scope-0 to
+// scope-<n-1>, each selecting the fleet's Services, and returns their keys.
+func createScopes(t *testing.T, f *fleet, n int) []model.Key {
+	t.Helper()
+	var keys []model.Key
+	for i := range n {
+		k := model.Key{Namespace: f.ns, Name: fmt.Sprintf("scope-%d", i)}
+		ps := &xdsv1alpha1.ProxyScope{ObjectMeta: metav1.ObjectMeta{Namespace: k.Namespace, Name: k.Name}, Spec: xdsv1alpha1.ProxyScopeSpec{
+			Protocol: xdsv1alpha1.ProtocolSotW,
+			Services: []xdsv1alpha1.ServiceSelection{{Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "fleet"}}}},
+			Listener: xdsv1alpha1.ListenerSpec{Mode: xdsv1alpha1.ListenerModeEnvoy, Port: ptr.To[int32](10080)},
+		}}
+		if err := f.env.Client.Create(context.Background(), ps); err != nil {
+			t.Fatal(err)
+		}
+		keys = append(keys, k)
+	}
+	return keys
+}
+
 // runProxy runs a SotW proxy of scope k on r until the test ends, and
 // returns it.
 func runProxy(t *testing.T, r *replica, k model.Key) *adsclient.Client {
@@ -168,18 +188,7 @@ func TestShardsDivideTheScopes(t *testing.T) {
 	for _, n := range scopeNames {
 		sf.keys = append(sf.keys, model.Key{Namespace: f.ns, Name: n})
 	}
-	for i := range 10 {
-		k := model.Key{Namespace: f.ns, Name: fmt.Sprintf("scope-%d", i)}
-		ps := &xdsv1alpha1.ProxyScope{ObjectMeta: metav1.ObjectMeta{Namespace: k.Namespace, Name: k.Name}, Spec: xdsv1alpha1.ProxyScopeSpec{
-			Protocol: xdsv1alpha1.ProtocolSotW,
-			Services: []xdsv1alpha1.ServiceSelection{{Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "fleet"}}}},
-			Listener: xdsv1alpha1.ListenerSpec{Mode: xdsv1alpha1.ListenerModeEnvoy, Port: ptr.To[int32](10080)},
-		}}
-		if err := env.Client.Create(context.Background(), ps); err != nil {
-			t.Fatal(err)
-		}
-		sf.keys = append(sf.keys, k)
-	}
+	sf.keys = append(sf.keys, createScopes(t, f, 10)...)
 	var of [2][]model.Key // the scopes of each shard, of two
 	for _, k := range sf.keys {
 		of[shard.Of(k, 2)] = append(of[shard.Of(k, 2)], k)
@@ -282,18 +291,7 @@ func TestShardCountChangeOverlap(t *testing.T) {
 	env := startEnv(t)
 	f := newFleet(t, env, "overlap", []string{"web"}, nil)
 	old := &shardedFleet{t: t, f: f}
-	for i := range 12 {
-		k := model.Key{Namespace: f.ns, Name: fmt.Sprintf("scope-%d", i)}
-		ps := &xdsv1alpha1.ProxyScope{ObjectMeta: metav1.ObjectMeta{Namespace: k.Namespace, Name: k.Name}, Spec: xdsv1alpha1.ProxyScopeSpec{
-			Protocol: xdsv1alpha1.ProtocolSotW,
-			Services: []xdsv1alpha1.ServiceSelection{{Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "fleet"}}}},
-			Listener: xdsv1alpha1.ListenerSpec{Mode: xdsv1alpha1.ListenerModeEnvoy, Port: ptr.To[int32](10080)},
-		}}
-		if err := env.Client.Create(context.Background(), ps); err != nil {
-			t.Fatal(err)
-		}
-		old.keys = append(old.keys, k)
-	}
+	old.keys = createScopes(t, f, 12)
 	old.startShards([][]string{{"old-a"}, {"old-b"}})
 	testkit.Eventually(t, "every bootstrap naming its shard of two", old.bootstrapsNameTheirShards)
 
