@@ -13,6 +13,8 @@ import (
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"golang.org/x/net/http2"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/scopeplane/scopeplane/internal/testkit"
 	"github.com/scopeplane/scopeplane/xds/adsclient"
@@ -26,7 +28,12 @@ import (
 func tenant(i int) string   { return fmt.Sprintf("127.0.7.%d", i+1) }
 func stranger(i int) string { return fmt.Sprintf("127.0.8.%d", i+1) }
 
-const tenants = 20
+// tenants is how many tenant addresses hold a Pod; the rows of many
+// streams per address use the first crowd of them.
+const (
+	tenants = 60
+	crowd   = 20
+)
 
 // fastSendProfile is peerAddressProfile with a send timeout of
 // fastSendTimeout, for the row of streams that cannot be written to.
@@ -73,17 +80,17 @@ const stalledSize = 4 << 20
 var stalledBody = make([]byte, stalledSize-1000)
 
 // stallAll opens a connection from each of addrs addresses (at(i)) with
-// 32 SotW streams each, which send their first request (none when first is
+// streams SotW streams each, which send their first request (none when first is
 // nil) and then a message stalled 1,000 bytes short (stalled); it returns
 // once each stream stalled or was refused or ended.
-func stallAll(t *testing.T, addr string, addrs int, at func(int) string, first func(a, i int) []byte) attackRun {
+func stallAll(t *testing.T, addr string, addrs, streams int, at func(int) string, first func(a, i int) []byte) attackRun {
 	var taken, refused atomic.Int64
 	var conns []*h2conn
 	var wg sync.WaitGroup
 	for a := range addrs {
 		h := dialH2(t, at(a), addr, false, time.Now().Add(2*testkit.Timeout))
 		conns = append(conns, h)
-		for i := range 32 {
+		for i := range streams {
 			id, err := h.open(sotwHeaders(addr))
 			if err != nil {
 				break
@@ -105,6 +112,13 @@ func stallAll(t *testing.T, addr string, addrs int, at func(int) string, first f
 			h.close()
 		}
 	}}
+}
+
+// admittedFirst is the first request of a tenant's stream i on its a-th
+// address, which its scope admits.
+func admittedFirst(a, i int) []byte {
+	return grpcMessage(&discoveryv3.DiscoveryRequest{Node: node(fmt.Sprintf("tenant-%d-%d", a, i), "default/sotw"),
+		TypeUrl: xdstype.Cluster.URL(), ResourceNames: []string{"default/svc-0000:80"}})
 }
 
 // attackRun is what a row's attack left running: how it ended so far and
@@ -203,7 +217,7 @@ func TestBudgetUnderTheChartsMemoryLimit(t *testing.T) {
 
 	t.Run("no credential, 4 MB first requests stalled", func(t *testing.T) {
 		add(budgetRow(t, peerAddressProfile, "6 addresses without a Pod × 32 streams, 4 MB first requests stalled 1,000 bytes short", func(addr string) attackRun {
-			return stallAll(t, addr, 6, stranger, nil)
+			return stallAll(t, addr, 6, 32, stranger, nil)
 		}))
 	})
 
@@ -252,10 +266,13 @@ func TestBudgetUnderTheChartsMemoryLimit(t *testing.T) {
 
 	t.Run("admitted clients, 4 MB requests stalled", func(t *testing.T) {
 		add(budgetRow(t, peerAddressProfile, "20 admitted addresses × 32 streams, 4 MB requests stalled 1,000 bytes short", func(addr string) attackRun {
-			return stallAll(t, addr, tenants, tenant, func(a, i int) []byte {
-				return grpcMessage(&discoveryv3.DiscoveryRequest{Node: node(fmt.Sprintf("tenant-%d-%d", a, i), "default/sotw"),
-					TypeUrl: xdstype.Cluster.URL(), ResourceNames: []string{"default/svc-0000:80"}})
-			})
+			return stallAll(t, addr, crowd, 32, tenant, admittedFirst)
+		}))
+	})
+
+	t.Run("admitted clients of one stream each, 4 MB requests stalled", func(t *testing.T) {
+		add(budgetRow(t, peerAddressProfile, "60 admitted addresses × 1 stream, 4 MB requests stalled 1,000 bytes short", func(addr string) attackRun {
+			return stallAll(t, addr, tenants, 1, tenant, admittedFirst)
 		}))
 	})
 
@@ -264,7 +281,7 @@ func TestBudgetUnderTheChartsMemoryLimit(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			var wg sync.WaitGroup
 			var conns []*h2conn
-			for a := range tenants {
+			for a := range crowd {
 				h := dialH2(t, tenant(a), addr, true, time.Now().Add(2*testkit.Timeout))
 				conns = append(conns, h)
 				var ids []uint32
@@ -318,4 +335,42 @@ func TestBudgetUnderTheChartsMemoryLimit(t *testing.T) {
 			}}
 		}))
 	})
+}
+
+// TestBudgetEndsNoProxyForTheReplicasOwnHeap has the confined server hold
+// more heap of its own than its budget, as a world grown after the first
+// build does: the budget must refuse new streams, and must not end the
+// connected proxy's, which holds nothing that ending it would give back.
+// Before, a proxy holding one stream was ended for any heap over the
+// budget, the newest first: with nothing else open, this one.
+func TestBudgetEndsNoProxyForTheReplicasOwnHeap(t *testing.T) {
+	cg := memoryCgroup(t, chartMemoryLimit)
+	c := startConfined(t, cg, anonymousProfile)
+	c.push("before the heap grew")
+	c.hold(chartGoMemLimit / 2 >> 20) // 230 MiB: the budget is a third of the Go limit
+	conn := c.dial()
+	defer func() { _ = conn.Close() }()
+	ads := discoveryv3.NewAggregatedDiscoveryServiceClient(conn)
+	testkit.Eventually(t, "a new stream refused for the memory budget", func() (bool, string) {
+		ctx, cancel := context.WithTimeout(context.Background(), testkit.Timeout)
+		defer cancel()
+		s, err := ads.StreamAggregatedResources(ctx)
+		if err == nil {
+			err = s.Send(&discoveryv3.DiscoveryRequest{Node: node("refused", "default/sotw"), TypeUrl: xdstype.Cluster.URL()})
+		}
+		if err == nil {
+			_, err = s.Recv()
+		}
+		return status.Code(err) == codes.ResourceExhausted && strings.Contains(status.Convert(err).Message(), "--xds-memory-budget"), fmt.Sprint(err)
+	})
+	// The budget decides every 50 ms while over, and again a second after
+	// it ended streams: give it several decisions.
+	time.Sleep(3 * time.Second)
+	c.alive("while the heap is over the budget")
+	if err := c.proxy.Err(); err != nil {
+		t.Fatalf("the connected proxy's stream ended while the replica's own heap was over the budget: %v", err)
+	}
+	c.push("while the heap is over the budget")
+	c.hold(0)
+	c.join("once the heap is back")
 }

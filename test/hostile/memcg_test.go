@@ -206,6 +206,15 @@ func (c *confined) push(row string) time.Duration {
 	return time.Since(start)
 }
 
+// hold has the server hold mib MiB of live heap of its own, in place of
+// what it held for the previous hold.
+func (c *confined) hold(mib int) {
+	c.t.Helper()
+	if _, err := fmt.Fprintf(c.stdin, "hold %d\n", mib); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
 // alive fails the test when the server exited (the OOM killer's SIGKILL
 // included) or the cgroup counts an OOM kill.
 func (c *confined) alive(row string) {
@@ -378,5 +387,29 @@ func TestConfinedServer(t *testing.T) {
 			p.Catalog.UpsertService(testkit.Service("default", name, "10.0.1.1"))
 			p.Sync()
 		}
+		if mib, ok := strings.CutPrefix(strings.TrimSpace(line), "hold "); ok {
+			n, err := strconv.Atoi(mib)
+			if err != nil {
+				t.Fatal(err)
+			}
+			held = hold(n)
+		}
 	}
+}
+
+// held is what the confined server holds for a "hold <MiB>" line.
+var held [][]byte
+
+// hold allocates mib MiB that stay live, every page written so that they
+// are resident: the heap a replica holds of its own, as a world that grew
+// after the first build does.
+func hold(mib int) [][]byte {
+	h := make([][]byte, mib)
+	for i := range h {
+		h[i] = make([]byte, 1<<20)
+		for j := 0; j < len(h[i]); j += 4096 {
+			h[i][j] = 1
+		}
+	}
+	return h
 }

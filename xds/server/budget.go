@@ -1,6 +1,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"math"
 	"runtime"
@@ -65,9 +66,12 @@ const (
 //     not yet admitted to a scope (still waiting for or reading its first
 //     request); then every stream but the oldest of each client (identity
 //     at one address) holding more than one. A proxy holding one
-//     stream is ended only when no client holds more, the newest first.
-//     Ending a stream frees its request in assembly and what the transport
-//     queued for it.
+//     stream is ended only when no client holds more, and only for what
+//     it holds: its connection read more than ConnectionHeap of a request
+//     not yet decoded (conn.unread), the most first. Ending a stream frees
+//     its request in assembly and what the transport queued for it; a
+//     proxy that sends nothing holds neither, and ending it would free
+//     nothing.
 //
 // The floor is the world measured once the first build is served (the
 // live heap then, less its connections: streams are refused before it) and
@@ -77,10 +81,10 @@ const (
 // ConnectionHeap for each connection open now. An admitted proxy's
 // push is never refused: the budget only ends streams and refuses new ones.
 type memoryBudget struct {
-	budget, perStream int64
-	read              func() (live, objects, cycles uint64)
-	gc                func()
-	conns             func() int
+	budget int64
+	read   func() (live, objects, cycles uint64)
+	gc     func()
+	conns  func() int
 
 	over  atomic.Bool
 	world atomic.Int64 // the world's live heap, in the floor
@@ -89,9 +93,11 @@ type memoryBudget struct {
 	streams map[*holder]struct{}
 }
 
-// holder is one stream as the budget sees it; shed is closed to end it.
+// holder is one stream as the budget sees it, on its connection (nil when
+// the server did not register it); shed is closed to end it.
 type holder struct {
 	client   string
+	conn     *conn
 	opened   time.Time
 	admitted bool // guarded by memoryBudget.mu
 	shed     chan struct{}
@@ -99,9 +105,9 @@ type holder struct {
 
 // newMemoryBudget returns the budget of budget bytes of live heap above
 // the floor (none when budget is zero or less), counting conns() open
-// connections in the floor and shedding streams as perStream bytes each.
-func newMemoryBudget(budget, perStream int64, conns func() int) *memoryBudget {
-	return &memoryBudget{budget: budget, perStream: perStream, read: readHeap, gc: runtime.GC, conns: conns, streams: map[*holder]struct{}{}}
+// connections in the floor.
+func newMemoryBudget(budget int64, conns func() int) *memoryBudget {
+	return &memoryBudget{budget: budget, read: readHeap, gc: runtime.GC, conns: conns, streams: map[*holder]struct{}{}}
 }
 
 // defaultMemoryBudget is memoryBudgetShare of the Go memory limit, or zero
@@ -223,13 +229,13 @@ func (b *memoryBudget) open() int {
 	return len(b.streams)
 }
 
-// take registers a new stream of client, or refuses it while the heap is
-// above the budget.
-func (b *memoryBudget) take(client string) (*holder, error) {
+// take registers a new stream of client on c, or refuses it while the
+// heap is above the budget.
+func (b *memoryBudget) take(client string, c *conn) (*holder, error) {
 	if b.budget > 0 && b.over.Load() {
 		return nil, b.refusal()
 	}
-	h := &holder{client: client, opened: time.Now(), shed: make(chan struct{})}
+	h := &holder{client: client, conn: c, opened: time.Now(), shed: make(chan struct{})}
 	b.mu.Lock()
 	b.streams[h] = struct{}{}
 	b.mu.Unlock()
@@ -251,17 +257,18 @@ func (b *memoryBudget) release(h *holder) {
 }
 
 // shed ends streams, the least proven first (see memoryBudget): every
-// stream not yet admitted; then the streams of each
-// client holding more than one, all but its oldest; and only when no
-// client holds more than one, the newest streams, each counted as
-// perStream bytes, until over bytes are covered, and at most half of them
-// (rounded up) in one decision. Cutting whole clients down rather than
-// counting what each stream holds (which gRPC does not tell) is what keeps
-// up with streams that all fill at once: the next measure decides whether
-// more must go. Proxies holding one stream each are what the replica is
-// for, and what is over may be what streams already ended have not given
-// back yet: halving them, then measuring again, ends the oldest only when
-// ending the newer ones did not bring the heap back.
+// stream not yet admitted; then the streams of each client holding more
+// than one, all but its oldest; and only when no client holds more than
+// one, the proxies whose connection holds more than ConnectionHeap of a
+// request in assembly, the most first, until what they hold covers over.
+// Cutting whole clients down rather than counting what each stream holds
+// (which gRPC does not tell, and which a connection shared by streams
+// cannot) is what keeps up with streams that all fill at once: the next
+// measure decides whether more must go. Proxies holding one stream each
+// are what the replica is for: one is ended only for the bytes it sends,
+// never for what is over because the streams already ended have not given
+// back theirs yet, or because the world grew. Below ConnectionHeap, what
+// the proxies hold is bounded as their connections are, in the floor.
 func (b *memoryBudget) shed(over int64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -274,18 +281,30 @@ func (b *memoryBudget) shed(over int64) {
 		}
 		byClient[h.client] = append(byClient[h.client], h)
 	}
-	var single []*holder
+	type holding struct {
+		h    *holder
+		held int64
+	}
+	var single []holding
 	for _, hs := range byClient {
 		if len(hs) == 1 {
-			single = append(single, hs[0])
+			if held := hs[0].conn.held(); held > ConnectionHeap {
+				single = append(single, holding{hs[0], held})
+			}
 			continue
 		}
 		slices.SortFunc(hs, func(x, y *holder) int { return y.opened.Compare(x.opened) })
 		victims = append(victims, hs[:len(hs)-1]...)
 	}
 	if len(victims) == 0 {
-		slices.SortFunc(single, func(x, y *holder) int { return y.opened.Compare(x.opened) })
-		victims = single[:min((len(single)+1)/2, int((over+b.perStream-1)/b.perStream))]
+		slices.SortFunc(single, func(x, y holding) int { return cmp.Compare(y.held, x.held) })
+		for _, s := range single {
+			if over <= 0 {
+				break
+			}
+			victims = append(victims, s.h)
+			over -= s.held
+		}
 	}
 	for _, h := range victims {
 		delete(b.streams, h)

@@ -18,12 +18,16 @@ func ended(h *holder) bool {
 // TestMemoryBudgetShedsTheLeastProvenFirst checks the order in which the
 // budget ends streams: every stream not yet admitted, then all but the
 // oldest stream of each client holding more than one; proxies holding one
-// stream only once no client holds more, the newest first.
+// stream only once no client holds more, and only those whose connection
+// holds more than ConnectionHeap of a request in assembly, the most first,
+// however far over the heap is.
 func TestMemoryBudgetShedsTheLeastProvenFirst(t *testing.T) {
-	b := newMemoryBudget(1<<20, 4<<20, func() int { return 0 })
+	b := newMemoryBudget(1<<20, func() int { return 0 })
 	base := time.Now()
-	open := func(client string, admitted bool, age time.Duration) *holder {
-		h, err := b.take(client)
+	open := func(client string, admitted bool, age time.Duration, unread int64) *holder {
+		c := &conn{}
+		c.unread.Store(unread)
+		h, err := b.take(client, c)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -33,36 +37,41 @@ func TestMemoryBudgetShedsTheLeastProvenFirst(t *testing.T) {
 		}
 		return h
 	}
-	greedy := []*holder{open("greedy", true, 3*time.Minute), open("greedy", true, 2*time.Minute), open("greedy", true, time.Minute)}
-	older, newer := open("proxy-a", true, time.Hour), open("proxy-b", true, time.Second)
-	stranger := open("stranger", false, 0)
+	greedy := []*holder{open("greedy", true, 3*time.Minute, 0), open("greedy", true, 2*time.Minute, 0), open("greedy", true, time.Minute, 0)}
+	idle := open("proxy-idle", true, time.Hour, 0)
+	acking := open("proxy-acking", true, time.Second, ConnectionHeap)
+	small := open("proxy-small", true, time.Minute, 2<<20)
+	large := open("proxy-large", true, time.Hour, 4<<20)
+	stranger := open("stranger", false, 0, 0)
 	b.shed(1)
 	for name, want := range map[string][]bool{
 		"stranger (not admitted)": {ended(stranger), true},
 		"greedy's oldest":         {ended(greedy[0]), false},
 		"greedy's second":         {ended(greedy[1]), true},
 		"greedy's newest":         {ended(greedy[2]), true},
-		"proxy-a":                 {ended(older), false},
-		"proxy-b":                 {ended(newer), false},
+		"proxy-large":             {ended(large), false},
+		"proxy-small":             {ended(small), false},
 	} {
 		if want[0] != want[1] {
 			t.Errorf("after the first shedding, %s ended: %v, want %v", name, want[0], want[1])
 		}
 	}
-	// Every client holds one stream now: the newest goes, one stream's
-	// worth (4 MiB) covering the 1 MiB over.
+	// Every client holds one stream now: the proxy holding the most goes,
+	// its 4 MiB covering the 1 MiB over, whatever its age.
 	b.shed(1 << 20)
-	if !ended(newer) || ended(older) || ended(greedy[0]) {
-		t.Errorf("after the second shedding: proxy-b ended %v (want true), proxy-a %v, greedy's oldest %v (want false)", ended(newer), ended(older), ended(greedy[0]))
+	if !ended(large) || ended(small) || ended(idle) || ended(acking) || ended(greedy[0]) {
+		t.Errorf("after the second shedding: proxy-large ended %v (want true), proxy-small %v, proxy-idle %v, proxy-acking %v, greedy's oldest %v (want false)",
+			ended(large), ended(small), ended(idle), ended(acking), ended(greedy[0]))
 	}
-	// However far over, one decision ends at most half of the proxies
-	// holding one stream (rounded up), the newest: of the two left, greedy's.
+	// However far over, the proxies that hold no request in assembly
+	// larger than a connection's own stay: ending them frees nothing.
 	b.shed(1 << 40)
-	if !ended(greedy[0]) || ended(older) {
-		t.Errorf("after the third shedding, 1 TiB over: greedy's oldest ended %v (want true), proxy-a %v (want false)", ended(greedy[0]), ended(older))
+	if !ended(small) || ended(idle) || ended(acking) || ended(greedy[0]) {
+		t.Errorf("after the third shedding, 1 TiB over: proxy-small ended %v (want true), proxy-idle %v, proxy-acking %v, greedy's oldest %v (want false)",
+			ended(small), ended(idle), ended(acking), ended(greedy[0]))
 	}
 	b.over.Store(true)
-	if _, err := b.take("late"); err == nil {
+	if _, err := b.take("late", nil); err == nil {
 		t.Error("a new stream was taken while the heap is over the budget")
 	}
 }
@@ -80,7 +89,7 @@ func TestMemoryBudgetCountsItsFloor(t *testing.T) {
 	)
 	conns := 0
 	var live, cycles uint64 = world, 1
-	b := newMemoryBudget(budget, 4<<20, func() int { return conns })
+	b := newMemoryBudget(budget, func() int { return conns })
 	b.read = func() (uint64, uint64, uint64) { return live, live, cycles }
 	b.gc = func() { cycles++ }
 	b.measureWorld()
@@ -114,7 +123,7 @@ func TestMemoryBudgetCountsItsFloor(t *testing.T) {
 	step(world)
 	b.measureWorld()
 
-	proxy, err := b.take("proxy")
+	proxy, err := b.take("proxy", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,7 +136,7 @@ func TestMemoryBudgetCountsItsFloor(t *testing.T) {
 		t.Fatalf("with 5,000 connections open the budget is over: %v, the proxy's stream ended: %v", b.over.Load(), ended(proxy))
 	}
 	// What streams add beyond the budget is refused, and shed.
-	stranger, err := b.take("stranger")
+	stranger, err := b.take("stranger", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,7 +144,7 @@ func TestMemoryBudgetCountsItsFloor(t *testing.T) {
 	if !b.over.Load() || !ended(stranger) || ended(proxy) {
 		t.Fatalf("1 MiB over the budget: over %v (want true), the unadmitted stream ended %v (want true), the proxy's %v (want false)", b.over.Load(), ended(stranger), ended(proxy))
 	}
-	if _, err := b.take("late"); err == nil {
+	if _, err := b.take("late", nil); err == nil {
 		t.Error("a new stream was taken while the heap is over the budget")
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc/peer"
@@ -186,6 +187,35 @@ type conn struct {
 	admitted bool
 	counted  bool
 	once     sync.Once
+	// unread is what the connection read since a stream on it last
+	// decoded a request: the bytes of a request in assembly, which gRPC
+	// holds whole before the handler sees any of it (and some framing).
+	// The memory budget ends a proxy's only stream for them alone.
+	unread atomic.Int64
+}
+
+// Read reads from the connection, counting what it read as unread until
+// a stream decodes a request.
+func (c *conn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	c.unread.Add(int64(n))
+	return n, err
+}
+
+// decoded records that a stream on c decoded a request; c may be nil (a
+// connection the server did not register).
+func (c *conn) decoded() {
+	if c != nil {
+		c.unread.Store(0)
+	}
+}
+
+// held is what c read of requests not yet decoded, zero for nil.
+func (c *conn) held() int64 {
+	if c == nil {
+		return 0
+	}
+	return c.unread.Load()
 }
 
 // add wraps c (counted for peer by take) so that closing it uncounts it,
@@ -240,16 +270,27 @@ func (cs *conns) forget(c *conn) {
 // admitted marks the connection of the stream whose context is ctx as one
 // that carried a stream admitted to a scope: it is no longer evicted.
 func (cs *conns) admitted(ctx context.Context) {
-	p, ok := peer.FromContext(ctx)
-	if !ok || p.Addr == nil {
+	c := cs.of(ctx)
+	if c == nil {
 		return
 	}
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
-	if c := cs.by[p.Addr.String()]; c != nil {
-		c.admitted = true
-		cs.admitted1(c)
+	c.admitted = true
+	cs.admitted1(c)
+}
+
+// of is the registered connection of the stream whose context is ctx, nil
+// when it has none (a connection ServeListener did not accept, or one
+// already closed).
+func (cs *conns) of(ctx context.Context) *conn {
+	p, ok := peer.FromContext(ctx)
+	if !ok || p.Addr == nil {
+		return nil
 	}
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	return cs.by[p.Addr.String()]
 }
 
 // admitted1 takes c off its peer's list of connections not admitted.
@@ -269,14 +310,7 @@ func (cs *conns) admitted1(c *conn) {
 // server registered it (a TCP connection ServeListener accepted); for any
 // other the slow stream is only ended.
 func (cs *conns) close(ctx context.Context) {
-	p, ok := peer.FromContext(ctx)
-	if !ok || p.Addr == nil {
-		return
-	}
-	cs.mu.Lock()
-	c := cs.by[p.Addr.String()]
-	cs.mu.Unlock()
-	if c != nil {
+	if c := cs.of(ctx); c != nil {
 		_ = c.Close()
 	}
 }

@@ -271,7 +271,7 @@ func New(store *snapshot.Store, fb *feedback.Tracker, ready <-chan struct{}, opt
 		clients:         newClientStreams(opts.MaxStreamsPerClient),
 	}
 	s.conns = newConns(opts.MaxConnections, opts.MaxConnectionsPerPeer, unauthenticated.Spend)
-	s.budget = newMemoryBudget(opts.MemoryBudget, int64(opts.MaxRequestBytes), s.conns.Open)
+	s.budget = newMemoryBudget(opts.MemoryBudget, s.conns.Open)
 	return s
 }
 

@@ -181,7 +181,8 @@ func serve[Req request](s *Server, p model.Protocol, srv interface {
 	if err != nil {
 		return err
 	}
-	charged, err := s.budget.take(client)
+	cn := s.conns.of(ctx)
+	charged, err := s.budget.take(client, cn)
 	if err != nil {
 		s.fb.Refuse(model.Key{}, RefusedMemoryBudget)
 		return err
@@ -189,7 +190,7 @@ func serve[Req request](s *Server, p model.Protocol, srv interface {
 	defer s.budget.release(charged)
 	revoked, expired, stop := s.credentialEnds(id)
 	defer stop()
-	reqs, errc := recv(ctx, srv, s.countRecvError)
+	reqs, errc := recv(ctx, srv, s.countRecvError, cn.decoded)
 	var first Req
 	silent := time.NewTimer(s.opts.FirstRequestTimeout)
 	select {
@@ -341,8 +342,10 @@ func (s *Server) countRecvError(err error) {
 }
 
 // recv reads requests into a channel so the stream loop can also wait for
-// scope changes; the error channel receives how the stream ended.
-func recv[T any](ctx context.Context, stream interface{ Recv() (T, error) }, onErr func(error)) (<-chan T, <-chan error) {
+// scope changes; the error channel receives how the stream ended. It calls
+// decoded after each request is decoded (what the memory budget counts a
+// proxy holding ends there).
+func recv[T any](ctx context.Context, stream interface{ Recv() (T, error) }, onErr func(error), decoded func()) (<-chan T, <-chan error) {
 	reqs, errc := make(chan T), make(chan error, 1)
 	go func() {
 		for {
@@ -352,6 +355,7 @@ func recv[T any](ctx context.Context, stream interface{ Recv() (T, error) }, onE
 				errc <- err
 				return
 			}
+			decoded()
 			select {
 			case reqs <- r:
 			case <-ctx.Done():
