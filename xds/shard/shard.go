@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"net"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -48,22 +49,28 @@ func (s Shards) Check() error {
 	if s.Index < 0 || s.Index >= s.Count() {
 		return fmt.Errorf("shard %d is not one of the %d shards (0 to %d)", s.Index, s.Count(), s.Count()-1)
 	}
+	seen := make([]string, 0, len(s.Addresses))
 	for i, a := range s.Addresses {
 		host, port, err := net.SplitHostPort(a)
 		if err != nil {
 			return fmt.Errorf("shard %d's xDS address %q: %w", i, a, err)
 		}
-		if net.ParseIP(host) == nil {
-			if errs := validation.IsDNS1123Subdomain(host); len(errs) > 0 {
-				return fmt.Errorf("shard %d's xDS address %q: the host is neither an IP nor a DNS name: %s", i, a, strings.Join(errs, "; "))
-			}
+		if ip, err := netip.ParseAddr(host); err == nil {
+			host = ip.String()
+		} else if errs := validation.IsDNS1123Subdomain(host); len(errs) > 0 {
+			return fmt.Errorf("shard %d's xDS address %q: the host is neither an IP nor a DNS name: %s", i, a, strings.Join(errs, "; "))
 		}
-		if j := slices.Index(s.Addresses, a); j < i {
-			return fmt.Errorf("shards %d and %d have the same xDS address %q: each shard is reached at its own", j, i, a)
-		}
-		if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
+		p, err := strconv.Atoi(port)
+		if err != nil || p < 1 || p > 65535 {
 			return fmt.Errorf("shard %d's xDS address %q: the port is not 1-65535", i, a)
 		}
+		// Two spellings of one address ([::1] and [0::1], 18000 and
+		// 018000) are one address.
+		canonical := net.JoinHostPort(host, strconv.Itoa(p))
+		if j := slices.Index(seen, canonical); j >= 0 {
+			return fmt.Errorf("shards %d and %d have the same xDS address %q (%q): each shard is reached at its own", j, i, canonical, a)
+		}
+		seen = append(seen, canonical)
 	}
 	return nil
 }

@@ -116,6 +116,8 @@ func TestShardsOwnAndCheck(t *testing.T) {
 		{Addresses: []string{"a:1", " b:1"}},
 		{Addresses: []string{"a:1", "bad host!:1"}},
 		{Addresses: []string{"a:1", "b:1", "a:1"}},
+		{Addresses: []string{"[::1]:1", "[0::1]:1"}},
+		{Addresses: []string{"a:18000", "a:018000"}},
 	} {
 		if err := bad.Check(); err == nil {
 			t.Errorf("%+v passed the check", bad)
