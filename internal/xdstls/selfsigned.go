@@ -82,9 +82,20 @@ func (s *SelfSigned) Load(ctx context.Context, c *Certificates) error {
 }
 
 // Rotate creates the Secret when it is missing and renews what is due
-// in it, then sets c from it. Only the leader calls it; a conflicting
-// write of another replica is retried at the next call.
+// in it, then sets c from it. Only a leader calls it, but with shards
+// every shard's leader does: when another's write came first (a conflict,
+// or a Secret created meanwhile), Rotate reads the Secret again and takes
+// what that leader wrote, renewing only what is still due for its own
+// names. A later conflict is retried at the next call.
 func (s *SelfSigned) Rotate(ctx context.Context, c *Certificates) error {
+	err := s.rotate(ctx, c)
+	if apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) {
+		err = s.rotate(ctx, c)
+	}
+	return err
+}
+
+func (s *SelfSigned) rotate(ctx context.Context, c *Certificates) error {
 	sec := &corev1.Secret{}
 	switch err := s.Reader.Get(ctx, s.Secret, sec); {
 	case apierrors.IsNotFound(err):

@@ -21,6 +21,13 @@ import (
 	"google.golang.org/grpc/peer"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	"github.com/scopeplane/scopeplane/internal/testkit"
 	"github.com/scopeplane/scopeplane/xds/metrics"
@@ -393,5 +400,41 @@ func TestLeadersOfTwoShardCountsConverge(t *testing.T) {
 	}
 	if leaf = parseCerts(data[CertFile])[0]; fmt.Sprint(leaf.DNSNames, leaf.IPAddresses) != "[xds xds-shard-1] [10.0.0.1]" {
 		t.Errorf("after the renewal the names are %v %v, want only the renewing leader's", leaf.DNSNames, leaf.IPAddresses)
+	}
+}
+
+// TestRotateTakesAnotherLeadersWrite checks that a leader whose write of
+// the Secret conflicts with another shard's leader's reads it again and
+// renews what is still due, rather than failing the rotation: with shards,
+// every shard's leader rotates the one Secret.
+func TestRotateTakesAnotherLeadersWrite(t *testing.T) {
+	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	clock := func() time.Time { return now }
+	key := types.NamespacedName{Namespace: "sys", Name: "xds-tls"}
+	first := &SelfSigned{DNSNames: []string{"xds"}, Now: clock}
+	data, _, err := first.renew(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	updates := 0
+	c := fake.NewClientBuilder().WithObjects(&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}, Data: data}).
+		WithInterceptorFuncs(interceptor.Funcs{Update: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.UpdateOption) error {
+			if updates++; updates == 1 {
+				return apierrors.NewConflict(corev1.Resource("secrets"), key.Name, fmt.Errorf("the object has been modified"))
+			}
+			return c.Update(ctx, obj, opts...)
+		}}).Build()
+	second := &SelfSigned{Reader: c, Writer: c, Secret: key, DNSNames: []string{"xds", "xds-shard-1"}, Now: clock}
+	certs := NewCertificates()
+	certs.now = clock
+	if err := second.Rotate(context.Background(), certs); err != nil {
+		t.Fatalf("the rotation failed on another leader's write: %v", err)
+	}
+	sec := &corev1.Secret{}
+	if err := c.Get(context.Background(), key, sec); err != nil {
+		t.Fatal(err)
+	}
+	if leaf := parseCerts(sec.Data[CertFile])[0]; updates != 2 || fmt.Sprint(leaf.DNSNames) != "[xds xds-shard-1]" {
+		t.Errorf("after %d updates the Secret's certificate names %v, want two updates and [xds xds-shard-1]", updates, leaf.DNSNames)
 	}
 }
