@@ -65,13 +65,17 @@ const (
 //   - and streams are ended, the least proven first (shed): every stream
 //     not yet admitted to a scope (still waiting for or reading its first
 //     request); then every stream but the oldest of each client (identity
-//     at one address) holding more than one. A proxy holding one
-//     stream is ended only when no client holds more, and only for what
-//     it holds: its connection read more than ConnectionHeap of a request
-//     not yet decoded (conn.unread), the most first. Ending a stream frees
-//     its request in assembly and what the transport queued for it; a
-//     proxy that sends nothing holds neither, and ending it would free
-//     nothing.
+//     at one address) holding more than one, and of each connection
+//     carrying streams of more than one client. A proxy holding one
+//     stream, alone on its connection, is ended only when nothing else is
+//     left, and only for what it holds: its connection read more than
+//     ConnectionHeap since its handler last took a request, beyond what
+//     the server wrote to it meanwhile (conn.held), at two decisions in a
+//     row with no request taken between them; the most first. That is a
+//     request in assembly or one waiting for its handler, which ending
+//     the stream gives back; a proxy that sends nothing but its ACKs holds
+//     none for longer than an ACK takes to arrive, and ending it would
+//     free nothing.
 //
 // The floor is the world measured once the first build is served (the
 // live heap then, less its connections: streams are refused before it) and
@@ -96,11 +100,19 @@ type memoryBudget struct {
 // holder is one stream as the budget sees it, on its connection (nil when
 // the server did not register it); shed is closed to end it.
 type holder struct {
-	client   string
-	conn     *conn
-	opened   time.Time
-	admitted bool // guarded by memoryBudget.mu
-	shed     chan struct{}
+	client string
+	conn   *conn
+	opened time.Time
+	shed   chan struct{}
+
+	// Guarded by memoryBudget.mu: admitted is set once the stream is
+	// admitted to a scope; holding is set when the last decision that
+	// weighed the stream found its connection holding more than
+	// ConnectionHeap, handoffs is the connection's count of requests
+	// taken then.
+	admitted bool
+	holding  bool
+	handoffs uint64
 }
 
 // newMemoryBudget returns the budget of budget bytes of live heap above
@@ -257,59 +269,95 @@ func (b *memoryBudget) release(h *holder) {
 }
 
 // shed ends streams, the least proven first (see memoryBudget): every
-// stream not yet admitted; then the streams of each client holding more
-// than one, all but its oldest; and only when no client holds more than
-// one, the proxies whose connection holds more than ConnectionHeap of a
-// request in assembly, the most first, until what they hold covers over.
-// Cutting whole clients down rather than counting what each stream holds
-// (which gRPC does not tell, and which a connection shared by streams
-// cannot) is what keeps up with streams that all fill at once: the next
-// measure decides whether more must go. Proxies holding one stream each
-// are what the replica is for: one is ended only for the bytes it sends,
-// never for what is over because the streams already ended have not given
-// back theirs yet, or because the world grew. Below ConnectionHeap, what
-// the proxies hold is bounded as their connections are, in the floor.
+// stream not yet admitted; then all but the oldest stream of each client
+// holding more than one, and of each connection carrying streams of more
+// than one client (whose bytes cannot be told apart, and which a proxy
+// does not do); and only when nothing of that is left, the proxies that
+// hold a request (holds), the most first, until what they hold covers
+// over. Cutting whole clients and connections down rather than counting
+// what each stream holds is what keeps up with streams that all fill at
+// once: the next measure decides whether more must go. Proxies holding one
+// stream each are what the replica is for: one is ended only for the
+// bytes it sends, never for what is over because the streams already
+// ended have not given theirs back yet, or because the world grew.
 func (b *memoryBudget) shed(over int64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	byClient := map[string][]*holder{}
-	var victims []*holder
+	var victims, admitted []*holder
 	for h := range b.streams {
-		if !h.admitted {
+		if h.admitted {
+			admitted = append(admitted, h)
+		} else {
 			victims = append(victims, h)
-			continue
 		}
-		byClient[h.client] = append(byClient[h.client], h)
 	}
-	type holding struct {
-		h    *holder
-		held int64
-	}
-	var single []holding
-	for _, hs := range byClient {
-		if len(hs) == 1 {
-			if held := hs[0].conn.held(); held > ConnectionHeap {
-				single = append(single, holding{hs[0], held})
-			}
-			continue
-		}
-		slices.SortFunc(hs, func(x, y *holder) int { return y.opened.Compare(x.opened) })
+	kept := admitted[:0]
+	for _, hs := range groupBy(admitted, func(h *holder) string { return h.client }) {
 		victims = append(victims, hs[:len(hs)-1]...)
+		kept = append(kept, hs[len(hs)-1])
+	}
+	var singles []*holder
+	for _, hs := range groupBy(kept, func(h *holder) *conn { return h.conn }) {
+		if hs[0].conn == nil {
+			singles = append(singles, hs...)
+			continue
+		}
+		victims = append(victims, hs[:len(hs)-1]...)
+		singles = append(singles, hs[len(hs)-1])
 	}
 	if len(victims) == 0 {
-		slices.SortFunc(single, func(x, y holding) int { return cmp.Compare(y.held, x.held) })
-		for _, s := range single {
-			if over <= 0 {
-				break
-			}
-			victims = append(victims, s.h)
-			over -= s.held
-		}
+		victims = b.holders(singles, over)
 	}
 	for _, h := range victims {
 		delete(b.streams, h)
 		close(h.shed)
 	}
+}
+
+// groupBy groups hs by key, each group the newest first.
+func groupBy[K comparable](hs []*holder, key func(*holder) K) map[K][]*holder {
+	groups := map[K][]*holder{}
+	for _, h := range hs {
+		groups[key(h)] = append(groups[key(h)], h)
+	}
+	for _, g := range groups {
+		slices.SortFunc(g, func(x, y *holder) int { return y.opened.Compare(x.opened) })
+	}
+	return groups
+}
+
+// holders weighs the proxies of one stream each, alone on their
+// connections, and returns those that held more than ConnectionHeap at
+// this decision and the last one with no request taken between them, the
+// most first, until what they hold covers over. A request crosses the
+// threshold for as long as it takes to arrive; one that stays is stalled,
+// or waits for a handler that does not take it. Below the threshold, what
+// they hold is bounded as their connections are: ConnectionHeap each.
+// b.mu is held.
+func (b *memoryBudget) holders(singles []*holder, over int64) []*holder {
+	type weighed struct {
+		h    *holder
+		held int64
+	}
+	var held []weighed
+	for _, h := range singles {
+		n, handoffs := h.conn.held()
+		was := h.holding && h.handoffs == handoffs
+		h.holding, h.handoffs = n > ConnectionHeap, handoffs
+		if was && h.holding {
+			held = append(held, weighed{h, n})
+		}
+	}
+	slices.SortFunc(held, func(x, y weighed) int { return cmp.Compare(y.held, x.held) })
+	var victims []*holder
+	for _, w := range held {
+		if over <= 0 {
+			break
+		}
+		victims = append(victims, w.h)
+		over -= w.held
+	}
+	return victims
 }
 
 // refusal is the status of a stream refused or ended by the budget.

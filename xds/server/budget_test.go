@@ -17,16 +17,16 @@ func ended(h *holder) bool {
 
 // TestMemoryBudgetShedsTheLeastProvenFirst checks the order in which the
 // budget ends streams: every stream not yet admitted, then all but the
-// oldest stream of each client holding more than one; proxies holding one
-// stream only once no client holds more, and only those whose connection
-// holds more than ConnectionHeap of a request in assembly, the most first,
+// oldest stream of each client holding more than one and of each
+// connection carrying several clients' streams; proxies holding one
+// stream only once nothing else is left, and only those whose connection
+// held more than ConnectionHeap beyond what the server wrote to it, at two
+// decisions in a row with no request taken between them, the most first,
 // however far over the heap is.
 func TestMemoryBudgetShedsTheLeastProvenFirst(t *testing.T) {
 	b := newMemoryBudget(1<<20, func() int { return 0 })
 	base := time.Now()
-	open := func(client string, admitted bool, age time.Duration, unread int64) *holder {
-		c := &conn{}
-		c.unread.Store(unread)
+	open := func(client string, c *conn, admitted bool, age time.Duration) *holder {
 		h, err := b.take(client, c)
 		if err != nil {
 			t.Fatal(err)
@@ -37,39 +37,56 @@ func TestMemoryBudgetShedsTheLeastProvenFirst(t *testing.T) {
 		}
 		return h
 	}
-	greedy := []*holder{open("greedy", true, 3*time.Minute, 0), open("greedy", true, 2*time.Minute, 0), open("greedy", true, time.Minute, 0)}
-	idle := open("proxy-idle", true, time.Hour, 0)
-	acking := open("proxy-acking", true, time.Second, ConnectionHeap)
-	small := open("proxy-small", true, time.Minute, 2<<20)
-	large := open("proxy-large", true, time.Hour, 4<<20)
-	stranger := open("stranger", false, 0, 0)
-	b.shed(1)
-	for name, want := range map[string][]bool{
-		"stranger (not admitted)": {ended(stranger), true},
-		"greedy's oldest":         {ended(greedy[0]), false},
-		"greedy's second":         {ended(greedy[1]), true},
-		"greedy's newest":         {ended(greedy[2]), true},
-		"proxy-large":             {ended(large), false},
-		"proxy-small":             {ended(small), false},
-	} {
-		if want[0] != want[1] {
-			t.Errorf("after the first shedding, %s ended: %v, want %v", name, want[0], want[1])
+	// connection is one of its own, which read unread and wrote written
+	// since a handler last took a request from it.
+	connection := func(unread, written int64) *conn {
+		c := &conn{}
+		c.unread.Store(unread)
+		c.written.Store(written)
+		return c
+	}
+	greedyConn, sharedConn := connection(0, 0), connection(0, 0)
+	greedy := []*holder{open("greedy", greedyConn, true, 3*time.Minute), open("greedy", greedyConn, true, 2*time.Minute), open("greedy", greedyConn, true, time.Minute)}
+	shared := []*holder{open("token-x", sharedConn, true, 2*time.Minute), open("anonymous-y", sharedConn, true, time.Minute)}
+	idle := open("proxy-idle", connection(0, 0), true, time.Hour)
+	acking := open("proxy-acking", connection(20<<10, 0), true, time.Second)
+	answering := open("proxy-answering", connection(100<<10, 100<<10), true, time.Second)
+	small := open("proxy-small", connection(2<<20, 0), true, time.Minute)
+	large := open("proxy-large", connection(4<<20, 0), true, time.Hour)
+	stranger := open("stranger", connection(4<<20, 0), false, 0)
+	check := func(when string, want map[*holder]bool) {
+		t.Helper()
+		names := map[*holder]string{stranger: "stranger", greedy[0]: "greedy's oldest", greedy[1]: "greedy's second", greedy[2]: "greedy's newest",
+			shared[0]: "the shared connection's oldest", shared[1]: "the shared connection's newest", idle: "proxy-idle", acking: "proxy-acking",
+			answering: "proxy-answering", small: "proxy-small", large: "proxy-large"}
+		for h, name := range names {
+			if ended(h) != want[h] {
+				t.Errorf("%s, %s ended: %v, want %v", when, name, ended(h), want[h])
+			}
 		}
 	}
-	// Every client holds one stream now: the proxy holding the most goes,
-	// its 4 MiB covering the 1 MiB over, whatever its age.
+	want := map[*holder]bool{stranger: true, greedy[1]: true, greedy[2]: true, shared[1]: true}
+	b.shed(1)
+	check("after the first shedding", want)
+	// Every client holds one stream, alone on its connection, now: the
+	// first weighing of the proxies ends none of them.
 	b.shed(1 << 20)
-	if !ended(large) || ended(small) || ended(idle) || ended(acking) || ended(greedy[0]) {
-		t.Errorf("after the second shedding: proxy-large ended %v (want true), proxy-small %v, proxy-idle %v, proxy-acking %v, greedy's oldest %v (want false)",
-			ended(large), ended(small), ended(idle), ended(acking), ended(greedy[0]))
-	}
-	// However far over, the proxies that hold no request in assembly
-	// larger than a connection's own stay: ending them frees nothing.
+	check("after the first weighing", want)
+	// proxy-acking's request arrived and was taken, and another is on its
+	// way: the second weighing finds the proxy holding the most that held
+	// at the first, its 4 MiB covering the 1 MiB over.
+	acking.conn.taken()
+	acking.conn.unread.Store(20 << 10)
+	b.shed(1 << 20)
+	want[large] = true
+	check("after the second weighing", want)
+	// However far over, the proxies that send nothing, whose request was
+	// taken since, or whose bytes answer what the server wrote stay:
+	// ending them frees nothing.
+	acking.conn.taken()
 	b.shed(1 << 40)
-	if !ended(small) || ended(idle) || ended(acking) || ended(greedy[0]) {
-		t.Errorf("after the third shedding, 1 TiB over: proxy-small ended %v (want true), proxy-idle %v, proxy-acking %v, greedy's oldest %v (want false)",
-			ended(small), ended(idle), ended(acking), ended(greedy[0]))
-	}
+	want[small] = true
+	check("after the third weighing, 1 TiB over", want)
 	b.over.Store(true)
 	if _, err := b.take("late", nil); err == nil {
 		t.Error("a new stream was taken while the heap is over the budget")
@@ -123,7 +140,12 @@ func TestMemoryBudgetCountsItsFloor(t *testing.T) {
 	step(world)
 	b.measureWorld()
 
-	proxy, err := b.take("proxy", nil)
+	// A proxy whose connection holds a request of 8 MiB: a budget that
+	// took the connections' heap for its clients' would end it at its
+	// second decision.
+	pc := &conn{}
+	pc.unread.Store(8 << 20)
+	proxy, err := b.take("proxy", pc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,6 +154,7 @@ func TestMemoryBudgetCountsItsFloor(t *testing.T) {
 	// budget, and the proxy's stream stays.
 	conns = 5000
 	step(world + 5000*ConnectionHeap + budget/2)
+	step(world + 5000*ConnectionHeap + budget/2 + budget/4)
 	if b.over.Load() || ended(proxy) {
 		t.Fatalf("with 5,000 connections open the budget is over: %v, the proxy's stream ended: %v", b.over.Load(), ended(proxy))
 	}

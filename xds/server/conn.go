@@ -187,35 +187,52 @@ type conn struct {
 	admitted bool
 	counted  bool
 	once     sync.Once
-	// unread is what the connection read since a stream on it last
-	// decoded a request: the bytes of a request in assembly, which gRPC
-	// holds whole before the handler sees any of it (and some framing).
-	// The memory budget ends a proxy's only stream for them alone.
-	unread atomic.Int64
+	// unread is what the connection read, and written what it wrote, since
+	// a stream's handler last took a request read from it (taken, counted
+	// in handoffs). What it read since is a request in assembly, which
+	// gRPC holds whole before the handler sees any of it, or one decoded
+	// and waiting for the handler; and the client's own frames, which
+	// answer what the server wrote (window updates, ping acks) and are
+	// allowed for as much. The memory budget ends a proxy's only stream
+	// for what it holds (held).
+	unread, written atomic.Int64
+	handoffs        atomic.Uint64
 }
 
 // Read reads from the connection, counting what it read as unread until
-// a stream decodes a request.
+// a handler takes a request.
 func (c *conn) Read(b []byte) (int, error) {
 	n, err := c.Conn.Read(b)
 	c.unread.Add(int64(n))
 	return n, err
 }
 
-// decoded records that a stream on c decoded a request; c may be nil (a
-// connection the server did not register).
-func (c *conn) decoded() {
+// Write writes to the connection, counting what it wrote until a handler
+// takes a request.
+func (c *conn) Write(b []byte) (int, error) {
+	n, err := c.Conn.Write(b)
+	c.written.Add(int64(n))
+	return n, err
+}
+
+// taken records that a stream's handler took a request read from c; c
+// may be nil (a connection the server did not register).
+func (c *conn) taken() {
 	if c != nil {
 		c.unread.Store(0)
+		c.written.Store(0)
+		c.handoffs.Add(1)
 	}
 }
 
-// held is what c read of requests not yet decoded, zero for nil.
-func (c *conn) held() int64 {
+// held is what c read since a handler last took a request from it, beyond
+// what it wrote meanwhile, and how many requests handlers took from it;
+// nothing for nil.
+func (c *conn) held() (int64, uint64) {
 	if c == nil {
-		return 0
+		return 0, 0
 	}
-	return c.unread.Load()
+	return c.unread.Load() - c.written.Load(), c.handoffs.Load()
 }
 
 // add wraps c (counted for peer by take) so that closing it uncounts it,
@@ -270,26 +287,29 @@ func (cs *conns) forget(c *conn) {
 // admitted marks the connection of the stream whose context is ctx as one
 // that carried a stream admitted to a scope: it is no longer evicted.
 func (cs *conns) admitted(ctx context.Context) {
-	c := cs.of(ctx)
-	if c == nil {
-		return
-	}
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
-	c.admitted = true
-	cs.admitted1(c)
+	if c := cs.ofLocked(ctx); c != nil {
+		c.admitted = true
+		cs.admitted1(c)
+	}
 }
 
 // of is the registered connection of the stream whose context is ctx, nil
 // when it has none (a connection ServeListener did not accept, or one
 // already closed).
 func (cs *conns) of(ctx context.Context) *conn {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	return cs.ofLocked(ctx)
+}
+
+// ofLocked is of with cs.mu held.
+func (cs *conns) ofLocked(ctx context.Context) *conn {
 	p, ok := peer.FromContext(ctx)
 	if !ok || p.Addr == nil {
 		return nil
 	}
-	cs.mu.Lock()
-	defer cs.mu.Unlock()
 	return cs.by[p.Addr.String()]
 }
 

@@ -190,7 +190,7 @@ func serve[Req request](s *Server, p model.Protocol, srv interface {
 	defer s.budget.release(charged)
 	revoked, expired, stop := s.credentialEnds(id)
 	defer stop()
-	reqs, errc := recv(ctx, srv, s.countRecvError, cn.decoded)
+	reqs, errc := recv(ctx, srv, s.countRecvError, cn.taken)
 	var first Req
 	silent := time.NewTimer(s.opts.FirstRequestTimeout)
 	select {
@@ -343,9 +343,9 @@ func (s *Server) countRecvError(err error) {
 
 // recv reads requests into a channel so the stream loop can also wait for
 // scope changes; the error channel receives how the stream ended. It calls
-// decoded after each request is decoded (what the memory budget counts a
+// taken once the handler took a request (what the memory budget counts a
 // proxy holding ends there).
-func recv[T any](ctx context.Context, stream interface{ Recv() (T, error) }, onErr func(error), decoded func()) (<-chan T, <-chan error) {
+func recv[T any](ctx context.Context, stream interface{ Recv() (T, error) }, onErr func(error), taken func()) (<-chan T, <-chan error) {
 	reqs, errc := make(chan T), make(chan error, 1)
 	go func() {
 		for {
@@ -355,9 +355,9 @@ func recv[T any](ctx context.Context, stream interface{ Recv() (T, error) }, onE
 				errc <- err
 				return
 			}
-			decoded()
 			select {
 			case reqs <- r:
+				taken()
 			case <-ctx.Done():
 				return
 			}
