@@ -36,10 +36,13 @@ const (
 )
 
 // fastSendProfile is peerAddressProfile with a send timeout of
-// fastSendTimeout, for the row of streams that cannot be written to.
+// fastSendTimeout, for the row of streams that cannot be written to;
+// slowSendProfile one with a send timeout longer than any row, for a row
+// whose streams only the memory budget may end.
 const (
 	fastSendProfile = "peer-address-fast-send"
 	fastSendTimeout = 2 * time.Second
+	slowSendProfile = "peer-address-slow-send"
 )
 
 // peerAddressOptions are the production limits with the chart's default
@@ -54,8 +57,11 @@ func peerAddressOptions(profile string) server.Options {
 		pods.pods[netip.MustParseAddr(tenant(i))] = []auth.Pod{pod(fmt.Sprintf("tenant-%d", i))}
 	}
 	opts := server.Options{Authenticator: &auth.Authenticator{PeerAddress: true, Pods: pods}}
-	if profile == fastSendProfile {
+	switch profile {
+	case fastSendProfile:
 		opts.SendTimeout = fastSendTimeout
+	case slowSendProfile:
+		opts.SendTimeout = time.Hour
 	}
 	return opts
 }
@@ -297,9 +303,10 @@ func TestBudgetUnderTheChartsMemoryLimit(t *testing.T) {
 		// 60 × 4 MB is over the budget by about a third of it: the
 		// budget ends stalled proxies until the heap is back under, and
 		// only those (the proxy connected before stays: budgetRow pushes
-		// to it).
+		// to it). The stalled proxies read nothing they are sent; with
+		// the send timeout an hour, only the budget ends them.
 		var a attackRun
-		add(budgetRow(t, peerAddressProfile, "60 admitted addresses × 1 stream, 4 MB requests stalled 1,000 bytes short", func(addr string) attackRun {
+		add(budgetRow(t, slowSendProfile, "60 admitted addresses × 1 stream, 4 MB requests stalled 1,000 bytes short", func(addr string) attackRun {
 			a = stallAll(t, addr, tenants, 1, tenant, admittedFirst)
 			return a
 		}))

@@ -363,7 +363,7 @@ func TestConfinedServer(t *testing.T) {
 	}
 	opts := server.Options{Authenticator: &auth.Authenticator{AllowAnonymous: true}}
 	profile := os.Getenv(serveEnv)
-	peer := profile == peerAddressProfile || profile == fastSendProfile
+	peer := profile == peerAddressProfile || profile == fastSendProfile || profile == slowSendProfile
 	if peer {
 		opts = peerAddressOptions(profile)
 	}

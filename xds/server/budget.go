@@ -49,6 +49,16 @@ const (
 	memoryBudgetSettle = time.Second
 )
 
+// weighEvery is how long the proxies of one stream are sampled before the
+// budget weighs them, and minSamples how many samples a weighing needs of
+// a proxy: a request that arrives crosses ConnectionHeap for as long as it
+// takes to, a few samples, while one held (stalled, or finished only to
+// start the next) stays above it for most of them.
+const (
+	weighEvery = time.Second
+	minSamples = int(weighEvery / memoryBudgetTick / 2)
+)
+
 // memoryBudget keeps what clients make the replica hold within
 // Options.MemoryBudget of live heap above the replica's floor: what it
 // holds whatever its streams do, its world (catalog and snapshots) and its
@@ -68,14 +78,15 @@ const (
 //     at one address) holding more than one, and of each connection
 //     carrying streams of more than one client. A proxy holding one
 //     stream, alone on its connection, is ended only when nothing else is
-//     left, and only for what it holds: its connection read more than
-//     ConnectionHeap since its handler last took a request, beyond what
-//     the server wrote to it meanwhile (conn.held), at two decisions in a
-//     row with no request taken between them; the most first. That is a
-//     request in assembly or one waiting for its handler, which ending
-//     the stream gives back; a proxy that sends nothing but its ACKs holds
-//     none for longer than an ACK takes to arrive, and ending it would
-//     free nothing.
+//     left, and only for what it holds: what its connection read since its
+//     handler last took a request, beyond the window updates for what the
+//     server wrote (conn.held), sampled at every tick while the heap is
+//     over; a proxy above ConnectionHeap at most of a second's samples
+//     (weighEvery) is ended, the most on average first. That is a request
+//     in assembly or one waiting for its handler, which ending the stream
+//     gives back; a proxy that sends nothing but its ACKs holds none for
+//     longer than an ACK takes to arrive, and ending it would free
+//     nothing.
 //
 // The floor is the world measured once the first build is served (the
 // live heap then, less its connections: streams are refused before it) and
@@ -106,13 +117,12 @@ type holder struct {
 	shed   chan struct{}
 
 	// Guarded by memoryBudget.mu: admitted is set once the stream is
-	// admitted to a scope; holding is set when the last decision that
-	// weighed the stream found its connection holding more than
-	// ConnectionHeap, handoffs is the connection's count of requests
-	// taken then.
-	admitted bool
-	holding  bool
-	handoffs uint64
+	// admitted to a scope; samples counts the ticks that sampled what its
+	// connection held since the last weighing, above those that found more
+	// than ConnectionHeap, and sum is what they found in all.
+	admitted       bool
+	samples, above int
+	sum            int64
 }
 
 // newMemoryBudget returns the budget of budget bytes of live heap above
@@ -201,6 +211,8 @@ type decisions struct {
 	seen, settled uint64    // the collections at the last decision; the one to wait for
 	settling      time.Time // no decision before it
 	measured      uint64    // the heap's objects at the last decision
+	weigh         time.Time // when set, a decision is due then, with a collection if none ran
+	sampling      bool      // whether the last tick sampled the proxies
 }
 
 // tick reads the heap at now and decides (run).
@@ -208,12 +220,19 @@ func (b *memoryBudget) tick(d *decisions, now time.Time) {
 	live, objects, cycles := b.read()
 	if int64(objects) <= b.floor()+b.budget {
 		b.over.Store(false)
+		if d.sampling {
+			b.sample(false)
+			d.sampling, d.weigh = false, time.Time{}
+		}
 		return
 	}
+	b.sample(true)
+	d.sampling = true
 	if now.Before(d.settling) {
 		return
 	}
-	if cycles == d.seen && cycles >= d.settled && int64(objects-min(objects, d.measured)) < b.budget/8 {
+	weigh := !d.weigh.IsZero() && !now.Before(d.weigh)
+	if !weigh && cycles == d.seen && cycles >= d.settled && int64(objects-min(objects, d.measured)) < b.budget/8 {
 		// Nothing new to decide on: no collection since the last
 		// decision, and the heap grew by little since.
 		return
@@ -222,15 +241,42 @@ func (b *memoryBudget) tick(d *decisions, now time.Time) {
 		b.gc()
 		live, objects, cycles = b.read()
 	}
+	d.weigh = time.Time{}
 	d.seen, d.measured = cycles, objects
 	if b.open() == 0 && b.conns() == 0 {
 		b.world.Store(max(0, int64(live)-int64(b.conns())*ConnectionHeap))
 	}
 	over := int64(live) - b.floor() - b.budget
 	b.over.Store(over > 0)
-	if over > 0 {
-		b.shed(over)
+	if over <= 0 {
+		return
+	}
+	switch ended, weighed := b.shed(over); {
+	case ended:
 		d.settled, d.settling = cycles+2, now.Add(memoryBudgetSettle)
+	case weighed:
+		// Nothing to end yet: weigh again once a second's samples are in,
+		// whether or not the heap moves.
+		d.weigh = now.Add(weighEvery)
+	}
+}
+
+// sample records what the connection of each admitted stream holds (see
+// holder), or, with on false, forgets the samples.
+func (b *memoryBudget) sample(on bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for h := range b.streams {
+		if !on || !h.admitted {
+			h.samples, h.above, h.sum = 0, 0, 0
+			continue
+		}
+		n := h.conn.held()
+		h.samples++
+		h.sum += max(n, 0)
+		if n > ConnectionHeap {
+			h.above++
+		}
 	}
 }
 
@@ -273,14 +319,14 @@ func (b *memoryBudget) release(h *holder) {
 // holding more than one, and of each connection carrying streams of more
 // than one client (whose bytes cannot be told apart, and which a proxy
 // does not do); and only when nothing of that is left, the proxies that
-// hold a request (holds), the most first, until what they hold covers
+// hold a request (holders), the most first, until what they hold covers
 // over. Cutting whole clients and connections down rather than counting
 // what each stream holds is what keeps up with streams that all fill at
 // once: the next measure decides whether more must go. Proxies holding one
 // stream each are what the replica is for: one is ended only for the
 // bytes it sends, never for what is over because the streams already
 // ended have not given theirs back yet, or because the world grew.
-func (b *memoryBudget) shed(over int64) {
+func (b *memoryBudget) shed(over int64) (ended, weighed bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	var victims, admitted []*holder
@@ -306,12 +352,13 @@ func (b *memoryBudget) shed(over int64) {
 		singles = append(singles, hs[len(hs)-1])
 	}
 	if len(victims) == 0 {
-		victims = b.holders(singles, over)
+		victims, weighed = holders(singles, over), true
 	}
 	for _, h := range victims {
 		delete(b.streams, h)
 		close(h.shed)
 	}
+	return len(victims) > 0, weighed
 }
 
 // groupBy groups hs by key, each group the newest first.
@@ -327,35 +374,32 @@ func groupBy[K comparable](hs []*holder, key func(*holder) K) map[K][]*holder {
 }
 
 // holders weighs the proxies of one stream each, alone on their
-// connections, and returns those that held more than ConnectionHeap at
-// this decision and the last one with no request taken between them, the
-// most first, until what they hold covers over. A request crosses the
-// threshold for as long as it takes to arrive; one that stays is stalled,
-// or waits for a handler that does not take it. Below the threshold, what
-// they hold is bounded as their connections are: ConnectionHeap each.
-// b.mu is held.
-func (b *memoryBudget) holders(singles []*holder, over int64) []*holder {
+// connections: those sampled at least minSamples times since the last
+// weighing, above ConnectionHeap at most of them, the most on average
+// first, until what they held on average covers over. Every proxy's
+// samples start again. Below the threshold at most samples, a proxy holds
+// at most ConnectionHeap for most of the time, and a request for the rest.
+// memoryBudget.mu is held.
+func holders(singles []*holder, over int64) []*holder {
 	type weighed struct {
 		h    *holder
-		held int64
+		mean int64
 	}
 	var held []weighed
 	for _, h := range singles {
-		n, handoffs := h.conn.held()
-		was := h.holding && h.handoffs == handoffs
-		h.holding, h.handoffs = n > ConnectionHeap, handoffs
-		if was && h.holding {
-			held = append(held, weighed{h, n})
+		if h.samples >= minSamples && 2*h.above > h.samples {
+			held = append(held, weighed{h, h.sum / int64(h.samples)})
 		}
+		h.samples, h.above, h.sum = 0, 0, 0
 	}
-	slices.SortFunc(held, func(x, y weighed) int { return cmp.Compare(y.held, x.held) })
+	slices.SortFunc(held, func(x, y weighed) int { return cmp.Compare(y.mean, x.mean) })
 	var victims []*holder
 	for _, w := range held {
 		if over <= 0 {
 			break
 		}
 		victims = append(victims, w.h)
-		over -= w.held
+		over -= w.mean
 	}
 	return victims
 }

@@ -1,8 +1,12 @@
 package server
 
 import (
+	"context"
+	"fmt"
 	"testing"
 	"time"
+
+	"github.com/scopeplane/scopeplane/internal/testkit"
 )
 
 // ended reports whether the budget ended h's stream.
@@ -20,8 +24,8 @@ func ended(h *holder) bool {
 // oldest stream of each client holding more than one and of each
 // connection carrying several clients' streams; proxies holding one
 // stream only once nothing else is left, and only those whose connection
-// held more than ConnectionHeap beyond what the server wrote to it, at two
-// decisions in a row with no request taken between them, the most first,
+// held more than ConnectionHeap (less the window updates for what the
+// server wrote) at most of their samples, the most on average first,
 // however far over the heap is.
 func TestMemoryBudgetShedsTheLeastProvenFirst(t *testing.T) {
 	b := newMemoryBudget(1<<20, func() int { return 0 })
@@ -49,44 +53,61 @@ func TestMemoryBudgetShedsTheLeastProvenFirst(t *testing.T) {
 	greedy := []*holder{open("greedy", greedyConn, true, 3*time.Minute), open("greedy", greedyConn, true, 2*time.Minute), open("greedy", greedyConn, true, time.Minute)}
 	shared := []*holder{open("token-x", sharedConn, true, 2*time.Minute), open("anonymous-y", sharedConn, true, time.Minute)}
 	idle := open("proxy-idle", connection(0, 0), true, time.Hour)
-	acking := open("proxy-acking", connection(20<<10, 0), true, time.Second)
-	answering := open("proxy-answering", connection(100<<10, 100<<10), true, time.Second)
+	acking := open("proxy-acking", connection(0, 0), true, time.Second)
+	cycling := open("proxy-cycling", connection(0, 0), true, time.Second)
+	answered := open("proxy-answered", connection(20<<10, 1<<20), true, time.Second)
 	small := open("proxy-small", connection(2<<20, 0), true, time.Minute)
 	large := open("proxy-large", connection(4<<20, 0), true, time.Hour)
 	stranger := open("stranger", connection(4<<20, 0), false, 0)
+	names := map[*holder]string{stranger: "stranger", greedy[0]: "greedy's oldest", greedy[1]: "greedy's second", greedy[2]: "greedy's newest",
+		shared[0]: "the shared connection's oldest", shared[1]: "the shared connection's newest", idle: "proxy-idle", acking: "proxy-acking",
+		cycling: "proxy-cycling", answered: "proxy-answered", small: "proxy-small", large: "proxy-large"}
 	check := func(when string, want map[*holder]bool) {
 		t.Helper()
-		names := map[*holder]string{stranger: "stranger", greedy[0]: "greedy's oldest", greedy[1]: "greedy's second", greedy[2]: "greedy's newest",
-			shared[0]: "the shared connection's oldest", shared[1]: "the shared connection's newest", idle: "proxy-idle", acking: "proxy-acking",
-			answering: "proxy-answering", small: "proxy-small", large: "proxy-large"}
 		for h, name := range names {
 			if ended(h) != want[h] {
 				t.Errorf("%s, %s ended: %v, want %v", when, name, ended(h), want[h])
 			}
 		}
 	}
+	// samples has the ticks of a second sample the connections: proxy-acking
+	// has a 20 KiB ACK arriving at two of them; proxy-cycling sends 4 MB
+	// requests, each taken once whole, one after the other.
+	samples := func() {
+		for i := range 2 * minSamples {
+			acking.conn.unread.Store(0)
+			if i < 2 {
+				acking.conn.unread.Store(20 << 10)
+			}
+			cycling.conn.unread.Store(int64(i%10) * 400 << 10)
+			b.sample(true)
+		}
+	}
 	want := map[*holder]bool{stranger: true, greedy[1]: true, greedy[2]: true, shared[1]: true}
-	b.shed(1)
+	if ended, weighed := b.shed(1); !ended || weighed {
+		t.Errorf("the first shedding: ended %v (want true), weighed the proxies %v (want false)", ended, weighed)
+	}
 	check("after the first shedding", want)
-	// Every client holds one stream, alone on its connection, now: the
-	// first weighing of the proxies ends none of them.
-	b.shed(1 << 20)
-	check("after the first weighing", want)
-	// proxy-acking's request arrived and was taken, and another is on its
-	// way: the second weighing finds the proxy holding the most that held
-	// at the first, its 4 MiB covering the 1 MiB over.
-	acking.conn.taken()
-	acking.conn.unread.Store(20 << 10)
+	// Every client holds one stream, alone on its connection, now: with
+	// too few samples, weighing the proxies ends none of them.
+	b.sample(true)
+	if ended, weighed := b.shed(1 << 20); ended || !weighed {
+		t.Errorf("the weighing without samples: ended %v (want false), weighed %v (want true)", ended, weighed)
+	}
+	check("after the weighing without samples", want)
+	// A second's samples: the proxy holding the most on average goes, its
+	// 4 MiB covering the 1 MiB over.
+	samples()
 	b.shed(1 << 20)
 	want[large] = true
-	check("after the second weighing", want)
-	// However far over, the proxies that send nothing, whose request was
-	// taken since, or whose bytes answer what the server wrote stay:
-	// ending them frees nothing.
-	acking.conn.taken()
+	check("after the first weighing", want)
+	// However far over, the proxies that send nothing, whose ACK arrived,
+	// or whose bytes are the window updates for what the server wrote
+	// stay: ending them frees nothing. The one cycling requests goes.
+	samples()
 	b.shed(1 << 40)
-	want[small] = true
-	check("after the third weighing, 1 TiB over", want)
+	want[small], want[cycling] = true, true
+	check("after the second weighing, 1 TiB over", want)
 	b.over.Store(true)
 	if _, err := b.take("late", nil); err == nil {
 		t.Error("a new stream was taken while the heap is over the budget")
@@ -141,8 +162,8 @@ func TestMemoryBudgetCountsItsFloor(t *testing.T) {
 	b.measureWorld()
 
 	// A proxy whose connection holds a request of 8 MiB: a budget that
-	// took the connections' heap for its clients' would end it at its
-	// second decision.
+	// took the connections' heap for its clients' would end it once it
+	// sampled it enough.
 	pc := &conn{}
 	pc.unread.Store(8 << 20)
 	proxy, err := b.take("proxy", pc)
@@ -153,8 +174,9 @@ func TestMemoryBudgetCountsItsFloor(t *testing.T) {
 	// 5,000 connections: the heap grows by what they hold, beyond the
 	// budget, and the proxy's stream stays.
 	conns = 5000
-	step(world + 5000*ConnectionHeap + budget/2)
-	step(world + 5000*ConnectionHeap + budget/2 + budget/4)
+	for i := range 2 * minSamples {
+		step(world + 5000*ConnectionHeap + budget/2 + uint64(i)*budget/64)
+	}
 	if b.over.Load() || ended(proxy) {
 		t.Fatalf("with 5,000 connections open the budget is over: %v, the proxy's stream ended: %v", b.over.Load(), ended(proxy))
 	}
@@ -170,4 +192,41 @@ func TestMemoryBudgetCountsItsFloor(t *testing.T) {
 	if _, err := b.take("late", nil); err == nil {
 		t.Error("a new stream was taken while the heap is over the budget")
 	}
+}
+
+// oneRequest is a stream that receives one request, then blocks until
+// its context ends.
+type oneRequest struct {
+	ctx  context.Context
+	sent bool
+}
+
+func (s *oneRequest) Recv() (int, error) {
+	if !s.sent {
+		s.sent = true
+		return 1, nil
+	}
+	<-s.ctx.Done()
+	return 0, s.ctx.Err()
+}
+
+// TestRecvCountsARequestUntilTheHandlerTakesIt checks that what the
+// budget counts a connection holding ends only once the handler took the
+// request, not once it was decoded: a decoded request waiting for a
+// handler that does not take it (one blocked on a proxy that does not
+// read) is held as much as one in assembly.
+func TestRecvCountsARequestUntilTheHandlerTakesIt(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	c := &conn{}
+	c.unread.Store(4 << 20)
+	reqs, _ := recv[int](ctx, &oneRequest{ctx: ctx}, func(error) {}, c.taken)
+	time.Sleep(100 * time.Millisecond) // the request decoded, and waiting
+	if got := c.held(); got != 4<<20 {
+		t.Fatalf("before the handler took the request, the connection holds %d bytes, want %d", got, 4<<20)
+	}
+	<-reqs
+	testkit.Eventually(t, "the count ended once the handler took the request", func() (bool, string) {
+		return c.held() == 0, fmt.Sprint(c.held())
+	})
 }

@@ -188,15 +188,14 @@ type conn struct {
 	counted  bool
 	once     sync.Once
 	// unread is what the connection read, and written what it wrote, since
-	// a stream's handler last took a request read from it (taken, counted
-	// in handoffs). What it read since is a request in assembly, which
-	// gRPC holds whole before the handler sees any of it, or one decoded
-	// and waiting for the handler; and the client's own frames, which
-	// answer what the server wrote (window updates, ping acks) and are
-	// allowed for as much. The memory budget ends a proxy's only stream
-	// for what it holds (held).
+	// a stream's handler last took a request read from it (taken). What it
+	// read since is a request in assembly, which gRPC holds whole before
+	// the handler sees any of it, or one decoded and waiting for the
+	// handler; and the client's own frames: its window updates answer
+	// what the server wrote, a small part of it, and its pings are few
+	// (the server's keepalive enforcement allows one per 10 s). The memory
+	// budget ends a proxy's only stream for what it holds (held).
 	unread, written atomic.Int64
-	handoffs        atomic.Uint64
 }
 
 // Read reads from the connection, counting what it read as unread until
@@ -216,23 +215,31 @@ func (c *conn) Write(b []byte) (int, error) {
 }
 
 // taken records that a stream's handler took a request read from c; c
-// may be nil (a connection the server did not register).
+// may be nil (a connection the server did not register). Bytes of the
+// next request read before it are dropped from the count with it: at most
+// a stream's receive window (streamWindow), since gRPC grants no more to
+// a stream whose handler is not reading.
 func (c *conn) taken() {
 	if c != nil {
 		c.unread.Store(0)
 		c.written.Store(0)
-		c.handoffs.Add(1)
 	}
 }
 
-// held is what c read since a handler last took a request from it, beyond
-// what it wrote meanwhile, and how many requests handlers took from it;
-// nothing for nil.
-func (c *conn) held() (int64, uint64) {
+// windowUpdateShare is the part of what the server wrote that the
+// client's window updates for it may take: an update of 13 bytes (with
+// TLS's record, about 40) per 16 KiB at the least generous client, a
+// four-hundredth; a thirty-second leaves room.
+const windowUpdateShare = 5
+
+// held is what c read since a handler last took a request from it, less
+// the client's window updates for what it wrote meanwhile; nothing for
+// nil.
+func (c *conn) held() int64 {
 	if c == nil {
-		return 0, 0
+		return 0
 	}
-	return c.unread.Load() - c.written.Load(), c.handoffs.Load()
+	return c.unread.Load() - c.written.Load()>>windowUpdateShare
 }
 
 // add wraps c (counted for peer by take) so that closing it uncounts it,
