@@ -109,7 +109,7 @@ test: ## Run every test against a real API server (builds the envtest binaries o
 	$(MAKE) demo DEMO_ONCE=1
 
 .PHONY: test-clients
-test-clients: ## Run the client matrix: grpc-go, grpc-js-xds and gRPC C-core through one scenario (as root: network namespaces, npm ci, python3-grpcio, iproute2).
+test-clients: ## Run the client matrix: grpc-go, grpc-js-xds and gRPC C-core through its scenarios, and through a scope moving to another shard (as root: network namespaces, npm ci, python3-grpcio, iproute2).
 	@command -v node >/dev/null && command -v npm >/dev/null || { echo "test-clients needs Node.js and npm on PATH for the grpc-js-xds client"; exit 1; }
 	@if ! /usr/bin/python3 -c 'import grpc' 2>/dev/null || ! command -v ip >/dev/null; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
@@ -121,7 +121,7 @@ test-clients: ## Run the client matrix: grpc-go, grpc-js-xds and gRPC C-core thr
 	fi
 	cd test/clients && npm ci --no-audit --no-fund --loglevel=error
 	assets=$$(hack/envtest.sh); \
-	SCOPEPLANE_CLIENT_MATRIX=1 KUBEBUILDER_ASSETS=$$assets go test -count=1 -v -timeout 15m -run '^TestClientMatrix$$' ./test/clients/
+	SCOPEPLANE_CLIENT_MATRIX=1 KUBEBUILDER_ASSETS=$$assets go test -count=1 -v -timeout 15m -run '^TestClientMatrix(ShardMove)?$$' ./test/clients/
 
 .PHONY: e2e
 e2e: ## Build a single-node Kubernetes on this machine (as root; no container engine) and run the chart and the quickstart on real Pods.

@@ -45,6 +45,7 @@ import (
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
@@ -57,6 +58,7 @@ import (
 	"github.com/scopeplane/scopeplane/xds/bootstrap"
 	"github.com/scopeplane/scopeplane/xds/model"
 	"github.com/scopeplane/scopeplane/xds/server"
+	"github.com/scopeplane/scopeplane/xds/shard"
 )
 
 // The network the test creates: a namespace with one end of a veth pair,
@@ -103,42 +105,17 @@ func TestMain(m *testing.M) {
 }
 
 func TestClientMatrix(t *testing.T) {
-	if os.Getenv("SCOPEPLANE_CLIENT_MATRIX") == "" {
-		t.Skip("the client matrix runs with make test-clients, which installs its Node.js and Python clients")
-	}
-	node, python := clientTools(t)
-	netns, clientNS := makeNetwork(t)
-	a := whoami.Serve("backend-a", listenIn(t, netns, net.JoinHostPort(addrA, fmt.Sprint(port))))
-	defer a.Stop()
-	b := whoami.Serve("backend-b", listenIn(t, netns, net.JoinHostPort(addrB, fmt.Sprint(port))))
-	defer b.Stop()
-
+	node, python, netns, clientNS := matrixNetwork(t)
 	dir := t.TempDir()
 	c, cp := startOperator(t, dir)
-	create(t, c,
-		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}},
-		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "grpc-go"}},
-		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "grpc-js"}},
-		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "c-core"}},
-		whoamiService(),
+	createClients(t, c,
 		&corev1.Service{
 			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "other"},
 			Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "grpc", Port: port}}},
 		},
-		&discoveryv1.EndpointSlice{
-			ObjectMeta:  metav1.ObjectMeta{Namespace: ns, Name: "whoami-1", Labels: map[string]string{discoveryv1.LabelServiceName: "whoami"}},
-			AddressType: discoveryv1.AddressTypeIPv4,
-			Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("grpc"), Port: ptr.To(int32(port)), Protocol: ptr.To(corev1.ProtocolTCP)}},
-			Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{addrA}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}}},
-		},
 		scope("grpc", xdsv1alpha1.ProtocolSotW),
 		scope("delta", xdsv1alpha1.ProtocolDelta),
 	)
-	// The Pods of the child clients, as the kubelet reports them: Running
-	// at the address of the client's network namespace.
-	for _, p := range []struct{ name, sa, ip string }{{"grpc-js-xds", "grpc-js", addrJS}, {"c-core", "c-core", addrCCore}} {
-		runningPod(t, c, p.name, p.sa, p.ip)
-	}
 	grpcBootstrap, grpcEnv := writeBootstrap(t, c, dir, "grpc")
 	deltaBootstrap, _ := writeBootstrap(t, c, dir, "delta")
 	token := writeToken(t, c, dir, "grpc-go")
@@ -302,6 +279,47 @@ func TestClientMatrix(t *testing.T) {
 		t: t, c: c, cp: cp, m: m, kinds: kinds, clients: clients, identities: joined,
 		start: func(kind string) *runner { return startPaced(kind, grpcBootstrap, meshPace) },
 	}, netns)
+}
+
+// matrixNetwork skips the test unless make test-clients runs it, and
+// makes its network with backend-a and backend-b serving in it; it returns
+// the child clients' interpreters, the backends' network namespace and the
+// child clients'.
+func matrixNetwork(t *testing.T) (node, python, netns string, clientNS map[string]string) {
+	if os.Getenv("SCOPEPLANE_CLIENT_MATRIX") == "" {
+		t.Skip("the client matrix runs with make test-clients, which installs its Node.js and Python clients")
+	}
+	node, python = clientTools(t)
+	netns, clientNS = makeNetwork(t)
+	for name, addr := range map[string]string{"backend-a": addrA, "backend-b": addrB} {
+		s := whoami.Serve(name, listenIn(t, netns, net.JoinHostPort(addr, fmt.Sprint(port))))
+		t.Cleanup(s.Stop)
+	}
+	return node, python, netns, clientNS
+}
+
+// createClients creates what the clients need in namespace ns, and objs:
+// their ServiceAccounts, the Pods of the child clients as the kubelet
+// reports them (Running at the address of the client's network
+// namespace), the whoami Service and its EndpointSlice whoami-1, listing
+// backend-a.
+func createClients(t *testing.T, c client.Client, objs ...client.Object) {
+	create(t, c, append([]client.Object{
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}},
+		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "grpc-go"}},
+		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "grpc-js"}},
+		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "c-core"}},
+		whoamiService(),
+		&discoveryv1.EndpointSlice{
+			ObjectMeta:  metav1.ObjectMeta{Namespace: ns, Name: "whoami-1", Labels: map[string]string{discoveryv1.LabelServiceName: "whoami"}},
+			AddressType: discoveryv1.AddressTypeIPv4,
+			Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("grpc"), Port: ptr.To(int32(port)), Protocol: ptr.To(corev1.ProtocolTCP)}},
+			Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{addrA}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}}},
+		},
+	}, objs...)...)
+	for _, p := range []struct{ name, sa, ip string }{{"grpc-js-xds", "grpc-js", addrJS}, {"c-core", "c-core", addrCCore}} {
+		runningPod(t, c, p.name, p.sa, p.ip)
+	}
 }
 
 // result is one RPC's outcome, as the clients print it: the backend that
@@ -645,22 +663,39 @@ func listenIn(t *testing.T, netns, addr string) net.Listener {
 // where writeBootstrap puts them as the kubelet would. It returns a client
 // of the API server and the control plane.
 func startOperator(t *testing.T, dir string) (client.Client, *controlplane.ControlPlane) {
+	env := startAPI(t)
+	// The clients reach the xDS port at the bridge's address, from their
+	// own.
+	lis, err := net.Listen("tcp", net.JoinHostPort(hostAddr, "0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cp, _ := startReplica(t, env, dir, lis, shard.Shards{})
+	return env.Client, cp
+}
+
+// startAPI runs the API server, with the operator's namespace.
+func startAPI(t *testing.T) *localapi.Env {
 	ctrl.SetLogger(logr.Discard()) // the matrix is the output; the operator's logs are not
 	env, err := localapi.Start()
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = env.Stop() })
+	create(t, env.Client, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "scopeplane-system"}})
+	return env
+}
+
+// startReplica runs one replica of the operator against env, serving xDS
+// on lis, of the shards given (none: unsharded); stop ends it as a pod's
+// termination does, its streams ended with Unavailable. Replicas of one
+// test share its process, and so controller names.
+func startReplica(t *testing.T, env *localapi.Env, dir string, lis net.Listener, shards shard.Shards) (cp *controlplane.ControlPlane, stop func()) {
 	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
 		Scheme: scheme.Scheme, Cache: controlplane.CacheOptions(),
 		Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
+		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The clients reach the xDS port at the bridge's address, from their
-	// own.
-	lis, err := net.Listen("tcp", net.JoinHostPort(hostAddr, "0"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -668,13 +703,13 @@ func startOperator(t *testing.T, dir string) (client.Client, *controlplane.Contr
 	if err != nil {
 		t.Fatal(err)
 	}
-	create(t, env.Client, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "scopeplane-system"}})
 	ctx, cancel := context.WithCancel(context.Background())
-	cp, err := controlplane.Setup(ctx, mgr, controlplane.Options{
+	cp, err = controlplane.Setup(ctx, mgr, controlplane.Options{
 		XDSListener: lis, XDSServerAddress: lis.Addr().String(), CoalesceWindow: 5 * time.Millisecond, StatusWindow: 50 * time.Millisecond,
 		BootstrapMountPath: dir,
 		TLS:                controlplane.TLS{Secret: types.NamespacedName{Namespace: "scopeplane-system", Name: "scopeplane-xds-tls"}},
 		Server:             server.Options{Authenticator: a},
+		Shards:             shards,
 	})
 	if err != nil {
 		cancel()
@@ -682,13 +717,17 @@ func startOperator(t *testing.T, dir string) (client.Client, *controlplane.Contr
 	}
 	done := make(chan error, 1)
 	go func() { done <- mgr.Start(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("manager: %v", err)
-		}
-	})
-	return env.Client, cp
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("manager: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return cp, stop
 }
 
 func whoamiService() *corev1.Service {
