@@ -49,15 +49,23 @@ const (
 	memoryBudgetSettle = time.Second
 )
 
-// weighEvery is how long the proxies of one stream are sampled before the
-// budget weighs them, and minSamples how many samples a weighing needs of
-// a proxy: a request that arrives crosses ConnectionHeap for as long as it
-// takes to, a few samples, while one held (stalled, or finished only to
-// start the next) stays above it for most of them.
+// weighEvery is how much of the proxies' sampling the budget weighs them
+// on, and how often it does while nothing else decides, and minSamples how
+// many samples a weighing needs of a proxy: a request that arrives crosses
+// ConnectionHeap for as long as it takes to, a few samples, while one held
+// (stalled, or finished only to start the next) stays above it for most
+// of them.
 const (
 	weighEvery = time.Second
 	minSamples = int(weighEvery / memoryBudgetTick / 2)
 )
+
+// recollectEvery is how often, at most, a weighing due runs a collection
+// of its own to see whether the heap came back: the runtime's own come as
+// the replica allocates, and a replica holding over its budget that
+// allocates nothing would otherwise refuse new streams on a stale reading
+// until the runtime's two-minute one.
+const recollectEvery = 10 * time.Second
 
 // memoryBudget keeps what clients make the replica hold within
 // Options.MemoryBudget of live heap above the replica's floor: what it
@@ -81,12 +89,12 @@ const (
 //     left, and only for what it holds: what its connection read since its
 //     handler last took a request, beyond the window updates for what the
 //     server wrote (conn.held), sampled at every tick while the heap is
-//     over; a proxy above ConnectionHeap at most of a second's samples
-//     (weighEvery) is ended, the most on average first. That is a request
-//     in assembly or one waiting for its handler, which ending the stream
-//     gives back; a proxy that sends nothing but its ACKs holds none for
-//     longer than an ACK takes to arrive, and ending it would free
-//     nothing.
+//     over; a proxy above ConnectionHeap at most of its last second's
+//     samples (weighEvery) is ended, the most on average first. That is a
+//     request in assembly or one waiting for its handler, which ending the
+//     stream gives back; a proxy that sends nothing but its ACKs holds
+//     none for longer than an ACK takes to arrive (or waits for a handler
+//     busy sending), and ending it would free nothing.
 //
 // The floor is the world measured once the first build is served (the
 // live heap then, less its connections: streams are refused before it) and
@@ -117,12 +125,12 @@ type holder struct {
 	shed   chan struct{}
 
 	// Guarded by memoryBudget.mu: admitted is set once the stream is
-	// admitted to a scope; samples counts the ticks that sampled what its
-	// connection held since the last weighing, above those that found more
-	// than ConnectionHeap, and sum is what they found in all.
-	admitted       bool
-	samples, above int
-	sum            int64
+	// admitted to a scope; held is what its connection held at the last
+	// samples ticks that sampled it, at most len(held), the latest at
+	// held[(samples-1)%len(held)].
+	admitted bool
+	held     [2 * minSamples]int64
+	samples  int
 }
 
 // newMemoryBudget returns the budget of budget bytes of live heap above
@@ -211,8 +219,9 @@ type decisions struct {
 	seen, settled uint64    // the collections at the last decision; the one to wait for
 	settling      time.Time // no decision before it
 	measured      uint64    // the heap's objects at the last decision
-	weigh         time.Time // when set, a decision is due then, with a collection if none ran
-	sampling      bool      // whether the last tick sampled the proxies
+	live          uint64    // the live heap at the last decision
+	collected     time.Time // when the last decision read it
+	weigh         time.Time // when set, a decision is due then, on the last live heap if it is recent
 }
 
 // tick reads the heap at now and decides (run).
@@ -220,32 +229,37 @@ func (b *memoryBudget) tick(d *decisions, now time.Time) {
 	live, objects, cycles := b.read()
 	if int64(objects) <= b.floor()+b.budget {
 		b.over.Store(false)
-		if d.sampling {
-			b.sample(false)
-			d.sampling, d.weigh = false, time.Time{}
-		}
+		d.weigh = time.Time{}
 		return
 	}
-	b.sample(true)
-	d.sampling = true
+	b.sample()
 	if now.Before(d.settling) {
 		return
 	}
 	weigh := !d.weigh.IsZero() && !now.Before(d.weigh)
-	if !weigh && cycles == d.seen && cycles >= d.settled && int64(objects-min(objects, d.measured)) < b.budget/8 {
+	fresh := cycles != d.seen || cycles < d.settled || int64(objects-min(objects, d.measured)) >= b.budget/8 ||
+		weigh && now.Sub(d.collected) >= recollectEvery
+	if !fresh && !weigh {
 		// Nothing new to decide on: no collection since the last
-		// decision, and the heap grew by little since.
+		// decision, the heap grew by little since, and no weighing due.
 		return
 	}
-	for cycles == d.seen || cycles < d.settled {
-		b.gc()
-		live, objects, cycles = b.read()
+	if fresh {
+		d.collected = now
+		for cycles == d.seen || cycles < d.settled {
+			b.gc()
+			live, objects, cycles = b.read()
+		}
+		d.seen, d.measured, d.live = cycles, objects, live
+		if b.open() == 0 && b.conns() == 0 {
+			b.world.Store(max(0, int64(live)-int64(b.conns())*ConnectionHeap))
+		}
+	} else {
+		// A weighing due with nothing new: it needs the samples, not
+		// another collection, and the last live heap, recent, stands.
+		live = d.live
 	}
 	d.weigh = time.Time{}
-	d.seen, d.measured = cycles, objects
-	if b.open() == 0 && b.conns() == 0 {
-		b.world.Store(max(0, int64(live)-int64(b.conns())*ConnectionHeap))
-	}
 	over := int64(live) - b.floor() - b.budget
 	b.over.Store(over > 0)
 	if over <= 0 {
@@ -255,27 +269,21 @@ func (b *memoryBudget) tick(d *decisions, now time.Time) {
 	case ended:
 		d.settled, d.settling = cycles+2, now.Add(memoryBudgetSettle)
 	case weighed:
-		// Nothing to end yet: weigh again once a second's samples are in,
-		// whether or not the heap moves.
+		// Nothing to end yet: weigh again a second later, whether or not
+		// the heap moves.
 		d.weigh = now.Add(weighEvery)
 	}
 }
 
 // sample records what the connection of each admitted stream holds (see
-// holder), or, with on false, forgets the samples.
-func (b *memoryBudget) sample(on bool) {
+// holder).
+func (b *memoryBudget) sample() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for h := range b.streams {
-		if !on || !h.admitted {
-			h.samples, h.above, h.sum = 0, 0, 0
-			continue
-		}
-		n := h.conn.held()
-		h.samples++
-		h.sum += max(n, 0)
-		if n > ConnectionHeap {
-			h.above++
+		if h.admitted {
+			h.held[h.samples%len(h.held)] = h.conn.held()
+			h.samples++
 		}
 	}
 }
@@ -374,12 +382,11 @@ func groupBy[K comparable](hs []*holder, key func(*holder) K) map[K][]*holder {
 }
 
 // holders weighs the proxies of one stream each, alone on their
-// connections: those sampled at least minSamples times since the last
-// weighing, above ConnectionHeap at most of them, the most on average
-// first, until what they held on average covers over. Every proxy's
-// samples start again. Below the threshold at most samples, a proxy holds
-// at most ConnectionHeap for most of the time, and a request for the rest.
-// memoryBudget.mu is held.
+// connections, on their last samples: those sampled at least minSamples
+// times, above ConnectionHeap at most of them, the most on average first,
+// until what they held on average covers over. Below the threshold at
+// most samples, a proxy holds at most ConnectionHeap for most of the time,
+// and a request for the rest. memoryBudget.mu is held.
 func holders(singles []*holder, over int64) []*holder {
 	type weighed struct {
 		h    *holder
@@ -387,10 +394,20 @@ func holders(singles []*holder, over int64) []*holder {
 	}
 	var held []weighed
 	for _, h := range singles {
-		if h.samples >= minSamples && 2*h.above > h.samples {
-			held = append(held, weighed{h, h.sum / int64(h.samples)})
+		n := min(h.samples, len(h.held))
+		if n < minSamples {
+			continue
 		}
-		h.samples, h.above, h.sum = 0, 0, 0
+		above, sum := 0, int64(0)
+		for _, v := range h.held[:n] {
+			if v > ConnectionHeap {
+				above++
+			}
+			sum += max(v, 0)
+		}
+		if 2*above > n {
+			held = append(held, weighed{h, sum / int64(n)})
+		}
 	}
 	slices.SortFunc(held, func(x, y weighed) int { return cmp.Compare(y.mean, x.mean) })
 	var victims []*holder

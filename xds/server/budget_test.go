@@ -80,7 +80,7 @@ func TestMemoryBudgetShedsTheLeastProvenFirst(t *testing.T) {
 				acking.conn.unread.Store(20 << 10)
 			}
 			cycling.conn.unread.Store(int64(i%10) * 400 << 10)
-			b.sample(true)
+			b.sample()
 		}
 	}
 	want := map[*holder]bool{stranger: true, greedy[1]: true, greedy[2]: true, shared[1]: true}
@@ -90,7 +90,7 @@ func TestMemoryBudgetShedsTheLeastProvenFirst(t *testing.T) {
 	check("after the first shedding", want)
 	// Every client holds one stream, alone on its connection, now: with
 	// too few samples, weighing the proxies ends none of them.
-	b.sample(true)
+	b.sample()
 	if ended, weighed := b.shed(1 << 20); ended || !weighed {
 		t.Errorf("the weighing without samples: ended %v (want false), weighed %v (want true)", ended, weighed)
 	}
@@ -174,8 +174,10 @@ func TestMemoryBudgetCountsItsFloor(t *testing.T) {
 	// 5,000 connections: the heap grows by what they hold, beyond the
 	// budget, and the proxy's stream stays.
 	conns = 5000
-	for i := range 2 * minSamples {
-		step(world + 5000*ConnectionHeap + budget/2 + uint64(i)*budget/64)
+	live = world + 5000*ConnectionHeap + budget/2
+	for range 4 * minSamples {
+		now = now.Add(memoryBudgetTick)
+		b.tick(&d, now)
 	}
 	if b.over.Load() || ended(proxy) {
 		t.Fatalf("with 5,000 connections open the budget is over: %v, the proxy's stream ended: %v", b.over.Load(), ended(proxy))
@@ -229,4 +231,39 @@ func TestRecvCountsARequestUntilTheHandlerTakesIt(t *testing.T) {
 	testkit.Eventually(t, "the count ended once the handler took the request", func() (bool, string) {
 		return c.held() == 0, fmt.Sprint(c.held())
 	})
+}
+
+// TestMemoryBudgetWeighsUnderFrequentCollections checks that the budget
+// ends a proxy holding a stalled request while the runtime collects more
+// often than the budget weighs (an allocating replica near its Go limit,
+// or the attack's own garbage): every collection is a decision, and none
+// may throw away the samples the weighing needs.
+func TestMemoryBudgetWeighsUnderFrequentCollections(t *testing.T) {
+	const budget = 100 << 20
+	var live, cycles uint64 = 50 << 20, 1
+	b := newMemoryBudget(budget, func() int { return 1 })
+	b.read = func() (uint64, uint64, uint64) { return live, live, cycles }
+	b.gc = func() { cycles++ }
+	b.measureWorld()
+	stalled := &conn{}
+	stalled.unread.Store(8 << 20)
+	proxy, err := b.take("proxy", stalled)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.admit(proxy)
+	live += budget + 8<<20
+	var d decisions
+	now := time.Now()
+	for i := range 20 * minSamples {
+		if i%4 == 0 {
+			cycles++ // the runtime collects every 200 ms
+		}
+		now = now.Add(memoryBudgetTick)
+		b.tick(&d, now)
+		if ended(proxy) {
+			return
+		}
+	}
+	t.Fatalf("the proxy holding a stalled 8 MiB request was not ended in %d ticks of a heap 8 MiB over, collected every 4 ticks", 20*minSamples)
 }
