@@ -161,6 +161,16 @@ func TestDockerfileBuildsMakeImagesImage(t *testing.T) {
 // rootfs.
 func runBuildStage(t *testing.T, stage []instruction, buildArgs map[string]string, dir, rootfs string) {
 	t.Helper()
+	// What the stage's go mod download fetches, it fetches for every
+	// platform, and a module only Windows builds import (a terminal's, a
+	// CLI's) is in no cache a Linux build and test filled: fetch it here,
+	// from the module proxy, so that the stage runs offline on a fresh
+	// machine too.
+	download := exec.Command("go", "mod", "download")
+	download.Dir, download.Env = repoRoot, append(os.Environ(), "GOWORK=off")
+	if out, err := download.CombinedOutput(); err != nil {
+		t.Fatalf("go mod download, to fill the module cache the build stage runs offline from: %v\n%s", err, out)
+	}
 	env := append(os.Environ(),
 		"GOFLAGS=-mod=mod", // go.mod and go.sum as copied, nothing vendored
 		"GOPROXY=off",      // offline: everything from the shared module cache
