@@ -183,9 +183,11 @@ func (b *memoryBudget) measureWorld() {
 // floor and the budget, so is what is live. Above it, what is live is what
 // counts, and it is known only after a collection: the runtime's own are
 // used, and one is run only when the heap grew by an eighth of the budget
-// since the last decision without one, so that a heap that only holds
+// since the last decision without one, or when a weighing of the proxies
+// is due and none ran for recollectEvery, so that a heap that only holds
 // garbage above the budget does not make the replica collect on every
-// tick. After streams are ended, what they held is given back over a while
+// tick. While the objects are above, every tick samples what each proxy's
+// connection holds (sample), for the weighings. After streams are ended, what they held is given back over a while
 // (memoryBudgetSettle), into gRPC's buffer pools, which the runtime empties
 // only over two collections: the next decision waits for both, so that the
 // same bytes are not counted twice and more streams ended for them. New
