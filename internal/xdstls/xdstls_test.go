@@ -22,7 +22,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -405,8 +404,10 @@ func TestLeadersOfTwoShardCountsConverge(t *testing.T) {
 
 // TestRotateTakesAnotherLeadersWrite checks that a leader whose write of
 // the Secret conflicts with another shard's leader's reads it again and
-// renews what is still due, rather than failing the rotation: with shards,
-// every shard's leader rotates the one Secret.
+// renews what is still due for its own names, keeping what the other
+// wrote, rather than failing the rotation: with shards, every shard's
+// leader rotates the one Secret. The other leader's write lands between
+// this one's read and its update, as the API server would order them.
 func TestRotateTakesAnotherLeadersWrite(t *testing.T) {
 	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
 	clock := func() time.Time { return now }
@@ -416,11 +417,24 @@ func TestRotateTakesAnotherLeadersWrite(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The other leader renews from nothing: a CA of its own.
+	other := &SelfSigned{DNSNames: []string{"xds", "xds-shard-2"}, Now: clock}
+	otherData, _, err := other.renew(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	updates := 0
 	c := fake.NewClientBuilder().WithObjects(&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}, Data: data}).
 		WithInterceptorFuncs(interceptor.Funcs{Update: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.UpdateOption) error {
 			if updates++; updates == 1 {
-				return apierrors.NewConflict(corev1.Resource("secrets"), key.Name, fmt.Errorf("the object has been modified"))
+				sec := &corev1.Secret{}
+				if err := c.Get(ctx, key, sec); err != nil {
+					return err
+				}
+				sec.Data = otherData
+				if err := c.Update(ctx, sec); err != nil {
+					return err
+				}
 			}
 			return c.Update(ctx, obj, opts...)
 		}}).Build()
@@ -434,7 +448,9 @@ func TestRotateTakesAnotherLeadersWrite(t *testing.T) {
 	if err := c.Get(context.Background(), key, sec); err != nil {
 		t.Fatal(err)
 	}
-	if leaf := parseCerts(sec.Data[CertFile])[0]; updates != 2 || fmt.Sprint(leaf.DNSNames) != "[xds xds-shard-1]" {
-		t.Errorf("after %d updates the Secret's certificate names %v, want two updates and [xds xds-shard-1]", updates, leaf.DNSNames)
+	leaf := parseCerts(sec.Data[CertFile])[0]
+	if string(sec.Data[CAFile]) != string(otherData[CAFile]) || fmt.Sprint(leaf.DNSNames) != "[xds xds-shard-1 xds-shard-2]" {
+		t.Errorf("after %d updates the Secret's CA is the other leader's: %v, and its certificate names %v, want the other leader's CA and [xds xds-shard-1 xds-shard-2]",
+			updates, string(sec.Data[CAFile]) == string(otherData[CAFile]), leaf.DNSNames)
 	}
 }

@@ -691,6 +691,7 @@ func startAPI(t *testing.T) *localapi.Env {
 // termination does, its streams ended with Unavailable. Replicas of one
 // test share its process, and so controller names.
 func startReplica(t *testing.T, env *localapi.Env, dir string, lis net.Listener, shards shard.Shards) (cp *controlplane.ControlPlane, stop func()) {
+	t.Cleanup(func() { _ = lis.Close() })
 	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
 		Scheme: scheme.Scheme, Cache: controlplane.CacheOptions(),
 		Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",

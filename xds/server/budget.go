@@ -27,9 +27,9 @@ const RefusedMemoryBudget = "MemoryBudget"
 // takes when it is not set. The budget is room above the replica's floor
 // (its world and its connections, at most --xds-max-connections ×
 // ConnectionHeap), so a third leaves, with the chart's 512 MiB, 5,000
-// connections and a world of 50 MiB, half the Go limit for the garbage the
-// collector has not yet reclaimed and for what arrives between two
-// measures.
+// connections and a world of 50 MiB, about 100 MiB of the Go limit for the
+// garbage the collector has not yet reclaimed and for what arrives between
+// two measures (docs/admission.md, the bound).
 const memoryBudgetShare = 1.0 / 3
 
 // ConnectionHeap is the live heap the budget counts for every open
@@ -89,8 +89,9 @@ const recollectEvery = 10 * time.Second
 //     left, and only for what it holds: what its connection read since its
 //     handler last took a request, beyond the window updates for what the
 //     server wrote (conn.held), sampled at every tick while the heap is
-//     over; a proxy above ConnectionHeap at most of its last second's
-//     samples (weighEvery) is ended, the most on average first. That is a
+//     over; a proxy above ConnectionHeap at more than half of its samples
+//     (the last second's, weighEvery, and half a second's at least) is
+//     ended, the most on average first. That is a
 //     request in assembly or one waiting for its handler, which ending the
 //     stream gives back; a proxy that sends nothing but its ACKs holds
 //     none for longer than an ACK takes to arrive (or waits for a handler
@@ -224,6 +225,7 @@ type decisions struct {
 	live          uint64    // the live heap at the last decision
 	collected     time.Time // when the last decision read it
 	weigh         time.Time // when set, a decision is due then, on the last live heap if it is recent
+	sampled       bool      // whether the proxies hold samples of the heap's present time over
 }
 
 // tick reads the heap at now and decides (run).
@@ -232,9 +234,14 @@ func (b *memoryBudget) tick(d *decisions, now time.Time) {
 	if int64(objects) <= b.floor()+b.budget {
 		b.over.Store(false)
 		d.weigh = time.Time{}
+		if d.sampled {
+			b.forget()
+			d.sampled = false
+		}
 		return
 	}
 	b.sample()
+	d.sampled = true
 	if now.Before(d.settling) {
 		return
 	}
@@ -274,6 +281,16 @@ func (b *memoryBudget) tick(d *decisions, now time.Time) {
 		// Nothing to end yet: weigh again a second later, whether or not
 		// the heap moves.
 		d.weigh = now.Add(weighEvery)
+	}
+}
+
+// forget drops the proxies' samples: the heap is back under the budget,
+// and a weighing is on the samples of the time it is over.
+func (b *memoryBudget) forget() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for h := range b.streams {
+		h.samples = 0
 	}
 }
 

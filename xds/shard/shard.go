@@ -56,7 +56,10 @@ func (s Shards) Check() error {
 			return fmt.Errorf("shard %d's xDS address %q: %w", i, a, err)
 		}
 		if ip, err := netip.ParseAddr(host); err == nil {
-			host = ip.String()
+			if ip.Zone() != "" {
+				return fmt.Errorf("shard %d's xDS address %q: an address with a zone reaches one host's link only", i, a)
+			}
+			host = ip.Unmap().String()
 		} else if errs := validation.IsDNS1123Subdomain(host); len(errs) > 0 {
 			return fmt.Errorf("shard %d's xDS address %q: the host is neither an IP nor a DNS name: %s", i, a, strings.Join(errs, "; "))
 		}
@@ -64,8 +67,9 @@ func (s Shards) Check() error {
 		if err != nil || p < 1 || p > 65535 {
 			return fmt.Errorf("shard %d's xDS address %q: the port is not 1-65535", i, a)
 		}
-		// Two spellings of one address ([::1] and [0::1], 18000 and
-		// 018000) are one address.
+		// Two spellings of one address ([::1] and [0::1],
+		// [::ffff:10.0.0.1] and 10.0.0.1, 18000 and 018000) are one
+		// address.
 		canonical := net.JoinHostPort(host, strconv.Itoa(p))
 		if j := slices.Index(seen, canonical); j >= 0 {
 			return fmt.Errorf("shards %d and %d have the same xDS address %q (%q): each shard is reached at its own", j, i, canonical, a)

@@ -118,6 +118,8 @@ func TestShardsOwnAndCheck(t *testing.T) {
 		{Addresses: []string{"a:1", "b:1", "a:1"}},
 		{Addresses: []string{"[::1]:1", "[0::1]:1"}},
 		{Addresses: []string{"a:18000", "a:018000"}},
+		{Addresses: []string{"10.0.0.1:1", "[::ffff:10.0.0.1]:1"}},
+		{Addresses: []string{"a:1", "[fe80::1%eth0]:1"}},
 	} {
 		if err := bad.Check(); err == nil {
 			t.Errorf("%+v passed the check", bad)
