@@ -1,5 +1,7 @@
-// Package clients is the client matrix (make test-clients): one scenario
-// driven through three gRPC xDS clients as a user runs them — grpc-go in
+// Package clients is the client matrix (make test-clients): scenarios
+// (TestClientMatrix, and a scope moving to another shard,
+// TestClientMatrixShardMove) driven through three gRPC xDS clients as a
+// user runs them — grpc-go in
 // process, grpc-js-xds (Node.js, pinned by package-lock.json here) and gRPC
 // C-core (Debian's python3-grpcio) as child processes — against the
 // operator on a real API server, with backends in a network namespace the
