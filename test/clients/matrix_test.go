@@ -1,10 +1,9 @@
 // Package clients is the client matrix (make test-clients): scenarios
 // (TestClientMatrix, and a scope moving to another shard,
 // TestClientMatrixShardMove) driven through three gRPC xDS clients as a
-// user runs them — grpc-go in
-// process, grpc-js-xds (Node.js, pinned by package-lock.json here) and gRPC
-// C-core (Debian's python3-grpcio) as child processes — against the
-// operator on a real API server, with backends in a network namespace the
+// user runs them — grpc-go in process, grpc-js-xds (Node.js, pinned by
+// package-lock.json here) and gRPC C-core (Debian's python3-grpcio) as
+// child processes — against the operator on a real API server, with backends in a network namespace the
 // test creates, at the addresses the EndpointSlices list. Each joins over
 // TLS the way docs/bootstrap.md tells its Pod to: grpc-go with a
 // ServiceAccount token (call_creds), grpc-js-xds and C-core, each in a
