@@ -13,6 +13,8 @@ import (
 
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"golang.org/x/net/http2"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -380,16 +382,39 @@ func TestBudgetUnderTheChartsMemoryLimit(t *testing.T) {
 // more heap of its own than its budget, as a world grown after the first
 // build does: the budget must refuse new streams, and must not end the
 // connected proxy's, which holds nothing that ending it would give back.
-// Before, a proxy holding one stream was ended for any heap over the
-// budget, the newest first: with nothing else open, this one.
+// A proxy holding a stalled 4 MB request is ended, which shows that the
+// budget weighed the proxies; a proxy that joined after it, the newest,
+// stays too. Before, a proxy holding one stream was ended for any heap
+// over the budget, the newest first: the last one at the first decision.
 func TestBudgetEndsNoProxyForTheReplicasOwnHeap(t *testing.T) {
 	cg := memoryCgroup(t, chartMemoryLimit)
 	c := startConfined(t, cg, anonymousProfile)
 	c.push("before the heap grew")
-	c.hold(chartGoMemLimit / 2 >> 20) // 230 MiB: the budget is a third of the Go limit
-	conn := c.dial()
+	holder := stallAll(t, c.addr, 1, 1, tenant, admittedFirst)
+	defer holder.stop()
+	// From an address of its own: a second stream of the first proxy's
+	// client would be ended as such.
+	conn, err := grpc.NewClient(c.addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithContextDialer(from(tenant(1))))
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer func() { _ = conn.Close() }()
-	ads := discoveryv3.NewAggregatedDiscoveryServiceClient(conn)
+	cfg := testkit.WildcardClient(adsclient.SotW, testkit.Node("newest", "default/sotw"))
+	cfg.RecordEvents = false
+	newest := adsclient.New(cfg)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = newest.Run(ctx, conn) }()
+	defer func() { cancel(); <-done }()
+	joined, stop := context.WithTimeout(ctx, testkit.Timeout)
+	defer stop()
+	if err := newest.WaitFor(joined, func(px *adsclient.Client) bool { return len(px.State(xdstype.Cluster.URL())) >= services }); err != nil {
+		t.Fatalf("the newest proxy did not join: %v (stream: %v)", err, newest.Err())
+	}
+	c.hold(chartGoMemLimit / 2 >> 20) // 230 MiB: the budget is a third of the Go limit
+	probe := c.dial()
+	defer func() { _ = probe.Close() }()
+	ads := discoveryv3.NewAggregatedDiscoveryServiceClient(probe)
 	testkit.Eventually(t, "a new stream refused for the memory budget", func() (bool, string) {
 		ctx, cancel := context.WithTimeout(context.Background(), testkit.Timeout)
 		defer cancel()
@@ -402,12 +427,15 @@ func TestBudgetEndsNoProxyForTheReplicasOwnHeap(t *testing.T) {
 		}
 		return status.Code(err) == codes.ResourceExhausted && strings.Contains(status.Convert(err).Message(), "--xds-memory-budget"), fmt.Sprint(err)
 	})
-	// The budget decides every 50 ms while over, and again a second after
-	// it ended streams: give it several decisions.
-	time.Sleep(3 * time.Second)
+	testkit.Eventually(t, "the proxy holding a stalled request ended by the budget", func() (bool, string) {
+		n := holder.endedSince()
+		return n == 1, fmt.Sprintf("%d ended (%s)", n, holder.ended)
+	})
 	c.alive("while the heap is over the budget")
-	if err := c.proxy.Err(); err != nil {
-		t.Fatalf("the connected proxy's stream ended while the replica's own heap was over the budget: %v", err)
+	for name, px := range map[string]*adsclient.Client{"the first": c.proxy, "the newest": newest} {
+		if err := px.Err(); err != nil {
+			t.Fatalf("%s proxy's stream ended while the replica's own heap was over the budget: %v", name, err)
+		}
 	}
 	c.push("while the heap is over the budget")
 	c.hold(0)
