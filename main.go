@@ -100,8 +100,8 @@ func bindFlags(fs *flag.FlagSet) *config {
 	fs.StringVar(&c.leaderNS, "leader-election-namespace", "", "Namespace of the leader election Lease and of each replica's proxy-feedback ConfigMap, which the leader merges into status (default: the pod's namespace).")
 	fs.StringVar(&c.replicaName, "replica-name", "", "This replica's name among the replicas, unique: it names the replica's proxy-feedback ConfigMap (default: $POD_NAME, else the host name). With $POD_UID set, the Pod owns that ConfigMap.")
 	fs.StringVar(&c.xdsAddr, "xds-bind-address", ":18000", "Address the ADS gRPC server (SotW and delta) binds to.")
-	fs.StringVar(&c.xdsServer, "xds-server-address", "127.0.0.1:18000", "host:port proxies dial to reach this control plane, written into each scope's bootstrap ConfigMap (in a cluster: the xDS Service's DNS name). With --shards N above 1: the N shards' addresses, comma-separated, shard 0's first.")
-	fs.IntVar(&c.shards, "shards", 1, "Shards the ProxyScopes are divided among (docs/sharding.md): each shard is replicas of its own, with its own Service (its address in --xds-server-address) and leader, that translate and serve only the scopes a hash of their namespace and name puts on it. 1 serves every scope from every replica.")
+	fs.StringVar(&c.xdsServer, "xds-server-address", "127.0.0.1:18000", "host:port proxies dial to reach this control plane, written into each scope's bootstrap ConfigMap (in a cluster: the xDS Service's DNS name). With --shards N above 1: the addresses of the slots the scopes hash to, comma-separated, slot 0's first, at least N; slot i belongs to shard i mod N (docs/sharding.md).")
+	fs.IntVar(&c.shards, "shards", 1, "Shards the ProxyScopes are divided among (docs/sharding.md): each shard is replicas of its own, with its own leader, that translate and serve only the scopes whose slot, a hash of their namespace and name over the addresses of --xds-server-address, is theirs. 1 serves every scope from every replica.")
 	fs.IntVar(&c.shard, "shard", 0, "This replica's shard, 0 to --shards minus 1.")
 	fs.BoolVar(&c.xdsInsecure, "xds-insecure", false, "Serve xDS in plaintext: anyone who can reach the port can read every scope's configuration and alter what proxies receive, and proxies cannot verify the control plane. Off by default: xDS is served over TLS.")
 	fs.StringVar(&c.xdsTLSDir, "xds-tls-dir", "", "Directory holding the xDS serving certificate as tls.crt, tls.key and the CA bundle proxies trust as ca.crt (a mounted Secret, e.g. cert-manager's); reloaded when the files change. Empty: scopeplane keeps its own CA in --xds-tls-secret.")
@@ -242,7 +242,7 @@ func (c *config) tls() (controlplane.TLS, error) {
 }
 
 // sharding is this replica's shard: one, serving every scope, unless
-// --shards is above 1, when --xds-server-address lists every shard's
+// --shards is above 1, when --xds-server-address lists every slot's
 // address.
 func (c *config) sharding() (shard.Shards, error) {
 	if c.shards < 1 {
@@ -258,10 +258,10 @@ func (c *config) sharding() (shard.Shards, error) {
 	for i := range addrs {
 		addrs[i] = strings.TrimSpace(addrs[i])
 	}
-	if len(addrs) != c.shards {
-		return shard.Shards{}, fmt.Errorf("--xds-server-address names %d address(es) for --shards=%d: give each shard's, comma-separated, shard 0's first", len(addrs), c.shards)
+	if len(addrs) < c.shards {
+		return shard.Shards{}, fmt.Errorf("--xds-server-address names %d address(es) for --shards=%d: give each slot's, at least one per shard, comma-separated, slot 0's first", len(addrs), c.shards)
 	}
-	s := shard.Shards{Index: c.shard, Addresses: addrs}
+	s := shard.Shards{Index: c.shard, N: c.shards, Addresses: addrs}
 	return s, s.Check()
 }
 

@@ -394,8 +394,9 @@ func TestIPv6PrefixLengthFlag(t *testing.T) {
 	}
 }
 
-// --shards above 1 takes one address per shard in --xds-server-address;
-// the count, the index and the addresses are checked before the start.
+// --shards above 1 takes one address per slot, at least one per shard, in
+// --xds-server-address; the count, the index and the addresses are checked
+// before the start.
 func TestShardFlags(t *testing.T) {
 	for _, tc := range []struct {
 		args      []string
@@ -405,14 +406,16 @@ func TestShardFlags(t *testing.T) {
 		{args: nil},
 		{args: []string{"--shards=1", "--xds-server-address=xds.system.svc:18000"}},
 		{args: []string{"--shards=2", "--shard=1", "--xds-server-address=a.system.svc:18000,b.system.svc:18000"},
-			want: shard.Shards{Index: 1, Addresses: []string{"a.system.svc:18000", "b.system.svc:18000"}}},
+			want: shard.Shards{Index: 1, N: 2, Addresses: []string{"a.system.svc:18000", "b.system.svc:18000"}}},
+		{args: []string{"--shards=2", "--xds-server-address=s0:1,s1:1,s2:1,s3:1"},
+			want: shard.Shards{N: 2, Addresses: []string{"s0:1", "s1:1", "s2:1", "s3:1"}}},
 		{args: []string{"--shards=0"}, wantError: "--shards=0"},
 		{args: []string{"--shard=1"}, wantError: "--shard=1 with one shard"},
 		{args: []string{"--shards=3", "--xds-server-address=a:1,b:1"}, wantError: "names 2 address(es) for --shards=3"},
 		{args: []string{"--shards=2", "--shard=2", "--xds-server-address=a:1,b:1"}, wantError: "shard 2 is not one of the 2 shards"},
-		{args: []string{"--shards=2", "--xds-server-address=a:1,b"}, wantError: `shard 1's xDS address "b"`},
+		{args: []string{"--shards=2", "--xds-server-address=a:1,b"}, wantError: `slot 1's xDS address "b"`},
 		{args: []string{"--shards=2", "--shard=1", "--xds-server-address=a.system.svc:18000, b.system.svc:18000"},
-			want: shard.Shards{Index: 1, Addresses: []string{"a.system.svc:18000", "b.system.svc:18000"}}},
+			want: shard.Shards{Index: 1, N: 2, Addresses: []string{"a.system.svc:18000", "b.system.svc:18000"}}},
 	} {
 		fs := flag.NewFlagSet("scopeplane", flag.ContinueOnError)
 		c := bindFlags(fs)
@@ -427,7 +430,7 @@ func TestShardFlags(t *testing.T) {
 			}
 		case err != nil:
 			t.Errorf("%v: %v", tc.args, err)
-		case got.Index != tc.want.Index || !slices.Equal(got.Addresses, tc.want.Addresses):
+		case got.Index != tc.want.Index || got.Count() != tc.want.Count() || !slices.Equal(got.Addresses, tc.want.Addresses):
 			t.Errorf("%v: %+v, want %+v", tc.args, got, tc.want)
 		}
 	}

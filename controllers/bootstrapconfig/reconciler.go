@@ -53,23 +53,25 @@ type Reconciler struct {
 	// APIReader reads from the API server, not the cache: what a create
 	// finds in the way, which the cache may not show yet (nil: Client).
 	APIReader client.Reader
-	// XDSServer is the host:port proxies dial to reach the ADS server:
-	// this replica's shard's, which serves the scopes it writes for.
+	// XDSServer is the host:port proxies dial to reach the ADS server,
+	// unsharded.
 	XDSServer string
 	// Shards is this replica's shard: the leader of each shard writes the
-	// ConfigMaps of its shard's scopes only.
+	// ConfigMaps of its shard's scopes only, each naming its scope's
+	// slot's address.
 	Shards shard.Shards
 	// Recorder, when set, records an Event on a scope whose bootstrap is
 	// rewritten to name another xDS address (ShardMoved): with shards, the
-	// scope moved to this shard, and its running proxies, which read the
-	// old bootstrap, follow only once restarted.
+	// scope's slot has another address than when it was written (sharding
+	// turned on, or another number of slots), and its running proxies,
+	// which read the old bootstrap, follow only once restarted.
 	Recorder events.EventRecorder
-	// Started is when this replica started. While the shard count changes,
-	// replicas of both counts run, and a scope that moves has a leader of
-	// each: a ConfigMap written under another count by a replica started
-	// later is left as it is for a while (see deferral), so that the
-	// newest count's bootstrap stands instead of the two leaders rewriting
-	// it in turn.
+	// Started is when this replica started. While the slots change,
+	// replicas of both layouts run, and a scope whose address changes has
+	// a leader of each: a ConfigMap written under another number of slots
+	// by a replica started later is left as it is for a while (see
+	// deferral), so that the newest layout's bootstrap stands instead of
+	// the two leaders rewriting it in turn.
 	Started time.Time
 	// Now is the clock (time.Now when nil).
 	Now func() time.Time
@@ -98,6 +100,15 @@ type Reconciler struct {
 	// deferred holds, per scope, when this replica first left its
 	// ConfigMap to a newer count's replica (deferral).
 	deferred sync.Map
+}
+
+// address is the xDS address key's bootstraps name: its slot's, with
+// shards.
+func (r *Reconciler) address(key model.Key) string {
+	if r.Shards.Sharded() {
+		return r.Shards.AddressOf(key)
+	}
+	return r.XDSServer
 }
 
 // writes reports whether this replica writes the ConfigMap of the scope
@@ -198,11 +209,12 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 			sds[key] = out
 		}
 	}
-	envoy, err := bootstrap.Envoy(key, convert.Protocol(ps.Spec.Protocol), r.XDSServer, tls)
+	addr := r.address(key)
+	envoy, err := bootstrap.Envoy(key, convert.Protocol(ps.Spec.Protocol), addr, tls)
 	if err != nil {
 		return ctrl.Result{}, reconcile.TerminalError(err)
 	}
-	grpc, err := bootstrap.GRPC(key, r.XDSServer, tls)
+	grpc, err := bootstrap.GRPC(key, addr, tls)
 	if err != nil {
 		return ctrl.Result{}, reconcile.TerminalError(err)
 	}
@@ -235,10 +247,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 			return ctrl.Result{RequeueAfter: wait}, nil
 		}
 	}
-	// Written before under shards, naming another address: the scope
-	// moved here.
-	sharded := r.Shards.Sharded() || cm.Annotations[ShardsAnnotation] != ""
-	moved := sharded && cm.Data[bootstrap.GRPCKey] != "" && !strings.Contains(cm.Data[bootstrap.GRPCKey], strconv.Quote(r.XDSServer))
+	// Written before under shards, or now, naming another address: the
+	// scope's proxies must restart to follow.
+	sharded := r.Shards.Sharded() || cm.Annotations[SlotsAnnotation] != ""
+	moved := sharded && cm.Data[bootstrap.GRPCKey] != "" && !strings.Contains(cm.Data[bootstrap.GRPCKey], strconv.Quote(addr))
 	_, err = controllerutil.CreateOrUpdate(ctx, r.Client, cm, func() error {
 		if cm.Labels == nil {
 			cm.Labels = map[string]string{}
@@ -276,28 +288,30 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		if moved && r.Recorder != nil {
 			r.Recorder.Eventf(ps, nil, corev1.EventTypeWarning, ShardMovedReason, "RewriteBootstrap",
 				"this scope is now served by shard %d of %d at %s, which its bootstrap ConfigMap %s names now; proxies started before read the old address and follow only once restarted",
-				r.Shards.Index, r.Shards.Count(), r.XDSServer, cm.Name)
+				r.Shards.Index, r.Shards.Count(), addr, cm.Name)
 		}
 	}
 	return ctrl.Result{}, err
 }
 
 // ShardMovedReason is the reason of the Event on a scope whose bootstrap
-// now names another shard's address.
+// now names another xDS address.
 const ShardMovedReason = "ShardMoved"
 
-// The annotations that say under which shard count a ConfigMap was last
-// written, and when the first replica to write it under that count
-// started; ConfigMaps only ever written unsharded carry neither.
+// The annotations that say under which number of slots a ConfigMap was
+// last written (what decides its address, not the shard count: shards of
+// one set of slots write alike), and when the first replica to write it
+// under that number started; ConfigMaps only ever written unsharded carry
+// neither.
 const (
-	ShardsAnnotation        = "scopeplane.dev/shards"
+	SlotsAnnotation         = "scopeplane.dev/slots"
 	WriterStartedAnnotation = "scopeplane.dev/writer-started"
 )
 
 // LayoutDefer bounds how long a replica leaves a scope's ConfigMap to a
-// replica of another shard count that started after it: longer than a
-// rollout takes to stop the old count's replicas, after which the
-// deferring replica writes anyway. A count that outlives it (a rollout
+// replica of another number of slots that started after it: longer than a
+// rollout takes to stop the old layout's replicas, after which the
+// deferring replica writes anyway. A layout that outlives it (a rollout
 // stuck or aborted, a stamp left by a replica gone since, or written by
 // hand) costs one rewrite per LayoutDefer, never a frozen bootstrap.
 const LayoutDefer = 2 * time.Minute
@@ -307,16 +321,16 @@ const LayoutDefer = 2 * time.Minute
 const stampSkew = time.Minute
 
 // deferral is how much longer this replica leaves cm, the ConfigMap of
-// key, as it is: while cm was written under another shard count by a
+// key, as it is: while cm was written under another number of slots by a
 // replica that started after this one, for at most LayoutDefer from when
-// this replica first found it so. During a change of the count (a
-// rollout) the newest count's replicas are the later ones, and the old
+// this replica first found it so. During a change of the slots (a
+// rollout) the newest layout's replicas are the later ones, and the old
 // ones, about to stop, leave their bootstraps alone. A ConfigMap without a
 // stamp was written unsharded.
 func (r *Reconciler) deferral(key model.Key, cm *corev1.ConfigMap) time.Duration {
 	now := r.now()
 	started, err := time.Parse(time.RFC3339Nano, cm.Annotations[WriterStartedAnnotation])
-	if cmp.Or(cm.Annotations[ShardsAnnotation], "1") == r.layout() || err != nil || !started.After(r.Started) || started.After(now.Add(stampSkew)) {
+	if cmp.Or(cm.Annotations[SlotsAnnotation], "1") == r.layout() || err != nil || !started.After(r.Started) || started.After(now.Add(stampSkew)) {
 		r.deferred.Delete(key)
 		return 0
 	}
@@ -335,23 +349,23 @@ func (r *Reconciler) now() time.Time {
 	return time.Now()
 }
 
-// layout is this replica's shard count as ShardsAnnotation says it.
-func (r *Reconciler) layout() string { return strconv.Itoa(r.Shards.Count()) }
+// layout is this replica's number of slots as SlotsAnnotation says it.
+func (r *Reconciler) layout() string { return strconv.Itoa(r.Shards.Slots()) }
 
-// stampLayout marks cm as written under this replica's shard count: the
-// count and, when it changes, this replica's start. A write under the same
-// count keeps the stamp, so that leaders taking turns do not rewrite every
+// stampLayout marks cm as written under this replica's number of slots:
+// the number and, when it changes, this replica's start. A write under the
+// same number keeps the stamp, so that leaders taking turns do not rewrite every
 // ConfigMap, and an unsharded replica leaves a ConfigMap that never had a
 // stamp without one.
 func (r *Reconciler) stampLayout(cm *corev1.ConfigMap) {
-	theirs := cm.Annotations[ShardsAnnotation]
+	theirs := cm.Annotations[SlotsAnnotation]
 	if cmp.Or(theirs, "1") == r.layout() && (theirs == "" || cm.Annotations[WriterStartedAnnotation] != "") {
 		return
 	}
 	if cm.Annotations == nil {
 		cm.Annotations = map[string]string{}
 	}
-	cm.Annotations[ShardsAnnotation] = r.layout()
+	cm.Annotations[SlotsAnnotation] = r.layout()
 	cm.Annotations[WriterStartedAnnotation] = r.Started.UTC().Format(time.RFC3339Nano)
 }
 

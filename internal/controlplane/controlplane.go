@@ -61,12 +61,12 @@ type Options struct {
 	Server         server.Options
 	// XDSServerAddress is the host:port written into bootstrap ConfigMaps:
 	// how proxies reach this control plane (its Service, in a cluster).
-	// With shards it is this replica's shard's address, which Setup takes
-	// from Shards.
+	// With shards, each scope's bootstrap names its slot's address from
+	// Shards instead.
 	XDSServerAddress string
 	// Shards divides the scopes among shards of replicas
 	// (docs/sharding.md): this replica translates and serves the scopes of
-	// its shard only, refuses the others' proxies with their shard's
+	// its shard only, refuses the others' proxies with their slot's
 	// address, and its shard elects a leader of its own (shard 0 for
 	// LeaderElection.ID's Lease, shard K for "<ID>-shard-K"), which writes
 	// the status and bootstrap ConfigMaps of the shard's scopes. Shard 0's
@@ -250,7 +250,6 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) (*ControlPlane, 
 		return nil, fmt.Errorf("shards: %w", err)
 	}
 	if opts.Shards.Sharded() {
-		opts.XDSServerAddress = opts.Shards.Address(opts.Shards.Index)
 		// Shard 0 campaigns for the unsharded Lease, so that when the
 		// count changes from one, the unsharded leader and shard 0's
 		// never lead at once.
@@ -429,7 +428,7 @@ func (cp *ControlPlane) setupTLS(mgr ctrl.Manager) (func(context.Context) error,
 	if t.Secret.Name == "" || t.Secret.Namespace == "" {
 		return nil, errors.New("xDS TLS: name a directory holding the certificate, or the Secret (name and namespace) of the self-managed CA; or serve plaintext explicitly")
 	}
-	// One certificate serves every shard: it names every shard's address.
+	// One certificate serves every shard: it names every slot's address.
 	addrs := []string{cp.opts.XDSServerAddress}
 	if cp.opts.Shards.Sharded() {
 		addrs = cp.opts.Shards.Addresses

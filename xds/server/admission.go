@@ -297,10 +297,9 @@ func (s *Server) resolve(ctx context.Context, node *corev3.Node, p model.Protoco
 // shard follows from the name alone, so it says nothing of whether the
 // scope exists or admits the proxy.
 func wrongShard(key model.Key, s shard.Shards) error {
-	own := shard.Of(key, s.Count())
 	return status.Errorf(codes.FailedPrecondition,
 		"ProxyScope %q is served by shard %d of %d, at %s; this replica is shard %d: point the proxy's xDS server at %s (the scope's bootstrap ConfigMap names it; a proxy reads its bootstrap when it starts)",
-		key.String(), own, s.Count(), s.Address(own), s.Index, s.Address(own))
+		key.String(), s.ShardOf(key), s.Count(), s.AddressOf(key), s.Index, s.AddressOf(key))
 }
 
 // wrongProtocol is the refusal for a stream of the other xDS variant. A

@@ -120,9 +120,53 @@ func TestShardsOwnAndCheck(t *testing.T) {
 		{Addresses: []string{"a:18000", "a:018000"}},
 		{Addresses: []string{"10.0.0.1:1", "[::ffff:10.0.0.1]:1"}},
 		{Addresses: []string{"a:1", "[fe80::1%eth0]:1"}},
+		{N: 3, Addresses: []string{"a:1", "b:1"}},
+		{N: -1, Addresses: []string{"a:1", "b:1"}},
 	} {
 		if err := bad.Check(); err == nil {
 			t.Errorf("%+v passed the check", bad)
 		}
+	}
+}
+
+// With more slots than shards, a scope's slot and address do not depend on
+// the shard count, slot i belongs to shard i mod the count, and the scopes
+// spread as the slots do: evenly over counts that divide the slots.
+func TestSlotsKeepTheAddressAcrossCounts(t *testing.T) {
+	var addrs []string
+	for i := range 24 {
+		addrs = append(addrs, fmt.Sprintf("slot-%d.ns.svc:18000", i))
+	}
+	ks := keys(24000)
+	for n := 2; n <= 24; n++ {
+		per := make([]int, n)
+		for _, k := range ks {
+			s := Shards{N: n, Addresses: addrs}
+			if s.AddressOf(k) != addrs[Of(k, 24)] {
+				t.Fatalf("%d shards: %s at %s, want its slot's %s", n, k, s.AddressOf(k), addrs[Of(k, 24)])
+			}
+			if s.ShardOf(k) != Of(k, 24)%n {
+				t.Fatalf("%d shards: %s on shard %d, want slot %d mod %d", n, k, s.ShardOf(k), Of(k, 24), n)
+			}
+			per[s.ShardOf(k)]++
+		}
+		if 24%n != 0 {
+			continue
+		}
+		for i, c := range per {
+			if want := len(ks) / n; c < want*9/10 || c > want*11/10 {
+				t.Errorf("%d shards of 24 slots: shard %d holds %d scopes, want %d within 10%%", n, i, c, want)
+			}
+		}
+	}
+	// One slot per shard is the shard: Of over the count.
+	s := Shards{N: 3, Addresses: addrs[:3]}
+	for _, k := range ks[:3000] {
+		if s.ShardOf(k) != Of(k, 3) || s.AddressOf(k) != addrs[Of(k, 3)] {
+			t.Fatalf("one slot per shard: %s on shard %d at %s, want %d", k, s.ShardOf(k), s.AddressOf(k), Of(k, 3))
+		}
+	}
+	if (Shards{Addresses: addrs[:3]}).Count() != 3 {
+		t.Fatal("without N, the count is one shard per address")
 	}
 }
