@@ -205,7 +205,7 @@ var renderCases = []renderCase{
 	{
 		name: "sharded", release: "edge", namespace: "mesh",
 		check: func(t *testing.T, objs []*unstructured.Unstructured) {
-			checkShards(t, objs, "edge-scopeplane", 3)
+			checkShards(t, objs, "edge-scopeplane", 3, 6)
 			find(t, objs, "Certificate")
 			find(t, objs, "NetworkPolicy")
 			find(t, objs, "ServiceMonitor")
@@ -448,6 +448,8 @@ func TestRefusesUselessValues(t *testing.T) {
 			"xds.auth.methods includes spiffe: set xds.auth.spiffe.trustBundleConfigMap"},
 		{"one advertised address for several shards", "sharding.shards=2,xds.advertisedAddress=xds.example.com:443",
 			"xds.advertisedAddress cannot be set with sharding.shards=2: one address cannot name 2 shards"},
+		{"fewer slots than shards", "sharding.shards=4,sharding.slots=3",
+			"sharding.slots=3 is fewer than sharding.shards=4: each shard serves at least one slot"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			out, stderr, err := runHelm(t, "template", "scopeplane", chartDir, "--set", c.set)

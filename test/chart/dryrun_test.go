@@ -170,20 +170,23 @@ func TestNotes(t *testing.T) {
 	for _, c := range renderCases {
 		t.Run(c.name, func(t *testing.T) {
 			notes := renderNotes(t, c)
-			var addr string
+			var addr, shards string
 			for _, a := range containerArgs(t, decode(t, c.render(t))) {
 				if v, ok := strings.CutPrefix(a, "--xds-server-address="); ok {
 					addr = v
 				}
+				if v, ok := strings.CutPrefix(a, "--shards="); ok {
+					shards = v
+				}
 			}
 			reach := "Proxies reach its xDS server (ADS gRPC, SotW and delta) at " + addr + "."
-			if shards := strings.Split(addr, ","); len(shards) > 1 {
-				// One line per shard: its Service and that Service's address.
-				var lines []string
-				for k, a := range shards {
-					lines = append(lines, fmt.Sprintf("   shard %d: Service %s at %s", k, strings.Split(a, ".")[0], a))
-				}
-				reach = "proxies reach each shard at its Service:\n" + strings.Join(lines, "\n") + "\n"
+			if slots := strings.Split(addr, ","); len(slots) > 1 {
+				// The first and the last slot: its Service and that
+				// Service's address.
+				last := len(slots) - 1
+				reach = fmt.Sprintf("slots, and its proxies reach the slot's Service,\nwhich sends them to the slot's shard (slot I: shard I mod %s); the scope's bootstrap names it:\n"+
+					"   slot 0: Service %s at %s\n   ...\n   slot %d: Service %s at %s\n",
+					shards, strings.Split(slots[0], ".")[0], slots[0], last, strings.Split(slots[last], ".")[0], slots[last])
 			}
 			want := []string{
 				reach,

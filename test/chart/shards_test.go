@@ -12,21 +12,26 @@ import (
 )
 
 // shardLabel is the label that keeps each shard's pods to its own
-// Deployment, Service and PodDisruptionBudget.
-const shardLabel = "scopeplane.dev/shard"
+// Deployment, Service and PodDisruptionBudget, and countLabel the one that
+// keeps a slot's Service to the pods of the current shard count.
+const (
+	shardLabel = "scopeplane.dev/shard"
+	countLabel = "scopeplane.dev/shards"
+)
 
-// checkShards checks a render with sharding.shards = shards: for each shard
-// K, a Deployment, a Service and (with more than one replica) a
-// PodDisruptionBudget named <fullname>-shard-K (shard 0's Service named
-// <fullname>, the unsharded Service's name, so that the bootstraps of the
-// scopes that stay on shard 0 keep naming it), no unsharded Deployment or
-// budget; each
-// Deployment runs --shard=K --shards=N with leader election and the same
-// list of every shard Service's address in shard order; each Deployment,
-// Service and budget selects its own shard's pods and no other's; and the
-// shared objects (NetworkPolicy, ServiceMonitor, cert-manager Certificate,
-// when rendered) cover every shard.
-func checkShards(t *testing.T, objs []*unstructured.Unstructured, fullname string, shards int) {
+// checkShards checks a render with sharding.shards = shards and
+// sharding.slots = slots: for each shard K, a Deployment, a metrics
+// Service and (with more than one replica) a PodDisruptionBudget named
+// <fullname>-shard-K, no unsharded Deployment or budget; for each slot I,
+// an xDS Service (slot 0's named <fullname>, the unsharded Service's name,
+// slot I's <fullname>-slot-I) that selects the pods of shard I mod shards
+// of this count and no other's; each Deployment runs --shard=K
+// --shards=N with leader election and the same list of every slot
+// Service's address in slot order; each Deployment, shard Service and
+// budget selects its own shard's pods and no other's; and the shared
+// objects (NetworkPolicy, ServiceMonitor, cert-manager Certificate, when
+// rendered) cover every shard and every slot.
+func checkShards(t *testing.T, objs []*unstructured.Unstructured, fullname string, shards, slots int) {
 	t.Helper()
 	for _, kind := range []string{"Deployment", "PodDisruptionBudget"} {
 		if o := findNamedOptional(objs, kind, fullname); o != nil {
@@ -34,40 +39,57 @@ func checkShards(t *testing.T, objs []*unstructured.Unstructured, fullname strin
 		}
 	}
 	var (
-		deployments, services []*unstructured.Unstructured
-		podLabels             []map[string]string
-		want                  []string
+		deployments, services, slotServices []*unstructured.Unstructured
+		podLabels, otherCount               []map[string]string
+		want                                []string
 	)
 	for k := range shards {
 		name := fmt.Sprintf("%s-shard-%d", fullname, k)
 		d := findNamed(t, objs, "Deployment", name)
-		svcName := name
-		if k == 0 {
-			svcName = fullname
-		}
-		svc := findNamed(t, objs, "Service", svcName)
+		svc := findNamed(t, objs, "Service", name)
 		deployments, services = append(deployments, d), append(services, svc)
 		labels, _, _ := unstructured.NestedStringMap(d.Object, "spec", "template", "metadata", "labels")
 		podLabels = append(podLabels, labels)
 		if got := labels[shardLabel]; got != fmt.Sprint(k) {
 			t.Errorf("Deployment %s: its pods' %s label is %q, want %q", name, shardLabel, got, fmt.Sprint(k))
 		}
+		if got := labels[countLabel]; got != fmt.Sprint(shards) {
+			t.Errorf("Deployment %s: its pods' %s label is %q, want %q", name, countLabel, got, fmt.Sprint(shards))
+		}
+		// The same shard's pods of another count, as a rollout runs them.
+		other := map[string]string{}
+		for key, v := range labels {
+			other[key] = v
+		}
+		other[countLabel] = fmt.Sprint(shards + 1)
+		otherCount = append(otherCount, other)
+		if _, ok := servicePort(svc, "xds"); ok {
+			t.Errorf("shard Service %s has an xDS port: proxies reach the slots' Services, which the serving certificate names", name)
+		}
+	}
+	for i := range slots {
+		name := fmt.Sprintf("%s-slot-%d", fullname, i)
+		if i == 0 {
+			name = fullname
+		}
+		svc := findNamed(t, objs, "Service", name)
+		slotServices = append(slotServices, svc)
 		port, ok := servicePort(svc, "xds")
 		if !ok {
-			t.Fatalf("Service %s has no port named xds", name)
+			t.Fatalf("slot Service %s has no port named xds", name)
 		}
-		want = append(want, fmt.Sprintf("%s.%s.svc:%d", svcName, svc.GetNamespace(), port))
+		want = append(want, fmt.Sprintf("%s.%s.svc:%d", name, svc.GetNamespace(), port))
 	}
 	if got := countKind(objs, "Deployment"); got != shards {
 		t.Errorf("%d Deployments rendered, want one per shard (%d)", got, shards)
 	}
-	if got := countKind(objs, "Service"); got != shards {
-		t.Errorf("%d Services rendered, want one per shard (%d)", got, shards)
+	if got := countKind(objs, "Service"); got != shards+slots {
+		t.Errorf("%d Services rendered, want one per shard and one per slot (%d)", got, shards+slots)
 	}
 
 	// selectsOnly checks that the selector at path (maps and list indexes)
 	// of o selects the pods of shard k and of no other shard.
-	selectsOnly := func(o *unstructured.Unstructured, k int, path ...string) {
+	selectsOnly := func(o *unstructured.Unstructured, k int, path ...string) map[string]string {
 		t.Helper()
 		raw, _ := field(o.Object, path...)
 		m, _ := raw.(map[string]any)
@@ -77,13 +99,14 @@ func checkShards(t *testing.T, objs []*unstructured.Unstructured, fullname strin
 		}
 		if len(selector) == 0 {
 			t.Errorf("%s %s has no %s", o.GetKind(), o.GetName(), strings.Join(path, "."))
-			return
+			return nil
 		}
 		for j, labels := range podLabels {
 			if got := selects(selector, labels); got != (j == k) {
 				t.Errorf("%s %s: %s %v selects shard %d's pods: %v, want %v", o.GetKind(), o.GetName(), strings.Join(path, "."), selector, j, got, j == k)
 			}
 		}
+		return selector
 	}
 	for k, d := range deployments {
 		args := containerArgs(t, []*unstructured.Unstructured{d})
@@ -97,7 +120,7 @@ func checkShards(t *testing.T, objs []*unstructured.Unstructured, fullname strin
 		if len(addresses) != 1 {
 			t.Errorf("Deployment %s passes --xds-server-address %d times, want once", d.GetName(), len(addresses))
 		} else if diff := cmp.Diff(want, strings.Split(addresses[0], ",")); diff != "" {
-			t.Errorf("Deployment %s: --xds-server-address is not every shard Service's address in shard order (-want +got):\n%s", d.GetName(), diff)
+			t.Errorf("Deployment %s: --xds-server-address is not every slot Service's address in slot order (-want +got):\n%s", d.GetName(), diff)
 		}
 		selectsOnly(d, k, "spec", "selector", "matchLabels")
 		selectsOnly(services[k], k, "spec", "selector")
@@ -109,6 +132,12 @@ func checkShards(t *testing.T, objs []*unstructured.Unstructured, fullname strin
 		constraints, _, _ := unstructured.NestedSlice(d.Object, "spec", "template", "spec", "topologySpreadConstraints")
 		for i := range constraints {
 			selectsOnly(d, k, "spec", "template", "spec", "topologySpreadConstraints", fmt.Sprint(i), "labelSelector", "matchLabels")
+		}
+	}
+	for i, svc := range slotServices {
+		selector := selectsOnly(svc, i%shards, "spec", "selector")
+		if selector != nil && selects(selector, otherCount[i%shards]) {
+			t.Errorf("slot Service %s selects the pods of shard %d of another count: %v", svc.GetName(), i%shards, selector)
 		}
 	}
 
@@ -131,16 +160,23 @@ func checkShards(t *testing.T, objs []*unstructured.Unstructured, fullname strin
 				t.Errorf("Service %s has no port named metrics for the ServiceMonitor", svc.GetName())
 			}
 		}
+		// A slot's Service has no metrics port: the ServiceMonitor
+		// scrapes each pod once, through its shard's Service.
+		for _, svc := range slotServices {
+			if _, ok := servicePort(svc, "metrics"); ok {
+				t.Errorf("slot Service %s has a metrics port: the ServiceMonitor would scrape its shard's pods again", svc.GetName())
+			}
+		}
 	}
 	if c := findOptional(objs, "Certificate"); c != nil {
 		names, _, _ := unstructured.NestedStringSlice(c.Object, "spec", "dnsNames")
 		var wantNames []string
-		for _, svc := range services {
+		for _, svc := range slotServices {
 			n, ns := svc.GetName(), svc.GetNamespace()
 			wantNames = append(wantNames, n, n+"."+ns, n+"."+ns+".svc", n+"."+ns+".svc.cluster.local")
 		}
 		if diff := cmp.Diff(wantNames, names); diff != "" {
-			t.Errorf("the Certificate does not name every shard Service (-want +got):\n%s", diff)
+			t.Errorf("the Certificate does not name every slot Service (-want +got):\n%s", diff)
 		}
 	}
 }
@@ -217,7 +253,7 @@ func TestShardsElectEvenWithOneReplica(t *testing.T) {
 		t.Fatalf("helm template: %v\n%s", err, stderr)
 	}
 	objs := decode(t, out)
-	checkShards(t, objs, "sp-scopeplane", 2)
+	checkShards(t, objs, "sp-scopeplane", 2, 24)
 	if n := countKind(objs, "PodDisruptionBudget"); n != 0 {
 		t.Errorf("shards of one replica got %d PodDisruptionBudgets, want none: they would block node drains", n)
 	}
@@ -227,11 +263,11 @@ func TestShardsElectEvenWithOneReplica(t *testing.T) {
 }
 
 // TestShardNamesFitServiceNames checks that a full name of 63 characters
-// still gives each shard a Service name of at most 63 characters (a DNS
-// label), distinct per shard.
+// still gives each shard and each slot a Service name of at most 63
+// characters (a DNS label), distinct per shard and slot.
 func TestShardNamesFitServiceNames(t *testing.T) {
 	long := strings.Repeat("a", 62) + "b"
-	out, stderr, err := runHelm(t, "template", "sp", chartDir, "--set", "sharding.shards=12,fullnameOverride="+long)
+	out, stderr, err := runHelm(t, "template", "sp", chartDir, "--set", "sharding.shards=12,sharding.slots=120,fullnameOverride="+long)
 	if err != nil {
 		t.Fatalf("helm template: %v\n%s", err, stderr)
 	}
@@ -244,10 +280,12 @@ func TestShardNamesFitServiceNames(t *testing.T) {
 			}
 		}
 	}
-	if len(names) != 12 || len(slices.Compact(slices.Sorted(slices.Values(names)))) != 12 {
-		t.Errorf("12 shards rendered Services %q, want 12 distinct", names)
+	if len(names) != 132 || len(slices.Compact(slices.Sorted(slices.Values(names)))) != 132 {
+		t.Errorf("12 shards and 120 slots rendered %d Services, want 132 distinct: %q", len(names), names)
 	}
-	if !slices.Contains(names, strings.Repeat("a", 54)+"-shard-11") {
-		t.Errorf("shard 11's Service is not the full name shortened to fit: %q", names)
+	for _, want := range []string{strings.Repeat("a", 54) + "-shard-11", strings.Repeat("a", 54) + "-slot-119", long} {
+		if !slices.Contains(names, want) {
+			t.Errorf("no Service %s, the full name shortened to fit: %q", want, names)
+		}
 	}
 }

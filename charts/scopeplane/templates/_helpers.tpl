@@ -55,18 +55,20 @@ scopeplane.serviceAccountName is the ServiceAccount the pods run as.
 {{/*
 scopeplane.xdsAddress is what the pods are told proxies dial (--xds-server-address), written
 into the bootstrap ConfigMaps: xds.advertisedAddress, or the DNS name and xDS port of the
-chart's Service; with shards, that of every shard's Service, shard 0 first, comma-separated.
+chart's Service; with shards, that of every slot's Service, slot 0 first, comma-separated.
 */}}
 {{- define "scopeplane.xdsAddress" -}}
 {{- $shards := int (include "scopeplane.shards" .) }}
 {{- if and .Values.xds.advertisedAddress (gt $shards 1) }}
-{{- fail (printf "xds.advertisedAddress cannot be set with sharding.shards=%d: one address cannot name %d shards, and each shard is reached at its own Service; leave it empty" $shards $shards) }}
+{{- fail (printf "xds.advertisedAddress cannot be set with sharding.shards=%d: one address cannot name %d shards, and each slot is reached at its own Service; leave it empty" $shards $shards) }}
 {{- else if .Values.xds.advertisedAddress }}
 {{- .Values.xds.advertisedAddress }}
+{{- else if eq $shards 1 }}
+{{- printf "%s.%s.svc:%d" (include "scopeplane.fullname" .) .Release.Namespace (int .Values.service.xdsPort) }}
 {{- else }}
 {{- $addresses := list }}
-{{- range $shard := until $shards }}
-{{- $addresses = append $addresses (include "scopeplane.shardXdsAddress" (list $ $shard)) }}
+{{- range $slot := until (int (include "scopeplane.slots" .)) }}
+{{- $addresses = append $addresses (include "scopeplane.slotXdsAddress" (list $ $slot)) }}
 {{- end }}
 {{- join "," $addresses }}
 {{- end }}
@@ -89,6 +91,19 @@ at least 1.
 {{- end }}
 
 {{/*
+scopeplane.slots is the number of slots the scopes hash to with more than one shard:
+sharding.slots, at least sharding.shards.
+*/}}
+{{- define "scopeplane.slots" -}}
+{{- $shards := int (include "scopeplane.shards" .) }}
+{{- $slots := int .Values.sharding.slots }}
+{{- if lt $slots $shards }}
+{{- fail (printf "sharding.slots=%d is fewer than sharding.shards=%d: each shard serves at least one slot; raise sharding.slots (a multiple of the shard count spreads the scopes evenly)" $slots $shards) }}
+{{- end }}
+{{- $slots }}
+{{- end }}
+
+{{/*
 scopeplane.shardName names shard K's Deployment, Service and PodDisruptionBudget, given
 (list $ K): the full name with one shard; <fullname>-shard-K with more, the full name
 shortened so that the whole fits in 63 characters.
@@ -104,16 +119,40 @@ shortened so that the whole fits in 63 characters.
 {{- end }}
 
 {{/*
-scopeplane.shardServiceName names shard K's Service, given (list $ K): shard 0's is the
-unsharded Service's name, so that the bootstraps of the scopes that stay on shard 0 when
-sharding is turned on keep naming the Service they named; shard K's is scopeplane.shardName.
+scopeplane.slotServiceName names slot I's Service, given (list $ I): slot 0's is the unsharded
+Service's name, so that proxies started before sharding was turned on still reach a shard,
+which tells them their scope's address; slot I's is <fullname>-slot-I, shortened to fit in 63
+characters.
 */}}
-{{- define "scopeplane.shardServiceName" -}}
+{{- define "scopeplane.slotServiceName" -}}
+{{- $fullname := include "scopeplane.fullname" (index . 0) }}
 {{- if eq (index . 1) 0 }}
-{{- include "scopeplane.fullname" (index . 0) }}
+{{- $fullname }}
 {{- else }}
-{{- include "scopeplane.shardName" . }}
+{{- $suffix := printf "-slot-%d" (index . 1) }}
+{{- printf "%s%s" ($fullname | trunc (sub 63 (len $suffix) | int) | trimSuffix "-") $suffix }}
 {{- end }}
+{{- end }}
+
+{{/*
+scopeplane.slotXdsAddress is the host:port of slot I's Service, given (list $ I).
+*/}}
+{{- define "scopeplane.slotXdsAddress" -}}
+{{- $root := index . 0 }}
+{{- printf "%s.%s.svc:%d" (include "scopeplane.slotServiceName" .) $root.Release.Namespace (int $root.Values.service.xdsPort) }}
+{{- end }}
+
+{{/*
+scopeplane.slotSelectorLabels select the pods that serve slot I, given (list $ I): those of
+shard I mod sharding.shards of this count, so that while the count changes the slot's Service
+sends new connections to the replicas of the new count only.
+*/}}
+{{- define "scopeplane.slotSelectorLabels" -}}
+{{- $root := index . 0 }}
+{{- $shards := int (include "scopeplane.shards" $root) }}
+{{ include "scopeplane.selectorLabels" $root }}
+scopeplane.dev/shard: {{ mod (index . 1) $shards | toString | quote }}
+scopeplane.dev/shards: {{ $shards | toString | quote }}
 {{- end }}
 
 {{/*
@@ -127,23 +166,20 @@ scopeplane.dev/shard: {{ index . 1 | toString | quote }}
 {{- end }}
 
 {{/*
-scopeplane.shardLabels are the common labels of shard K's objects and pods, given (list $ K).
+scopeplane.shardLabels are the common labels of shard K's objects and pods, given (list $ K):
+with more than one shard, its shard and the shard count, which the slots' Services select.
 */}}
 {{- define "scopeplane.shardLabels" -}}
 {{ include "scopeplane.labels" (index . 0) }}{{ include "scopeplane.shardLabel" . }}
+{{- if ne (include "scopeplane.shards" (index . 0)) "1" }}
+scopeplane.dev/shards: {{ include "scopeplane.shards" (index . 0) | quote }}
+{{- end }}
 {{- end }}
 
 {{/*
-scopeplane.shardSelectorLabels select shard K's pods, given (list $ K).
+scopeplane.shardSelectorLabels select shard K's pods, given (list $ K): a Deployment's
+selector cannot change, so they leave the count out.
 */}}
 {{- define "scopeplane.shardSelectorLabels" -}}
 {{ include "scopeplane.selectorLabels" (index . 0) }}{{ include "scopeplane.shardLabel" . }}
-{{- end }}
-
-{{/*
-scopeplane.shardXdsAddress is the host:port of shard K's Service, given (list $ K).
-*/}}
-{{- define "scopeplane.shardXdsAddress" -}}
-{{- $root := index . 0 }}
-{{- printf "%s.%s.svc:%d" (include "scopeplane.shardServiceName" .) $root.Release.Namespace (int $root.Values.service.xdsPort) }}
 {{- end }}
