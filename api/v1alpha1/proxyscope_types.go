@@ -383,7 +383,9 @@ type ProxyScopeStatus struct {
 
 	// cost is what this replica sent the scope's proxies over the last hour
 	// and what the other xDS protocol would have sent them for the same
-	// changes, with the advice that follows.
+	// changes, with the advice that follows. After a change of leader, the
+	// previous leader's figures stand until the new one refreshes them, at
+	// the scope's refresh slot (within ten buckets).
 	// +optional
 	Cost *ProtocolCost `json:"cost,omitempty"`
 }

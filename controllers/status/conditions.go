@@ -50,7 +50,9 @@ type Inputs struct {
 	// written ("" when it is).
 	BootstrapConflict string
 	// CostWritten is when this leader last wrote a change of the scope's
-	// status.cost (zero when it has not): see costDue.
+	// status.cost, or, when it has not, when it began writing statuses: a
+	// predecessor's figures are refreshed at the scope's next slot after
+	// that, not all at a new leader's start (see costDue).
 	CostWritten time.Time
 	// Unreported says, per replica whose feedback of this scope could not
 	// be written, why (none when every replica's was).
@@ -320,11 +322,13 @@ func compute(prev *xdsv1alpha1.ProxyScopeStatus, in *Inputs) (xdsv1alpha1.ProxyS
 	if r.Routes > 0 || r.RouteBackends > 0 || len(r.RoutesNotAccepted) > 0 {
 		st.Routes = &xdsv1alpha1.RoutesStatus{Attached: int32(r.Routes), Backends: int32(r.RouteBackends), NotAccepted: r.RoutesNotAccepted[:min(len(r.RoutesNotAccepted), 8)]}
 	}
-	st.Version = in.Version
-	if !in.RevTime.IsZero() {
+	// The time of the change that made the version: a new leader, which
+	// built the same version again, keeps the one its predecessor wrote.
+	if !in.RevTime.IsZero() && (prev.Version != in.Version || prev.LastPushTime == nil) {
 		t := metav1.NewTime(in.RevTime.Truncate(time.Second))
 		st.LastPushTime = &t
 	}
+	st.Version = in.Version
 	connected, synced := proxyCounts(in)
 	st.ConnectedProxies, st.SyncedProxies = ptr.To(int32(connected)), int32(synced)
 	st.RefusedStreams = 0
@@ -343,6 +347,11 @@ func compute(prev *xdsv1alpha1.ProxyScopeStatus, in *Inputs) (xdsv1alpha1.ProxyS
 	var roll, ends time.Duration
 	held := st.Cost
 	st.Cost, roll = cost(prev.Cost, in)
+	if st.Cost == nil {
+		// This process has no figures yet (a new leader's window is
+		// empty): the last ones written stand until it has.
+		st.Cost = held
+	}
 	st.ProtocolTransition, ends = transition(in)
 	if held != nil && st.Cost != nil {
 		// The cost alone may change the status once per refresh; any

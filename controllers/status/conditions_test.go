@@ -7,6 +7,7 @@ import (
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -438,5 +439,56 @@ func TestRefusedStreamsAreTheRunningReplicas(t *testing.T) {
 	}
 	if st = step(&st, replica(1)); st.RefusedStreams != 1 {
 		t.Fatalf("the last replica restarted and refused 1 stream: refusedStreams %d, want 1", st.RefusedStreams)
+	}
+}
+
+// TestComputeKeepsWhatANewLeaderCannotKnowBetter checks what a new leader
+// computes for a scope whose world did not change: the version its
+// predecessor wrote keeps its lastPushTime (the new leader only built it
+// again), and the predecessor's cost figures stand while the new leader's
+// window is empty, and until the scope's next refresh slot after the new
+// leader began; a new version gets a new time, and the new leader's own
+// figures replace the old ones at that slot.
+func TestComputeKeepsWhatANewLeaderCannotKnowBetter(t *testing.T) {
+	pushed := metav1.NewTime(now.Add(-time.Hour))
+	figures := &xdsv1alpha1.ProtocolCost{Window: metav1.Duration{Duration: time.Hour}, Pushes: 600, SentBytes: 60_000, OtherProtocolBytes: 70_000, OtherProtocolRatio: "1.17"}
+	in := served(at("v1"))
+	prev, _ := compute(&xdsv1alpha1.ProxyScopeStatus{}, in)
+	prev.LastPushTime, prev.Cost = &pushed, figures.DeepCopy()
+
+	// The new leader: the same version built at its start, no window yet.
+	in = served(at("v1"))
+	in.RevTime, in.CostWritten = now, now
+	st, _ := compute(&prev, in)
+	if !equality.Semantic.DeepEqual(st, prev) {
+		t.Errorf("a new leader over an unchanged scope changes its status:\n%+v\nwas\n%+v", st, prev)
+	}
+
+	// Its window's figures (of pushes since before its start) wait for
+	// the scope's first refresh slot after it began, then replace them.
+	clock := now.Add(-5 * time.Minute)
+	tr := feedback.NewWithClock(time.Minute, func() time.Time { return clock })
+	key := model.Key{Name: "web"}
+	tr.Sent(key, model.SotW, xdstype.Cluster.URL(), feedback.Push{Resources: 1, Bytes: 100, OtherBytes: 50})
+	clock = now
+	in.Feedback.Cost = tr.Summary(key).Cost
+	_, next := costDue(in)
+	for _, step := range []struct {
+		at   time.Time
+		kept bool
+	}{{now.Add(next - time.Second), true}, {now.Add(next + time.Second), false}} {
+		clock, in.Now = step.at, step.at
+		in.Feedback.Cost = tr.Summary(key).Cost
+		st, _ = compute(&prev, in)
+		if st.Cost == nil || equality.Semantic.DeepEqual(st.Cost, figures) != step.kept {
+			t.Errorf("%v after the new leader began (the scope's slot at %v): its predecessor's figures kept %v, want %v: %+v", step.at.Sub(now), next, !step.kept, step.kept, st.Cost)
+		}
+	}
+
+	// A new version: a new time.
+	in = served(at("v2"))
+	in.Version, in.RevTime, in.CostWritten = "v2", now, now
+	if st, _ = compute(&prev, in); st.LastPushTime == nil || !st.LastPushTime.Equal(&metav1.Time{Time: now}) {
+		t.Errorf("a new version kept the old lastPushTime: %v", st.LastPushTime)
 	}
 }

@@ -96,6 +96,10 @@ type Reconciler struct {
 	// costWritten holds, per scope (by UID), when this leader last wrote
 	// a change of its status.cost (see costPace).
 	costWritten sync.Map
+	// leading is when this leader began writing statuses (the first
+	// reconcile after Built), set once by began.
+	leading time.Time
+	began   sync.Once
 }
 
 // writtenStatus is a status patched, and the resource version it made.
@@ -186,6 +190,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 			return ctrl.Result{}, nil
 		}
 	}
+	r.began.Do(func() { r.leading = time.Now() })
 	ps := &xdsv1alpha1.ProxyScope{}
 	if err := r.Client.Get(ctx, req.NamespacedName, ps); err != nil {
 		if apierrors.IsNotFound(err) {
@@ -286,6 +291,7 @@ func (r *Reconciler) inputs(ps *xdsv1alpha1.ProxyScope) *Inputs {
 		})
 	}
 	in.Feedback = r.Feedback.Summary(key)
+	in.CostWritten = r.leading
 	if v, ok := r.costWritten.Load(ps.UID); ok {
 		in.CostWritten = v.(costWrite).at
 	}

@@ -3,6 +3,7 @@ package status
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -28,10 +29,22 @@ import (
 	"github.com/scopeplane/scopeplane/xds/xdstype"
 )
 
-// countingClient counts the status patches sent through it.
+// countingClient counts the status patches sent through it and, when read
+// is set, records the ProxyScopes read through it.
 type countingClient struct {
 	client.Client
 	patches *atomic.Int64
+	read    *readScopes
+}
+
+func (c countingClient) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	err := c.Client.Get(ctx, key, obj, opts...)
+	if _, ok := obj.(*xdsv1alpha1.ProxyScope); ok && err == nil && c.read != nil {
+		c.read.mu.Lock()
+		c.read.names[key.String()] = true
+		c.read.mu.Unlock()
+	}
+	return err
 }
 
 func (c countingClient) Status() client.SubResourceWriter {
@@ -68,8 +81,8 @@ func TestStatusWritesAtStartAndAsTheCostWindowRolls(t *testing.T) {
 	t.Cleanup(func() { _ = env.Stop() })
 	ctx := context.Background()
 	const ns, scopes, bucket = "writes", 100, 200 * time.Millisecond
-	cat := catalog.New()
 	store := snapshot.NewStore()
+	var models []*model.Scope
 	keys := make([]model.Key, scopes)
 	for i := range keys {
 		keys[i] = model.Key{Namespace: ns, Name: fmt.Sprintf("scope-%03d", i)}
@@ -84,10 +97,20 @@ func TestStatusWritesAtStartAndAsTheCostWindowRolls(t *testing.T) {
 		if err := env.Client.Create(ctx, ps); err != nil {
 			t.Fatal(err)
 		}
-		cat.UpsertScope(&model.Scope{Key: key, Generation: ps.Generation, Protocol: model.SotW, Listener: model.Listener{Mode: model.ListenerProxylessGRPC},
+		models = append(models, &model.Scope{Key: key, Generation: ps.Generation, Protocol: model.SotW, Listener: model.Listener{Mode: model.ListenerProxylessGRPC},
 			Selections: []model.Selection{{Namespace: ns, Names: map[string]struct{}{"web": {}}}}})
 	}
-	cat.UpsertService(&model.Service{Key: model.Key{Namespace: ns, Name: "web"}, Ports: []model.ServicePort{{Port: 80, Protocol: model.ProtocolTCP, TargetPort: 80}}})
+	// world is a catalog of the scopes and their Service, as a process
+	// reads them at its start.
+	world := func() *catalog.Catalog {
+		cat := catalog.New()
+		for _, m := range models {
+			cat.UpsertScope(m)
+		}
+		cat.UpsertService(&model.Service{Key: model.Key{Namespace: ns, Name: "web"}, Ports: []model.ServicePort{{Port: 80, Protocol: model.ProtocolTCP, TargetPort: 80}}})
+		return cat
+	}
+	cat := world()
 
 	var patches atomic.Int64
 	firstBuild := make(chan struct{})
@@ -97,7 +120,7 @@ func TestStatusWritesAtStartAndAsTheCostWindowRolls(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &Reconciler{Client: countingClient{mgr.GetClient(), &patches}, Store: store, Feedback: tracker, Bootstrap: bootstrapconfig.NewConflicts(),
+	r := &Reconciler{Client: countingClient{Client: mgr.GetClient(), patches: &patches}, Store: store, Feedback: tracker, Bootstrap: bootstrapconfig.NewConflicts(),
 		Recorder: mgr.GetEventRecorder("scopeplane"), Window: 10 * time.Millisecond, Workers: 8, Built: firstBuild}
 	if err := r.SetupWithManager(mgr); err != nil {
 		t.Fatal(err)
@@ -196,4 +219,66 @@ func TestStatusWritesAtStartAndAsTheCostWindowRolls(t *testing.T) {
 	if writes > bound {
 		t.Errorf("%d status patches for %d scopes in %s: more than one per scope per %s (%d)", writes, scopes, elapsed, period, bound)
 	}
+
+	// A new leader over the same world: the first stops, and another
+	// process builds the same versions again and sees the same proxies
+	// reconnect, with an empty cost window of its own. Every status is
+	// current already, so it reconciles every scope and writes none.
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	done = make(chan error, 1)
+	done <- nil // the first manager's cleanup, above, reads it again
+	store = snapshot.NewStore()
+	cat = world()
+	snapshot.NewBuilder(cat, store, 0).Apply(cat.Take())
+	tracker = feedback.New(time.Hour)
+	for _, key := range keys {
+		tracker.Sent(key, model.SotW, xdstype.Cluster.URL(), feedback.Push{Resources: 1, Bytes: 100, OtherBytes: 120, Connect: true})
+		tracker.Connect(key, testkit.Node("p", key.String()), model.SotW, "", "", model.Location{})
+	}
+	mgr, err = ctrl.NewManager(env.Config, ctrl.Options{Scheme: scheme.Scheme, Metrics: metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0", Controller: config.Controller{SkipNameValidation: ptr.To(true)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var restart atomic.Int64
+	read := &readScopes{names: map[string]bool{}}
+	ready := make(chan struct{})
+	close(ready)
+	r = &Reconciler{Client: countingClient{Client: mgr.GetClient(), patches: &restart, read: read}, Store: store, Feedback: tracker, Bootstrap: bootstrapconfig.NewConflicts(),
+		Recorder: mgr.GetEventRecorder("scopeplane"), Window: 10 * time.Millisecond, Workers: 8, Built: ready}
+	if err := r.SetupWithManager(mgr); err != nil {
+		t.Fatal(err)
+	}
+	again, stop := context.WithCancel(ctx)
+	stopped := make(chan error, 1)
+	go func() { stopped <- mgr.Start(again) }()
+	defer func() {
+		stop()
+		if err := <-stopped; err != nil {
+			t.Error(err)
+		}
+	}()
+	testkit.Eventually(t, "the new leader reconciled every scope", func() (bool, string) {
+		n := read.count()
+		return n == scopes, fmt.Sprintf("%d of %d scopes read, %d patches", n, scopes, restart.Load())
+	})
+	t.Logf("restart: %d status patches for %d scopes", restart.Load(), scopes)
+	if n := restart.Load(); n != 0 {
+		t.Errorf("a new leader over an unchanged world wrote %d of %d statuses", n, scopes)
+	}
+}
+
+// readScopes records the ProxyScopes a reconciler read.
+type readScopes struct {
+	mu    sync.Mutex
+	names map[string]bool
+}
+
+func (r *readScopes) count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.names)
 }
