@@ -252,6 +252,9 @@ func (c *config) sharding() (shard.Shards, error) {
 		if c.shard != 0 {
 			return shard.Shards{}, fmt.Errorf("--shard=%d with one shard: the only shard is 0", c.shard)
 		}
+		if strings.Contains(c.xdsServer, ",") {
+			return shard.Shards{}, fmt.Errorf("--xds-server-address=%s names several addresses with one shard, which is reached at one: give one, or --shards above 1", c.xdsServer)
+		}
 		return shard.Shards{}, nil
 	}
 	addrs := strings.Split(c.xdsServer, ",")

@@ -411,6 +411,7 @@ func TestShardFlags(t *testing.T) {
 			want: shard.Shards{N: 2, Addresses: []string{"s0:1", "s1:1", "s2:1", "s3:1"}}},
 		{args: []string{"--shards=0"}, wantError: "--shards=0"},
 		{args: []string{"--shard=1"}, wantError: "--shard=1 with one shard"},
+		{args: []string{"--xds-server-address=a:1,b:1"}, wantError: "names several addresses with one shard"},
 		{args: []string{"--shards=3", "--xds-server-address=a:1,b:1"}, wantError: "names 2 address(es) for --shards=3"},
 		{args: []string{"--shards=2", "--shard=2", "--xds-server-address=a:1,b:1"}, wantError: "shard 2 is not one of the 2 shards"},
 		{args: []string{"--shards=2", "--xds-server-address=a:1,b"}, wantError: `slot 1's xDS address "b"`},

@@ -82,7 +82,8 @@ func TestLayoutStamps(t *testing.T) {
 	}
 
 	// Two and then three shards of six slots: the later count writes the
-	// same address, keeps the stamp and is not deferred to.
+	// same address and keeps the stamp, and the older count, finding the
+	// later one's stamp, writes on as well, since it writes the same.
 	two, three := replica(2, 6, t0), replica(3, 6, t0.Add(time.Minute))
 	cm = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "b"}}
 	two.stampLayout(cm)
@@ -93,7 +94,13 @@ func TestLayoutStamps(t *testing.T) {
 	if three.stampLayout(cm); cm.Annotations[SlotsAnnotation] != "6" || cm.Annotations[WriterStartedAnnotation] != stamp {
 		t.Fatalf("three shards restamped what two of the same slots wrote: %v", cm.Annotations)
 	}
+	cm = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "b"}}
+	three.stampLayout(cm)
 	if d := two.deferral(key, cm); d != 0 {
-		t.Fatalf("two shards defer %v to three of the same slots", d)
+		t.Fatalf("two shards defer %v to three, started later, of the same slots", d)
+	}
+	// Unsharded, whatever addresses it is given, the layout is one slot.
+	if got := (&Reconciler{Shards: shard.Shards{N: 1, Addresses: []string{"a:1", "b:1"}}}).layout(); got != "1" {
+		t.Fatalf("one shard of two addresses has the layout %q, want 1", got)
 	}
 }

@@ -299,9 +299,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 const ShardMovedReason = "ShardMoved"
 
 // The annotations that say under which number of slots a ConfigMap was
-// last written (what decides its address, not the shard count: shards of
-// one set of slots write alike), and when the first replica to write it
-// under that number started; ConfigMaps only ever written unsharded carry
+// last written (with the slots' address list, which a change of the count
+// keeps, what decides its address; shards of one set of slots write
+// alike), and when the first replica to write it under that number
+// started; ConfigMaps only ever written unsharded carry
 // neither.
 const (
 	SlotsAnnotation         = "scopeplane.dev/slots"

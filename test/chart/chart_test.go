@@ -414,6 +414,7 @@ func TestSchemaRefusesInvalidValues(t *testing.T) {
 		{"unknown authentication method", `xds: {auth: {methods: kerberos}}`, []string{"at '/xds/auth/methods': 'kerberos' does not match pattern"}},
 		{"no shards", `sharding: {shards: 0}`, []string{"at '/sharding/shards': minimum: got 0, want 1"}},
 		{"shards as a word", `sharding: {shards: three}`, []string{"at '/sharding/shards': got string, want integer"}},
+		{"more slots than certificates name well", `sharding: {slots: 100}`, []string{"at '/sharding/slots': maximum: got 100, want 64"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			values := filepath.Join(t.TempDir(), "values.yaml")

@@ -267,7 +267,7 @@ func TestShardsElectEvenWithOneReplica(t *testing.T) {
 // characters (a DNS label), distinct per shard and slot.
 func TestShardNamesFitServiceNames(t *testing.T) {
 	long := strings.Repeat("a", 62) + "b"
-	out, stderr, err := runHelm(t, "template", "sp", chartDir, "--set", "sharding.shards=12,sharding.slots=120,fullnameOverride="+long)
+	out, stderr, err := runHelm(t, "template", "sp", chartDir, "--set", "sharding.shards=12,sharding.slots=60,fullnameOverride="+long)
 	if err != nil {
 		t.Fatalf("helm template: %v\n%s", err, stderr)
 	}
@@ -280,10 +280,10 @@ func TestShardNamesFitServiceNames(t *testing.T) {
 			}
 		}
 	}
-	if len(names) != 132 || len(slices.Compact(slices.Sorted(slices.Values(names)))) != 132 {
-		t.Errorf("12 shards and 120 slots rendered %d Services, want 132 distinct: %q", len(names), names)
+	if len(names) != 72 || len(slices.Compact(slices.Sorted(slices.Values(names)))) != 72 {
+		t.Errorf("12 shards and 60 slots rendered %d Services, want 72 distinct: %q", len(names), names)
 	}
-	for _, want := range []string{strings.Repeat("a", 54) + "-shard-11", strings.Repeat("a", 54) + "-slot-119", long} {
+	for _, want := range []string{strings.Repeat("a", 54) + "-shard-11", strings.Repeat("a", 55) + "-slot-59", long} {
 		if !slices.Contains(names, want) {
 			t.Errorf("no Service %s, the full name shortened to fit: %q", want, names)
 		}

@@ -158,7 +158,7 @@ func TestClientMatrixShardMove(t *testing.T) {
 
 	// Three shards replace the two, with the same slots: the scope's slot
 	// is another shard's now, at the same address.
-	const recount = "two shards, then three, of the same slots: one reconnect, no restart"
+	const recount = "two shards, then three, of the same slots: reconnected, no restart"
 	before := bootstrapData(t, c, name)
 	for _, k := range kinds {
 		from[k] = clients[k].count()

@@ -146,7 +146,7 @@ type Options struct {
 	// declare.
 	Zones Zones
 	// Shards is this replica's shard: a stream naming a scope of another
-	// shard is refused with that shard's address. The zero value serves
+	// shard is refused with the address of that scope's slot. The zero value serves
 	// every scope.
 	Shards shard.Shards
 	// OtherShardsAdmit, with shards and the peer-address method, reports

@@ -48,8 +48,13 @@ func (s Shards) Count() int {
 	return max(1, len(s.Addresses))
 }
 
-// Slots is the number of slots.
-func (s Shards) Slots() int { return max(1, len(s.Addresses)) }
+// Slots is the number of slots: one, unsharded.
+func (s Shards) Slots() int {
+	if !s.Sharded() {
+		return 1
+	}
+	return len(s.Addresses)
+}
 
 // Sharded reports whether there is more than one shard.
 func (s Shards) Sharded() bool { return s.Count() > 1 }
