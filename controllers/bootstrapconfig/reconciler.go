@@ -302,8 +302,7 @@ const ShardMovedReason = "ShardMoved"
 // last written (with the slots' address list, which a change of the count
 // keeps, what decides its address; shards of one set of slots write
 // alike), and when the first replica to write it under that number
-// started; ConfigMaps only ever written unsharded carry
-// neither.
+// started; ConfigMaps only ever written unsharded carry neither.
 const (
 	SlotsAnnotation         = "scopeplane.dev/slots"
 	WriterStartedAnnotation = "scopeplane.dev/writer-started"
@@ -355,9 +354,9 @@ func (r *Reconciler) layout() string { return strconv.Itoa(r.Shards.Slots()) }
 
 // stampLayout marks cm as written under this replica's number of slots:
 // the number and, when it changes, this replica's start. A write under the
-// same number keeps the stamp, so that leaders taking turns do not rewrite every
-// ConfigMap, and an unsharded replica leaves a ConfigMap that never had a
-// stamp without one.
+// same number keeps the stamp, so that leaders taking turns do not rewrite
+// every ConfigMap, and an unsharded replica leaves a ConfigMap that never
+// had a stamp without one.
 func (r *Reconciler) stampLayout(cm *corev1.ConfigMap) {
 	theirs := cm.Annotations[SlotsAnnotation]
 	if cmp.Or(theirs, "1") == r.layout() && (theirs == "" || cm.Annotations[WriterStartedAnnotation] != "") {
