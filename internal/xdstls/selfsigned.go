@@ -137,12 +137,17 @@ func (s *SelfSigned) rotate(ctx context.Context, c *Certificates) error {
 // Run calls Rotate (leading) or Load (not leading) at once and then every
 // period until ctx ends, every second until the first success, so that a
 // replica starting next to a leader that has not yet created the Secret
-// serves as soon as it exists. Errors are logged and retried.
+// serves as soon as it exists, and at once when the replica becomes the
+// leader: a new leader issues the certificate again when it lacks a name
+// this replica's flags ask for (every slot's, when sharding is turned on),
+// and proxies dialling those names fail their handshakes until it does.
+// Errors are logged and retried.
 func (s *SelfSigned) Run(ctx context.Context, c *Certificates, leading func() bool, period time.Duration, log logr.Logger) error {
 	loaded := false
 	for {
 		var err error
-		if leading() {
+		lead := leading()
+		if lead {
 			err = s.Rotate(ctx, c)
 		} else {
 			err = s.Load(ctx, c)
@@ -158,10 +163,33 @@ func (s *SelfSigned) Run(ctx context.Context, c *Certificates, leading func() bo
 		if !loaded {
 			wait = min(period, time.Second)
 		}
+		if !s.await(ctx, wait, lead, leading) {
+			return nil
+		}
+	}
+}
+
+// leadershipCheck is how often Run looks whether its replica became the
+// leader.
+const leadershipCheck = time.Second
+
+// await waits for wait, or less when a replica that was not leading
+// (lead) becomes the leader; it reports false once ctx ends.
+func (s *SelfSigned) await(ctx context.Context, wait time.Duration, lead bool, leading func() bool) bool {
+	deadline := time.NewTimer(wait)
+	defer deadline.Stop()
+	check := time.NewTicker(leadershipCheck)
+	defer check.Stop()
+	for {
 		select {
 		case <-ctx.Done():
-			return nil
-		case <-time.After(wait):
+			return false
+		case <-deadline.C:
+			return true
+		case <-check.C:
+			if !lead && leading() {
+				return true
+			}
 		}
 	}
 }

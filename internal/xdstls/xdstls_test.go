@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -453,4 +454,47 @@ func TestRotateTakesAnotherLeadersWrite(t *testing.T) {
 		t.Errorf("after %d updates the Secret's CA is the other leader's: %v, and its certificate names %v, want the other leader's CA and [xds xds-shard-1 xds-shard-2]",
 			updates, string(sec.Data[CAFile]) == string(otherData[CAFile]), leaf.DNSNames)
 	}
+}
+
+// TestANewLeaderIssuesAtOnce runs a replica that loads the Secret as a
+// follower and then becomes the leader, with an hour between refreshes: it
+// issues the certificate again for the name it lacks (a slot's, as when
+// sharding is turned on) as soon as it leads, not at its next refresh.
+func TestANewLeaderIssuesAtOnce(t *testing.T) {
+	key := types.NamespacedName{Namespace: "sys", Name: "xds-tls"}
+	data, _, err := (&SelfSigned{DNSNames: []string{"xds"}}).renew(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := fake.NewClientBuilder().WithObjects(&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}, Data: data}).Build()
+	s := &SelfSigned{Reader: c, Writer: c, Secret: key, DNSNames: []string{"xds", "xds-slot-1"}}
+	certs := NewCertificates()
+	var leads atomic.Bool
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx, certs, leads.Load, time.Hour, logr.Discard()) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	names := func() string {
+		sec := &corev1.Secret{}
+		if err := c.Get(context.Background(), key, sec); err != nil {
+			return err.Error()
+		}
+		return fmt.Sprint(parseCerts(sec.Data[CertFile])[0].DNSNames)
+	}
+	testkit.Eventually(t, "the follower loaded the certificate", func() (bool, string) {
+		return certs.CABundle() != nil, "no CA bundle yet"
+	})
+	if got := names(); got != "[xds]" {
+		t.Fatalf("a follower issued the certificate: %s", got)
+	}
+	leads.Store(true)
+	testkit.Eventually(t, "the new leader issued the certificate for the slot's name", func() (bool, string) {
+		got := names()
+		return got == "[xds xds-slot-1]", got
+	})
 }

@@ -18,6 +18,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -28,6 +29,9 @@ import (
 
 	"github.com/scopeplane/scopeplane/internal/envoyprobe"
 	"github.com/scopeplane/scopeplane/internal/testkit"
+	"github.com/scopeplane/scopeplane/xds/bootstrap"
+	"github.com/scopeplane/scopeplane/xds/model"
+	"github.com/scopeplane/scopeplane/xds/shard"
 )
 
 // root is the repository root, where the chart and the manifests are.
@@ -222,6 +226,8 @@ func TestQuickstartOnANode(t *testing.T) {
 	if rejoined.NACKs != 0 {
 		t.Errorf("the probe, which validates what it gets as Envoy does, rejected %d responses", rejoined.NACKs)
 	}
+
+	shardingSteps(t, helm, c)
 
 	t.Log("step: helm uninstall")
 	out := run(t, helm, "uninstall", release, "--namespace", namespace, "--wait")
@@ -474,4 +480,137 @@ func gatewayRouteCRDs(t *testing.T) []string {
 		out = append(out, filepath.Join(dir, "config", "crd", "standard", "gateway.networking.k8s.io_"+kind+".yaml"))
 	}
 	return out
+}
+
+// shardingSteps turns sharding on under the quickstart and changes the
+// shard count, as docs/sharding.md tells a user to expect on a real node,
+// where each slot's Service is kube-proxy's. Turned on (two shards of one
+// replica each, six slots), the whoami client keeps calling with what it
+// holds. A scope like whoami's, named so that its slot moves between two
+// and three shards, gets a client of its own on its slot's bootstrap. Then
+// three shards of the same slots: that scope moves to another shard at
+// the same address, its bootstrap stays, and its running client
+// reconnects through the slot's Service to the new shard and follows a
+// backend rollout, with no RPC failed and no restart.
+func shardingSteps(t *testing.T, helm string, whoami client) {
+	t.Helper()
+	const slots = 6
+	var addrs []string
+	for i := range slots {
+		name := release
+		if i > 0 {
+			name = fmt.Sprintf("%s-slot-%d", release, i)
+		}
+		addrs = append(addrs, fmt.Sprintf("%s.%s.svc:18000", name, namespace))
+	}
+	two, three := shard.Shards{N: 2, Addresses: addrs}, shard.Shards{N: 3, Addresses: addrs}
+	var key model.Key
+	for i := 0; key.Name == ""; i++ {
+		if k := (model.Key{Namespace: "default", Name: fmt.Sprintf("moving-%d", i)}); two.ShardOf(k) != three.ShardOf(k) {
+			key = k
+		}
+	}
+	addr := two.AddressOf(key)
+	upgrade := func(shards int) {
+		t.Helper()
+		run(t, helm, "upgrade", release, filepath.Join(root, "charts", "scopeplane"), "--namespace", namespace,
+			"--set", fmt.Sprintf("sharding.shards=%d,sharding.slots=%d,replicas=1", shards, slots))
+		for k := range shards {
+			run(t, "kubectl", "-n", namespace, "rollout", "status", fmt.Sprintf("deploy/%s-shard-%d", release, k), "--timeout=5m")
+		}
+		waitPodsIn(t, namespace, "app.kubernetes.io/name=scopeplane", shards)
+	}
+	bootstrapOf := func() string {
+		return run(t, "kubectl", "get", "configmap", bootstrap.ConfigMapName(key.Name), "-o", "jsonpath={.data."+strings.ReplaceAll(bootstrap.GRPCKey, ".", `\.`)+"}")
+	}
+
+	t.Logf("step: sharding turned on, two shards of %d slots: the whoami client keeps calling", slots)
+	before := whoami.get(t)
+	upgrade(2)
+	after := whoami.waitFor(t, "the whoami client's RPCs go on", func(n counts) bool { return n.OK > before.OK+200 })
+	whoami.noFailures(t, "sharding turned on", before, after)
+
+	t.Logf("step: scope %s, at slot %d (shard %d of two, %d of three), and a client on its bootstrap, which names %s",
+		key, two.SlotOf(key), two.ShardOf(key), three.ShardOf(key), addr)
+	applyMoving(t, key.Name)
+	run(t, "kubectl", "wait", "--for=condition=Ready", "proxyscope/"+key.Name, "--timeout=2m")
+	testkit.EventuallyWithin(t, 2*time.Minute, key.Name+"'s bootstrap names its slot's Service", func() (bool, string) {
+		b := bootstrapOf()
+		return strings.Contains(b, strconv.Quote(addr)), b
+	})
+	pod := key.Name + "-client"
+	if _, err := kubectl("wait", "--for=condition=Ready", "pod/"+pod, "--timeout=3m"); err != nil {
+		logs, _ := kubectl("logs", pod, "--tail=20")
+		t.Fatalf("the client on %s's bootstrap is not Ready: %v\n%s", key.Name, err, logs)
+	}
+	ip := strings.TrimSpace(run(t, "kubectl", "get", "pod", pod, "-o", "jsonpath={.status.podIP}"))
+	c := client{url: "http://" + ip + ":8080/counts"}
+	backends := podNames(t, "app=whoami")
+	joined := c.waitFor(t, "RPCs reach every backend through the slot", func(n counts) bool { return n.reached(backends) })
+	c.noFailures(t, "joining a slot", counts{}, joined)
+
+	t.Logf("step: three shards of the same slots: %s moves to shard %d at the same address, and its running client follows a backend rollout without a restart", key, three.ShardOf(key))
+	boot := bootstrapOf()
+	before = c.get(t)
+	upgrade(3)
+	run(t, "kubectl", "rollout", "restart", "deploy/whoami")
+	run(t, "kubectl", "rollout", "status", "deploy/whoami", "--timeout=5m")
+	waitPods(t, "app=whoami", 3)
+	backends = podNames(t, "app=whoami")
+	after = c.waitFor(t, "RPCs reach the new backends", func(n counts) bool { return n.reachedSince(before, backends) })
+	c.noFailures(t, "the shard count's change and the rollout after it", before, after)
+	t.Logf("counts: %s", after)
+	if b := bootstrapOf(); b != boot {
+		t.Errorf("%s's bootstrap changed with the shard count:\n%s\nthen\n%s", key.Name, boot, b)
+	}
+	if restarts := run(t, "kubectl", "get", "pod", pod, "-o", "jsonpath={.status.containerStatuses[0].restartCount}"); strings.TrimSpace(restarts) != "0" {
+		t.Errorf("the client restarted %s times", restarts)
+	}
+	t.Logf("the scope's proxies:\n%s", run(t, "kubectl", "scopeplane", "proxy-status", key.String()))
+}
+
+// applyMoving applies the quickstart's whoami ProxyScope under name, and
+// the quickstart's client Pod as <name>-client, mounting that scope's
+// bootstrap ConfigMap.
+func applyMoving(t *testing.T, name string) {
+	t.Helper()
+	raw, err := os.ReadFile(quickstart("whoami.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var scope map[string]any
+	for _, doc := range strings.Split(string(raw), "\n---") {
+		var o map[string]any
+		if err := yaml.Unmarshal([]byte(doc), &o); err == nil && o["kind"] == "ProxyScope" {
+			scope = o
+		}
+	}
+	if scope == nil {
+		t.Fatal("whoami.yaml has no ProxyScope")
+	}
+	scope["metadata"] = map[string]any{"name": name, "namespace": "default"}
+	var pod corev1.Pod
+	if raw, err = os.ReadFile(quickstart("whoami-client.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.UnmarshalStrict(raw, &pod); err != nil {
+		t.Fatal(err)
+	}
+	pod.Name = name + "-client"
+	for i := range pod.Spec.Volumes {
+		if cm := pod.Spec.Volumes[i].ConfigMap; cm != nil {
+			cm.Name = bootstrap.ConfigMapName(name)
+		}
+	}
+	for _, o := range []any{scope, &pod} {
+		out, err := yaml.Marshal(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command("kubectl", "apply", "-f", "-")
+		cmd.Stdin = bytes.NewReader(out)
+		if b, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("kubectl apply of %s's scope and client: %v\n%s", name, err, b)
+		}
+	}
 }
