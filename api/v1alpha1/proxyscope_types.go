@@ -385,7 +385,8 @@ type ProxyScopeStatus struct {
 	// and what the other xDS protocol would have sent them for the same
 	// changes, with the advice that follows. After a change of leader, the
 	// previous leader's figures stand until the new one refreshes them, at
-	// the scope's refresh slot (within ten buckets).
+	// the scope's refresh slot (within ten buckets), or drops them then if
+	// no proxy of the scope came back to it.
 	// +optional
 	Cost *ProtocolCost `json:"cost,omitempty"`
 }

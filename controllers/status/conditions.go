@@ -54,6 +54,10 @@ type Inputs struct {
 	// predecessor's figures are refreshed at the scope's next slot after
 	// that, not all at a new leader's start (see costDue).
 	CostWritten time.Time
+	// Leading is when this leader began writing statuses (zero: unknown).
+	// For one refresh period from it, a predecessor's cost figures stand
+	// while this process has none (see costHeld).
+	Leading time.Time
 	// Unreported says, per replica whose feedback of this scope could not
 	// be written, why (none when every replica's was).
 	Unreported []string
@@ -347,10 +351,13 @@ func compute(prev *xdsv1alpha1.ProxyScopeStatus, in *Inputs) (xdsv1alpha1.ProxyS
 	var roll, ends time.Duration
 	held := st.Cost
 	st.Cost, roll = cost(prev.Cost, in)
-	if st.Cost == nil {
-		// This process has no figures yet (a new leader's window is
-		// empty): the last ones written stand until it has.
-		st.Cost = held
+	if st.Cost == nil && held != nil {
+		if left := costHeld(in); left > 0 {
+			st.Cost = held
+			if roll == 0 || left < roll {
+				roll = left
+			}
+		}
 	}
 	st.ProtocolTransition, ends = transition(in)
 	if held != nil && st.Cost != nil {

@@ -458,10 +458,21 @@ func TestComputeKeepsWhatANewLeaderCannotKnowBetter(t *testing.T) {
 
 	// The new leader: the same version built at its start, no window yet.
 	in = served(at("v1"))
-	in.RevTime, in.CostWritten = now, now
-	st, _ := compute(&prev, in)
+	in.RevTime, in.CostWritten, in.Leading = now, now, now
+	in.Feedback.Cost.Bucket = time.Minute
+	st, recheck := compute(&prev, in)
 	if !equality.Semantic.DeepEqual(st, prev) {
 		t.Errorf("a new leader over an unchanged scope changes its status:\n%+v\nwas\n%+v", st, prev)
+	}
+	// Its window still empty a refresh period later (no proxy came back),
+	// the figures go, and it looks again by then.
+	if period := CostRefreshBuckets * time.Minute; recheck <= 0 || recheck > period {
+		t.Errorf("holding its predecessor's figures, the new leader looks again in %v, want within %v", recheck, period)
+	}
+	empty := *in
+	empty.Now = now.Add(CostRefreshBuckets * time.Minute)
+	if st, _ := compute(&prev, &empty); st.Cost != nil {
+		t.Errorf("a refresh period after the new leader began, with no figures of its own, its predecessor's still stand: %+v", st.Cost)
 	}
 
 	// Its window's figures (of pushes since before its start) wait for

@@ -49,6 +49,19 @@ func costDue(in *Inputs) (bool, time.Duration) {
 	return in.CostWritten.IsZero() || slot(in.CostWritten) < now, next
 }
 
+// costHeld is how much longer a predecessor's cost figures stand while
+// this process has none of the scope (0: no longer). A new leader starts
+// with an empty window, and its own figures are due at the scope's refresh
+// slot within one refresh period of its start if the scope's proxies came
+// back; a window still empty then means none did, and the figures go.
+func costHeld(in *Inputs) time.Duration {
+	period := CostRefreshBuckets * in.Feedback.Cost.Bucket
+	if in.Leading.IsZero() || period <= 0 {
+		return 0
+	}
+	return max(0, period-in.Now.Sub(in.Leading))
+}
+
 // maxAdvice is status.cost.advice's length limit in the CRD.
 const maxAdvice = 1024
 

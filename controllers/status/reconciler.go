@@ -291,7 +291,7 @@ func (r *Reconciler) inputs(ps *xdsv1alpha1.ProxyScope) *Inputs {
 		})
 	}
 	in.Feedback = r.Feedback.Summary(key)
-	in.CostWritten = r.leading
+	in.CostWritten, in.Leading = r.leading, r.leading
 	if v, ok := r.costWritten.Load(ps.UID); ok {
 		in.CostWritten = v.(costWrite).at
 	}

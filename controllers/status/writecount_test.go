@@ -265,6 +265,7 @@ func TestStatusWritesAtStartAndAsTheCostWindowRolls(t *testing.T) {
 		n := read.count()
 		return n == scopes, fmt.Sprintf("%d of %d scopes read, %d patches", n, scopes, restart.Load())
 	})
+	time.Sleep(time.Second) // room for the patches of the last scopes read
 	t.Logf("restart: %d status patches for %d scopes", restart.Load(), scopes)
 	if n := restart.Load(); n != 0 {
 		t.Errorf("a new leader over an unchanged world wrote %d of %d statuses", n, scopes)
@@ -281,4 +282,23 @@ func (r *readScopes) count() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return len(r.names)
+}
+
+// TestInputsCountFromTheLeadersStart checks what the reconciler tells
+// compute of its leadership: when it began, and, for a scope whose cost it
+// has not written, that start as the last cost write, so that a
+// predecessor's figures are refreshed at the scope's slot after it.
+func TestInputsCountFromTheLeadersStart(t *testing.T) {
+	began := time.Date(2026, 12, 7, 4, 0, 0, 0, time.UTC)
+	r := &Reconciler{Store: snapshot.NewStore(), Feedback: feedback.New(time.Minute), Bootstrap: bootstrapconfig.NewConflicts()}
+	r.leading = began
+	ps := &xdsv1alpha1.ProxyScope{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "web", UID: "web-1"}}
+	if in := r.inputs(ps); !in.Leading.Equal(began) || !in.CostWritten.Equal(began) {
+		t.Errorf("before any cost write: leading %v, cost written %v; want both %v", in.Leading, in.CostWritten, began)
+	}
+	written := began.Add(time.Minute)
+	r.costWritten.Store(ps.UID, costWrite{at: written})
+	if in := r.inputs(ps); !in.Leading.Equal(began) || !in.CostWritten.Equal(written) {
+		t.Errorf("after a cost write: leading %v, cost written %v; want %v and %v", in.Leading, in.CostWritten, began, written)
+	}
 }
