@@ -12,6 +12,8 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"net"
+	"slices"
 	"sync"
 	"time"
 
@@ -96,6 +98,28 @@ func (c *Certificates) Changed() <-chan struct{} {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.changed
+}
+
+// Names reports whether the serving certificate names every one of dns
+// and ips (false before the first Set).
+func (c *Certificates) Names(dns []string, ips []net.IP) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cert == nil {
+		return false
+	}
+	leaf := c.cert.Leaf
+	for _, name := range dns {
+		if !slices.Contains(leaf.DNSNames, name) {
+			return false
+		}
+	}
+	for _, ip := range ips {
+		if !slices.ContainsFunc(leaf.IPAddresses, ip.Equal) {
+			return false
+		}
+	}
+	return true
 }
 
 // Loaded reports whether a certificate is there to serve.

@@ -135,13 +135,14 @@ func (s *SelfSigned) rotate(ctx context.Context, c *Certificates) error {
 }
 
 // Run calls Rotate (leading) or Load (not leading) at once and then every
-// period until ctx ends, every second until the first success, so that a
-// replica starting next to a leader that has not yet created the Secret
-// serves as soon as it exists, and at once when the replica becomes the
-// leader: a new leader issues the certificate again when it lacks a name
-// this replica's flags ask for (every slot's, when sharding is turned on),
-// and proxies dialling those names fail their handshakes until it does.
-// Errors are logged and retried.
+// period until ctx ends; every second until the first success (a replica
+// starting next to a leader that has not yet created the Secret) and while
+// the certificate it read lacks a name this replica's flags ask for (every
+// slot's, when sharding was just turned on and no leader issued it yet),
+// so that it serves what proxies dial as soon as a leader writes it; and
+// at once when the replica becomes the leader, which issues the
+// certificate again when it lacks such a name. Errors are logged and
+// retried.
 func (s *SelfSigned) Run(ctx context.Context, c *Certificates, leading func() bool, period time.Duration, log logr.Logger) error {
 	loaded := false
 	for {
@@ -160,7 +161,7 @@ func (s *SelfSigned) Run(ctx context.Context, c *Certificates, leading func() bo
 		} else {
 			loaded = true
 		}
-		if !loaded {
+		if !loaded || err == nil && !c.Names(s.DNSNames, s.IPs) {
 			wait = min(period, time.Second)
 		}
 		if !s.await(ctx, wait, lead, leading) {

@@ -493,8 +493,47 @@ func TestANewLeaderIssuesAtOnce(t *testing.T) {
 		t.Fatalf("a follower issued the certificate: %s", got)
 	}
 	leads.Store(true)
-	testkit.Eventually(t, "the new leader issued the certificate for the slot's name", func() (bool, string) {
+	testkit.Eventually(t, "the new leader issued the certificate for the slot's name, and serves it", func() (bool, string) {
 		got := names()
-		return got == "[xds xds-slot-1]", got
+		return got == "[xds xds-slot-1]" && certs.Names(s.DNSNames, nil), got
+	})
+}
+
+// TestAFollowerServesTheSlotsNamesSoon runs a follower, with an hour
+// between refreshes, whose certificate lacks a name its flags ask for (a
+// slot's, sharding just turned on): once a leader writes a certificate
+// that names it, the follower serves it within seconds, not at its next
+// refresh.
+func TestAFollowerServesTheSlotsNamesSoon(t *testing.T) {
+	key := types.NamespacedName{Namespace: "sys", Name: "xds-tls"}
+	data, _, err := (&SelfSigned{DNSNames: []string{"xds"}}).renew(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := fake.NewClientBuilder().WithObjects(&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}, Data: data}).Build()
+	wants := []string{"xds", "xds-slot-1"}
+	follower := &SelfSigned{Reader: c, Writer: c, Secret: key, DNSNames: wants}
+	certs := NewCertificates()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- follower.Run(ctx, certs, func() bool { return false }, time.Hour, logr.Discard()) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	testkit.Eventually(t, "the follower loaded the certificate", func() (bool, string) {
+		return certs.CABundle() != nil, "no CA bundle yet"
+	})
+	if certs.Names(wants, nil) {
+		t.Fatal("the certificate names the slot before any leader issued it")
+	}
+	leader := &SelfSigned{Reader: c, Writer: c, Secret: key, DNSNames: wants}
+	if err := leader.Rotate(context.Background(), NewCertificates()); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Eventually(t, "the follower serves the certificate that names the slot", func() (bool, string) {
+		return certs.Names(wants, nil), "not yet"
 	})
 }
