@@ -161,13 +161,7 @@ func TestQuickstartOnANode(t *testing.T) {
 	run(t, "kubectl", "delete", "deploy/whoami-v2", "svc/whoami-v2")
 
 	t.Log("step: a backend rollout")
-	before = c.get(t)
-	run(t, "kubectl", "rollout", "restart", "deploy/whoami")
-	run(t, "kubectl", "rollout", "status", "deploy/whoami", "--timeout=5m")
-	waitPods(t, "app=whoami", 3)
-	backends = podNames(t, "app=whoami")
-	after = c.waitFor(t, "RPCs reach the new backends", func(n counts) bool { return n.reachedSince(before, backends) })
-	c.noFailures(t, "the rollout", before, after)
+	rolloutBackends(t, c, c.get(t), "the rollout")
 
 	t.Log("step: delete the leader Pod")
 	before = c.get(t)
@@ -486,8 +480,10 @@ func gatewayRouteCRDs(t *testing.T) []string {
 // shard count, as docs/sharding.md tells a user to expect on a real node,
 // where each slot's Service is kube-proxy's. Turned on (two shards of one
 // replica each, six slots), the whoami client keeps calling with what it
-// holds. A scope like whoami's, named so that its slot moves between two
-// and three shards, gets a client of its own on its slot's bootstrap. Then
+// holds (its bootstrap predates sharding, so it gets no update from then
+// on, and is not checked after). A scope like whoami's, named so that its
+// slot's shard differs between two and three shards, gets a client of its
+// own on its slot's bootstrap. Then
 // three shards of the same slots: that scope moves to another shard at
 // the same address, its bootstrap stays, and its running client
 // reconnects through the slot's Service to the new shard and follows a
@@ -553,20 +549,32 @@ func shardingSteps(t *testing.T, helm string, whoami client) {
 	boot := bootstrapOf()
 	before = c.get(t)
 	upgrade(3)
-	run(t, "kubectl", "rollout", "restart", "deploy/whoami")
-	run(t, "kubectl", "rollout", "status", "deploy/whoami", "--timeout=5m")
-	waitPods(t, "app=whoami", 3)
-	backends = podNames(t, "app=whoami")
-	after = c.waitFor(t, "RPCs reach the new backends", func(n counts) bool { return n.reachedSince(before, backends) })
-	c.noFailures(t, "the shard count's change and the rollout after it", before, after)
-	t.Logf("counts: %s", after)
+	t.Logf("counts: %s", rolloutBackends(t, c, before, "the shard count's change and the rollout after it"))
 	if b := bootstrapOf(); b != boot {
 		t.Errorf("%s's bootstrap changed with the shard count:\n%s\nthen\n%s", key.Name, boot, b)
 	}
 	if restarts := run(t, "kubectl", "get", "pod", pod, "-o", "jsonpath={.status.containerStatuses[0].restartCount}"); strings.TrimSpace(restarts) != "0" {
 		t.Errorf("the client restarted %s times", restarts)
 	}
-	t.Logf("the scope's proxies:\n%s", run(t, "kubectl", "scopeplane", "proxy-status", key.String()))
+	status := run(t, "kubectl", "scopeplane", "proxy-status", key.String())
+	t.Logf("the scope's proxies:\n%s", status)
+	if owner := fmt.Sprintf(" %s-shard-%d-", release, three.ShardOf(key)); !strings.Contains(status, owner) {
+		t.Errorf("proxy-status does not show the client on a replica of shard %d of three (%q)", three.ShardOf(key), strings.TrimSpace(owner))
+	}
+}
+
+// rolloutBackends restarts the whoami backends and waits until c's RPCs,
+// counted from before, reach every new one, with none failed during what
+// the step says; it returns the counts then.
+func rolloutBackends(t *testing.T, c client, before counts, during string) counts {
+	t.Helper()
+	run(t, "kubectl", "rollout", "restart", "deploy/whoami")
+	run(t, "kubectl", "rollout", "status", "deploy/whoami", "--timeout=5m")
+	waitPods(t, "app=whoami", 3)
+	backends := podNames(t, "app=whoami")
+	after := c.waitFor(t, "RPCs reach the new backends", func(n counts) bool { return n.reachedSince(before, backends) })
+	c.noFailures(t, during, before, after)
+	return after
 }
 
 // applyMoving applies the quickstart's whoami ProxyScope under name, and
