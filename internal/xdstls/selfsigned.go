@@ -136,15 +136,17 @@ func (s *SelfSigned) rotate(ctx context.Context, c *Certificates) error {
 
 // Run calls Rotate (leading) or Load (not leading) at once and then every
 // period until ctx ends; every second until the first success (a replica
-// starting next to a leader that has not yet created the Secret) and while
+// starting next to a leader that has not yet created the Secret); while
 // the certificate it read lacks a name this replica's flags ask for (every
 // slot's, when sharding was just turned on and no leader issued it yet),
-// so that it serves what proxies dial as soon as a leader writes it; and
-// at once when the replica becomes the leader, which issues the
-// certificate again when it lacks such a name. Errors are logged and
-// retried.
+// after a second, then twice as long each time up to lackingRetry, so that
+// it serves what proxies dial soon after a leader writes it without
+// reading the Secret every second for as long as no leader can; and at
+// once when the replica becomes the leader, which issues the certificate
+// again when it lacks such a name. Errors are logged and retried.
 func (s *SelfSigned) Run(ctx context.Context, c *Certificates, leading func() bool, period time.Duration, log logr.Logger) error {
 	loaded := false
+	retry := time.Second
 	for {
 		var err error
 		lead := leading()
@@ -161,8 +163,14 @@ func (s *SelfSigned) Run(ctx context.Context, c *Certificates, leading func() bo
 		} else {
 			loaded = true
 		}
-		if !loaded || err == nil && !c.Names(s.DNSNames, s.IPs) {
+		switch {
+		case !loaded:
 			wait = min(period, time.Second)
+		case err == nil && !c.Names(s.DNSNames, s.IPs):
+			wait = min(period, retry)
+			retry = min(2*retry, lackingRetry)
+		default:
+			retry = time.Second
 		}
 		if !s.await(ctx, wait, lead, leading) {
 			return nil
@@ -171,24 +179,32 @@ func (s *SelfSigned) Run(ctx context.Context, c *Certificates, leading func() bo
 }
 
 // leadershipCheck is how often Run looks whether its replica became the
-// leader.
-const leadershipCheck = time.Second
+// leader, and lackingRetry the longest it waits to read the Secret again
+// while the certificate lacks a name it serves.
+const (
+	leadershipCheck = time.Second
+	lackingRetry    = 10 * time.Second
+)
 
 // await waits for wait, or less when a replica that was not leading
 // (lead) becomes the leader; it reports false once ctx ends.
 func (s *SelfSigned) await(ctx context.Context, wait time.Duration, lead bool, leading func() bool) bool {
 	deadline := time.NewTimer(wait)
 	defer deadline.Stop()
-	check := time.NewTicker(leadershipCheck)
-	defer check.Stop()
+	var check <-chan time.Time
+	if !lead {
+		t := time.NewTicker(leadershipCheck)
+		defer t.Stop()
+		check = t.C
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return false
 		case <-deadline.C:
 			return true
-		case <-check.C:
-			if !lead && leading() {
+		case <-check:
+			if leading() {
 				return true
 			}
 		}
