@@ -456,29 +456,46 @@ func TestRotateTakesAnotherLeadersWrite(t *testing.T) {
 	}
 }
 
-// TestANewLeaderIssuesAtOnce runs a replica that loads the Secret as a
-// follower and then becomes the leader, with an hour between refreshes: it
-// issues the certificate again for the name it lacks (a slot's, as when
-// sharding is turned on) as soon as it leads, not at its next refresh.
-func TestANewLeaderIssuesAtOnce(t *testing.T) {
+// slotNames are the names a replica serves once sharding was turned on:
+// the unsharded Service's and a slot's.
+var slotNames = []string{"xds", "xds-slot-1"}
+
+// runBeforeTheSlots runs, with an hour between refreshes and leading as
+// leading says, a replica that asks for slotNames over a Secret whose
+// certificate names only "xds", until the test ends; it returns the
+// Secret's client and key, and what the replica serves once it loaded it.
+func runBeforeTheSlots(t *testing.T, leading func() bool) (client.Client, types.NamespacedName, *Certificates) {
+	t.Helper()
 	key := types.NamespacedName{Namespace: "sys", Name: "xds-tls"}
 	data, _, err := (&SelfSigned{DNSNames: []string{"xds"}}).renew(nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	c := fake.NewClientBuilder().WithObjects(&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}, Data: data}).Build()
-	s := &SelfSigned{Reader: c, Writer: c, Secret: key, DNSNames: []string{"xds", "xds-slot-1"}}
+	s := &SelfSigned{Reader: c, Writer: c, Secret: key, DNSNames: slotNames}
 	certs := NewCertificates()
-	var leads atomic.Bool
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx, certs, leads.Load, time.Hour, logr.Discard()) }()
-	defer func() {
+	go func() { done <- s.Run(ctx, certs, leading, time.Hour, logr.Discard()) }()
+	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
 			t.Error(err)
 		}
-	}()
+	})
+	testkit.Eventually(t, "the replica loaded the certificate", func() (bool, string) {
+		return certs.CABundle() != nil, "no CA bundle yet"
+	})
+	return c, key, certs
+}
+
+// TestANewLeaderIssuesAtOnce runs a replica that loads the Secret as a
+// follower and then becomes the leader, with an hour between refreshes: it
+// issues the certificate again for the name it lacks (a slot's, as when
+// sharding is turned on) as soon as it leads, not at its next refresh.
+func TestANewLeaderIssuesAtOnce(t *testing.T) {
+	var leads atomic.Bool
+	c, key, certs := runBeforeTheSlots(t, leads.Load)
 	names := func() string {
 		sec := &corev1.Secret{}
 		if err := c.Get(context.Background(), key, sec); err != nil {
@@ -486,16 +503,13 @@ func TestANewLeaderIssuesAtOnce(t *testing.T) {
 		}
 		return fmt.Sprint(parseCerts(sec.Data[CertFile])[0].DNSNames)
 	}
-	testkit.Eventually(t, "the follower loaded the certificate", func() (bool, string) {
-		return certs.CABundle() != nil, "no CA bundle yet"
-	})
 	if got := names(); got != "[xds]" {
 		t.Fatalf("a follower issued the certificate: %s", got)
 	}
 	leads.Store(true)
 	testkit.Eventually(t, "the new leader issued the certificate for the slot's name, and serves it", func() (bool, string) {
 		got := names()
-		return got == "[xds xds-slot-1]" && certs.Names(s.DNSNames, nil), got
+		return got == "[xds xds-slot-1]" && certs.Names(slotNames, nil), got
 	})
 }
 
@@ -505,35 +519,15 @@ func TestANewLeaderIssuesAtOnce(t *testing.T) {
 // that names it, the follower serves it within seconds, not at its next
 // refresh.
 func TestAFollowerServesTheSlotsNamesSoon(t *testing.T) {
-	key := types.NamespacedName{Namespace: "sys", Name: "xds-tls"}
-	data, _, err := (&SelfSigned{DNSNames: []string{"xds"}}).renew(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := fake.NewClientBuilder().WithObjects(&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}, Data: data}).Build()
-	wants := []string{"xds", "xds-slot-1"}
-	follower := &SelfSigned{Reader: c, Writer: c, Secret: key, DNSNames: wants}
-	certs := NewCertificates()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- follower.Run(ctx, certs, func() bool { return false }, time.Hour, logr.Discard()) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	}()
-	testkit.Eventually(t, "the follower loaded the certificate", func() (bool, string) {
-		return certs.CABundle() != nil, "no CA bundle yet"
-	})
-	if certs.Names(wants, nil) {
+	c, key, certs := runBeforeTheSlots(t, func() bool { return false })
+	if certs.Names(slotNames, nil) {
 		t.Fatal("the certificate names the slot before any leader issued it")
 	}
-	leader := &SelfSigned{Reader: c, Writer: c, Secret: key, DNSNames: wants}
+	leader := &SelfSigned{Reader: c, Writer: c, Secret: key, DNSNames: slotNames}
 	if err := leader.Rotate(context.Background(), NewCertificates()); err != nil {
 		t.Fatal(err)
 	}
 	testkit.Eventually(t, "the follower serves the certificate that names the slot", func() (bool, string) {
-		return certs.Names(wants, nil), "not yet"
+		return certs.Names(slotNames, nil), "not yet"
 	})
 }
