@@ -173,6 +173,10 @@ type Catalog struct {
 	// Services with a translation warming up.
 	routeWarmUp time.Duration
 	warming     map[*serviceEntry]struct{}
+	// reachVersion counts the changes that may change Reach, each
+	// signalled on reachSignal.
+	reachVersion uint64
+	reachSignal  chan struct{}
 }
 
 type serviceEntry struct {
@@ -308,6 +312,7 @@ func New() *Catalog {
 		byBackend:   map[model.Key]map[model.RouteRef]struct{}{},
 		routeGrants: map[string]map[model.RouteKind]model.Grants{},
 		warming:     map[*serviceEntry]struct{}{},
+		reachSignal: make(chan struct{}, 1),
 	}
 }
 
@@ -440,6 +445,9 @@ func (c *Catalog) UpsertNamespace(name string, labels map[string]string) {
 	}
 	c.namespaces[name] = labels
 	c.reselectNamespace(name, !known)
+	if len(c.reach.byLabels) > 0 {
+		c.reachMoved()
+	}
 }
 
 // DeleteNamespace forgets a namespace; namespace selectors no longer match it.
@@ -451,6 +459,9 @@ func (c *Catalog) DeleteNamespace(name string) {
 	}
 	delete(c.namespaces, name)
 	c.reselectNamespace(name, true)
+	if len(c.reach.byLabels) > 0 {
+		c.reachMoved()
+	}
 }
 
 // reselectNamespace re-evaluates the scopes a namespace change can affect;
@@ -594,6 +605,7 @@ func (c *Catalog) UpsertScope(scope *model.Scope) {
 	sc.scope = scope
 	sc.cat = c
 	c.reach.add(sc)
+	c.reachMoved()
 	if sc.places == nil {
 		sc.places = Placed{}
 	}
@@ -655,6 +667,7 @@ func (c *Catalog) DeleteScope(key model.Key) {
 		sc.forget()
 		c.reach.remove(sc)
 		delete(c.scopes, key)
+		c.reachMoved()
 	}
 	delete(c.rejected, key)
 	c.deleted[key] = Resolution{}
@@ -672,6 +685,7 @@ func (c *Catalog) RejectScope(key model.Key, generation int64, reason string) {
 		sc.forget()
 		c.reach.remove(sc)
 		delete(c.scopes, key)
+		c.reachMoved()
 	}
 	c.rejected[key] = struct{}{}
 	c.deleted[key] = Resolution{Generation: generation, Invalid: reason}

@@ -1,6 +1,13 @@
 package catalog
 
-import "github.com/scopeplane/scopeplane/xds/model"
+import (
+	"maps"
+	"slices"
+
+	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/scopeplane/scopeplane/xds/model"
+)
 
 // reach indexes the scopes by the namespaces their selections can select
 // Services of, so that a change in one namespace (a Service, the
@@ -60,5 +67,85 @@ func (r reach) each(ns string, fn func(model.Key, *scopeEntry)) {
 		if _, seen := named[k]; !seen {
 			fn(k, sc)
 		}
+	}
+}
+
+// Reach returns the namespaces whose Services the catalog's scopes can
+// serve, sorted, and the reach version it was computed at (see
+// ReachVersion): the namespaces a selection names, those whose labels
+// match a selection's namespaceSelector now, and those of the backends of
+// the mesh routes attached to a Service of these, which are served with
+// their parent. routeNamespaces adds every namespace a route names as a
+// parent or a backend, for the replica that writes the routes' status.
+//
+// A shard's replica lists and watches Services in these namespaces only
+// (controllers/servicecache), so a Service outside them is never in its
+// catalog, and no scope of its catalog could select it.
+func (c *Catalog) Reach(routeNamespaces bool) ([]string, uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	set := map[string]struct{}{}
+	for ns := range c.reach.named {
+		set[ns] = struct{}{}
+	}
+	for _, sc := range c.reach.byLabels {
+		for i := range sc.scope.Selections {
+			sel := sc.scope.Selections[i].NamespaceSelector
+			if sel == nil {
+				continue
+			}
+			for ns, nsLabels := range c.namespaces {
+				if sel.Matches(labels.Set(nsLabels)) {
+					set[ns] = struct{}{}
+				}
+			}
+		}
+	}
+	var backends []string
+	for _, r := range c.routes {
+		attached := routeNamespaces
+		for _, p := range r.Parents {
+			if _, ok := set[p.Service.Namespace]; ok {
+				attached = true
+			}
+			if routeNamespaces {
+				backends = append(backends, p.Service.Namespace)
+			}
+		}
+		if !attached {
+			continue
+		}
+		for i := range r.Rules {
+			for _, b := range r.Rules[i].Refs() {
+				backends = append(backends, b.Service.Namespace)
+			}
+		}
+	}
+	for _, ns := range backends {
+		if ns != "" {
+			set[ns] = struct{}{}
+		}
+	}
+	return slices.Sorted(maps.Keys(set)), c.reachVersion
+}
+
+// ReachVersion changes whenever what Reach computes may have changed: a
+// scope, a namespace's labels (while a scope selects by them) or a route.
+func (c *Catalog) ReachVersion() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.reachVersion
+}
+
+// ReachChanged receives a value after the reach version changed. Several
+// changes may be signalled once.
+func (c *Catalog) ReachChanged() <-chan struct{} { return c.reachSignal }
+
+// reachMoved records that Reach may answer otherwise now.
+func (c *Catalog) reachMoved() {
+	c.reachVersion++
+	select {
+	case c.reachSignal <- struct{}{}:
+	default:
 	}
 }

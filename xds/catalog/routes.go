@@ -87,6 +87,7 @@ func (c *Catalog) setRoute(ref model.RouteRef, r *model.Route) {
 		c.routes[ref] = r
 		c.index(ref, r, true)
 	}
+	c.reachMoved()
 	c.retranslate(parents)
 }
 

@@ -1,0 +1,82 @@
+package catalog
+
+import (
+	"slices"
+	"testing"
+
+	"github.com/scopeplane/scopeplane/xds/model"
+)
+
+// Reach names the namespaces a shard must watch: those its scopes name,
+// those their namespace selectors match now, and those of the backends of
+// the routes attached there; with routeNamespaces, every namespace a route
+// names. Its version moves with every change that can change it.
+func TestReachFollowsScopesNamespacesAndRoutes(t *testing.T) {
+	c := New()
+	expect := func(what string, routeNamespaces bool, want ...string) uint64 {
+		t.Helper()
+		got, v := c.Reach(routeNamespaces)
+		if !slices.Equal(got, want) {
+			t.Errorf("%s: reach %v, want %v", what, got, want)
+		}
+		if v != c.ReachVersion() {
+			t.Errorf("%s: Reach at version %d, ReachVersion %d", what, v, c.ReachVersion())
+		}
+		return v
+	}
+	moved := func(what string, before uint64) {
+		t.Helper()
+		select {
+		case <-c.ReachChanged():
+		default:
+			t.Errorf("%s: ReachChanged did not signal", what)
+		}
+		if c.ReachVersion() <= before {
+			t.Errorf("%s: the reach version stayed %d", what, before)
+		}
+	}
+	v := expect("empty", false)
+
+	c.UpsertScope(scope("shop", "gw", model.ListenerProxylessGRPC, model.Selection{Namespace: "shop", Names: names("web")}))
+	moved("a scope", v)
+	v = expect("a scope naming its namespace", false, "shop")
+
+	c.UpsertNamespace("team-a", map[string]string{"team": "a"})
+	c.UpsertNamespace("team-b", map[string]string{"team": "b"})
+	if c.ReachVersion() != v {
+		t.Error("a namespace's labels moved the reach while no scope selects by them")
+	}
+	c.UpsertScope(scope("ops", "all-a", model.ListenerProxylessGRPC, model.Selection{NamespaceSelector: selector(t, "team=a")}))
+	moved("a scope selecting by labels", v)
+	v = expect("a namespace selector", false, "shop", "team-a")
+	c.UpsertNamespace("team-b", map[string]string{"team": "a"})
+	moved("a namespace relabelled", v)
+	v = expect("a namespace relabelled into a selector", false, "shop", "team-a", "team-b")
+
+	// A route attached to a Service of a namespace in reach brings its
+	// backends' namespaces; one attached elsewhere brings nothing, except
+	// to the replica that writes the routes' status.
+	c.UpsertRoute(&model.Route{
+		Key: model.Key{Namespace: "shop", Name: "canary"}, Kind: model.HTTPRoute,
+		Parents: []model.RouteParent{{Service: model.Key{Namespace: "shop", Name: "web"}}},
+		Rules: []model.RouteRule{{Backends: []model.RouteBackend{
+			{Service: model.Key{Namespace: "shop", Name: "web"}, Port: 80, Weight: 9},
+			{Service: model.Key{Namespace: "labs", Name: "web-next"}, Port: 80, Weight: 1},
+		}}},
+	})
+	moved("a route", v)
+	c.UpsertRoute(&model.Route{
+		Key: model.Key{Namespace: "far", Name: "split"}, Kind: model.HTTPRoute,
+		Parents: []model.RouteParent{{Service: model.Key{Namespace: "far", Name: "api"}}},
+		Rules:   []model.RouteRule{{Backends: []model.RouteBackend{{Service: model.Key{Namespace: "farther", Name: "api"}, Port: 80, Weight: 1}}}},
+	})
+	expect("routes", false, "labs", "shop", "team-a", "team-b")
+	v = expect("routes, for the route status", true, "far", "farther", "labs", "shop", "team-a", "team-b")
+
+	c.DeleteScope(model.Key{Namespace: "shop", Name: "gw"})
+	moved("a scope deleted", v)
+	v = expect("the scope naming shop deleted", false, "team-a", "team-b")
+	c.RejectScope(model.Key{Namespace: "ops", Name: "all-a"}, 2, "bad selector")
+	moved("a scope rejected", v)
+	expect("every scope gone", false)
+}
