@@ -10,12 +10,14 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
 	"github.com/scopeplane/scopeplane/controllers"
+	"github.com/scopeplane/scopeplane/controllers/servicecache"
 	"github.com/scopeplane/scopeplane/internal/localapi"
 	"github.com/scopeplane/scopeplane/internal/scheme"
 	"github.com/scopeplane/scopeplane/internal/testkit"
@@ -95,7 +97,7 @@ func startReplica(t *testing.T, e *localapi.Env, c *catalog.Catalog, crossNS cat
 	if err != nil {
 		t.Fatal(err)
 	}
-	sync, err := controllers.Setup(ctx, mgr, c, crossNS, shard.Shards{})
+	sync, err := controllers.Setup(ctx, mgr, c, crossNS, shard.Shards{}, servicecache.New(servicecache.ForManager(mgr, cache.Options{}), ctrl.Log))
 	if err != nil {
 		t.Fatalf("setup: %v", err)
 	}

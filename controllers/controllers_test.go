@@ -18,12 +18,14 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	gatewayv1beta1 "sigs.k8s.io/gateway-api/apis/v1beta1"
 
 	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
 	"github.com/scopeplane/scopeplane/controllers"
+	"github.com/scopeplane/scopeplane/controllers/servicecache"
 	"github.com/scopeplane/scopeplane/internal/localapi"
 	"github.com/scopeplane/scopeplane/internal/scheme"
 	"github.com/scopeplane/scopeplane/internal/testkit"
@@ -74,7 +76,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	cat = catalog.New()
-	if initialSync, err = controllers.Setup(ctx, mgr, cat, catalog.CrossNamespaceGrant, shard.Shards{}); err != nil {
+	if initialSync, err = controllers.Setup(ctx, mgr, cat, catalog.CrossNamespaceGrant, shard.Shards{}, servicecache.New(servicecache.ForManager(mgr, cache.Options{}), ctrl.Log)); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}

@@ -21,22 +21,19 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/scopeplane/scopeplane/controllers/convert"
+	"github.com/scopeplane/scopeplane/controllers/servicecache"
 	"github.com/scopeplane/scopeplane/xds/catalog"
 	"github.com/scopeplane/scopeplane/xds/metrics"
 	"github.com/scopeplane/scopeplane/xds/model"
 )
 
-// sliceServiceIndex indexes EndpointSlices by the Service they belong to, so
-// that reconciling a Service lists its slices without scanning the namespace.
-const sliceServiceIndex = "scopeplane.dev/service-name"
-
 // ServiceReconciler records a Service together with all of its
 // EndpointSlices: endpoints are merged per Service, so a change to any slice
 // reconciles the Service it belongs to.
 type ServiceReconciler struct {
-	Reader  client.Reader
-	Catalog *catalog.Catalog
-	Sync    *InitialSync
+	// Services are the caches it reads, and tells what it reconciled.
+	Services *servicecache.Caches
+	Catalog  *catalog.Catalog
 }
 
 // Reconcile records the Service's current state, or its deletion.
@@ -46,16 +43,16 @@ func (r *ServiceReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	// The cache's own copies, not deep copies: convert only reads them, and
 	// the model keeps nothing of them that the informer would change in
 	// place (it replaces an object on update).
-	if err := r.Reader.Get(ctx, req.NamespacedName, svc, client.UnsafeDisableDeepCopy); err != nil {
+	if err := r.Services.Get(ctx, req.NamespacedName, svc, client.UnsafeDisableDeepCopy); err != nil {
 		if !apierrors.IsNotFound(err) {
 			return ctrl.Result{}, err
 		}
 		r.Catalog.DeleteService(key)
-		r.Sync.Done(kindService, req.NamespacedName)
+		r.Services.Done(req.NamespacedName)
 		return ctrl.Result{}, nil
 	}
 	list := &discoveryv1.EndpointSliceList{}
-	if err := r.Reader.List(ctx, list, client.InNamespace(req.Namespace), client.MatchingFields{sliceServiceIndex: req.Name}, client.UnsafeDisableDeepCopy); err != nil {
+	if err := r.Services.List(ctx, list, client.InNamespace(req.Namespace), client.MatchingFields{servicecache.SliceServiceIndex: req.Name}, client.UnsafeDisableDeepCopy); err != nil {
 		return ctrl.Result{}, err
 	}
 	slices := make([]*discoveryv1.EndpointSlice, len(list.Items))
@@ -65,20 +62,12 @@ func (r *ServiceReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	start := time.Now()
 	r.Catalog.UpsertService(convert.Service(svc, slices))
 	metrics.Translation.WithLabelValues("Service").Observe(time.Since(start).Seconds())
-	r.Sync.Done(kindService, req.NamespacedName)
+	r.Services.Done(req.NamespacedName)
 	return ctrl.Result{}, nil
 }
 
-// SetupWithManager indexes EndpointSlices by Service and watches both kinds.
-func (r *ServiceReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) error {
-	if err := mgr.GetFieldIndexer().IndexField(ctx, &discoveryv1.EndpointSlice{}, sliceServiceIndex, func(o client.Object) []string {
-		if name := o.GetLabels()[discoveryv1.LabelServiceName]; name != "" {
-			return []string{name}
-		}
-		return nil
-	}); err != nil {
-		return err
-	}
+// SetupWithManager watches both kinds in every Service cache.
+func (r *ServiceReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	// A start reconciles every Service of the cluster before anything is
 	// served: reading, converting and translating them on every processor
 	// (the catalog serialises only its own updates) shortens it.
@@ -87,8 +76,8 @@ func (r *ServiceReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manag
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("service").
 		WithOptions(opts).
-		For(&corev1.Service{}).
-		Watches(&discoveryv1.EndpointSlice{}, handler.EnqueueRequestsFromMapFunc(sliceToService)).
+		WatchesRawSource(r.Services.Source(&corev1.Service{}, &handler.EnqueueRequestForObject{})).
+		WatchesRawSource(r.Services.Source(&discoveryv1.EndpointSlice{}, handler.EnqueueRequestsFromMapFunc(sliceToService))).
 		Complete(r)
 }
 

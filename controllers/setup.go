@@ -9,7 +9,9 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 
+	"github.com/scopeplane/scopeplane/controllers/servicecache"
 	"github.com/scopeplane/scopeplane/xds/catalog"
 	"github.com/scopeplane/scopeplane/xds/model"
 	"github.com/scopeplane/scopeplane/xds/shard"
@@ -28,9 +30,10 @@ var everyReplica = controller.Options{NeedLeaderElection: ptr.To(false)}
 // (gateway.networking.k8s.io/v1), each kind when the cluster serves it
 // (InitialSync.RouteKinds), likewise until a restart. Of the ProxyScopes it
 // records only those of this replica's shard (shards; the zero value is
-// every scope).
-func Setup(ctx context.Context, mgr ctrl.Manager, cat *catalog.Catalog, crossNS catalog.CrossNamespace, shards shard.Shards) (*InitialSync, error) {
-	sync := NewInitialSync(mgr.GetCache())
+// every scope). It reads Services and EndpointSlices from services, which
+// it adds to the manager.
+func Setup(ctx context.Context, mgr ctrl.Manager, cat *catalog.Catalog, crossNS catalog.CrossNamespace, shards shard.Shards, services *servicecache.Caches) (*InitialSync, error) {
+	sync := NewInitialSync(mgr.GetCache(), services)
 	watchGrants := false
 	if crossNS == catalog.CrossNamespaceGrant {
 		served, err := grantsServed(mgr.GetRESTMapper())
@@ -54,8 +57,10 @@ func Setup(ctx context.Context, mgr ctrl.Manager, cat *catalog.Catalog, crossNS 
 		}
 	}
 	cat.SetCrossNamespace(crossNS, crossNS == catalog.CrossNamespaceGrant && !watchGrants)
-	if err := mgr.Add(sync); err != nil {
-		return nil, err
+	for _, r := range []manager.Runnable{services, sync} {
+		if err := mgr.Add(r); err != nil {
+			return nil, err
+		}
 	}
 	reader := mgr.GetCache()
 	if watchGrants {
@@ -68,7 +73,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, cat *catalog.Catalog, crossNS 
 			return nil, err
 		}
 	}
-	if err := (&ServiceReconciler{Reader: reader, Catalog: cat, Sync: sync}).SetupWithManager(ctx, mgr); err != nil {
+	if err := (&ServiceReconciler{Services: services, Catalog: cat}).SetupWithManager(mgr); err != nil {
 		return nil, err
 	}
 	if err := (&NamespaceReconciler{Reader: reader, Catalog: cat, Sync: sync}).SetupWithManager(mgr); err != nil {

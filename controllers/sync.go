@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 
 	corev1 "k8s.io/api/core/v1"
@@ -16,14 +17,14 @@ import (
 
 	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
 	"github.com/scopeplane/scopeplane/controllers/convert"
+	"github.com/scopeplane/scopeplane/controllers/servicecache"
 	"github.com/scopeplane/scopeplane/xds/model"
 )
 
 type kind uint8
 
 const (
-	kindService kind = iota
-	kindNamespace
+	kindNamespace kind = iota
 	kindProxyScope
 	// kindGrants is a namespace's ReferenceGrants, reconciled together.
 	kindGrants
@@ -37,29 +38,36 @@ type objectRef struct {
 }
 
 // InitialSync tells when the catalog holds the whole cluster: the caches
-// have synced and every object they listed then has been reconciled once.
-// Until then a replica would serve partial configuration (a restart once did
+// have synced and every object they listed then has been reconciled once;
+// then the Service caches of the namespaces the scopes reach have done the
+// same (servicecache.Caches.Await), a set known only once the scopes,
+// namespaces and routes are in the catalog. Until then a replica would serve partial configuration (a restart once did
 // exactly that elsewhere), so /readyz fails. Tracking reconciles, rather
 // than loading the caches into the catalog separately, cannot race with the
 // reconcilers and overwrite a newer object with an older one.
 type InitialSync struct {
-	cache cache.Cache
+	cache    cache.Cache
+	services *servicecache.Caches
 	// grants says ReferenceGrants are watched, so their namespaces count.
 	grants bool
 	// routes are the route kinds watched (those the cluster serves).
 	routes []model.RouteKind
 
-	mu       sync.Mutex
-	listed   bool
-	pending  map[objectRef]struct{}
-	done     map[objectRef]struct{} // reconciled before the listing was taken
-	complete chan struct{}
+	mu      sync.Mutex
+	listed  bool
+	pending map[objectRef]struct{}
+	done    map[objectRef]struct{} // reconciled before the listing was taken
+	// reconciled is closed once every object listed was reconciled;
+	// complete once the Services are in the catalog too.
+	reconciled chan struct{}
+	complete   chan struct{}
 }
 
-// NewInitialSync returns a tracker over the manager's cache; add it to the
-// manager as a Runnable.
-func NewInitialSync(c cache.Cache) *InitialSync {
-	return &InitialSync{cache: c, pending: map[objectRef]struct{}{}, done: map[objectRef]struct{}{}, complete: make(chan struct{})}
+// NewInitialSync returns a tracker over the manager's cache and the
+// Service caches; add it to the manager as a Runnable.
+func NewInitialSync(c cache.Cache, services *servicecache.Caches) *InitialSync {
+	return &InitialSync{cache: c, services: services, pending: map[objectRef]struct{}{}, done: map[objectRef]struct{}{},
+		reconciled: make(chan struct{}), complete: make(chan struct{})}
 }
 
 // Done records that an object was reconciled.
@@ -78,14 +86,15 @@ func (s *InitialSync) Done(k kind, name types.NamespacedName) {
 func (s *InitialSync) checkLocked() {
 	if s.listed && len(s.pending) == 0 {
 		select {
-		case <-s.complete:
+		case <-s.reconciled:
 		default:
-			close(s.complete)
+			close(s.reconciled)
 		}
 	}
 }
 
-// Start waits for the caches to sync and lists what they hold.
+// Start waits for the caches to sync and lists what they hold, then, once
+// that is reconciled, for the Service caches.
 func (s *InitialSync) Start(ctx context.Context) error {
 	if !s.cache.WaitForCacheSync(ctx) {
 		return errors.New("the informer caches did not sync")
@@ -96,13 +105,12 @@ func (s *InitialSync) Start(ctx context.Context) error {
 			refs = append(refs, objectRef{k, client.ObjectKeyFromObject(o)})
 		}
 	}
-	svcs, nss, pss := &corev1.ServiceList{}, &corev1.NamespaceList{}, &xdsv1alpha1.ProxyScopeList{}
-	for _, l := range []client.ObjectList{svcs, nss, pss} {
+	nss, pss := &corev1.NamespaceList{}, &xdsv1alpha1.ProxyScopeList{}
+	for _, l := range []client.ObjectList{nss, pss} {
 		if err := s.cache.List(ctx, l); err != nil {
 			return fmt.Errorf("listing the cache: %w", err)
 		}
 	}
-	add(kindService, ptrs(svcs.Items))
 	add(kindNamespace, ptrs(nss.Items))
 	add(kindProxyScope, ptrs(pss.Items))
 	if s.grants {
@@ -143,6 +151,18 @@ func (s *InitialSync) Start(ctx context.Context) error {
 	s.listed = true
 	s.checkLocked()
 	s.mu.Unlock()
+	select {
+	case <-s.reconciled:
+	case <-ctx.Done():
+		return nil
+	}
+	if err := s.services.Await(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return fmt.Errorf("the Service caches: %w", err)
+	}
+	close(s.complete)
 	<-ctx.Done()
 	return nil
 }
@@ -173,7 +193,10 @@ func (s *InitialSync) Check(*http.Request) error {
 	if !s.listed {
 		return errors.New("informer caches are syncing")
 	}
-	return fmt.Errorf("%d objects not yet reconciled", len(s.pending))
+	if len(s.pending) > 0 {
+		return fmt.Errorf("%d objects not yet reconciled", len(s.pending))
+	}
+	return fmt.Errorf("the Services of these namespaces are not all reconciled yet: %s", strings.Join(s.services.Listing(), ", "))
 }
 
 func ptrs[T any, P interface {

@@ -11,12 +11,14 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 	gatewayv1beta1 "sigs.k8s.io/gateway-api/apis/v1beta1"
 
 	"github.com/scopeplane/scopeplane/controllers/routestatus"
+	"github.com/scopeplane/scopeplane/controllers/servicecache"
 	"github.com/scopeplane/scopeplane/internal/localapi"
 	"github.com/scopeplane/scopeplane/internal/scheme"
 	"github.com/scopeplane/scopeplane/internal/testkit"
@@ -46,8 +48,13 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
+	services := servicecache.New(servicecache.ForManager(mgr, cache.Options{}), ctrl.Log)
+	if err := mgr.Add(services); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
 	for _, k := range kinds {
-		r := &routestatus.Reconciler{Kind: k, Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), ControllerName: us, Kinds: kinds, Grants: true}
+		r := &routestatus.Reconciler{Kind: k, Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Services: services, ControllerName: us, Kinds: kinds, Grants: true}
 		if err := r.SetupWithManager(mgr); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)

@@ -24,6 +24,7 @@ import (
 	gatewayv1beta1 "sigs.k8s.io/gateway-api/apis/v1beta1"
 
 	"github.com/scopeplane/scopeplane/controllers/convert"
+	"github.com/scopeplane/scopeplane/controllers/servicecache"
 	"github.com/scopeplane/scopeplane/controllers/status"
 	"github.com/scopeplane/scopeplane/xds/model"
 )
@@ -102,6 +103,9 @@ type Reconciler struct {
 	// APIReader reads from the API server, after a conflict.
 	Client    client.Client
 	APIReader client.Reader
+	// Services are the Service caches, which hold every namespace a route
+	// names (see catalog.Reach).
+	Services *servicecache.Caches
 	// ControllerName names the entries this control plane writes.
 	ControllerName string
 	Consent        Consent
@@ -174,7 +178,7 @@ func (r *Reconciler) next(ctx context.Context, obj client.Object) ([]gatewayv1.R
 	for _, s := range routeServices(route) {
 		ns, name, _ := strings.Cut(s, "/")
 		svc := &corev1.Service{}
-		if err := r.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, svc); err != nil {
+		if err := r.Services.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, svc); err != nil {
 			if apierrors.IsNotFound(err) {
 				continue
 			}
@@ -234,9 +238,9 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Named(strings.ToLower(string(r.Kind))+"-status").
 		WithOptions(controller.Options{RateLimiter: status.RetryLimiter(), MaxConcurrentReconciles: workers}).
 		For(obj, builder.WithPredicates(predicate.Or[client.Object](predicate.GenerationChangedPredicate{}, r.oursChanged()))).
-		Watches(&corev1.Service{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+		WatchesRawSource(r.Services.Source(&corev1.Service{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
 			return r.routes(ctx, "", client.MatchingFields{serviceIndex: client.ObjectKeyFromObject(o).String()})
-		}))
+		})))
 	if r.Grants {
 		b = b.Watches(&gatewayv1beta1.ReferenceGrant{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
 			return r.routes(ctx, "", client.MatchingFields{backendNamespaceIndex: o.GetNamespace()})

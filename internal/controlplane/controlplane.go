@@ -34,6 +34,7 @@ import (
 	"github.com/scopeplane/scopeplane/controllers/nodezones"
 	"github.com/scopeplane/scopeplane/controllers/replicafeedback"
 	"github.com/scopeplane/scopeplane/controllers/routestatus"
+	"github.com/scopeplane/scopeplane/controllers/servicecache"
 	"github.com/scopeplane/scopeplane/controllers/status"
 	"github.com/scopeplane/scopeplane/controllers/tokenbindings"
 	"github.com/scopeplane/scopeplane/internal/apiwatch"
@@ -186,11 +187,10 @@ func CheckAdminAddress(addr string) error {
 // reads: of ConfigMaps, only those it writes, and with bootstrapNamespaces
 // (Options.BootstrapNamespaces) only those of these namespaces, so that it
 // watches ConfigMaps with namespaced rights alone. Of each object it keeps
-// only what is read: no managed fields and no last-applied annotation
-// (trimMeta), Services and EndpointSlices as the converter reads them
-// (stripService, stripEndpointSlice), Pods as the peer-address method
-// reads them (stripPod). Its informers ride out API server outages and
-// report their data's age (package apiwatch).
+// only what is read (see ServiceCacheOptions), Pods as the peer-address
+// method reads them (stripPod). Services and EndpointSlices are read from
+// caches of their own (controllers/servicecache), built from
+// ServiceCacheOptions.
 func CacheOptions(bootstrapNamespaces ...string) cache.Options {
 	configMaps := cache.ByObject{Label: labels.SelectorFromSet(labels.Set{bootstrapconfig.ManagedByLabel: bootstrapconfig.ManagedBy}), Transform: trimMeta}
 	if len(bootstrapNamespaces) > 0 {
@@ -199,14 +199,24 @@ func CacheOptions(bootstrapNamespaces ...string) cache.Options {
 			configMaps.Namespaces[ns] = cache.Config{}
 		}
 	}
+	o := ServiceCacheOptions()
+	o.ByObject[&corev1.ConfigMap{}] = configMaps
+	// Pods are cached, with their address indexes, only for the
+	// peer-address method (newPodIndex), and then only the fields it
+	// reads.
+	o.ByObject[&corev1.Pod{}] = cache.ByObject{Transform: stripPod}
+	return o
+}
+
+// ServiceCacheOptions are the Service caches' options: of each object they
+// keep only what is read, no managed fields and no last-applied annotation
+// (trimMeta), Services and EndpointSlices as the converter reads them
+// (stripService, stripEndpointSlice). Their informers ride out API server
+// outages and report their data's age (package apiwatch).
+func ServiceCacheOptions() cache.Options {
 	return cache.Options{
-		// Pods are cached, with their address indexes, only for the
-		// peer-address method (newPodIndex), and then only the fields it
-		// reads.
 		// A transform of ByObject replaces DefaultTransform for its kind.
 		ByObject: map[client.Object]cache.ByObject{
-			&corev1.ConfigMap{}:          configMaps,
-			&corev1.Pod{}:                {Transform: stripPod},
 			&corev1.Service{}:            {Transform: stripService},
 			&discoveryv1.EndpointSlice{}: {Transform: stripEndpointSlice},
 		},
@@ -219,6 +229,8 @@ func CacheOptions(bootstrapNamespaces ...string) cache.Options {
 type ControlPlane struct {
 	*pipeline.Pipeline
 	Sync *controllers.InitialSync
+	// Services are the Service and EndpointSlice caches.
+	Services *servicecache.Caches
 	// XDSTLS is the xDS port's TLS configuration, nil when plaintext: it
 	// requests (never requires or verifies) a client certificate, which
 	// the ADS handler may verify itself.
@@ -291,8 +303,20 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) (*ControlPlane, 
 	if err := routestatus.CheckControllerName(opts.RouteControllerName); err != nil {
 		return nil, err
 	}
+	// Unsharded, one cache holds every namespace's Services; a shard's
+	// replica watches the namespaces its scopes reach (shard 0's, those
+	// the routes name too: it writes their status), and the builder
+	// versions no change before the namespaces it reaches are listed.
+	newCache := servicecache.ForManager(mgr, ServiceCacheOptions())
+	cp.Services = servicecache.New(newCache, ctrl.Log.WithName("service-cache"))
+	if opts.Shards.Sharded() {
+		writesRoutes := opts.Shards.Index == 0
+		cp.Services = servicecache.NewSharded(newCache, func() ([]string, uint64) { return cp.Catalog.Reach(writesRoutes) },
+			cp.Catalog.ReachVersion, cp.Catalog.ReachChanged(), ctrl.Log.WithName("service-cache"))
+		cp.Builder.SetHold(cp.Services.Hold)
+	}
 	var err error
-	if cp.Sync, err = controllers.Setup(ctx, mgr, cp.Catalog, opts.CrossNamespace, opts.Shards); err != nil {
+	if cp.Sync, err = controllers.Setup(ctx, mgr, cp.Catalog, opts.CrossNamespace, opts.Shards, cp.Services); err != nil {
 		return nil, err
 	}
 	routeKinds := cp.Sync.RouteKinds()
@@ -346,14 +370,15 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) (*ControlPlane, 
 		}
 		// The routes' entries are written at the scopes' status pace,
 		// from the same limiter, by one shard: they are computed from the
-		// routes and Services, which every shard reads whole.
+		// routes, which every shard reads whole, and the Services they
+		// name, which shard 0 watches for that.
 		routeWriters := routeKinds
 		if opts.Shards.Index != 0 {
 			routeWriters = nil
 		}
 		for _, k := range routeWriters {
 			if err := (&routestatus.Reconciler{
-				Kind: k, Client: m.GetClient(), APIReader: m.GetAPIReader(), ControllerName: opts.RouteControllerName, Consent: routeConsent,
+				Kind: k, Client: m.GetClient(), APIReader: m.GetAPIReader(), Services: cp.Services, ControllerName: opts.RouteControllerName, Consent: routeConsent,
 				Kinds: routeKinds, Grants: cp.Sync.GrantsWatched(), Omissions: translate.ProxylessOmissions, Invalid: translate.InvalidEntries, Writes: writes, Workers: status.Workers(float64(writes.Limit())),
 			}).SetupWithManager(m); err != nil {
 				return err

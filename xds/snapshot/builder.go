@@ -63,7 +63,16 @@ type Builder struct {
 	window time.Duration
 	built  chan struct{}
 	whole  sync.Once
+	// hold, when set, is called before each version after the first, and
+	// returns when the catalog holds what its changes need (see SetHold).
+	hold func(context.Context)
 }
+
+// SetHold makes Run call hold before it takes each batch of changes after
+// the first build: a shard's Service caches wait there for a namespace its
+// scopes newly reach to be listed (servicecache.Caches.Hold). Call it
+// before Run.
+func (b *Builder) SetHold(hold func(context.Context)) { b.hold = hold }
 
 // NewBuilder returns a builder from cat into store. Changes that arrive
 // within window of each other are applied as one revision per scope, so a
@@ -112,6 +121,9 @@ func (b *Builder) Run(ctx context.Context, synced <-chan struct{}) error {
 				return nil
 			case <-t.C:
 			}
+		}
+		if b.hold != nil {
+			b.hold(ctx)
 		}
 		b.apply(b.cat.Take(), observed)
 		last = time.Now()
