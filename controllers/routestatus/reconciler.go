@@ -2,9 +2,11 @@ package routestatus
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"golang.org/x/time/rate"
 	corev1 "k8s.io/api/core/v1"
@@ -126,13 +128,27 @@ type Reconciler struct {
 	Workers int
 }
 
+// errNotWatched says a namespace a route names is not followed by the
+// Service caches yet, so that a Service of it cannot be told missing.
+var errNotWatched = errors.New("the Services of the namespace are not read yet")
+
+// notWatchedRetry is when a route naming such a namespace is looked at
+// again.
+const notWatchedRetry = time.Second
+
 // Reconcile computes the route's entries and writes them when they changed.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	obj, _ := convert.RouteObject(r.Kind)
 	if err := r.Client.Get(ctx, req.NamespacedName, obj); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
-	if _, changed, err := r.next(ctx, obj); err != nil || !changed {
+	_, changed, err := r.next(ctx, obj)
+	if errors.Is(err, errNotWatched) {
+		// The Service caches follow the route's namespaces once the
+		// catalog holds it: tell nothing before.
+		return ctrl.Result{RequeueAfter: notWatchedRetry}, nil
+	}
+	if err != nil || !changed {
 		return ctrl.Result{}, err
 	}
 	if r.Writes != nil {
@@ -143,7 +159,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	// The wait can be long, and a conflict says the cache is behind: what
 	// is written is computed again from the object it replaces.
 	var reader client.Reader = r.Client
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		obj, _ := convert.RouteObject(r.Kind)
 		if err := reader.Get(ctx, req.NamespacedName, obj); err != nil {
 			return err
@@ -177,6 +193,9 @@ func (r *Reconciler) next(ctx context.Context, obj client.Object) ([]gatewayv1.R
 	}
 	for _, s := range routeServices(route) {
 		ns, name, _ := strings.Cut(s, "/")
+		if !r.Services.Watches(ns) {
+			return nil, false, fmt.Errorf("%w: %s", errNotWatched, ns)
+		}
 		svc := &corev1.Service{}
 		if err := r.Services.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, svc); err != nil {
 			if apierrors.IsNotFound(err) {

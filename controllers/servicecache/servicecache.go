@@ -14,7 +14,6 @@ package servicecache
 import (
 	"context"
 	"fmt"
-	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -45,6 +44,15 @@ const MaxHold = 10 * time.Second
 // All is the namespace of the one cache that holds every namespace.
 const All = ""
 
+// MaxNamespaces is the most namespaces a shard watches one by one. Each
+// costs two watches on the API server, and a scope whose namespaceSelector
+// matches every namespace of a large cluster would make that thousands:
+// past MaxNamespaces a shard watches every namespace with one cache
+// instead, as an unsharded replica does, and returns to one cache per
+// namespace only below half of it, so that a set near the bound does not
+// switch back and forth.
+const MaxNamespaces = 500
+
 // NewCache builds an unstarted cache of the namespace's Services and
 // EndpointSlices (every namespace's for All).
 type NewCache func(namespace string) (cache.Cache, error)
@@ -62,6 +70,10 @@ type Caches struct {
 	version func() uint64
 	changed <-chan struct{}
 	log     logr.Logger
+	// maxNamespaces and allDwell are MaxNamespaces and allDwell; tests
+	// lower them.
+	maxNamespaces int
+	allDwell      time.Duration
 
 	started chan struct{}
 	ctx     context.Context // the caches' parent, set before started closes
@@ -82,6 +94,8 @@ type nsCache struct {
 	ns     string
 	joined time.Time
 	cache  cache.Cache
+	// ctx ends when the cache is stopped.
+	ctx    context.Context
 	cancel context.CancelFunc
 	regs   map[*subscription][]toolscache.ResourceEventHandlerRegistration
 	// listed is set once the cache synced and its Services were listed:
@@ -97,7 +111,7 @@ type nsCache struct {
 // New returns caches of every namespace's Services: one cache, built by
 // newCache(All).
 func New(newCache NewCache, log logr.Logger) *Caches {
-	return &Caches{newCache: newCache, log: log, started: make(chan struct{}), byNS: map[string]*nsCache{},
+	return &Caches{newCache: newCache, log: log, maxNamespaces: MaxNamespaces, allDwell: allDwell, started: make(chan struct{}), byNS: map[string]*nsCache{},
 		subs: map[*subscription]struct{}{}, ready: make(chan struct{})}
 }
 
@@ -111,21 +125,23 @@ func NewSharded(newCache NewCache, reach Reach, version func() uint64, changed <
 }
 
 // Start builds the caches of the namespaces to watch now, and follows the
-// set until ctx ends, which stops every cache.
+// set until ctx ends, which stops every cache. A cache that cannot be
+// built is tried again a second later.
 func (c *Caches) Start(ctx context.Context) error {
 	c.ctx = ctx
 	close(c.started)
-	if err := c.settle(); err != nil {
-		return err
-	}
+	retry := time.NewTimer(0)
+	defer retry.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-c.changed:
-			if err := c.settle(); err != nil {
-				return err
-			}
+		case <-retry.C:
+		}
+		if err := c.settle(); err != nil {
+			c.log.Error(err, "following the namespaces the scopes reach; trying again in a second")
+			retry.Reset(time.Second)
 		}
 	}
 }
@@ -134,18 +150,33 @@ func (c *Caches) Start(ctx context.Context) error {
 func (*Caches) NeedLeaderElection() bool { return false }
 
 // settle starts and stops caches so that they are those of the namespaces
-// to watch now, if these may have changed since the last time.
+// to watch now, if these may have changed since the last time. The
+// deletions of a stopped namespace's Services are handed to the
+// subscribers after the lock is released.
 func (c *Caches) settle() error {
 	want, version := []string{All}, uint64(0)
 	if c.reach != nil {
+		version = c.version()
 		c.mu.Lock()
-		current := c.settled && c.version() <= c.applied
+		current := c.settled && version <= c.applied
+		whole := c.byNS[All]
+		dwelling := whole != nil && time.Since(whole.joined) < c.allDwell
+		most := c.maxNamespaces
 		c.mu.Unlock()
 		if current {
 			return nil
 		}
 		want, version = c.reach()
+		if len(want) > most || whole != nil && (len(want) > most/2 || dwelling) {
+			want = []string{All}
+		}
 	}
+	var deletes []func()
+	defer func() {
+		for _, d := range deletes {
+			d()
+		}
+	}()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	// Versions only grow: of two settles at once, the older set must not
@@ -153,22 +184,43 @@ func (c *Caches) settle() error {
 	if c.settled && version <= c.applied {
 		return nil
 	}
-	c.settled, c.applied = true, version
-	for ns := range c.byNS {
-		if !slices.Contains(want, ns) {
-			c.stopLocked(ns)
-		}
-	}
+	wanted := make(map[string]struct{}, len(want))
 	for _, ns := range want {
-		if c.byNS[ns] == nil {
-			if err := c.startLocked(ns); err != nil {
-				return err
-			}
+		wanted[ns] = struct{}{}
+	}
+	var joined, left []string
+	for ns := range c.byNS {
+		if _, ok := wanted[ns]; !ok {
+			deletes = append(deletes, c.stopLocked(ns))
+			left = append(left, cmpAll(ns))
 		}
 	}
+	var err error
+	for _, ns := range want {
+		if c.byNS[ns] != nil {
+			continue
+		}
+		if err = c.startLocked(ns); err != nil {
+			break
+		}
+		joined = append(joined, cmpAll(ns))
+	}
+	if c.reach != nil && len(joined)+len(left) > 0 {
+		sort.Strings(left)
+		c.log.Info("following the namespaces the scopes reach", "watching", len(c.byNS), "joined", joined, "left", left)
+	}
+	if err != nil {
+		return err // the version is not applied: the next settle tries again
+	}
+	c.settled, c.applied = true, version
 	c.checkLocked()
 	return nil
 }
+
+// allDwell is how long a shard that watches every namespace with one cache
+// keeps it at least: leaving it costs every Service's deletion, and a
+// return the whole list again.
+const allDwell = 5 * time.Minute
 
 // startLocked builds, wires and starts the namespace's cache, and lists it
 // once it synced.
@@ -195,7 +247,7 @@ func (c *Caches) startLocked(ns string) error {
 			return err
 		}
 	}
-	n := &nsCache{ns: ns, joined: time.Now(), cache: cc, cancel: cancel, regs: map[*subscription][]toolscache.ResourceEventHandlerRegistration{},
+	n := &nsCache{ns: ns, joined: time.Now(), cache: cc, ctx: ctx, cancel: cancel, regs: map[*subscription][]toolscache.ResourceEventHandlerRegistration{},
 		pending: map[types.NamespacedName]struct{}{}, done: map[types.NamespacedName]struct{}{}, ready: make(chan struct{})}
 	for s := range c.subs {
 		if err := n.subscribe(ctx, s); err != nil {
@@ -243,26 +295,35 @@ func (c *Caches) list(ctx context.Context, n *nsCache) {
 }
 
 // stopLocked stops the namespace's cache: its Services are no longer read
-// (Get answers NotFound), and each subscriber of Services gets their
-// deletion, so that the catalog forgets them.
-func (c *Caches) stopLocked(ns string) {
+// (Get answers NotFound, and a read waiting for the cache to sync ends so),
+// and it returns what tells each subscriber of Services of their deletion,
+// so that the catalog forgets them. Until its Service informer synced, no
+// read of the cache found a Service (a read waits for the sync), so the
+// catalog holds none of them.
+func (c *Caches) stopLocked(ns string) func() {
 	n := c.byNS[ns]
 	delete(c.byNS, ns)
 	defer n.cancel()
-	if !n.listed {
-		return // nothing of it was reconciled from a complete list
+	inf, err := n.cache.GetInformer(context.Background(), &corev1.Service{}, cache.BlockUntilSynced(false))
+	if err != nil || !inf.HasSynced() {
+		return func() {}
 	}
 	l := &corev1.ServiceList{}
 	if err := n.cache.List(context.Background(), l); err != nil {
 		c.log.Error(err, "listing the Service cache being stopped", "namespace", ns)
-		return
+		return func() {}
 	}
+	var handlers []toolscache.ResourceEventHandler
 	for s := range c.subs {
-		if _, ok := s.obj.(*corev1.Service); !ok {
-			continue
+		if _, ok := s.obj.(*corev1.Service); ok {
+			handlers = append(handlers, s.handler)
 		}
-		for i := range l.Items {
-			s.handler.OnDelete(&l.Items[i])
+	}
+	return func() {
+		for _, h := range handlers {
+			for i := range l.Items {
+				h.OnDelete(&l.Items[i])
+			}
 		}
 	}
 }
@@ -343,41 +404,54 @@ func (c *Caches) Await(ctx context.Context) error {
 // waits until every namespace that joined is listed and its Services are
 // in the catalog, so that a scope change and the Services it newly reaches
 // are served in one version, as they are when every namespace is watched.
-// It waits for a namespace for MaxHold from when it joined at most: past
-// that, changes are versioned without waiting for it.
+// A change of the reach meanwhile is followed, and held for, too. It waits
+// for a namespace for MaxHold from when it joined at most, and MaxHold in
+// all: past that, changes are versioned without waiting.
 func (c *Caches) Hold(ctx context.Context) {
 	select {
 	case <-c.started:
 	case <-ctx.Done():
 		return
 	}
-	if err := c.settle(); err != nil {
-		c.log.Error(err, "following the namespaces the scopes reach")
-	}
-	// The namespaces that joined less than MaxHold ago and are not
-	// listed yet, with when the hold for each ends.
-	type joining struct {
-		ready <-chan struct{}
-		until time.Time
-	}
-	var wait []joining
-	now := time.Now()
-	c.mu.Lock()
-	for _, n := range c.byNS {
-		if until := n.joined.Add(MaxHold); until.After(now) {
-			wait = append(wait, joining{n.ready, until})
+	deadline := time.Now().Add(MaxHold)
+	for {
+		if err := c.settle(); err != nil {
+			c.log.Error(err, "following the namespaces the scopes reach")
 		}
-	}
-	c.mu.Unlock()
-	for _, j := range wait {
-		t := time.NewTimer(time.Until(j.until))
-		select {
-		case <-j.ready:
-		case <-ctx.Done():
-		case <-t.C:
-			c.log.Info("versioning changes before every namespace the scopes reach is listed; their Services follow as they are", "listing", c.Listing())
+		// The namespaces that joined less than MaxHold ago, with when
+		// the hold for each ends.
+		type joining struct {
+			ready <-chan struct{}
+			until time.Time
 		}
-		t.Stop()
+		var wait []joining
+		c.mu.Lock()
+		applied := c.applied
+		for _, n := range c.byNS {
+			until := n.joined.Add(MaxHold)
+			if deadline.Before(until) {
+				until = deadline
+			}
+			if until.After(time.Now()) {
+				wait = append(wait, joining{n.ready, until})
+			}
+		}
+		c.mu.Unlock()
+		for _, j := range wait {
+			t := time.NewTimer(time.Until(j.until))
+			select {
+			case <-j.ready:
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+				c.log.Info("versioning changes before every namespace the scopes reach is listed; their Services follow as they are", "listing", c.Listing())
+			}
+			t.Stop()
+		}
+		if c.reach == nil || c.version() == applied || !time.Now().Before(deadline) {
+			return
+		}
 	}
 }
 
@@ -416,13 +490,22 @@ func cmpAll(ns string) string {
 }
 
 // Get reads the object from its namespace's cache; an object of a
-// namespace not watched is NotFound.
+// namespace not watched, or that stops being watched meanwhile, is
+// NotFound. A read waiting for a namespace's cache to sync ends when the
+// namespace leaves.
 func (c *Caches) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
 	n := c.cacheOf(key.Namespace)
 	if n == nil {
 		return apierrors.NewNotFound(resourceOf(obj), key.Name)
 	}
-	return n.Get(ctx, key, obj, opts...)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(n.ctx, cancel)()
+	err := n.cache.Get(ctx, key, obj, opts...)
+	if n.ctx.Err() != nil {
+		return apierrors.NewNotFound(resourceOf(obj), key.Name)
+	}
+	return err
 }
 
 // List lists one namespace's objects (client.InNamespace), from its cache;
@@ -437,20 +520,29 @@ func (c *Caches) List(ctx context.Context, list client.ObjectList, opts ...clien
 		}
 		return nil
 	}
-	return n.List(ctx, list, opts...)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(n.ctx, cancel)()
+	err := n.cache.List(ctx, list, opts...)
+	if n.ctx.Err() != nil {
+		return fmt.Errorf("namespace %q is no longer watched", lo.Namespace)
+	}
+	return err
 }
 
+// Watches reports whether the Services of namespace ns are read: a
+// reader that must tell a Service that does not exist from one of a
+// namespace the caches do not follow yet (route status) asks it first.
+func (c *Caches) Watches(ns string) bool { return c.cacheOf(ns) != nil }
+
 // cacheOf is the cache that holds namespace ns, or nil.
-func (c *Caches) cacheOf(ns string) cache.Cache {
+func (c *Caches) cacheOf(ns string) *nsCache {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if n := c.byNS[All]; n != nil {
-		return n.cache
+		return n
 	}
-	if n := c.byNS[ns]; n != nil {
-		return n.cache
-	}
-	return nil
+	return c.byNS[ns]
 }
 
 func resourceOf(obj client.Object) schema.GroupResource {
@@ -476,5 +568,37 @@ func ForManager(mgr manager.Manager, base cache.Options) NewCache {
 		}
 		o.ReaderFailOnMissingInformer = true
 		return cache.New(mgr.GetConfig(), o)
+	}
+}
+
+// WaitListed waits until the caches of the namespaces to watch have synced
+// (listed, not necessarily reconciled), the set having stayed the same
+// meanwhile; false when ctx ended first. The benchmark's start phases use
+// it: a shard learns its namespaces while its scopes are reconciled.
+func (c *Caches) WaitListed(ctx context.Context) bool {
+	select {
+	case <-c.started:
+	case <-ctx.Done():
+		return false
+	}
+	for {
+		if err := c.settle(); err != nil {
+			return false
+		}
+		c.mu.Lock()
+		applied := c.applied
+		caches := make([]cache.Cache, 0, len(c.byNS))
+		for _, n := range c.byNS {
+			caches = append(caches, n.cache)
+		}
+		c.mu.Unlock()
+		for _, cc := range caches {
+			if !cc.WaitForCacheSync(ctx) {
+				return false
+			}
+		}
+		if c.reach == nil || c.version() == applied {
+			return true
+		}
 	}
 }

@@ -146,7 +146,7 @@ func serveOperator(kubeconfig, addr string, protocol model.Protocol, shards, sha
 	defer close(stopWatch)
 	go watch.run(stopWatch)
 	go func() {
-		if mgr.GetCache().WaitForCacheSync(ctx) {
+		if mgr.GetCache().WaitForCacheSync(ctx) && cp.Services.WaitListed(ctx) {
 			since(&listed, "listed")
 		}
 	}()

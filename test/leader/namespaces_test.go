@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 	gatewayv1beta1 "sigs.k8s.io/gateway-api/apis/v1beta1"
 
 	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
@@ -102,7 +103,7 @@ func TestShardsWatchTheNamespacesTheirScopesReach(t *testing.T) {
 				if got := r.cp.Services.Namespaces(); !slices.Equal(got, want[i]) {
 					return false, fmt.Sprintf("shard %d watches %v, want %v", i, got, want[i])
 				}
-				for _, ns := range []string{"reach-a", "reach-b", "reach-c"} {
+				for _, ns := range []string{"reach-a", "reach-b", "reach-c", "reach-d"} {
 					in, err := cached(r, ns)
 					if err != nil {
 						return false, err.Error()
@@ -194,4 +195,30 @@ func TestShardsWatchTheNamespacesTheirScopesReach(t *testing.T) {
 	if _, n := selected(shards[1], onB); n != 1 {
 		t.Errorf("scope %s of shard 1 selects %d Services, want reach-b/web", onB, n)
 	}
+
+	// A route in a namespace no scope reaches: shard 0, whose leader
+	// writes the routes' status, watches its namespace, and resolves it.
+	createWeb(t, env, "reach-d")
+	hr := &gatewayv1.HTTPRoute{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "reach-d", Name: "to-web"},
+		Spec: gatewayv1.HTTPRouteSpec{
+			CommonRouteSpec: gatewayv1.CommonRouteSpec{ParentRefs: []gatewayv1.ParentReference{testkit.ServiceParent("", "web", 0)}},
+			Rules:           []gatewayv1.HTTPRouteRule{{BackendRefs: []gatewayv1.HTTPBackendRef{{BackendRef: testkit.BackendRef("", "web", 80)}}}},
+		},
+	}
+	if err := env.Client.Create(ctx, hr); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Eventually(t, "shard 0 watching the route's namespace too", watching([]string{"reach-c", "reach-d"}, []string{"reach-b"}))
+	testkit.Eventually(t, "the route's entry, Accepted and ResolvedRefs", func() (bool, string) {
+		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(hr), hr); err != nil {
+			return false, err.Error()
+		}
+		for _, e := range hr.Status.Parents {
+			if len(e.Conditions) == 2 && e.Conditions[0].Reason == "Accepted" && e.Conditions[1].Reason == "ResolvedRefs" {
+				return true, ""
+			}
+		}
+		return false, fmt.Sprintf("%+v", hr.Status.Parents)
+	})
 }

@@ -445,7 +445,7 @@ func (c *Catalog) UpsertNamespace(name string, labels map[string]string) {
 	}
 	c.namespaces[name] = labels
 	c.reselectNamespace(name, !known)
-	if len(c.reach.byLabels) > 0 {
+	if !known || len(c.reach.byLabels) > 0 {
 		c.reachMoved()
 	}
 }
@@ -459,9 +459,7 @@ func (c *Catalog) DeleteNamespace(name string) {
 	}
 	delete(c.namespaces, name)
 	c.reselectNamespace(name, true)
-	if len(c.reach.byLabels) > 0 {
-		c.reachMoved()
-	}
+	c.reachMoved()
 }
 
 // reselectNamespace re-evaluates the scopes a namespace change can affect;

@@ -73,10 +73,14 @@ func (r reach) each(ns string, fn func(model.Key, *scopeEntry)) {
 // Reach returns the namespaces whose Services the catalog's scopes can
 // serve, sorted, and the reach version it was computed at (see
 // ReachVersion): the namespaces a selection names, those whose labels
-// match a selection's namespaceSelector now, and those of the backends of
-// the mesh routes attached to a Service of these, which are served with
-// their parent. routeNamespaces adds every namespace a route names as a
-// parent or a backend, for the replica that writes the routes' status.
+// match a selection's namespaceSelector now, those of the backends of the
+// mesh routes attached to a Service of these, which are served with their
+// parent, and those of the backends the scopes still serve (one leaving
+// stays for the backend grace). routeNamespaces adds every namespace a
+// route names as a parent or a backend, for the replica that writes the
+// routes' status. Only namespaces that exist count: a name no namespace
+// has holds no Service, and a spec or a route naming many must not open a
+// watch for each.
 //
 // A shard's replica lists and watches Services in these namespaces only
 // (controllers/servicecache), so a Service outside them is never in its
@@ -121,16 +125,25 @@ func (c *Catalog) Reach(routeNamespaces bool) ([]string, uint64) {
 			}
 		}
 	}
+	for _, sc := range c.scopes {
+		for k := range sc.backends {
+			backends = append(backends, k.Namespace)
+		}
+	}
 	for _, ns := range backends {
-		if ns != "" {
-			set[ns] = struct{}{}
+		set[ns] = struct{}{}
+	}
+	for ns := range set {
+		if _, ok := c.namespaces[ns]; !ok {
+			delete(set, ns)
 		}
 	}
 	return slices.Sorted(maps.Keys(set)), c.reachVersion
 }
 
 // ReachVersion changes whenever what Reach computes may have changed: a
-// scope, a namespace's labels (while a scope selects by them) or a route.
+// scope, a namespace created or deleted, its labels (while a scope selects
+// by them), a route, or a route backend no longer served.
 func (c *Catalog) ReachVersion() uint64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -35,14 +35,25 @@ func TestReachFollowsScopesNamespacesAndRoutes(t *testing.T) {
 			t.Errorf("%s: the reach version stayed %d", what, before)
 		}
 	}
+	c.SetCrossNamespace(CrossNamespaceAllow, false)
+	for _, ns := range []string{"labs", "far", "farther"} {
+		c.UpsertNamespace(ns, nil)
+	}
+	c.UpsertService(service("shop", "web", nil, "10.0.0.1"))
+	c.UpsertService(service("labs", "web-next", nil, "10.0.0.2"))
 	v := expect("empty", false)
 
 	c.UpsertScope(scope("shop", "gw", model.ListenerProxylessGRPC, model.Selection{Namespace: "shop", Names: names("web")}))
 	moved("a scope", v)
+	v = expect("a scope naming a namespace that does not exist", false)
+	c.UpsertNamespace("shop", nil)
+	moved("a namespace created", v)
 	v = expect("a scope naming its namespace", false, "shop")
 
 	c.UpsertNamespace("team-a", map[string]string{"team": "a"})
 	c.UpsertNamespace("team-b", map[string]string{"team": "b"})
+	v = c.ReachVersion()
+	c.UpsertNamespace("team-b", map[string]string{"team": "b", "tier": "1"})
 	if c.ReachVersion() != v {
 		t.Error("a namespace's labels moved the reach while no scope selects by them")
 	}
@@ -72,6 +83,18 @@ func TestReachFollowsScopesNamespacesAndRoutes(t *testing.T) {
 	})
 	expect("routes", false, "labs", "shop", "team-a", "team-b")
 	v = expect("routes, for the route status", true, "far", "farther", "labs", "shop", "team-a", "team-b")
+
+	// A backend the routes no longer name stays for its grace (here until
+	// the Take after the next), and its namespace with it.
+	c.Take()
+	c.DeleteRoute(model.RouteRef{Kind: model.HTTPRoute, Key: model.Key{Namespace: "shop", Name: "canary"}})
+	expect("a backend leaving", false, "labs", "shop", "team-a", "team-b")
+	c.Take()
+	expect("a backend leaving, a Take later", false, "labs", "shop", "team-a", "team-b")
+	v = c.ReachVersion()
+	c.Take()
+	moved("a backend gone", v)
+	v = expect("the backend gone", false, "shop", "team-a", "team-b")
 
 	c.DeleteScope(model.Key{Namespace: "shop", Name: "gw"})
 	moved("a scope deleted", v)

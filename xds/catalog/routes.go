@@ -523,6 +523,7 @@ func (c *Catalog) settleLater(sc *scopeEntry) {
 // dropBackend stops serving the Service as a route backend, keeping what
 // the scope now serves of it as a selected Service.
 func (sc *scopeEntry) dropBackend(e *serviceEntry) {
+	sc.cat.reachMoved()
 	delete(sc.backends, e.svc.Key)
 	delete(sc.leaving, e.svc.Key)
 	delete(e.backendOf, sc.scope.Key)
