@@ -178,7 +178,13 @@ func (s *InitialSync) GrantsWatched() bool { return s.grants }
 // NeedLeaderElection is false: every replica tracks its own sync.
 func (s *InitialSync) NeedLeaderElection() bool { return false }
 
-// Synced is closed once every object listed at cache sync was reconciled.
+// Reconciled is closed once every object the manager's cache listed at its
+// sync was reconciled: the namespaces the scopes reach are known from then
+// on, and the Service caches list them.
+func (s *InitialSync) Reconciled() <-chan struct{} { return s.reconciled }
+
+// Synced is closed once every object listed at cache sync was reconciled,
+// and the Services of the namespaces the scopes reach then too.
 func (s *InitialSync) Synced() <-chan struct{} { return s.complete }
 
 // Check is a readiness check (healthz.Checker) that fails until Synced.

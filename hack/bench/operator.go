@@ -36,7 +36,8 @@ import (
 //
 //	phases   answers "phases <listed> <reconciled> <built>": nanoseconds
 //	         from this process's start until the informer caches had listed
-//	         every kind, every listed object was reconciled, and the first
+//	         every kind (the Service caches, those of the namespaces the
+//	         scopes reach), every listed object was reconciled, and the first
 //	         snapshots were built (0: not yet)
 //	peaks    answers "peaks <phase>:<sample> ...": per phase of the process's
 //	         life (list, reconcile, build, serve, then what "phase" named), the
@@ -146,7 +147,18 @@ func serveOperator(kubeconfig, addr string, protocol model.Protocol, shards, sha
 	defer close(stopWatch)
 	go watch.run(stopWatch)
 	go func() {
-		if mgr.GetCache().WaitForCacheSync(ctx) && cp.Services.WaitListed(ctx) {
+		// The lists: the manager's cache, then the Service caches of the
+		// namespaces the scopes reach, known once the scopes are
+		// reconciled (every namespace's at once, unsharded).
+		if !mgr.GetCache().WaitForCacheSync(ctx) {
+			return
+		}
+		select {
+		case <-cp.Sync.Reconciled():
+		case <-ctx.Done():
+			return
+		}
+		if cp.Services.WaitListed(ctx) {
 			since(&listed, "listed")
 		}
 	}()
