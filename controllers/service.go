@@ -48,7 +48,9 @@ func (r *ServiceReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 			return ctrl.Result{}, err
 		}
 		r.Catalog.DeleteService(key)
-		r.Services.Done(req.NamespacedName)
+		if !servicecache.NotWatched(err) {
+			r.Services.Done(req.NamespacedName)
+		}
 		return ctrl.Result{}, nil
 	}
 	list := &discoveryv1.EndpointSliceList{}

@@ -194,6 +194,15 @@ func (r *Reconciler) next(ctx context.Context, obj client.Object) ([]gatewayv1.R
 	for _, s := range routeServices(route) {
 		ns, name, _ := strings.Cut(s, "/")
 		if !r.Services.Watches(ns) {
+			// A namespace that does not exist is not watched, and holds
+			// no Service; one that does is not watched yet.
+			err := r.Client.Get(ctx, client.ObjectKey{Name: ns}, &corev1.Namespace{})
+			if apierrors.IsNotFound(err) {
+				continue
+			}
+			if err != nil {
+				return nil, false, err
+			}
 			return nil, false, fmt.Errorf("%w: %s", errNotWatched, ns)
 		}
 		svc := &corev1.Service{}

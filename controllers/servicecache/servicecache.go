@@ -7,23 +7,22 @@
 //
 // controller-runtime's cache takes its namespaces when it is built, and a
 // controller's watches are fixed at its start: Caches is therefore a
-// client.Reader that asks the cache of the object's namespace, and a source
-// of events (Source) that follows every cache, present and future.
+// client.Reader that asks the cache of the object's namespace (read.go), a
+// source of events that follows every cache, present and future
+// (source.go), and what tells the builder and the start when the
+// namespaces' Services are in the catalog (wait.go).
 package servicecache
 
 import (
 	"context"
 	"fmt"
 	"sort"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -36,11 +35,6 @@ import (
 // namespace.
 const SliceServiceIndex = "scopeplane.dev/service-name"
 
-// MaxHold bounds how long Hold keeps the builder waiting for a namespace
-// that joined to be listed: a namespace the API server does not list (an
-// outage, a missing permission) must not hold every other change.
-const MaxHold = 10 * time.Second
-
 // All is the namespace of the one cache that holds every namespace.
 const All = ""
 
@@ -48,10 +42,15 @@ const All = ""
 // costs two watches on the API server, and a scope whose namespaceSelector
 // matches every namespace of a large cluster would make that thousands:
 // past MaxNamespaces a shard watches every namespace with one cache
-// instead, as an unsharded replica does, and returns to one cache per
-// namespace only below half of it, so that a set near the bound does not
-// switch back and forth.
+// instead, as an unsharded replica does. It returns to one cache per
+// namespace once at most half of it remain, and not before allDwell, so
+// that a set near the bound does not switch back and forth: each switch
+// costs a list of the namespaces' Services.
 const MaxNamespaces = 500
+
+// allDwell is how long a shard that watches every namespace with one cache
+// keeps it at least.
+const allDwell = 5 * time.Minute
 
 // NewCache builds an unstarted cache of the namespace's Services and
 // EndpointSlices (every namespace's for All).
@@ -70,19 +69,29 @@ type Caches struct {
 	version func() uint64
 	changed <-chan struct{}
 	log     logr.Logger
+
+	started chan struct{}
+	ctx     context.Context // the caches' parent, set before started closes
+	// recheck wakes Start to settle again: a dwell ended, or a cache
+	// could not be built.
+	recheck chan struct{}
+
+	mu sync.Mutex
 	// maxNamespaces and allDwell are MaxNamespaces and allDwell; tests
 	// lower them.
 	maxNamespaces int
 	allDwell      time.Duration
-
-	started chan struct{}
-	ctx     context.Context // the caches' parent, set before started closes
-
-	mu      sync.Mutex
+	// applied is the reach version the caches follow, settled whether
+	// they followed one; forced makes the next settle apply its version
+	// again (a dwell ended).
 	applied uint64
 	settled bool
-	byNS    map[string]*nsCache
-	subs    map[*subscription]struct{}
+	forced  bool
+	// dwelling is the cache of every namespace whose dwell's end is
+	// awaited.
+	dwelling *nsCache
+	byNS     map[string]*nsCache
+	subs     map[*subscription]struct{}
 	// ready is closed while every namespace's cache is listed and each of
 	// the Services it listed reconciled (Done); a namespace that joins
 	// replaces it.
@@ -111,7 +120,8 @@ type nsCache struct {
 // New returns caches of every namespace's Services: one cache, built by
 // newCache(All).
 func New(newCache NewCache, log logr.Logger) *Caches {
-	return &Caches{newCache: newCache, log: log, maxNamespaces: MaxNamespaces, allDwell: allDwell, started: make(chan struct{}), byNS: map[string]*nsCache{},
+	return &Caches{newCache: newCache, log: log, maxNamespaces: MaxNamespaces, allDwell: allDwell,
+		started: make(chan struct{}), recheck: make(chan struct{}, 1), byNS: map[string]*nsCache{},
 		subs: map[*subscription]struct{}{}, ready: make(chan struct{})}
 }
 
@@ -124,26 +134,51 @@ func NewSharded(newCache NewCache, reach Reach, version func() uint64, changed <
 	return c
 }
 
+// ForManager builds the caches from base (transforms, informers) with the
+// manager's configuration, client and scheme: a cache of one namespace, or
+// of every one for All, that reads only the informers built for it.
+func ForManager(mgr manager.Manager, base cache.Options) NewCache {
+	return func(ns string) (cache.Cache, error) {
+		o := base
+		o.HTTPClient, o.Scheme, o.Mapper = mgr.GetHTTPClient(), mgr.GetScheme(), mgr.GetRESTMapper()
+		o.DefaultNamespaces = nil
+		if ns != All {
+			o.DefaultNamespaces = map[string]cache.Config{ns: {}}
+		}
+		o.ReaderFailOnMissingInformer = true
+		return cache.New(mgr.GetConfig(), o)
+	}
+}
+
 // Start builds the caches of the namespaces to watch now, and follows the
 // set until ctx ends, which stops every cache. A cache that cannot be
 // built is tried again a second later.
 func (c *Caches) Start(ctx context.Context) error {
 	c.ctx = ctx
 	close(c.started)
-	retry := time.NewTimer(0)
-	defer retry.Stop()
+	c.wake(0)
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-c.changed:
-		case <-retry.C:
+		case <-c.recheck:
 		}
 		if err := c.settle(); err != nil {
 			c.log.Error(err, "following the namespaces the scopes reach; trying again in a second")
-			retry.Reset(time.Second)
+			c.wake(time.Second)
 		}
 	}
+}
+
+// wake has Start settle again after d.
+func (c *Caches) wake(d time.Duration) {
+	time.AfterFunc(d, func() {
+		select {
+		case c.recheck <- struct{}{}:
+		default:
+		}
+	})
 }
 
 // NeedLeaderElection is false: every replica reads its Services.
@@ -152,24 +187,18 @@ func (*Caches) NeedLeaderElection() bool { return false }
 // settle starts and stops caches so that they are those of the namespaces
 // to watch now, if these may have changed since the last time. The
 // deletions of a stopped namespace's Services are handed to the
-// subscribers after the lock is released.
+// subscribers once the lock is released.
 func (c *Caches) settle() error {
 	want, version := []string{All}, uint64(0)
 	if c.reach != nil {
 		version = c.version()
 		c.mu.Lock()
-		current := c.settled && version <= c.applied
-		whole := c.byNS[All]
-		dwelling := whole != nil && time.Since(whole.joined) < c.allDwell
-		most := c.maxNamespaces
+		current := c.settled && !c.forced && version <= c.applied
 		c.mu.Unlock()
 		if current {
 			return nil
 		}
 		want, version = c.reach()
-		if len(want) > most || whole != nil && (len(want) > most/2 || dwelling) {
-			want = []string{All}
-		}
 	}
 	var deletes []func()
 	defer func() {
@@ -181,8 +210,11 @@ func (c *Caches) settle() error {
 	defer c.mu.Unlock()
 	// Versions only grow: of two settles at once, the older set must not
 	// replace the newer.
-	if c.settled && version <= c.applied {
+	if c.settled && !c.forced && version <= c.applied {
 		return nil
+	}
+	if c.reach != nil {
+		want = c.boundLocked(want)
 	}
 	wanted := make(map[string]struct{}, len(want))
 	for _, ns := range want {
@@ -192,7 +224,7 @@ func (c *Caches) settle() error {
 	for ns := range c.byNS {
 		if _, ok := wanted[ns]; !ok {
 			deletes = append(deletes, c.stopLocked(ns))
-			left = append(left, cmpAll(ns))
+			left = append(left, nameOf(ns))
 		}
 	}
 	var err error
@@ -203,7 +235,7 @@ func (c *Caches) settle() error {
 		if err = c.startLocked(ns); err != nil {
 			break
 		}
-		joined = append(joined, cmpAll(ns))
+		joined = append(joined, nameOf(ns))
 	}
 	if c.reach != nil && len(joined)+len(left) > 0 {
 		sort.Strings(left)
@@ -212,15 +244,36 @@ func (c *Caches) settle() error {
 	if err != nil {
 		return err // the version is not applied: the next settle tries again
 	}
-	c.settled, c.applied = true, version
+	c.settled, c.forced, c.applied = true, false, version
 	c.checkLocked()
 	return nil
 }
 
-// allDwell is how long a shard that watches every namespace with one cache
-// keeps it at least: leaving it costs every Service's deletion, and a
-// return the whole list again.
-const allDwell = 5 * time.Minute
+// boundLocked is the caches to have for the namespaces want: one each, or
+// one of every namespace past maxNamespaces (see MaxNamespaces).
+func (c *Caches) boundLocked(want []string) []string {
+	whole := c.byNS[All]
+	switch {
+	case len(want) > c.maxNamespaces:
+	case whole == nil:
+		return want
+	case len(want) > c.maxNamespaces/2:
+	case time.Since(whole.joined) >= c.allDwell:
+		return want
+	case c.dwelling != whole:
+		// Kept for the dwell; the set is looked at again once it ends.
+		c.dwelling = whole
+		time.AfterFunc(time.Until(whole.joined.Add(c.allDwell)), func() {
+			c.mu.Lock()
+			if c.byNS[All] == whole {
+				c.forced = true
+			}
+			c.mu.Unlock()
+			c.wake(0)
+		})
+	}
+	return []string{All}
+}
 
 // startLocked builds, wires and starts the namespace's cache, and lists it
 // once it synced.
@@ -261,7 +314,7 @@ func (c *Caches) startLocked(ns string) error {
 	}
 	go func() {
 		if err := cc.Start(ctx); err != nil {
-			c.log.Error(err, "the Service cache stopped", "namespace", ns)
+			c.log.Error(err, "the Service cache stopped", "namespace", nameOf(ns))
 		}
 	}()
 	go c.list(ctx, n)
@@ -275,8 +328,8 @@ func (c *Caches) list(ctx context.Context, n *nsCache) {
 		return
 	}
 	l := &corev1.ServiceList{}
-	if err := n.cache.List(ctx, l); err != nil {
-		c.log.Error(err, "listing the Service cache", "namespace", n.ns)
+	if err := n.cache.List(ctx, l, client.UnsafeDisableDeepCopy); err != nil {
+		c.log.Error(err, "listing the Service cache", "namespace", nameOf(n.ns))
 		return
 	}
 	c.mu.Lock()
@@ -295,11 +348,10 @@ func (c *Caches) list(ctx context.Context, n *nsCache) {
 }
 
 // stopLocked stops the namespace's cache: its Services are no longer read
-// (Get answers NotFound, and a read waiting for the cache to sync ends so),
-// and it returns what tells each subscriber of Services of their deletion,
-// so that the catalog forgets them. Until its Service informer synced, no
-// read of the cache found a Service (a read waits for the sync), so the
-// catalog holds none of them.
+// from it (see Get), and it returns what tells each subscriber of Services
+// of their deletion, so that the catalog forgets them. Until its Service
+// informer synced, no read of the cache found a Service (a read waits for
+// the sync), so the catalog holds none of them.
 func (c *Caches) stopLocked(ns string) func() {
 	n := c.byNS[ns]
 	delete(c.byNS, ns)
@@ -309,8 +361,8 @@ func (c *Caches) stopLocked(ns string) func() {
 		return func() {}
 	}
 	l := &corev1.ServiceList{}
-	if err := n.cache.List(context.Background(), l); err != nil {
-		c.log.Error(err, "listing the Service cache being stopped", "namespace", ns)
+	if err := n.cache.List(context.Background(), l, client.UnsafeDisableDeepCopy); err != nil {
+		c.log.Error(err, "listing the Service cache being stopped", "namespace", nameOf(ns))
 		return func() {}
 	}
 	var handlers []toolscache.ResourceEventHandler
@@ -328,277 +380,22 @@ func (c *Caches) stopLocked(ns string) func() {
 	}
 }
 
-func (c *Caches) isReady() bool {
-	select {
-	case <-c.ready:
-		return true
-	default:
-		return false
-	}
-}
-
-// checkLocked closes the ready channel of each namespace listed and
-// reconciled, and the caches' when every namespace is.
-func (c *Caches) checkLocked() {
-	all := c.settled
-	for _, n := range c.byNS {
-		if !n.listed || len(n.pending) > 0 {
-			all = false
-			continue
-		}
-		select {
-		case <-n.ready:
-		default:
-			close(n.ready)
-		}
-	}
-	if all && !c.isReady() {
-		close(c.ready)
-	}
-}
-
-// Done records that the Service was reconciled.
-func (c *Caches) Done(key types.NamespacedName) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	n := c.byNS[key.Namespace]
-	if n == nil {
-		n = c.byNS[All]
-	}
-	switch {
-	case n == nil:
-	case !n.listed:
-		n.done[key] = struct{}{}
-	case len(n.pending) > 0:
-		delete(n.pending, key)
-		c.checkLocked()
-	}
-}
-
-// Await waits until the caches of the namespaces to watch now are listed
-// and every Service they listed is reconciled, however long that takes, as
-// a start must (InitialSync): the catalog then holds every Service its
-// scopes can select.
-func (c *Caches) Await(ctx context.Context) error {
-	select {
-	case <-c.started:
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-	if err := c.settle(); err != nil {
-		return err
-	}
-	c.mu.Lock()
-	ready := c.ready
-	c.mu.Unlock()
-	select {
-	case <-ready:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-// Hold is what the snapshot builder calls before it versions changes: it
-// brings the caches to the namespaces the catalog's scopes reach now, and
-// waits until every namespace that joined is listed and its Services are
-// in the catalog, so that a scope change and the Services it newly reaches
-// are served in one version, as they are when every namespace is watched.
-// A change of the reach meanwhile is followed, and held for, too. It waits
-// for a namespace for MaxHold from when it joined at most, and MaxHold in
-// all: past that, changes are versioned without waiting.
-func (c *Caches) Hold(ctx context.Context) {
-	select {
-	case <-c.started:
-	case <-ctx.Done():
-		return
-	}
-	deadline := time.Now().Add(MaxHold)
-	for {
-		if err := c.settle(); err != nil {
-			c.log.Error(err, "following the namespaces the scopes reach")
-		}
-		// The namespaces that joined less than MaxHold ago, with when
-		// the hold for each ends.
-		type joining struct {
-			ready <-chan struct{}
-			until time.Time
-		}
-		var wait []joining
-		c.mu.Lock()
-		applied := c.applied
-		for _, n := range c.byNS {
-			until := n.joined.Add(MaxHold)
-			if deadline.Before(until) {
-				until = deadline
-			}
-			if until.After(time.Now()) {
-				wait = append(wait, joining{n.ready, until})
-			}
-		}
-		c.mu.Unlock()
-		for _, j := range wait {
-			t := time.NewTimer(time.Until(j.until))
-			select {
-			case <-j.ready:
-			case <-ctx.Done():
-				t.Stop()
-				return
-			case <-t.C:
-				c.log.Info("versioning changes before every namespace the scopes reach is listed; their Services follow as they are", "listing", c.Listing())
-			}
-			t.Stop()
-		}
-		if c.reach == nil || c.version() == applied || !time.Now().Before(deadline) {
-			return
-		}
-	}
-}
-
-// Listing names the namespaces whose Services are not all in the catalog
-// yet, sorted (All as "*").
-func (c *Caches) Listing() []string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	var out []string
-	for ns, n := range c.byNS {
-		if !n.listed || len(n.pending) > 0 {
-			out = append(out, cmpAll(ns))
-		}
-	}
-	sort.Strings(out)
-	return out
-}
-
 // Namespaces are the namespaces watched now, sorted ("*" for every one).
 func (c *Caches) Namespaces() []string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	out := make([]string, 0, len(c.byNS))
 	for ns := range c.byNS {
-		out = append(out, cmpAll(ns))
+		out = append(out, nameOf(ns))
 	}
 	sort.Strings(out)
 	return out
 }
 
-func cmpAll(ns string) string {
+// nameOf is how the logs and the readiness check name a cache.
+func nameOf(ns string) string {
 	if ns == All {
 		return "*"
 	}
 	return ns
-}
-
-// Get reads the object from its namespace's cache; an object of a
-// namespace not watched, or that stops being watched meanwhile, is
-// NotFound. A read waiting for a namespace's cache to sync ends when the
-// namespace leaves.
-func (c *Caches) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
-	n := c.cacheOf(key.Namespace)
-	if n == nil {
-		return apierrors.NewNotFound(resourceOf(obj), key.Name)
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	defer context.AfterFunc(n.ctx, cancel)()
-	err := n.cache.Get(ctx, key, obj, opts...)
-	if n.ctx.Err() != nil {
-		return apierrors.NewNotFound(resourceOf(obj), key.Name)
-	}
-	return err
-}
-
-// List lists one namespace's objects (client.InNamespace), from its cache;
-// a namespace not watched has none. Only the cache of every namespace lists
-// them all.
-func (c *Caches) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
-	lo := (&client.ListOptions{}).ApplyOptions(opts)
-	n := c.cacheOf(lo.Namespace)
-	if n == nil {
-		if lo.Namespace == All {
-			return fmt.Errorf("the Service caches list one namespace at a time; watched: %s", strings.Join(c.Namespaces(), ", "))
-		}
-		return nil
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	defer context.AfterFunc(n.ctx, cancel)()
-	err := n.cache.List(ctx, list, opts...)
-	if n.ctx.Err() != nil {
-		return fmt.Errorf("namespace %q is no longer watched", lo.Namespace)
-	}
-	return err
-}
-
-// Watches reports whether the Services of namespace ns are read: a
-// reader that must tell a Service that does not exist from one of a
-// namespace the caches do not follow yet (route status) asks it first.
-func (c *Caches) Watches(ns string) bool { return c.cacheOf(ns) != nil }
-
-// cacheOf is the cache that holds namespace ns, or nil.
-func (c *Caches) cacheOf(ns string) *nsCache {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if n := c.byNS[All]; n != nil {
-		return n
-	}
-	return c.byNS[ns]
-}
-
-func resourceOf(obj client.Object) schema.GroupResource {
-	switch obj.(type) {
-	case *corev1.Service:
-		return corev1.Resource("services")
-	case *discoveryv1.EndpointSlice:
-		return discoveryv1.Resource("endpointslices")
-	}
-	return schema.GroupResource{}
-}
-
-// ForManager builds the caches from base (transforms, informers) with the
-// manager's configuration, client and scheme: a cache of one namespace, or
-// of every one for All, that reads only the informers built for it.
-func ForManager(mgr manager.Manager, base cache.Options) NewCache {
-	return func(ns string) (cache.Cache, error) {
-		o := base
-		o.HTTPClient, o.Scheme, o.Mapper = mgr.GetHTTPClient(), mgr.GetScheme(), mgr.GetRESTMapper()
-		o.DefaultNamespaces = nil
-		if ns != All {
-			o.DefaultNamespaces = map[string]cache.Config{ns: {}}
-		}
-		o.ReaderFailOnMissingInformer = true
-		return cache.New(mgr.GetConfig(), o)
-	}
-}
-
-// WaitListed waits until the caches of the namespaces to watch have synced
-// (listed, not necessarily reconciled), the set having stayed the same
-// meanwhile; false when ctx ended first. The benchmark's start phases use
-// it: a shard learns its namespaces while its scopes are reconciled.
-func (c *Caches) WaitListed(ctx context.Context) bool {
-	select {
-	case <-c.started:
-	case <-ctx.Done():
-		return false
-	}
-	for {
-		if err := c.settle(); err != nil {
-			return false
-		}
-		c.mu.Lock()
-		applied := c.applied
-		caches := make([]cache.Cache, 0, len(c.byNS))
-		for _, n := range c.byNS {
-			caches = append(caches, n.cache)
-		}
-		c.mu.Unlock()
-		for _, cc := range caches {
-			if !cc.WaitForCacheSync(ctx) {
-				return false
-			}
-		}
-		if c.reach == nil || c.version() == applied {
-			return true
-		}
-	}
 }

@@ -15,6 +15,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -86,11 +87,32 @@ func TestCachesFollowTheReach(t *testing.T) {
 	c := NewSharded(ForManager(mgr, cache.Options{}), r.reach, r.current, r.changed, ctrl.Log)
 	c.maxNamespaces, c.allDwell = 2, 0
 
-	// A subscriber reconciles what it is told: it records it as Done.
+	// A subscriber reconciles what it is told: it records it as Done. It
+	// also records the deletions it is told of.
 	q := workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[reconcile.Request]())
 	t.Cleanup(q.ShutDown)
-	if err := c.Source(&corev1.Service{}, &handler.EnqueueRequestForObject{}).Start(ctx, q); err != nil {
+	var (
+		deletedMu sync.Mutex
+		deleted   = map[string]int{}
+	)
+	enqueue := &handler.EnqueueRequestForObject{}
+	h := handler.Funcs{
+		CreateFunc: enqueue.Create,
+		UpdateFunc: enqueue.Update,
+		DeleteFunc: func(ctx context.Context, e event.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			deletedMu.Lock()
+			deleted[e.Object.GetNamespace()]++
+			deletedMu.Unlock()
+			enqueue.Delete(ctx, e, q)
+		},
+	}
+	if err := c.Source(&corev1.Service{}, h).Start(ctx, q); err != nil {
 		t.Fatal(err)
+	}
+	deletions := func(ns string) int {
+		deletedMu.Lock()
+		defer deletedMu.Unlock()
+		return deleted[ns]
 	}
 	go func() {
 		for {
@@ -137,19 +159,38 @@ func TestCachesFollowTheReach(t *testing.T) {
 	expect("past the bound", []string{"*"}, nss...)
 	r.set("n2", "n3")
 	expect("above half the bound", []string{"*"}, nss...)
+	before := deletions("n4")
 	r.set("n3")
 	expect("at half the bound", []string{"n3"}, "n3")
+	if deletions("n4") == before {
+		t.Error("the subscriber was not told that n4/web left with the cache of every namespace")
+	}
+	before = deletions("n3")
 	r.set()
 	expect("none", nil)
-	// Once it watches every namespace, a shard keeps doing so for a while.
+	if deletions("n3") == before {
+		t.Error("the subscriber was not told that n3/web left with its namespace")
+	}
+
+	// Once it watches every namespace, a shard keeps doing so for a
+	// while, and looks again when that ends, whether the reach changed
+	// or not.
+	c.mu.Lock()
+	c.allDwell = 500 * time.Millisecond
+	c.mu.Unlock()
+	r.set("n1", "n2", "n3")
+	expect("past the bound again", []string{"*"}, nss...)
+	r.set("n2")
+	c.Hold(ctx)
+	testkit.Eventually(t, "back to one cache per namespace once the dwell ends", func() (bool, string) {
+		got := c.Namespaces()
+		return slices.Equal(got, []string{"n2"}), fmt.Sprint(got)
+	})
 	c.mu.Lock()
 	c.allDwell = time.Hour
 	c.mu.Unlock()
 	r.set("n1", "n2", "n3")
-	expect("past the bound again", []string{"*"}, nss...)
+	expect("past the bound a third time", []string{"*"}, nss...)
 	r.set("n1")
 	expect("below half the bound, within the dwell", []string{"*"}, nss...)
-	testkit.Eventually(t, "the subscriber told of every Service", func() (bool, string) {
-		return q.Len() == 0, fmt.Sprint(q.Len(), " queued")
-	})
 }

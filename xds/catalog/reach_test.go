@@ -22,6 +22,12 @@ func TestReachFollowsScopesNamespacesAndRoutes(t *testing.T) {
 		if v != c.ReachVersion() {
 			t.Errorf("%s: Reach at version %d, ReachVersion %d", what, v, c.ReachVersion())
 		}
+		// What signalled so far is seen: the next check waits for a
+		// new signal.
+		select {
+		case <-c.ReachChanged():
+		default:
+		}
 		return v
 	}
 	moved := func(what string, before uint64) {
@@ -48,7 +54,7 @@ func TestReachFollowsScopesNamespacesAndRoutes(t *testing.T) {
 	v = expect("a scope naming a namespace that does not exist", false)
 	c.UpsertNamespace("shop", nil)
 	moved("a namespace created", v)
-	v = expect("a scope naming its namespace", false, "shop")
+	expect("a scope naming its namespace", false, "shop")
 
 	c.UpsertNamespace("team-a", map[string]string{"team": "a"})
 	c.UpsertNamespace("team-b", map[string]string{"team": "b"})
@@ -82,7 +88,7 @@ func TestReachFollowsScopesNamespacesAndRoutes(t *testing.T) {
 		Rules:   []model.RouteRule{{Backends: []model.RouteBackend{{Service: model.Key{Namespace: "farther", Name: "api"}, Port: 80, Weight: 1}}}},
 	})
 	expect("routes", false, "labs", "shop", "team-a", "team-b")
-	v = expect("routes, for the route status", true, "far", "farther", "labs", "shop", "team-a", "team-b")
+	expect("routes, for the route status", true, "far", "farther", "labs", "shop", "team-a", "team-b")
 
 	// A backend the routes no longer name stays for its grace (here until
 	// the Take after the next), and its namespace with it.
