@@ -41,8 +41,9 @@ type objectRef struct {
 // have synced and every object they listed then has been reconciled once;
 // then the Service caches of the namespaces the scopes reach have done the
 // same (servicecache.Caches.Await), a set known only once the scopes,
-// namespaces and routes are in the catalog. Until then a replica would serve partial configuration (a restart once did
-// exactly that elsewhere), so /readyz fails. Tracking reconciles, rather
+// namespaces and routes are in the catalog. Until then a replica would
+// serve partial configuration (a restart once did exactly that
+// elsewhere), so /readyz fails. Tracking reconciles, rather
 // than loading the caches into the catalog separately, cannot race with the
 // reconcilers and overwrite a newer object with an older one.
 type InitialSync struct {
@@ -156,11 +157,8 @@ func (s *InitialSync) Start(ctx context.Context) error {
 	case <-ctx.Done():
 		return nil
 	}
-	if err := s.services.Await(ctx); err != nil {
-		if ctx.Err() != nil {
-			return nil
-		}
-		return fmt.Errorf("the Service caches: %w", err)
+	if s.services.Await(ctx) != nil {
+		return nil // it ends only with ctx
 	}
 	close(s.complete)
 	<-ctx.Done()
@@ -202,7 +200,10 @@ func (s *InitialSync) Check(*http.Request) error {
 	if len(s.pending) > 0 {
 		return fmt.Errorf("%d objects not yet reconciled", len(s.pending))
 	}
-	return fmt.Errorf("the Services of these namespaces are not all reconciled yet: %s", strings.Join(s.services.Listing(), ", "))
+	if listing := s.services.Listing(); len(listing) > 0 {
+		return fmt.Errorf("the Services of these namespaces are not all reconciled yet: %s", strings.Join(listing, ", "))
+	}
+	return errors.New("the Service caches are starting")
 }
 
 func ptrs[T any, P interface {

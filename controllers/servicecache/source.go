@@ -2,6 +2,7 @@ package servicecache
 
 import (
 	"context"
+	"fmt"
 
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
@@ -34,7 +35,7 @@ type subscription struct {
 }
 
 func (w *watch) String() string {
-	return "servicecache: " + w.obj.GetObjectKind().GroupVersionKind().Kind
+	return fmt.Sprintf("servicecache: %T", w.obj)
 }
 
 // Start subscribes the queue to every cache, and unsubscribes it when ctx

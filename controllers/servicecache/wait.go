@@ -67,7 +67,7 @@ func (c *Caches) checkLocked() {
 // and every Service they listed is reconciled, however long that takes, as
 // a start must (InitialSync): the catalog then holds every Service its
 // scopes can select. A cache that cannot be built is tried again every
-// second.
+// second: it returns an error only when ctx ends.
 func (c *Caches) Await(ctx context.Context) error {
 	select {
 	case <-c.started:

@@ -308,12 +308,13 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) (*ControlPlane, 
 	// the routes name too: it writes their status), and the builder
 	// versions no change before the namespaces it reaches are listed.
 	newCache := servicecache.ForManager(mgr, ServiceCacheOptions())
-	cp.Services = servicecache.New(newCache, ctrl.Log.WithName("service-cache"))
-	if opts.Shards.Sharded() {
+	if log := ctrl.Log.WithName("service-cache"); opts.Shards.Sharded() {
 		writesRoutes := opts.Shards.Index == 0
 		cp.Services = servicecache.NewSharded(newCache, func() ([]string, uint64) { return cp.Catalog.Reach(writesRoutes) },
-			cp.Catalog.ReachVersion, cp.Catalog.ReachChanged(), ctrl.Log.WithName("service-cache"))
+			cp.Catalog.ReachVersion, cp.Catalog.ReachChanged(), log)
 		cp.Builder.SetHold(cp.Services.Hold)
+	} else {
+		cp.Services = servicecache.New(newCache, log)
 	}
 	var err error
 	if cp.Sync, err = controllers.Setup(ctx, mgr, cp.Catalog, opts.CrossNamespace, opts.Shards, cp.Services); err != nil {
