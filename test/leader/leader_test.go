@@ -11,7 +11,10 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -63,6 +66,9 @@ type replica struct {
 	// xds holds the connections its xDS port accepted, api those it made
 	// to the API server, so that a crash can break them all.
 	xds, api *connSet
+	// clusterWideReads counts its lists and watches of Services or
+	// EndpointSlices across every namespace.
+	clusterWideReads atomic.Int64
 }
 
 // startReplica starts replica name, campaigning for the Lease lease in
@@ -83,6 +89,14 @@ func startShardReplica(t *testing.T, env *localapi.Env, name, lease string, shar
 	cfg := rest.CopyConfig(env.Config)
 	cfg.UserAgent = userAgent(name)
 	var dialer net.Dialer
+	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
+		return roundTripper(func(req *http.Request) (*http.Response, error) {
+			if p := req.URL.Path; strings.HasSuffix(p, "/api/v1/services") || strings.HasSuffix(p, "/discovery.k8s.io/v1/endpointslices") {
+				r.clusterWideReads.Add(1)
+			}
+			return rt.RoundTrip(req)
+		})
+	}
 	cfg.Dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
 		c, err := dialer.DialContext(ctx, network, addr)
 		if err != nil {
@@ -136,6 +150,11 @@ func startShardReplica(t *testing.T, env *localapi.Env, name, lease string, shar
 	t.Cleanup(r.stop)
 	return r
 }
+
+// roundTripper is a function as an http.RoundTripper.
+type roundTripper func(*http.Request) (*http.Response, error)
+
+func (f roundTripper) RoundTrip(req *http.Request) (*http.Response, error) { return f(req) }
 
 // userAgent is what replica name's writes are recorded under.
 func userAgent(name string) string { return "scopeplane-replica-" + name }

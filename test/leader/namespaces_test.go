@@ -77,7 +77,8 @@ func cached(r *replica, ns string) (bool, error) {
 
 // TestShardsWatchTheNamespacesTheirScopesReach runs two shards of one
 // replica each under scopes of their own namespaces. Each replica lists
-// and watches Services in its scopes' namespaces only. Then shard 0's
+// and watches Services in its scopes' namespaces only, and never across
+// every namespace (its requests to the API server are counted). Then shard 0's
 // scope is changed to select another namespace: the replica starts
 // watching it and stops watching the old one, and its proxies are never
 // served the new spec without the new namespace's Services (the builder
@@ -117,6 +118,15 @@ func TestShardsWatchTheNamespacesTheirScopesReach(t *testing.T) {
 		}
 	}
 	testkit.Eventually(t, "each shard watching its scopes' namespaces only", watching([]string{"reach-a"}, []string{"reach-b"}))
+	noClusterWideReads := func() {
+		t.Helper()
+		for _, r := range shards {
+			if n := r.clusterWideReads.Load(); n != 0 {
+				t.Errorf("replica %s listed or watched every namespace's Services or EndpointSlices %d times", r.name, n)
+			}
+		}
+	}
+	noClusterWideReads()
 	selected := func(r *replica, k model.Key) (gen int64, services int) {
 		if sn := r.cp.Store.Get(k); sn != nil {
 			sn.Read(func(v snapshot.View) {
@@ -221,4 +231,5 @@ func TestShardsWatchTheNamespacesTheirScopesReach(t *testing.T) {
 		}
 		return false, fmt.Sprintf("%+v", hr.Status.Parents)
 	})
+	noClusterWideReads()
 }
