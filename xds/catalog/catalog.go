@@ -544,6 +544,7 @@ func (c *Catalog) SetGrants(ns string, g model.Grants) {
 	} else {
 		c.grants[ns] = g
 	}
+	c.reachMoved()
 	nsLabels, nsKnown := c.namespaces[ns]
 	c.reach.each(ns, func(key model.Key, sc *scopeEntry) {
 		if sc.scope.Key.Namespace == ns {

@@ -72,13 +72,14 @@ func (r reach) each(ns string, fn func(model.Key, *scopeEntry)) {
 
 // Reach returns the namespaces whose Services the catalog's scopes can
 // serve, sorted, and the reach version it was computed at (see
-// ReachVersion): the namespaces a selection names, those whose labels
-// match a selection's namespaceSelector now, those of the backends of the
-// mesh routes attached to a Service of these, which are served with their
-// parent, and those of the backends the scopes still serve (one leaving
+// ReachVersion): the namespaces a selection names, and those whose labels
+// match a selection's namespaceSelector now, that consent to the scope
+// (consents), those of the backends the mesh routes attached to a Service
+// of these may reach (routePermits), which are served with their parent, and those of the backends the scopes still serve (one leaving
 // stays for the backend grace). routeNamespaces adds every namespace a
 // route names as a parent or a backend, for the replica that writes the
-// routes' status. Only namespaces that exist count: a name no namespace
+// routes' status (whose backends that are not permitted need no
+// Service). Only namespaces that exist count: a name no namespace
 // has holds no Service, and a spec or a route naming many must not open a
 // watch for each.
 //
@@ -89,8 +90,13 @@ func (c *Catalog) Reach(routeNamespaces bool) ([]string, uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	set := map[string]struct{}{}
-	for ns := range c.reach.named {
-		set[ns] = struct{}{}
+	for ns, scopes := range c.reach.named {
+		for _, sc := range scopes {
+			if c.consents(ns, sc.scope.Key.Namespace) {
+				set[ns] = struct{}{}
+				break
+			}
+		}
 	}
 	for _, sc := range c.reach.byLabels {
 		for i := range sc.scope.Selections {
@@ -99,7 +105,7 @@ func (c *Catalog) Reach(routeNamespaces bool) ([]string, uint64) {
 				continue
 			}
 			for ns, nsLabels := range c.namespaces {
-				if sel.Matches(labels.Set(nsLabels)) {
+				if c.consents(ns, sc.scope.Key.Namespace) && sel.Matches(labels.Set(nsLabels)) {
 					set[ns] = struct{}{}
 				}
 			}
@@ -121,7 +127,9 @@ func (c *Catalog) Reach(routeNamespaces bool) ([]string, uint64) {
 		}
 		for i := range r.Rules {
 			for _, b := range r.Rules[i].Refs() {
-				backends = append(backends, b.Service.Namespace)
+				if c.routePermits(r, b.Service) {
+					backends = append(backends, b.Service.Namespace)
+				}
 			}
 		}
 	}
@@ -141,9 +149,21 @@ func (c *Catalog) Reach(routeNamespaces bool) ([]string, uint64) {
 	return slices.Sorted(maps.Keys(set)), c.reachVersion
 }
 
+// consents reports whether namespace ns may give a scope of namespace from
+// anything: its own, any with CrossNamespaceAllow, or one whose
+// ReferenceGrants grant from some Service. Of any other, a scope gets no
+// Service and its status tells nothing Services decide (see resolution),
+// so no shard watches it for that scope: a scope's author cannot make a
+// replica list a namespace that did not consent.
+func (c *Catalog) consents(ns, from string) bool {
+	_, granted := c.grants[ns][from]
+	return ns == from || c.crossNS == CrossNamespaceAllow || granted
+}
+
 // ReachVersion changes whenever what Reach computes may have changed: a
 // scope, a namespace created or deleted, its labels (while a scope selects
-// by them), a route, or a route backend no longer served.
+// by them), a namespace's grants, a route, or a route backend no longer
+// served.
 func (c *Catalog) ReachVersion() uint64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()

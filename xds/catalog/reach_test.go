@@ -109,3 +109,40 @@ func TestReachFollowsScopesNamespacesAndRoutes(t *testing.T) {
 	moved("a scope rejected", v)
 	expect("every scope gone", false)
 }
+
+// Under the default consent, a namespace counts for a scope only when it
+// is the scope's own or grants it something, and a route backend's only
+// when its namespace permits the route: a scope or route author cannot
+// make a shard list a namespace that did not consent.
+func TestReachNeedsConsent(t *testing.T) {
+	c := New()
+	for _, ns := range []string{"shop", "bank", "labs", "team-x"} {
+		c.UpsertNamespace(ns, map[string]string{"team": "x"})
+	}
+	expect := func(what string, want ...string) {
+		t.Helper()
+		if got, _ := c.Reach(false); !slices.Equal(got, want) {
+			t.Errorf("%s: reach %v, want %v", what, got, want)
+		}
+	}
+	c.UpsertScope(scope("shop", "gw", model.ListenerProxylessGRPC,
+		model.Selection{Namespace: "shop", Names: names("web")},
+		model.Selection{Namespace: "bank", Names: names("ledger")},
+		model.Selection{NamespaceSelector: selector(t, "team=x")}))
+	expect("no namespace consents", "shop")
+	v := c.ReachVersion()
+	c.SetGrants("bank", model.Grants{"shop": nil})
+	if c.ReachVersion() == v {
+		t.Error("a grant did not move the reach")
+	}
+	expect("bank grants shop", "bank", "shop")
+
+	c.UpsertRoute(&model.Route{
+		Key: model.Key{Namespace: "shop", Name: "canary"}, Kind: model.HTTPRoute,
+		Parents: []model.RouteParent{{Service: model.Key{Namespace: "shop", Name: "web"}}},
+		Rules:   []model.RouteRule{{Backends: []model.RouteBackend{{Service: model.Key{Namespace: "labs", Name: "web-next"}, Port: 80, Weight: 1}}}},
+	})
+	expect("a route backend whose namespace does not permit the route", "bank", "shop")
+	c.SetRouteGrants("labs", map[model.RouteKind]model.Grants{model.HTTPRoute: {"shop": nil}})
+	expect("labs permits the route", "bank", "labs", "shop")
+}

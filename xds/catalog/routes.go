@@ -41,6 +41,7 @@ func (c *Catalog) SetRouteGrants(ns string, g map[model.RouteKind]model.Grants) 
 	} else {
 		c.routeGrants[ns] = g
 	}
+	c.reachMoved()
 	parents := map[model.Key]struct{}{}
 	for _, r := range c.routes {
 		if r.Key.Namespace != ns && namesBackendIn(r, ns) {
