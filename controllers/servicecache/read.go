@@ -92,6 +92,10 @@ func (c *Caches) Watches(ns string) bool { return c.cacheOf(ns) != nil }
 func (c *Caches) cacheOf(ns string) *nsCache {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	return c.cacheOfLocked(ns)
+}
+
+func (c *Caches) cacheOfLocked(ns string) *nsCache {
 	if n := c.byNS[All]; n != nil {
 		return n
 	}

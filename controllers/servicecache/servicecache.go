@@ -48,6 +48,10 @@ const All = ""
 // costs a list of the namespaces' Services.
 const MaxNamespaces = 500
 
+// reachCoalesce is how long Start gathers changes of the reach before it
+// follows them.
+const reachCoalesce = 100 * time.Millisecond
+
 // allDwell is how long a shard that watches every namespace with one cache
 // keeps it at least.
 const allDwell = 5 * time.Minute
@@ -162,6 +166,14 @@ func (c *Caches) Start(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-c.changed:
+			// A start upserts its scopes one by one, each a change of
+			// the reach: gather them rather than compute the reach for
+			// each. Hold and Await settle at once when they need to.
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(reachCoalesce):
+			}
 		case <-c.recheck:
 		}
 		if err := c.settle(); err != nil {

@@ -18,10 +18,7 @@ const MaxHold = 10 * time.Second
 func (c *Caches) Done(key types.NamespacedName) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	n := c.byNS[All]
-	if n == nil {
-		n = c.byNS[key.Namespace]
-	}
+	n := c.cacheOfLocked(key.Namespace)
 	switch {
 	case n == nil:
 	case !n.listed:
