@@ -190,6 +190,16 @@ func runWorldCellErr(c WorldCell, o RunOptions, res *WorldResult) error {
 		return err
 	}
 	defer l.close()
+	if o.ProfileDir != "" {
+		// The API server's side of the first start: the lists, then the
+		// status writes that follow the first build.
+		path := filepath.Join(o.ProfileDir, fileName(c.String())+".start.apiserver.cpu.pprof")
+		go func() {
+			if err := env.apiProfile(apiProfileSpan, path); err != nil {
+				logf(o, "  %s: the API server's profile: %v", c, err)
+			}
+		}()
+	}
 
 	// The first start: once the operator is ready (its first snapshots
 	// built, what /readyz waits for), every proxy connects and must
@@ -508,6 +518,10 @@ func (e *worldEnv) createLayout(l Layout, p model.Protocol) error {
 }
 
 // fileName makes a cell's name a file name.
+// apiProfileSpan is how long the API server is profiled from the first
+// start: at 10,000 scopes, the lists, the build and most status writes.
+const apiProfileSpan = 90 * time.Second
+
 func fileName(s string) string {
 	return strings.NewReplacer("/", "-", "=", "", " ", "_", ",", "").Replace(s)
 }

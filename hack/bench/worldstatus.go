@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"strings"
 	"sync"
@@ -229,4 +230,19 @@ func layerOf(sm *profile.Sample) string {
 		}
 	}
 	return "other"
+}
+
+// apiProfile writes a CPU profile of the API server over the given span to
+// path: what a start's status writes cost the server that answers them.
+func (e *worldEnv) apiProfile(span time.Duration, path string) error {
+	cs, err := kubernetes.NewForConfig(e.Config)
+	if err != nil {
+		return err
+	}
+	raw, err := cs.CoreV1().RESTClient().Get().AbsPath("/debug/pprof/profile").
+		Param("seconds", fmt.Sprint(int(span.Seconds()))).Timeout(span + time.Minute).DoRaw(context.Background())
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, raw, 0o644)
 }
