@@ -79,6 +79,13 @@ const (
 	ReasonSnapshotNotBuilt = "SnapshotNotBuilt"
 	// ReasonNotAccepted (Ready=False): Accepted is False; its reason says why.
 	ReasonNotAccepted = "NotAccepted"
+	// ReasonShardAbsent (Ready=False): with sharding, the scope's shard has
+	// had no leader for a while (no replica of it renewed its Lease), so
+	// no one serves the scope's proxies updates or keeps its status; shard
+	// 0's leader writes it, and the message names the shard, its Lease and
+	// since when. The rest of the status is what the shard last wrote. The
+	// shard's leader, once back, writes the status anew.
+	ReasonShardAbsent = "ShardAbsent"
 )
 
 // Reasons of the Degraded condition.

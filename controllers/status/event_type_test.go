@@ -45,6 +45,7 @@ func TestEventTypeOfEveryTransition(t *testing.T) {
 		{xdsv1alpha1.ConditionReady, isFalse, xdsv1alpha1.ReasonPending, normal},
 		{xdsv1alpha1.ConditionReady, isFalse, xdsv1alpha1.ReasonSnapshotNotBuilt, normal},
 		{xdsv1alpha1.ConditionReady, isFalse, xdsv1alpha1.ReasonNotAccepted, warning},
+		{xdsv1alpha1.ConditionReady, isFalse, xdsv1alpha1.ReasonShardAbsent, warning},
 
 		{xdsv1alpha1.ConditionDegraded, isFalse, xdsv1alpha1.ReasonAsExpected, normal},
 		{xdsv1alpha1.ConditionDegraded, isTrue, xdsv1alpha1.ReasonProxyNACKed, warning},

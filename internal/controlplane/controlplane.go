@@ -35,6 +35,7 @@ import (
 	"github.com/scopeplane/scopeplane/controllers/replicafeedback"
 	"github.com/scopeplane/scopeplane/controllers/routestatus"
 	"github.com/scopeplane/scopeplane/controllers/servicecache"
+	"github.com/scopeplane/scopeplane/controllers/shardwatch"
 	"github.com/scopeplane/scopeplane/controllers/status"
 	"github.com/scopeplane/scopeplane/controllers/tokenbindings"
 	"github.com/scopeplane/scopeplane/internal/apiwatch"
@@ -71,8 +72,12 @@ type Options struct {
 	// address, and its shard elects a leader of its own (shard 0 for
 	// LeaderElection.ID's Lease, shard K for "<ID>-shard-K"), which writes
 	// the status and bootstrap ConfigMaps of the shard's scopes. Shard 0's
-	// leader also writes the routes' status. The zero value is one shard.
-	Shards shard.Shards
+	// leader also writes the routes' status, and marks the scopes of a
+	// shard whose Lease went unrenewed for ShardAbsentAfter
+	// (shardwatch.DefaultAfter when zero) Ready=False, ShardAbsent. The
+	// zero value is one shard.
+	Shards           shard.Shards
+	ShardAbsentAfter time.Duration
 	// StatusWindow coalesces changes into status writes, per burst.
 	StatusWindow time.Duration
 	// StatusWrites paces the leader's status patches.
@@ -261,14 +266,17 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) (*ControlPlane, 
 	if err := opts.Shards.Check(); err != nil {
 		return nil, fmt.Errorf("shards: %w", err)
 	}
-	if opts.Shards.Sharded() {
-		// Shard 0 campaigns for the unsharded Lease, so that when the
-		// count changes from one, the unsharded leader and shard 0's
-		// never lead at once.
-		if opts.Shards.Index > 0 {
-			opts.LeaderElection.ID = fmt.Sprintf("%s-shard-%d", cmp.Or(opts.LeaderElection.ID, LeaseName), opts.Shards.Index)
+	// Shard 0 campaigns for the unsharded Lease, so that when the count
+	// changes from one, the unsharded leader and shard 0's never lead at
+	// once.
+	baseLease := cmp.Or(opts.LeaderElection.ID, LeaseName)
+	shardLease := func(k int) string {
+		if k == 0 {
+			return baseLease
 		}
+		return fmt.Sprintf("%s-shard-%d", baseLease, k)
 	}
+	opts.LeaderElection.ID = shardLease(opts.Shards.Index)
 	opts.Server.Shards = opts.Shards
 	if a := opts.Server.Authenticator; a != nil && a.PeerAddress && opts.Shards.Sharded() {
 		opts.Server.OtherShardsAdmit = otherShardsAdmit(mgr.GetCache(), opts.Shards)
@@ -382,6 +390,15 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) (*ControlPlane, 
 				Kind: k, Client: m.GetClient(), APIReader: m.GetAPIReader(), Services: cp.Services, ControllerName: opts.RouteControllerName, Consent: routeConsent,
 				Kinds: routeKinds, Grants: cp.Sync.GrantsWatched(), Omissions: translate.ProxylessOmissions, Invalid: translate.InvalidEntries, Writes: writes, Workers: status.Workers(float64(writes.Limit())),
 			}).SetupWithManager(m); err != nil {
+				return err
+			}
+		}
+		// Shard 0's leader tells the scopes of a shard without one.
+		if opts.Shards.Sharded() && opts.Shards.Index == 0 && cp.elector.lock != nil {
+			if err := m.Add(&shardwatch.Watcher{
+				Client: m.GetClient(), APIReader: m.GetAPIReader(), Namespace: cp.elector.leaseNamespace(), Lease: shardLease,
+				Shards: opts.Shards, After: opts.ShardAbsentAfter, Writes: writes, Recorder: recorder, Log: ctrl.Log.WithName("shard-watch"),
+			}); err != nil {
 				return err
 			}
 		}

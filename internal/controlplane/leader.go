@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -97,6 +98,13 @@ func (e *elector) leaderElector(callbacks leaderelection.LeaderCallbacks) (*lead
 		return nil, fmt.Errorf("leader election: %w", err)
 	}
 	return le, nil
+}
+
+// leaseNamespace is the namespace of the Lease this replica campaigns for
+// (the pod's, unless configured).
+func (e *elector) leaseNamespace() string {
+	ns, _, _ := strings.Cut(e.lock.Describe(), "/")
+	return ns
 }
 
 // Leading reports whether this replica runs the leader-only work now.

@@ -80,8 +80,8 @@ func startReplica(t *testing.T, env *localapi.Env, name, lease string) *replica 
 
 // startShardReplica starts replica name of shards' shard, as
 // startReplica does; its shard campaigns for a Lease named after lease and
-// the shard.
-func startShardReplica(t *testing.T, env *localapi.Env, name, lease string, shards shard.Shards) *replica {
+// the shard. Each of with changes its options.
+func startShardReplica(t *testing.T, env *localapi.Env, name, lease string, shards shard.Shards, with ...func(*controlplane.Options)) *replica {
 	t.Helper()
 	r := &replica{name: name, stopped: make(chan struct{}), xds: &connSet{}, api: &connSet{}}
 	// The replica reaches the API server through connections it can lose
@@ -120,7 +120,7 @@ func startShardReplica(t *testing.T, env *localapi.Env, name, lease string, shar
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	cp, err := controlplane.Setup(ctx, mgr, controlplane.Options{
+	opts := controlplane.Options{
 		XDSListener: trackingListener{Listener: lis, conns: r.xds}, XDSServerAddress: lis.Addr().String(),
 		StatusWindow: 50 * time.Millisecond, TLS: controlplane.TLS{Insecure: true},
 		Server: server.Options{Authenticator: &auth.Authenticator{AllowAnonymous: true}},
@@ -130,7 +130,11 @@ func startShardReplica(t *testing.T, env *localapi.Env, name, lease string, shar
 		},
 		Replica: replicafeedback.Replica{Name: name},
 		Shards:  shards,
-	})
+	}
+	for _, f := range with {
+		f(&opts)
+	}
+	cp, err := controlplane.Setup(ctx, mgr, opts)
 	if err != nil {
 		cancel()
 		t.Fatal(err)

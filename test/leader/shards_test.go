@@ -13,12 +13,14 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
 	"github.com/scopeplane/scopeplane/controllers/bootstrapconfig"
+	"github.com/scopeplane/scopeplane/internal/controlplane"
 	"github.com/scopeplane/scopeplane/internal/testkit"
 	"github.com/scopeplane/scopeplane/xds/adsclient"
 	"github.com/scopeplane/scopeplane/xds/bootstrap"
@@ -43,6 +45,8 @@ type shardedFleet struct {
 	f      *fleet
 	shards [][]*replica
 	keys   []model.Key
+	// with changes every replica's options.
+	with []func(*controlplane.Options)
 }
 
 // startShards starts, for each shard i, the replicas named names[i], all
@@ -53,7 +57,7 @@ func (sf *shardedFleet) startShards(names [][]string) {
 	addrs := shardAddresses(len(names))
 	for i, shardNames := range names {
 		for _, n := range shardNames {
-			sf.shards[i] = append(sf.shards[i], startShardReplica(sf.t, sf.f.env, sf.f.ns+"-"+n, sf.f.lease, shard.Shards{Index: i, Addresses: addrs}))
+			sf.shards[i] = append(sf.shards[i], startShardReplica(sf.t, sf.f.env, sf.f.ns+"-"+n, sf.f.lease, shard.Shards{Index: i, Addresses: addrs}, sf.with...))
 		}
 	}
 }
@@ -321,4 +325,90 @@ func TestShardCountChangeOverlap(t *testing.T) {
 			t.Errorf("scope %s's bootstrap ConfigMap was written again (resourceVersion %s, then %s) while both counts ran", k, before[k], rv)
 		}
 	}
+}
+
+// TestAShardWithoutALeaderIsShownOnItsScopes runs two shards of one replica
+// each. When shard 1's replica crashes, leaving its Lease to expire, shard
+// 0's leader marks shard 1's scopes Ready=False, ShardAbsent, naming the
+// shard and its Lease, and leaves its own alone; once a replica of shard 1
+// is back, its leader writes its scopes' status anew.
+func TestAShardWithoutALeaderIsShownOnItsScopes(t *testing.T) {
+	env := startEnv(t)
+	f := newFleet(t, env, "absent", []string{"web"}, nil)
+	sf := &shardedFleet{t: t, f: f, with: []func(*controlplane.Options){func(o *controlplane.Options) { o.ShardAbsentAfter = time.Second }}}
+	sf.keys = createScopes(t, f, 8)
+	var of [2][]model.Key
+	for _, k := range sf.keys {
+		of[shard.Of(k, 2)] = append(of[shard.Of(k, 2)], k)
+	}
+	if len(of[0]) == 0 || len(of[1]) == 0 {
+		t.Fatalf("the scopes fall on one shard (%v): the test needs both", of)
+	}
+	ready := func(k model.Key) (*metav1.Condition, error) {
+		st, err := f.scopeStatus(k.Name)
+		if err != nil {
+			return nil, err
+		}
+		return meta.FindStatusCondition(st.Conditions, xdsv1alpha1.ConditionReady), nil
+	}
+	// none reports whether no scope says its shard is absent.
+	none := func() (bool, string) {
+		for _, k := range sf.keys {
+			c, err := ready(k)
+			if err != nil {
+				return false, err.Error()
+			}
+			if c == nil || c.Reason == xdsv1alpha1.ReasonShardAbsent {
+				return false, fmt.Sprintf("scope %s (shard %d): Ready %+v", k, shard.Of(k, 2), c)
+			}
+		}
+		return true, ""
+	}
+	sf.startShards([][]string{{"a"}, {"b"}})
+	testkit.Eventually(t, "every scope's bootstrap naming its shard, and its status written", sf.bootstrapsNameTheirShards)
+	testkit.Eventually(t, "every scope Ready as its own shard's leader wrote it", none)
+
+	sf.shards[1][0].kill()
+	lease := fmt.Sprintf("default/%s-shard-1", f.lease)
+	testkit.Eventually(t, "shard 1's scopes marked ShardAbsent by shard 0's leader, shard 0's not", func() (bool, string) {
+		for _, k := range sf.keys {
+			c, err := ready(k)
+			if err != nil {
+				return false, err.Error()
+			}
+			if shard.Of(k, 2) == 0 {
+				if c == nil || c.Reason == xdsv1alpha1.ReasonShardAbsent {
+					return false, fmt.Sprintf("scope %s of shard 0, whose leader runs: Ready %+v", k, c)
+				}
+				continue
+			}
+			if c == nil || c.Status != metav1.ConditionFalse || c.Reason != xdsv1alpha1.ReasonShardAbsent ||
+				!strings.Contains(c.Message, "shard 1 of 2 has had no leader since") || !strings.Contains(c.Message, lease) {
+				return false, fmt.Sprintf("scope %s of shard 1: Ready %+v", k, c)
+			}
+		}
+		return true, ""
+	})
+
+	testkit.Eventually(t, "a Warning Event ShardAbsent on each of shard 1's scopes", func() (bool, string) {
+		var list eventsv1.EventList
+		if err := env.Client.List(context.Background(), &list, client.InNamespace(f.ns)); err != nil {
+			return false, err.Error()
+		}
+		told := map[string]bool{}
+		for _, e := range list.Items {
+			if e.Reason == xdsv1alpha1.ReasonShardAbsent && e.Type == corev1.EventTypeWarning {
+				told[e.Regarding.Name] = true
+			}
+		}
+		for _, k := range sf.keys {
+			if told[k.Name] != (shard.Of(k, 2) == 1) {
+				return false, fmt.Sprintf("scope %s of shard %d: a ShardAbsent Event %v", k, shard.Of(k, 2), told[k.Name])
+			}
+		}
+		return true, ""
+	})
+
+	sf.shards[1] = []*replica{startShardReplica(t, env, f.ns+"-b2", f.lease, shard.Shards{Index: 1, Addresses: shardAddresses(2)}, sf.with...)}
+	testkit.Eventually(t, "shard 1's new leader writing its scopes' status over the mark", none)
 }
