@@ -142,7 +142,7 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 	only := fs.String("size", "", "measure this size instead of the preset's, as SxN (e.g. 1000x1000); with a world preset, S alone")
 	out := fs.String("out", "", "also write the markdown report to this file")
 	plots := fs.String("plots", "", "also write SVG charts of the unscoped cells' cost vs Services and vs proxies into this directory")
-	profile := fs.String("profile", "", "write into this directory a CPU profile of each control plane per phase (sync, each event), and a heap profile after the initial sync; with a world preset, also heap profiles of each start (the first, the restart) when its informers have listed, its objects are reconciled and its first snapshots built, and at its highest resident set")
+	profile := fs.String("profile", "", "write into this directory a CPU profile of each control plane per phase (sync, each event), and a heap profile after the initial sync; with a world preset, also heap profiles of each start (the first, the restart) when its informers have listed, its objects are reconciled and its first snapshots built, and at its highest resident set, and a CPU profile of the API server over the first start's first 90 s")
 	loadprofile := fs.String("loadprofile", "", "write a CPU profile of this (the proxies') process to this file")
 	routes := fs.Int("routes", 0, "give this many Services of each event cell a mesh route (a 90/10 canary to the next Service of its namespace), and add two events that move route 0's weights")
 	shards := fs.Int("shards", 1, "with a world preset: run the operator as one shard of this many (the shard of the scope the events change), with its share of the layout's proxies")
