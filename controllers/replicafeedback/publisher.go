@@ -51,6 +51,9 @@ type Replica struct {
 	// own shard's, whose replicas alone serve the shard's scopes. Empty
 	// unsharded.
 	Shard string
+	// Shards, with shards, is the shard count the replica runs with: its
+	// ConfigMaps carry it (ShardsLabel). Empty unsharded.
+	Shards string
 }
 
 func (r *Replica) interval() time.Duration  { return cmp.Or(r.Interval, DefaultInterval) }
@@ -207,6 +210,9 @@ func (p *Publisher) configMap(name string) *corev1.ConfigMap {
 	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: p.Replica.Namespace, Name: name, Labels: map[string]string{Label: p.Replica.Name}}}
 	if p.Replica.Shard != "" {
 		cm.Labels[ShardLabel] = p.Replica.Shard
+	}
+	if p.Replica.Shards != "" {
+		cm.Labels[ShardsLabel] = p.Replica.Shards
 	}
 	if p.Replica.PodUID != "" {
 		cm.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: p.Replica.Name, UID: p.Replica.PodUID, Controller: ptr.To(true)}}

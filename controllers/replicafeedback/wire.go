@@ -31,6 +31,11 @@ const Label = "xds.scopeplane.dev/replica-feedback"
 // replicas; its value is the shard's number (Replica.Shard).
 const ShardLabel = "xds.scopeplane.dev/replica-feedback-shard"
 
+// ShardsLabel marks, with shards, the feedback ConfigMaps with the shard
+// count of their replica (Replica.Shards), so that a change of the count
+// rolling out, whose replicas of both counts run at once, can be seen.
+const ShardsLabel = "xds.scopeplane.dev/replica-feedback-shards"
+
 // RenewedAnnotation is when the replica last said it is alive (RFC 3339):
 // a heartbeat must change the object, or the API server drops the write as
 // a no-op and nobody sees it.

@@ -29,6 +29,9 @@ type seen struct {
 	aliveAt time.Time
 	// gone says the shard was last found absent (for the log).
 	gone bool
+	// unread says its Lease could not be read at the last look: nothing
+	// is known, and the shard is not judged absent until it is read.
+	unread bool
 }
 
 func newPresence(start time.Time, shards int) *presence {
@@ -40,13 +43,12 @@ func newPresence(start time.Time, shards int) *presence {
 }
 
 // saw records shard k's Lease l (nil when it does not exist) at now; unread
-// says it could not be read, which counts as alive: absence is judged only
-// on what a Lease says.
+// says it could not be read: absence is judged only on what a Lease says.
 func (p *presence) saw(k int, l *coordinationv1.Lease, now time.Time, unread bool) {
 	s := &p.shards[k]
+	s.unread = unread
 	switch {
 	case unread:
-		s.aliveAt = latest(s.aliveAt, now)
 	case l == nil:
 		// No Lease: the shard never had a leader, or its Lease was
 		// deleted.
@@ -91,7 +93,7 @@ func latest(a, b time.Time) time.Time {
 // absent reports whether shard k has had no leader for after, at now.
 func (p *presence) absent(k int, now time.Time, after time.Duration) bool {
 	s := &p.shards[k]
-	if now.Sub(s.aliveAt) < after {
+	if s.unread || now.Sub(s.aliveAt) < after {
 		return false
 	}
 	s.gone = true

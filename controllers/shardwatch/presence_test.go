@@ -23,8 +23,8 @@ func lease(holder string, renew time.Time) *coordinationv1.Lease {
 // replica's clock: a renewed Lease is a leader; a Lease no longer renewed
 // is one for the duration its holder promised, and the shard is absent
 // only once it has had none for the wait; a Lease given up or missing is
-// none; a Lease that cannot be read is taken as held. The holder's clock
-// (renewTime) is only compared with itself.
+// none; while a Lease cannot be read its shard is not judged. The holder's
+// clock (renewTime) is only compared with itself.
 func TestPresence(t *testing.T) {
 	const after = 30 * time.Second
 	t0 := time.Date(2026, 12, 7, 9, 0, 0, 0, time.UTC)
@@ -60,8 +60,19 @@ func TestPresence(t *testing.T) {
 			return m
 		}()},
 		{name: "never created: counted from this replica's start", seen: map[int]*coordinationv1.Lease{0: nil, 60: nil}, absent: [][2]int{{30, 120}}},
-		{name: "unreadable now and then: taken as held then", seen: map[int]*coordinationv1.Lease{0: lease("", skewed)}, unread: []int{40, 100},
-			absent: [][2]int{{30, 39}, {70, 99}}},
+		// Given up before 0; unreadable at 40: not judged until read again
+		// at 50, and absent since 0 all along.
+		{name: "unreadable for a while: not judged then", seen: map[int]*coordinationv1.Lease{0: lease("", skewed), 50: lease("", skewed)}, unread: []int{40},
+			absent: [][2]int{{30, 39}, {50, 120}}},
+		// A holder that promised no duration holds it for none past the
+		// renewal seen.
+		{name: "no duration", seen: func() map[int]*coordinationv1.Lease {
+			l := lease("a", skewed)
+			l.Spec.LeaseDurationSeconds = nil
+			return map[int]*coordinationv1.Lease{0: l, 10: l, 60: l}
+		}(), absent: [][2]int{{30, 120}}},
+		// Deleted while held: none from then.
+		{name: "deleted while held", seen: map[int]*coordinationv1.Lease{0: lease("a", skewed), 2: lease("a", skewed.Add(2*time.Second)), 4: nil}, absent: [][2]int{{34, 120}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := newPresence(t0, 2)

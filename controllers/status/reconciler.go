@@ -111,18 +111,21 @@ type writtenStatus struct {
 
 // onServer makes ps, read from the cache, carry the status the API server
 // holds: the one this leader patched last, while the cache has not caught
-// up with that write. Only the leader writes status, so the server holds
-// its last write. Compared with the cache's older copy instead, a status
-// changed and changed back before the cache caught up (0 proxies
+// up with that write. Only the shard's leader writes status, so the server
+// holds its last write. Compared with the cache's older copy instead, a
+// status changed and changed back before the cache caught up (0 proxies
 // connected, then every proxy again, while they reconnect to a new
 // leader) would look unchanged, and the server keep the one in between.
+// The one other writer is shard 0's leader marking the scope ShardAbsent
+// (package shardwatch), over a status it read: a mark in the cache is on
+// the server, and is what to compare with.
 func (r *Reconciler) onServer(ps *xdsv1alpha1.ProxyScope) {
 	v, ok := r.written.Load(ps.UID)
 	if !ok {
 		return
 	}
 	w := v.(writtenStatus)
-	if ps.ResourceVersion == w.resourceVersion {
+	if ps.ResourceVersion == w.resourceVersion || markedShardAbsent(ps) {
 		r.written.Delete(ps.UID) // the cache has caught up
 		return
 	}
@@ -430,11 +433,25 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("status").
 		WithOptions(controller.Options{RateLimiter: RetryLimiter(), MaxConcurrentReconciles: r.workers()}).
-		For(&xdsv1alpha1.ProxyScope{}, builder.WithPredicates(predicate.GenerationChangedPredicate{}, predicate.NewPredicateFuncs(func(o client.Object) bool {
-			return r.Shards.Owns(model.Key{Namespace: o.GetNamespace(), Name: o.GetName()})
-		}))).
+		For(&xdsv1alpha1.ProxyScope{}, builder.WithPredicates(
+			// A spec change, or a ShardAbsent mark another shard's leader
+			// wrote over this one's status while it seemed gone.
+			predicate.Or[client.Object](predicate.GenerationChangedPredicate{}, predicate.NewPredicateFuncs(func(o client.Object) bool {
+				ps, ok := o.(*xdsv1alpha1.ProxyScope)
+				return ok && markedShardAbsent(ps)
+			})),
+			predicate.NewPredicateFuncs(func(o client.Object) bool {
+				return r.Shards.Owns(model.Key{Namespace: o.GetNamespace(), Name: o.GetName()})
+			}))).
 		WatchesRawSource(source.Channel(changes, &handler.TypedEnqueueRequestForObject[*xdsv1alpha1.ProxyScope]{})).
 		Complete(r)
+}
+
+// markedShardAbsent reports whether ps's status says its shard has no
+// leader, which only shard 0's leader writes.
+func markedShardAbsent(ps *xdsv1alpha1.ProxyScope) bool {
+	c := meta.FindStatusCondition(ps.Status.Conditions, xdsv1alpha1.ConditionReady)
+	return c != nil && c.Reason == xdsv1alpha1.ReasonShardAbsent
 }
 
 // feeder turns the pipeline's changed-scope sets into events for the status

@@ -249,6 +249,8 @@ type ControlPlane struct {
 	Replicas *replicafeedback.Collector
 	opts     Options
 	elector  *elector
+	// feedbackNamespace holds the replicas' feedback ConfigMaps.
+	feedbackNamespace string
 }
 
 // Leading reports whether this replica runs the leader-only work (status,
@@ -396,7 +398,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, opts Options) (*ControlPlane, 
 		// Shard 0's leader tells the scopes of a shard without one.
 		if opts.Shards.Sharded() && opts.Shards.Index == 0 && cp.elector.lock != nil {
 			if err := m.Add(&shardwatch.Watcher{
-				Client: m.GetClient(), APIReader: m.GetAPIReader(), Namespace: cp.elector.leaseNamespace(), Lease: shardLease,
+				Client: m.GetClient(), APIReader: m.GetAPIReader(), Namespace: cp.elector.leaseNamespace(), Lease: shardLease, Feedback: cp.feedbackNamespace,
 				Shards: opts.Shards, After: opts.ShardAbsentAfter, Writes: writes, Recorder: recorder, Log: ctrl.Log.WithName("shard-watch"),
 			}); err != nil {
 				return err
@@ -440,8 +442,9 @@ func (cp *ControlPlane) setupReplicaFeedback(mgr ctrl.Manager) (*replicafeedback
 	r := cp.opts.Replica
 	r.Namespace = cmp.Or(r.Namespace, cp.opts.LeaderElection.Namespace)
 	if cp.opts.Shards.Sharded() {
-		r.Shard = strconv.Itoa(cp.opts.Shards.Index)
+		r.Shard, r.Shards = strconv.Itoa(cp.opts.Shards.Index), strconv.Itoa(cp.opts.Shards.Count())
 	}
+	cp.feedbackNamespace = r.Namespace
 	if r.Name == "" || r.Namespace == "" {
 		return nil, errors.New("replica feedback: with leader election every replica needs a name, unique among them, and the namespace of its feedback ConfigMap")
 	}

@@ -20,6 +20,7 @@ import (
 
 	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
 	"github.com/scopeplane/scopeplane/controllers/bootstrapconfig"
+	"github.com/scopeplane/scopeplane/controllers/replicafeedback"
 	"github.com/scopeplane/scopeplane/internal/controlplane"
 	"github.com/scopeplane/scopeplane/internal/testkit"
 	"github.com/scopeplane/scopeplane/xds/adsclient"
@@ -411,4 +412,53 @@ func TestAShardWithoutALeaderIsShownOnItsScopes(t *testing.T) {
 
 	sf.shards[1] = []*replica{startShardReplica(t, env, f.ns+"-b2", f.lease, shard.Shards{Index: 1, Addresses: shardAddresses(2)}, sf.with...)}
 	testkit.Eventually(t, "shard 1's new leader writing its scopes' status over the mark", none)
+
+	// A mark that lands after the shard's leader wrote (shard 0's leader
+	// judged on a Lease read just before the leader came back) is written
+	// over too: the leader reacts to it, and compares with it.
+	k1 := of[1][0]
+	ps := &xdsv1alpha1.ProxyScope{}
+	if err := env.Client.Get(context.Background(), client.ObjectKey{Namespace: k1.Namespace, Name: k1.Name}, ps); err != nil {
+		t.Fatal(err)
+	}
+	before := ps.DeepCopy()
+	meta.SetStatusCondition(&ps.Status.Conditions, metav1.Condition{Type: xdsv1alpha1.ConditionReady, Status: metav1.ConditionFalse,
+		Reason: xdsv1alpha1.ReasonShardAbsent, Message: "marked late", ObservedGeneration: ps.Generation})
+	if err := env.Client.Status().Patch(context.Background(), ps, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Eventually(t, "shard 1's leader writing over a mark that came after its write", none)
+
+	// While replicas of another shard count run (a change of the count
+	// rolling out, whose Leases share names with this count's), nothing
+	// is marked; once they are gone, the absent shard's scopes are.
+	other := startShardReplica(t, env, f.ns+"-x", f.lease, shard.Shards{Index: 2, Addresses: shardAddresses(3)}, sf.with...)
+	testkit.Eventually(t, "the other count's replica publishing its feedback", func() (bool, string) {
+		cm := &corev1.ConfigMap{}
+		if err := env.Client.Get(context.Background(), client.ObjectKey{Namespace: "default", Name: replicafeedback.ConfigMapName(other.name)}, cm); err != nil {
+			return false, err.Error()
+		}
+		return cm.Labels[replicafeedback.ShardsLabel] == "3", fmt.Sprintf("labels %v", cm.Labels)
+	})
+	sf.shards[1][0].kill()
+	// Past the Lease's expiry (2 s) and the wait (1 s) twice over.
+	time.Sleep(2 * (leaseDuration + time.Second))
+	for _, k := range of[1] {
+		if c, err := ready(k); err != nil || c == nil || c.Reason == xdsv1alpha1.ReasonShardAbsent {
+			t.Fatalf("scope %s marked while a replica of another shard count runs: Ready %+v (%v)", k, c, err)
+		}
+	}
+	other.stop()
+	testkit.Eventually(t, "shard 1's scopes marked once only this count's replicas run", func() (bool, string) {
+		for _, k := range of[1] {
+			c, err := ready(k)
+			if err != nil {
+				return false, err.Error()
+			}
+			if c == nil || c.Reason != xdsv1alpha1.ReasonShardAbsent {
+				return false, fmt.Sprintf("scope %s of shard 1: Ready %+v", k, c)
+			}
+		}
+		return true, ""
+	})
 }
