@@ -27,6 +27,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/yaml"
 
+	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
 	"github.com/scopeplane/scopeplane/internal/envoyprobe"
 	"github.com/scopeplane/scopeplane/internal/testkit"
 	"github.com/scopeplane/scopeplane/xds/bootstrap"
@@ -487,7 +488,8 @@ func gatewayRouteCRDs(t *testing.T) []string {
 // three shards of the same slots: that scope moves to another shard at
 // the same address, its bootstrap stays, and its running client
 // reconnects through the slot's Service to the new shard and follows a
-// backend rollout, with no RPC failed and no restart.
+// backend rollout, with no RPC failed and no restart. Last, that shard
+// scaled to zero and back: the scope says ShardAbsent meanwhile.
 func shardingSteps(t *testing.T, helm string, whoami client) {
 	t.Helper()
 	const slots = 6
@@ -502,7 +504,9 @@ func shardingSteps(t *testing.T, helm string, whoami client) {
 	two, three := shard.Shards{N: 2, Addresses: addrs}, shard.Shards{N: 3, Addresses: addrs}
 	var key model.Key
 	for i := 0; key.Name == ""; i++ {
-		if k := (model.Key{Namespace: "default", Name: fmt.Sprintf("moving-%d", i)}); two.ShardOf(k) != three.ShardOf(k) {
+		// A scope that moves, to a shard other than 0, which the last
+		// step stops.
+		if k := (model.Key{Namespace: "default", Name: fmt.Sprintf("moving-%d", i)}); two.ShardOf(k) != three.ShardOf(k) && three.ShardOf(k) != 0 {
 			key = k
 		}
 	}
@@ -570,6 +574,35 @@ func shardingSteps(t *testing.T, helm string, whoami client) {
 		t.Errorf("the client restarted %s times", restarts)
 	}
 	t.Logf("the scope's proxies:\n%s", run(t, "kubectl", "scopeplane", "proxy-status", key.String()))
+
+	// With every replica of its shard gone, the scope says so (shard 0's
+	// leader reads the shard's Lease), and its running client keeps
+	// calling the backends it holds; once the shard is back, its leader
+	// writes the status anew and the client follows it again.
+	k := three.ShardOf(key)
+	deploy := fmt.Sprintf("deploy/%s-shard-%d", release, k)
+	reason := func() string {
+		out, _ := kubectl("get", "proxyscope", key.Name, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].reason}`)
+		return strings.TrimSpace(out)
+	}
+	t.Logf("step: shard %d scaled to zero: %s says ShardAbsent; scaled back, its leader writes the status again", k, key)
+	before = c.get(t)
+	run(t, "kubectl", "-n", namespace, "scale", deploy, "--replicas=0")
+	scaled := time.Now()
+	testkit.EventuallyWithin(t, 3*time.Minute, key.Name+" Ready=False, ShardAbsent", func() (bool, string) {
+		r := reason()
+		return r == xdsv1alpha1.ReasonShardAbsent, r
+	})
+	t.Logf("%s was marked %v after the scale-down: %s", key.Name, time.Since(scaled).Round(time.Second),
+		run(t, "kubectl", "get", "proxyscope", key.Name, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].message}`))
+	run(t, "kubectl", "-n", namespace, "scale", deploy, "--replicas=1")
+	run(t, "kubectl", "-n", namespace, "rollout", "status", deploy, "--timeout=5m")
+	testkit.EventuallyWithin(t, 3*time.Minute, key.Name+"'s status written by its shard's leader again", func() (bool, string) {
+		r := reason()
+		return r != "" && r != xdsv1alpha1.ReasonShardAbsent, r
+	})
+	after = c.waitFor(t, "RPCs go on", func(n counts) bool { return n.OK > before.OK+200 })
+	c.noFailures(t, "the shard's absence", before, after)
 }
 
 // rolloutBackends restarts the whoami backends and waits until c's RPCs,
