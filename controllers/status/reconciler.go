@@ -126,7 +126,7 @@ func (r *Reconciler) onServer(ps *xdsv1alpha1.ProxyScope) {
 	}
 	w := v.(writtenStatus)
 	if ps.ResourceVersion == w.resourceVersion || markedShardAbsent(ps) {
-		r.written.Delete(ps.UID) // the cache has caught up
+		r.written.Delete(ps.UID) // the cache has caught up, or holds a mark
 		return
 	}
 	w.status.DeepCopyInto(&ps.Status)
