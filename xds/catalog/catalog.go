@@ -814,7 +814,7 @@ func (c *Catalog) resolution(sc *scopeEntry) Resolution {
 			continue
 		}
 		named[s.Namespace] = true
-		if _, granted := c.grants[s.Namespace][from]; s.Namespace != from && c.crossNS == CrossNamespaceGrant && !granted {
+		if !c.consents(s.Namespace, from) {
 			if !slices.Contains(r.RefusedNamespaces, s.Namespace) {
 				r.RefusedNamespaces = append(r.RefusedNamespaces, s.Namespace)
 			}

@@ -74,9 +74,10 @@ func (r reach) each(ns string, fn func(model.Key, *scopeEntry)) {
 // serve, sorted, and the reach version it was computed at (see
 // ReachVersion): the namespaces a selection names, and those whose labels
 // match a selection's namespaceSelector now, that consent to the scope
-// (consents), those of the backends the mesh routes attached to a Service
-// of these may reach (routePermits), which are served with their parent, and those of the backends the scopes still serve (one leaving
-// stays for the backend grace). routeNamespaces adds every namespace a
+// (consents); those of the backends the mesh routes attached to a Service
+// of these may reach (routePermits), which are served with their parent;
+// and those of the backends the scopes still serve (one leaving stays for
+// the backend grace). routeNamespaces adds every namespace a
 // route names as a parent or a backend, for the replica that writes the
 // routes' status (whose backends that are not permitted need no
 // Service). Only namespaces that exist count: a name no namespace
