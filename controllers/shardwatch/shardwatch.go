@@ -96,12 +96,20 @@ func (w *Watcher) Start(ctx context.Context) error {
 	defer t.Stop()
 	for {
 		w.observe(ctx, p)
+		// Whether another count runs is asked once a pass, when needed.
+		asked, other := false, false
 		for k := 1; k < w.Shards.Count(); k++ {
 			if !p.absent(k, time.Now(), after) {
 				delete(w.settled, k)
 				continue
 			}
-			if time.Since(w.settled[k]) < after || w.otherCount(ctx) {
+			if time.Since(w.settled[k]) < after {
+				continue
+			}
+			if !asked {
+				asked, other = true, w.otherCount(ctx)
+			}
+			if other {
 				continue
 			}
 			if w.mark(ctx, p, k, after, every) {
@@ -202,7 +210,7 @@ func (w *Watcher) mark(ctx context.Context, p *presence, k int, after, every tim
 	}()
 	for i := range list.Items {
 		ps := &list.Items[i]
-		if w.Shards.ShardOf(model.Key{Namespace: ps.Namespace, Name: ps.Name}) != k || says(ps) {
+		if w.Shards.ShardOf(model.Key{Namespace: ps.Namespace, Name: ps.Name}) != k || Marked(ps) {
 			continue
 		}
 		if w.Writes != nil {
@@ -238,8 +246,9 @@ func (w *Watcher) mark(ctx context.Context, p *presence, k int, after, every tim
 	return failed == 0
 }
 
-// says reports whether ps is marked already.
-func says(ps *xdsv1alpha1.ProxyScope) bool {
+// Marked reports whether ps's status carries the mark: the status
+// controller of its shard writes over it (see controllers/status).
+func Marked(ps *xdsv1alpha1.ProxyScope) bool {
 	c := meta.FindStatusCondition(ps.Status.Conditions, xdsv1alpha1.ConditionReady)
 	return c != nil && c.Status == metav1.ConditionFalse && c.Reason == xdsv1alpha1.ReasonShardAbsent
 }

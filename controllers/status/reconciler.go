@@ -41,6 +41,7 @@ import (
 	xdsv1alpha1 "github.com/scopeplane/scopeplane/api/v1alpha1"
 	"github.com/scopeplane/scopeplane/controllers/bootstrapconfig"
 	"github.com/scopeplane/scopeplane/controllers/convert"
+	"github.com/scopeplane/scopeplane/controllers/shardwatch"
 	"github.com/scopeplane/scopeplane/xds/feedback"
 	"github.com/scopeplane/scopeplane/xds/keyset"
 	"github.com/scopeplane/scopeplane/xds/metrics"
@@ -125,7 +126,7 @@ func (r *Reconciler) onServer(ps *xdsv1alpha1.ProxyScope) {
 		return
 	}
 	w := v.(writtenStatus)
-	if ps.ResourceVersion == w.resourceVersion || markedShardAbsent(ps) {
+	if ps.ResourceVersion == w.resourceVersion || shardwatch.Marked(ps) {
 		r.written.Delete(ps.UID) // the cache has caught up, or holds a mark
 		return
 	}
@@ -438,20 +439,13 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 			// wrote over this one's status while it seemed gone.
 			predicate.Or[client.Object](predicate.GenerationChangedPredicate{}, predicate.NewPredicateFuncs(func(o client.Object) bool {
 				ps, ok := o.(*xdsv1alpha1.ProxyScope)
-				return ok && markedShardAbsent(ps)
+				return ok && shardwatch.Marked(ps)
 			})),
 			predicate.NewPredicateFuncs(func(o client.Object) bool {
 				return r.Shards.Owns(model.Key{Namespace: o.GetNamespace(), Name: o.GetName()})
 			}))).
 		WatchesRawSource(source.Channel(changes, &handler.TypedEnqueueRequestForObject[*xdsv1alpha1.ProxyScope]{})).
 		Complete(r)
-}
-
-// markedShardAbsent reports whether ps's status says its shard has no
-// leader, which only shard 0's leader writes.
-func markedShardAbsent(ps *xdsv1alpha1.ProxyScope) bool {
-	c := meta.FindStatusCondition(ps.Status.Conditions, xdsv1alpha1.ConditionReady)
-	return c != nil && c.Reason == xdsv1alpha1.ReasonShardAbsent
 }
 
 // feeder turns the pipeline's changed-scope sets into events for the status
