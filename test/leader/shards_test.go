@@ -144,6 +144,22 @@ func (sf *shardedFleet) oneLeaderPerShard() (bool, string) {
 	return true, ""
 }
 
+// evented names the objects of f's namespace with an Event of reason (and
+// of type eventType, unless empty).
+func (f *fleet) evented(reason, eventType string) (map[string]bool, error) {
+	var list eventsv1.EventList
+	if err := f.env.Client.List(context.Background(), &list, client.InNamespace(f.ns)); err != nil {
+		return nil, err
+	}
+	told := map[string]bool{}
+	for _, e := range list.Items {
+		if e.Reason == reason && (eventType == "" || e.Type == eventType) {
+			told[e.Regarding.Name] = true
+		}
+	}
+	return told, nil
+}
+
 // createScopes creates n SotW scopes of f's namespace, scope-0 to
 // scope-<n-1>, each selecting the fleet's Services, and returns their keys.
 func createScopes(t *testing.T, f *fleet, n int) []model.Key {
@@ -260,15 +276,9 @@ func TestShardsDivideTheScopes(t *testing.T) {
 	testkit.Eventually(t, "every bootstrap naming its shard of three", sf.bootstrapsNameTheirShards)
 	// The moved scopes, and only they, carry an Event saying so.
 	testkit.Eventually(t, "a ShardMoved Event on each moved scope", func() (bool, string) {
-		var list eventsv1.EventList
-		if err := env.Client.List(context.Background(), &list, client.InNamespace(f.ns)); err != nil {
+		told, err := f.evented(bootstrapconfig.ShardMovedReason, "")
+		if err != nil {
 			return false, err.Error()
-		}
-		told := map[string]bool{}
-		for _, e := range list.Items {
-			if e.Reason == bootstrapconfig.ShardMovedReason {
-				told[e.Regarding.Name] = true
-			}
 		}
 		for _, k := range sf.keys {
 			if isMoved := slices.Contains(moved, k); told[k.Name] != isMoved {
@@ -392,15 +402,9 @@ func TestAShardWithoutALeaderIsShownOnItsScopes(t *testing.T) {
 	})
 
 	testkit.Eventually(t, "a Warning Event ShardAbsent on each of shard 1's scopes", func() (bool, string) {
-		var list eventsv1.EventList
-		if err := env.Client.List(context.Background(), &list, client.InNamespace(f.ns)); err != nil {
+		told, err := f.evented(xdsv1alpha1.ReasonShardAbsent, corev1.EventTypeWarning)
+		if err != nil {
 			return false, err.Error()
-		}
-		told := map[string]bool{}
-		for _, e := range list.Items {
-			if e.Reason == xdsv1alpha1.ReasonShardAbsent && e.Type == corev1.EventTypeWarning {
-				told[e.Regarding.Name] = true
-			}
 		}
 		for _, k := range sf.keys {
 			if told[k.Name] != (shard.Of(k, 2) == 1) {
